@@ -1,0 +1,1 @@
+//! tenancy-e2e
