@@ -1,1 +1,559 @@
-//! tenancy-config
+//! The admin's TOML: cluster paths, tiers with their policy, tenants with their members, and the
+//! network destinations every tenant may reach.
+//!
+//! Parsing keeps spans so that every error names file, line and column and shows the text.
+//! Everything read from here is trusted only after [`Config::parse`] validated it.
+
+mod dest;
+mod error;
+mod resolve;
+
+pub use dest::{Destination, Proto};
+pub use error::{ConfigError, Problem};
+pub use resolve::{Identity, Refusal, Resolved};
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// Where the config is looked for when no explicit path is given (after `TENANCY_CONFIG` and
+/// `tenancy.toml` next to `SLURM_CONF`).
+pub const DEFAULT_PATH: &str = "/etc/slurm/tenancy.toml";
+
+/// What a tier does with a job's scratch folder when the job ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScratchOnExit {
+    Wipe,
+    Retain,
+}
+
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub name: String,
+    pub state_dir: PathBuf,
+    pub audit_log: PathBuf,
+    pub scratch_root: PathBuf,
+    pub nvml_library: Option<PathBuf>,
+    /// Fixture for the NVML stand-in (tests and demos only): exported as NVML_SHIM_FIXTURE.
+    pub nvml_shim_fixture: Option<PathBuf>,
+    /// Where the chain head is anchored at each job end, besides syslog.
+    pub audit_anchor: Option<PathBuf>,
+}
+
+/// Where this node's driver and kernel interfaces live (overridable for the stand-in).
+#[derive(Debug, Clone)]
+pub struct NodePaths {
+    pub proc_devices: PathBuf,
+    pub mig_minors: PathBuf,
+    pub cgroup_root: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tier {
+    pub name: String,
+    pub mig_profiles: Vec<String>,
+    pub share_gpu: bool,
+    pub share_node: bool,
+    pub scratch_on_exit: ScratchOnExit,
+    pub retain_days: u32,
+    /// Mode of the job's scratch folder (owner is the job's user).
+    pub scratch_mode: u32,
+    /// Extra device classes a job of this tier may open, in cgroup syntax (`c 1:3 rwm`).
+    pub device_classes: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    pub tier: String,
+    pub groups: Vec<String>,
+    pub accounts: Vec<String>,
+    pub egress: Vec<Destination>,
+}
+
+/// A validated config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub cluster: Cluster,
+    pub node: NodePaths,
+    pub tiers: BTreeMap<String, Tier>,
+    pub tenants: BTreeMap<String, Tenant>,
+    pub infrastructure: Vec<Destination>,
+    /// MIG plan per GPU model: profile -> instances per GPU. Empty: first fit.
+    pub mig_plan: BTreeMap<String, BTreeMap<String, u32>>,
+}
+
+// ---- raw, span-carrying form -------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    cluster: RawCluster,
+    #[serde(default)]
+    node: RawNode,
+    #[serde(default)]
+    tiers: BTreeMap<Spanned<String>, RawTier>,
+    #[serde(default)]
+    tenants: BTreeMap<Spanned<String>, RawTenant>,
+    #[serde(default)]
+    network: RawNetwork,
+    #[serde(default)]
+    mig: RawMig,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    name: Spanned<String>,
+    state_dir: Spanned<PathBuf>,
+    audit_log: Spanned<PathBuf>,
+    scratch_root: Spanned<PathBuf>,
+    nvml_library: Option<Spanned<PathBuf>>,
+    nvml_shim_fixture: Option<Spanned<PathBuf>>,
+    audit_anchor: Option<Spanned<PathBuf>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    proc_devices: Option<Spanned<PathBuf>>,
+    mig_minors: Option<Spanned<PathBuf>>,
+    cgroup_root: Option<Spanned<PathBuf>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    #[serde(default)]
+    mig_profiles: Vec<Spanned<String>>,
+    #[serde(default = "yes")]
+    share_gpu: bool,
+    #[serde(default = "yes")]
+    share_node: bool,
+    #[serde(default = "wipe")]
+    scratch_on_exit: ScratchOnExit,
+    #[serde(default)]
+    retain_days: u32,
+    scratch_mode: Option<Spanned<String>>,
+    #[serde(default)]
+    device_classes: Vec<Spanned<String>>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn wipe() -> ScratchOnExit {
+    ScratchOnExit::Wipe
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    tier: Spanned<String>,
+    #[serde(default)]
+    groups: Vec<Spanned<String>>,
+    #[serde(default)]
+    accounts: Vec<Spanned<String>>,
+    #[serde(default)]
+    egress: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNetwork {
+    #[serde(default)]
+    infrastructure: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMig {
+    #[serde(default)]
+    plan: BTreeMap<Spanned<String>, BTreeMap<Spanned<String>, u32>>,
+}
+
+// ---- names -------------------------------------------------------------------------------
+
+/// Tenant and tier names: lowercase letters, digits, `-` and `_`, 1 to 32 characters. They end up
+/// in paths, cgroup names and firewall rules, so nothing else is accepted.
+pub fn valid_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// A Unix group or Slurm account name as NSS and Slurm accept them.
+fn valid_unix_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=64).contains(&b.len())
+        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+}
+
+/// A MIG profile name as NVML prints it: `1g.18gb`, `1g.18gb+me`, `7g.141gb`.
+pub fn valid_profile(name: &str) -> bool {
+    let core = name.strip_suffix("+me").unwrap_or(name);
+    let Some((g, mem)) = core.split_once("g.") else {
+        return false;
+    };
+    let Some(gb) = mem.strip_suffix("gb") else {
+        return false;
+    };
+    matches!(g, "1" | "2" | "3" | "4" | "7")
+        && !gb.is_empty()
+        && gb.len() <= 4
+        && gb.bytes().all(|c| c.is_ascii_digit())
+}
+
+// ---- loading -----------------------------------------------------------------------------
+
+impl Config {
+    /// Finds and loads the config: `explicit`, then `TENANCY_CONFIG`, then `tenancy.toml` in the
+    /// folder of `SLURM_CONF`, then [`DEFAULT_PATH`].
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        let path = Self::locate(
+            explicit,
+            std::env::var_os("TENANCY_CONFIG").map(PathBuf::from),
+            std::env::var_os("SLURM_CONF").map(PathBuf::from),
+        )?;
+        Self::from_file(&path)
+    }
+
+    /// The search order, without touching the environment (testable).
+    pub fn locate(
+        explicit: Option<&Path>,
+        tenancy_config: Option<PathBuf>,
+        slurm_conf: Option<PathBuf>,
+    ) -> Result<PathBuf, ConfigError> {
+        if let Some(p) = explicit {
+            return Ok(p.to_path_buf());
+        }
+        if let Some(p) = tenancy_config.filter(|p| !p.as_os_str().is_empty()) {
+            return Ok(p);
+        }
+        let mut tried = Vec::new();
+        if let Some(dir) = slurm_conf.as_deref().and_then(Path::parent) {
+            let p = dir.join("tenancy.toml");
+            if p.exists() {
+                return Ok(p);
+            }
+            tried.push(p.display().to_string());
+        }
+        let p = PathBuf::from(DEFAULT_PATH);
+        if p.exists() {
+            return Ok(p);
+        }
+        tried.push(DEFAULT_PATH.to_string());
+        Err(ConfigError::NotFound {
+            tried: tried.join(", "),
+        })
+    }
+
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates `text`; `path` is used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let raw: Raw = toml::from_str(text).map_err(|e| {
+            let message = e.message().trim_end().to_string();
+            ConfigError::Invalid(vec![Problem::at(path, text, e.span(), message)])
+        })?;
+        Validator {
+            path,
+            text,
+            problems: Vec::new(),
+        }
+        .run(raw)
+    }
+
+    pub fn tenant(&self, name: &str) -> Option<&Tenant> {
+        self.tenants.get(name)
+    }
+
+    pub fn tier_of(&self, tenant: &Tenant) -> &Tier {
+        // Validation guarantees every tenant's tier exists.
+        &self.tiers[&tenant.tier]
+    }
+}
+
+struct Validator<'a> {
+    path: &'a Path,
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+impl Validator<'_> {
+    fn problem<T>(&mut self, at: &Spanned<T>, message: String) {
+        self.problems
+            .push(Problem::at(self.path, self.text, Some(at.span()), message));
+    }
+
+    fn abs_path(&mut self, p: &Spanned<PathBuf>, key: &str) -> PathBuf {
+        if !p.get_ref().is_absolute() {
+            self.problem(
+                p,
+                format!(
+                    "{key} must be an absolute path, found '{}'",
+                    p.get_ref().display()
+                ),
+            );
+        } else if p
+            .get_ref()
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            self.problem(p, format!("{key} must not contain '..'"));
+        }
+        p.get_ref().clone()
+    }
+
+    fn name(&mut self, n: &Spanned<String>, what: &str) -> String {
+        if !valid_name(n.get_ref()) {
+            self.problem(
+                n,
+                format!(
+                    "bad {what} name '{}': use 1 to 32 lowercase letters, digits, '-' or '_'",
+                    n.get_ref()
+                ),
+            );
+        }
+        n.get_ref().clone()
+    }
+
+    fn destinations(&mut self, list: &[Spanned<String>]) -> Vec<Destination> {
+        let mut out = Vec::new();
+        for d in list {
+            match Destination::parse(d.get_ref()) {
+                Ok(dest) => out.push(dest),
+                Err(e) => self.problem(d, format!("bad destination {e}")),
+            }
+        }
+        out
+    }
+
+    fn run(mut self, raw: Raw) -> Result<Config, ConfigError> {
+        let c = &raw.cluster;
+        if !valid_name(c.name.get_ref()) {
+            let msg = format!(
+                "bad cluster name '{}': use 1 to 32 lowercase letters, digits, '-' or '_'",
+                c.name.get_ref()
+            );
+            self.problem(&c.name, msg);
+        }
+        let cluster = Cluster {
+            name: c.name.get_ref().clone(),
+            state_dir: self.abs_path(&c.state_dir, "cluster.state_dir"),
+            audit_log: self.abs_path(&c.audit_log, "cluster.audit_log"),
+            scratch_root: self.abs_path(&c.scratch_root, "cluster.scratch_root"),
+            nvml_library: c
+                .nvml_library
+                .as_ref()
+                .map(|p| self.abs_path(p, "cluster.nvml_library")),
+            nvml_shim_fixture: c
+                .nvml_shim_fixture
+                .as_ref()
+                .map(|p| self.abs_path(p, "cluster.nvml_shim_fixture")),
+            audit_anchor: c
+                .audit_anchor
+                .as_ref()
+                .map(|p| self.abs_path(p, "cluster.audit_anchor")),
+        };
+        let mut node_path = |p: &Option<Spanned<PathBuf>>, key: &str, default: &str| match p {
+            Some(p) => self.abs_path(p, key),
+            None => PathBuf::from(default),
+        };
+        let node = NodePaths {
+            proc_devices: node_path(&raw.node.proc_devices, "node.proc_devices", "/proc/devices"),
+            mig_minors: node_path(
+                &raw.node.mig_minors,
+                "node.mig_minors",
+                "/proc/driver/nvidia-caps/mig-minors",
+            ),
+            cgroup_root: node_path(&raw.node.cgroup_root, "node.cgroup_root", "/sys/fs/cgroup"),
+        };
+
+        let mut tiers = BTreeMap::new();
+        for (name, t) in &raw.tiers {
+            let name = self.name(name, "tier");
+            let mut profiles = Vec::new();
+            for p in &t.mig_profiles {
+                if !valid_profile(p.get_ref()) {
+                    self.problem(
+                        p,
+                        format!(
+                            "bad MIG profile '{}': write it as NVML names it, e.g. 1g.18gb or 3g.71gb",
+                            p.get_ref()
+                        ),
+                    );
+                }
+                profiles.push(p.get_ref().clone());
+            }
+            let scratch_mode = match &t.scratch_mode {
+                None => 0o700,
+                Some(m) => match u32::from_str_radix(m.get_ref(), 8) {
+                    Ok(mode) if mode & !0o770 == 0 && mode & 0o700 == 0o700 => mode,
+                    _ => {
+                        self.problem(
+                            m,
+                            format!(
+                                "bad scratch_mode '{}': an octal mode like \"0700\" or \"0750\"; \
+                                 the owner needs rwx and others get nothing",
+                                m.get_ref()
+                            ),
+                        );
+                        0o700
+                    }
+                },
+            };
+            let mut classes = Vec::new();
+            for d in &t.device_classes {
+                if !valid_device_class(d.get_ref()) {
+                    self.problem(
+                        d,
+                        format!(
+                            "bad device class '{}': write 'c MAJOR:MINOR ACCESS' like 'c 1:3 rwm' \
+                             (MINOR may be *)",
+                            d.get_ref()
+                        ),
+                    );
+                }
+                classes.push(d.get_ref().clone());
+            }
+            tiers.insert(
+                name.clone(),
+                Tier {
+                    name,
+                    mig_profiles: profiles,
+                    share_gpu: t.share_gpu,
+                    share_node: t.share_node,
+                    scratch_on_exit: t.scratch_on_exit,
+                    retain_days: t.retain_days,
+                    scratch_mode,
+                    device_classes: classes,
+                },
+            );
+        }
+
+        let mut tenants = BTreeMap::new();
+        let mut group_owner: BTreeMap<String, String> = BTreeMap::new();
+        let mut account_owner: BTreeMap<String, String> = BTreeMap::new();
+        for (name, t) in &raw.tenants {
+            let name = self.name(name, "tenant");
+            if !tiers.contains_key(t.tier.get_ref()) {
+                let known: Vec<&str> = tiers.keys().map(String::as_str).collect();
+                let msg = format!(
+                    "tenant '{name}' has unknown tier '{}' (known tiers: {})",
+                    t.tier.get_ref(),
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                );
+                self.problem(&t.tier, msg);
+            }
+            if t.groups.is_empty() {
+                let msg = format!(
+                    "tenant '{name}' has no groups: nobody could run jobs for it (add groups = [\"...\"])"
+                );
+                self.problem(&t.tier, msg);
+            }
+            for g in &t.groups {
+                if !valid_unix_name(g.get_ref()) {
+                    self.problem(g, format!("bad group name '{}'", g.get_ref()));
+                } else if let Some(other) = group_owner.get(g.get_ref()) {
+                    let msg = format!(
+                        "group '{}' is claimed by tenants '{other}' and '{name}': a group belongs \
+                         to one tenant",
+                        g.get_ref()
+                    );
+                    self.problem(g, msg);
+                } else {
+                    group_owner.insert(g.get_ref().clone(), name.clone());
+                }
+            }
+            for a in &t.accounts {
+                if !valid_unix_name(a.get_ref()) {
+                    self.problem(a, format!("bad Slurm account name '{}'", a.get_ref()));
+                } else if let Some(other) = account_owner.get(a.get_ref()) {
+                    let msg = format!(
+                        "account '{}' is claimed by tenants '{other}' and '{name}': an account \
+                         maps to one tenant",
+                        a.get_ref()
+                    );
+                    self.problem(a, msg);
+                } else {
+                    account_owner.insert(a.get_ref().clone(), name.clone());
+                }
+            }
+            let egress = self.destinations(&t.egress);
+            tenants.insert(
+                name.clone(),
+                Tenant {
+                    name,
+                    tier: t.tier.get_ref().clone(),
+                    groups: t.groups.iter().map(|g| g.get_ref().clone()).collect(),
+                    accounts: t.accounts.iter().map(|a| a.get_ref().clone()).collect(),
+                    egress,
+                },
+            );
+        }
+        let infrastructure = self.destinations(&raw.network.infrastructure);
+
+        let mut mig_plan = BTreeMap::new();
+        for (model, profiles) in &raw.mig.plan {
+            let mut per = BTreeMap::new();
+            for (p, n) in profiles {
+                if !valid_profile(p.get_ref()) {
+                    self.problem(p, format!("bad MIG profile '{}' in mig.plan", p.get_ref()));
+                }
+                per.insert(p.get_ref().clone(), *n);
+            }
+            mig_plan.insert(model.get_ref().clone(), per);
+        }
+
+        if self.problems.is_empty() {
+            Ok(Config {
+                path: self.path.to_path_buf(),
+                cluster,
+                node,
+                tiers,
+                tenants,
+                infrastructure,
+                mig_plan,
+            })
+        } else {
+            Err(ConfigError::Invalid(self.problems))
+        }
+    }
+}
+
+/// `c 1:3 rwm`, `b 8:* r`: the cgroup v1 `devices.allow` syntax, one class.
+fn valid_device_class(s: &str) -> bool {
+    let parts: Vec<&str> = s.split_whitespace().collect();
+    let [kind, numbers, access] = parts.as_slice() else {
+        return false;
+    };
+    let Some((major, minor)) = numbers.split_once(':') else {
+        return false;
+    };
+    let number = |n: &str| n == "*" || n.parse::<u32>().is_ok();
+    matches!(*kind, "c" | "b")
+        && number(major)
+        && number(minor)
+        && !access.is_empty()
+        && access.chars().all(|c| matches!(c, 'r' | 'w' | 'm'))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,252 @@
+//! Which tenant a job runs for: decided from the job's user, its groups (primary and
+//! supplementary, from NSS), its Slurm account and what the user asked for.
+//!
+//! Group membership is the proof; an account only selects among the tenants a user belongs to,
+//! since users can name any account where Slurm does not enforce associations.
+
+use crate::{valid_name, valid_profile, Config, Tenant};
+use nix::unistd::{getgrouplist, Gid, Group, Uid, User};
+use std::ffi::CString;
+use std::fmt;
+
+/// A job's user as NSS sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub uid: u32,
+    pub user: String,
+    /// Primary and supplementary groups.
+    pub gids: Vec<u32>,
+}
+
+impl Identity {
+    /// Looks the user up in NSS (passwd, then the group list including the primary group).
+    pub fn from_uid(uid: u32) -> Result<Identity, String> {
+        let user = User::from_uid(Uid::from_raw(uid))
+            .map_err(|e| format!("cannot look up uid {uid} in NSS: {e}"))?
+            .ok_or_else(|| {
+                format!("uid {uid} has no passwd entry (check NSS/sssd on this node)")
+            })?;
+        let name = CString::new(user.name.clone())
+            .map_err(|_| format!("user name of uid {uid} contains a NUL byte"))?;
+        let gids = getgrouplist(&name, user.gid)
+            .map_err(|e| format!("cannot list the groups of user {}: {e}", user.name))?
+            .into_iter()
+            .map(Gid::as_raw)
+            .collect();
+        Ok(Identity {
+            uid,
+            user: user.name,
+            gids,
+        })
+    }
+}
+
+/// The tenant, tier and MIG profile a job gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub tenant: String,
+    pub tier: String,
+    pub profile: Option<String>,
+}
+
+/// A precise reason why a job may not run; Display is one line for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    BadTenantName(String),
+    UnknownTenant {
+        tenant: String,
+        known: Vec<String>,
+    },
+    NotMember {
+        user: String,
+        tenant: String,
+        groups: Vec<String>,
+    },
+    NoTenant {
+        user: String,
+        choices: Vec<(String, Vec<String>)>,
+    },
+    SeveralTenants {
+        user: String,
+        tenants: Vec<String>,
+    },
+    AccountMismatch {
+        account: String,
+        owner: String,
+        tenant: String,
+    },
+    BadProfile(String),
+    ProfileNotAllowed {
+        tenant: String,
+        tier: String,
+        profile: String,
+        allowed: Vec<String>,
+    },
+}
+
+fn groups_phrase(groups: &[String]) -> String {
+    match groups {
+        [one] => format!("group {one}"),
+        many => format!("one of the groups {}", many.join(", ")),
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::BadTenantName(n) => write!(
+                f,
+                "'{}' is not a tenant name (lowercase letters, digits, '-' and '_', at most 32)",
+                n.escape_default()
+            ),
+            Refusal::UnknownTenant { tenant, known } => write!(
+                f,
+                "unknown tenant '{tenant}' (tenants on this cluster: {})",
+                known.join(", ")
+            ),
+            Refusal::NotMember { user, tenant, groups } => write!(
+                f,
+                "user {user} is not a member of tenant '{tenant}' (members need {})",
+                groups_phrase(groups)
+            ),
+            Refusal::NoTenant { user, choices } => {
+                write!(f, "user {user} is not a member of any tenant (")?;
+                for (i, (t, g)) in choices.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, "; ")?;
+                    }
+                    write!(f, "{t} needs {}", groups_phrase(g))?;
+                }
+                write!(f, ")")
+            }
+            Refusal::SeveralTenants { user, tenants } => write!(
+                f,
+                "user {user} is a member of several tenants ({}): choose one with --tenant",
+                tenants.join(", ")
+            ),
+            Refusal::AccountMismatch { account, owner, tenant } => write!(
+                f,
+                "account '{account}' belongs to tenant '{owner}', not '{tenant}': \
+                 submit with --account of tenant '{tenant}' or --tenant={owner}"
+            ),
+            Refusal::BadProfile(p) => write!(
+                f,
+                "'{}' is not a MIG profile (write it as NVML names it, e.g. 1g.18gb)",
+                p.escape_default()
+            ),
+            Refusal::ProfileNotAllowed { tenant, tier, profile, allowed } => write!(
+                f,
+                "MIG profile '{profile}' is not allowed for tenant '{tenant}' (tier {tier} allows {})",
+                if allowed.is_empty() { "no MIG slices".to_string() } else { allowed.join(", ") }
+            ),
+        }
+    }
+}
+
+impl Config {
+    /// Is `who` a member of `tenant` through one of its groups?
+    pub fn is_member(&self, who: &Identity, tenant: &Tenant) -> bool {
+        tenant.groups.iter().any(
+            |g| matches!(Group::from_name(g), Ok(Some(gr)) if who.gids.contains(&gr.gid.as_raw())),
+        )
+    }
+
+    /// The tenant an account maps to.
+    pub fn tenant_of_account(&self, account: &str) -> Option<&Tenant> {
+        self.tenants
+            .values()
+            .find(|t| t.accounts.iter().any(|a| a == account))
+    }
+
+    /// Decides the tenant, tier and profile of a job, or says precisely why not.
+    pub fn resolve(
+        &self,
+        who: &Identity,
+        account: Option<&str>,
+        requested_tenant: Option<&str>,
+        requested_profile: Option<&str>,
+    ) -> Result<Resolved, Refusal> {
+        let by_account = account.and_then(|a| self.tenant_of_account(a));
+        let tenant = match requested_tenant {
+            Some(name) => {
+                if !valid_name(name) {
+                    return Err(Refusal::BadTenantName(name.to_string()));
+                }
+                let Some(t) = self.tenants.get(name) else {
+                    return Err(Refusal::UnknownTenant {
+                        tenant: name.to_string(),
+                        known: self.tenants.keys().cloned().collect(),
+                    });
+                };
+                if !self.is_member(who, t) {
+                    return Err(Refusal::NotMember {
+                        user: who.user.clone(),
+                        tenant: t.name.clone(),
+                        groups: t.groups.clone(),
+                    });
+                }
+                if let Some(owner) = by_account.filter(|o| o.name != t.name) {
+                    return Err(Refusal::AccountMismatch {
+                        account: account.unwrap_or_default().to_string(),
+                        owner: owner.name.clone(),
+                        tenant: t.name.clone(),
+                    });
+                }
+                t
+            }
+            None => {
+                let mine: Vec<&Tenant> = self
+                    .tenants
+                    .values()
+                    .filter(|t| self.is_member(who, t))
+                    .collect();
+                match (by_account, mine.as_slice()) {
+                    (Some(t), _) if mine.iter().any(|m| m.name == t.name) => t,
+                    (Some(t), _) => {
+                        return Err(Refusal::NotMember {
+                            user: who.user.clone(),
+                            tenant: t.name.clone(),
+                            groups: t.groups.clone(),
+                        })
+                    }
+                    (None, [one]) => one,
+                    (None, []) => {
+                        return Err(Refusal::NoTenant {
+                            user: who.user.clone(),
+                            choices: self
+                                .tenants
+                                .values()
+                                .map(|t| (t.name.clone(), t.groups.clone()))
+                                .collect(),
+                        })
+                    }
+                    (None, many) => {
+                        return Err(Refusal::SeveralTenants {
+                            user: who.user.clone(),
+                            tenants: many.iter().map(|t| t.name.clone()).collect(),
+                        })
+                    }
+                }
+            }
+        };
+        let tier = self.tier_of(tenant);
+        let profile = match requested_profile.filter(|p| !p.is_empty()) {
+            None => None,
+            Some(p) if !valid_profile(p) => return Err(Refusal::BadProfile(p.to_string())),
+            Some(p) if !tier.mig_profiles.iter().any(|a| a == p) => {
+                return Err(Refusal::ProfileNotAllowed {
+                    tenant: tenant.name.clone(),
+                    tier: tier.name.clone(),
+                    profile: p.to_string(),
+                    allowed: tier.mig_profiles.clone(),
+                })
+            }
+            Some(p) => Some(p.to_string()),
+        };
+        Ok(Resolved {
+            tenant: tenant.name.clone(),
+            tier: tier.name.clone(),
+            profile,
+        })
+    }
+}

@@ -1,0 +1,300 @@
+use super::*;
+
+const SAMPLE: &str = include_str!("../examples/tenancy.toml");
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("/etc/slurm/tenancy.toml"))
+}
+
+/// Replaces one exact snippet of the sample, so each bad config differs in one place.
+fn sample_with(from: &str, to: &str) -> String {
+    assert!(SAMPLE.contains(from), "sample lacks {from}");
+    SAMPLE.replacen(from, to, 1)
+}
+
+fn single_problem(text: &str) -> Problem {
+    match parse(text) {
+        Err(ConfigError::Invalid(p)) => {
+            assert_eq!(p.len(), 1, "expected one problem, got {p:#?}");
+            p[0].clone()
+        }
+        other => panic!("expected an invalid config, got {other:?}"),
+    }
+}
+
+fn line_of(text: &str, needle: &str) -> usize {
+    text[..text.find(needle).unwrap()].matches('\n').count() + 1
+}
+
+#[test]
+fn sample_is_accepted() {
+    let c = parse(SAMPLE).unwrap();
+    assert_eq!(c.tenants.len(), 2);
+    assert_eq!(c.tiers["regulated"].scratch_on_exit, ScratchOnExit::Retain);
+    assert!(!c.tiers["regulated"].share_gpu);
+    assert_eq!(c.tenants["globex"].egress.len(), 2);
+    assert_eq!(c.infrastructure.len(), 4);
+    assert_eq!(c.node.proc_devices, PathBuf::from("/proc/devices"));
+}
+
+#[test]
+fn each_kind_of_bad_config_names_file_line_and_column() {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        // (from, to, text pointed at, message fragment)
+        (
+            "share_node = true\nscratch_on_exit = \"wipe\"",
+            "share_node = true\nscratch_on_exit = \"wipe\"\ncolour = \"blue\"",
+            "colour",
+            "unknown field `colour`",
+        ),
+        (
+            "tier = \"internal\"",
+            "tier = \"gold\"",
+            "\"gold\"",
+            "unknown tier 'gold' (known tiers: internal, regulated)",
+        ),
+        (
+            "10.20.0.0/16:443/tcp",
+            "10.20.0.0/33:443/tcp",
+            "\"10.20.0.0/33:443/tcp\"",
+            "is not a CIDR network",
+        ),
+        (
+            "10.20.0.0/16:443/tcp",
+            "10.20.0.0/16:99999/tcp",
+            "\"10.20.0.0/16:99999/tcp\"",
+            "is not a port",
+        ),
+        (
+            "[tenants.acme]",
+            "[tenants.\"../etc\"]",
+            "\"../etc\"",
+            "bad tenant name '../etc'",
+        ),
+        (
+            "[tiers.internal]",
+            "[tiers.Gold_Tier]\n[tiers.internal]",
+            "Gold_Tier",
+            "bad tier name",
+        ),
+        (
+            "groups = [\"globex\"]",
+            "groups = [\"acme\"]",
+            "\"acme\"]\naccounts = [\"globex\"",
+            "group 'acme' is claimed by tenants 'acme' and 'globex'",
+        ),
+        (
+            "\"/scratch\"",
+            "\"scratch\"",
+            "\"scratch\"",
+            "cluster.scratch_root must be an absolute path",
+        ),
+        (
+            "\"/var/log/slurm-tenancy/audit.jsonl\"",
+            "\"logs/audit.jsonl\"",
+            "\"logs/audit.jsonl\"",
+            "cluster.audit_log must be an absolute path",
+        ),
+        (
+            "share_gpu = false",
+            "share_gpu = \"no\"",
+            "\"no\"",
+            "invalid type",
+        ),
+    ];
+    for (from, to, at, fragment) in cases {
+        let text = sample_with(from, to);
+        let p = single_problem(&text);
+        let shown = p.to_string();
+        assert!(
+            shown.contains(fragment),
+            "{shown}\n does not say {fragment}"
+        );
+        let needle_pos = text.find(at).unwrap_or_else(|| panic!("{at} not in text"));
+        let want_line = line_of(&text, at);
+        assert_eq!(p.line, want_line, "{shown}");
+        let want_col = needle_pos - text[..needle_pos].rfind('\n').map_or(0, |i| i + 1) + 1;
+        // toml reports unknown fields and type errors at the key or value: accept the line.
+        if !fragment.contains("unknown field") && !fragment.contains("invalid type") {
+            assert_eq!(p.column, want_col, "{shown}");
+        }
+        assert!(shown.starts_with(&format!(
+            "/etc/slurm/tenancy.toml:{}:{}: ",
+            p.line, p.column
+        )));
+        assert!(p.excerpt.contains('^'), "{shown}");
+    }
+}
+
+#[test]
+fn all_problems_are_reported_at_once() {
+    let text = sample_with("tier = \"internal\"", "tier = \"gold\"")
+        .replace("\"/scratch\"", "\"scratch\"");
+    match parse(&text) {
+        Err(ConfigError::Invalid(p)) => assert_eq!(p.len(), 2, "{p:#?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn config_search_order() {
+    let dir = std::env::temp_dir().join(format!("tenancy-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let beside_slurm = dir.join("tenancy.toml");
+    std::fs::write(&beside_slurm, SAMPLE).unwrap();
+    let slurm_conf = dir.join("slurm.conf");
+    let explicit = Path::new("/x/explicit.toml");
+    let env = PathBuf::from("/x/env.toml");
+    assert_eq!(
+        Config::locate(Some(explicit), Some(env.clone()), Some(slurm_conf.clone())).unwrap(),
+        explicit
+    );
+    assert_eq!(
+        Config::locate(None, Some(env.clone()), Some(slurm_conf.clone())).unwrap(),
+        env
+    );
+    assert_eq!(
+        Config::locate(None, None, Some(slurm_conf)).unwrap(),
+        beside_slurm
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Tenants over groups that exist on every Debian system, so resolution runs through NSS.
+const NSS_CONFIG: &str = r#"
+[cluster]
+name = "t"
+state_dir = "/tmp/s"
+audit_log = "/tmp/a.jsonl"
+scratch_root = "/tmp/scratch"
+[tiers.internal]
+mig_profiles = ["1g.18gb"]
+[tenants.acme]
+tier = "internal"
+groups = ["daemon"]
+accounts = ["acme-acct"]
+[tenants.globex]
+tier = "internal"
+groups = ["bin", "sys"]
+"#;
+
+fn who(gids: &[u32]) -> Identity {
+    Identity {
+        uid: 4242,
+        user: "u4242".into(),
+        gids: gids.to_vec(),
+    }
+}
+
+#[test]
+fn tenant_resolution_refuses_precisely() {
+    let c = parse(NSS_CONFIG).unwrap();
+    let gid = |n: &str| {
+        nix::unistd::Group::from_name(n)
+            .unwrap()
+            .unwrap()
+            .gid
+            .as_raw()
+    };
+    let (daemon, bin) = (gid("daemon"), gid("bin"));
+
+    let r = c
+        .resolve(&who(&[daemon]), None, None, Some("1g.18gb"))
+        .unwrap();
+    assert_eq!(
+        (r.tenant.as_str(), r.profile.as_deref()),
+        ("acme", Some("1g.18gb"))
+    );
+
+    let e = c
+        .resolve(&who(&[daemon]), None, Some("globex"), None)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "user u4242 is not a member of tenant 'globex' (members need one of the groups bin, sys)"
+    );
+    let e = c
+        .resolve(&who(&[bin]), None, Some("acme"), None)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "user u4242 is not a member of tenant 'acme' (members need group daemon)"
+    );
+
+    let e = c
+        .resolve(&who(&[daemon]), None, Some("nope"), None)
+        .unwrap_err();
+    assert!(e.to_string().starts_with("unknown tenant 'nope'"), "{e}");
+    let e = c
+        .resolve(&who(&[daemon]), None, Some("../etc"), None)
+        .unwrap_err();
+    assert!(matches!(e, Refusal::BadTenantName(_)));
+
+    let e = c
+        .resolve(&who(&[daemon, bin]), None, None, None)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "user u4242 is a member of several tenants (acme, globex): choose one with --tenant"
+    );
+    // The account picks among the tenants the user belongs to.
+    let r = c
+        .resolve(&who(&[daemon, bin]), Some("acme-acct"), None, None)
+        .unwrap();
+    assert_eq!(r.tenant, "acme");
+    let e = c
+        .resolve(
+            &who(&[daemon, bin]),
+            Some("acme-acct"),
+            Some("globex"),
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Refusal::AccountMismatch { .. }), "{e}");
+    // An account never makes a member.
+    let e = c
+        .resolve(&who(&[bin]), Some("acme-acct"), None, None)
+        .unwrap_err();
+    assert!(matches!(e, Refusal::NotMember { .. }), "{e}");
+
+    let e = c.resolve(&who(&[]), None, None, None).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("user u4242 is not a member of any tenant (acme needs group daemon"),
+        "{e}"
+    );
+
+    let e = c
+        .resolve(&who(&[daemon]), None, None, Some("3g.71gb"))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "MIG profile '3g.71gb' is not allowed for tenant 'acme' (tier internal allows 1g.18gb)"
+    );
+    let e = c
+        .resolve(&who(&[daemon]), None, None, Some("1g;rm -rf"))
+        .unwrap_err();
+    assert!(matches!(e, Refusal::BadProfile(_)));
+}
+
+#[test]
+fn identity_comes_from_nss() {
+    let root = Identity::from_uid(0).unwrap();
+    assert_eq!(root.user, "root");
+    assert!(root.gids.contains(&0));
+    assert!(Identity::from_uid(3_999_999_999).is_err());
+}
+
+#[test]
+fn profile_and_device_class_syntax() {
+    for ok in ["1g.18gb", "1g.18gb+me", "7g.141gb", "3g.71gb"] {
+        assert!(valid_profile(ok), "{ok}");
+    }
+    for bad in ["", "1g", "8g.10gb", "1g.gb", "1g.18gb+xx", "../1g.18gb"] {
+        assert!(!valid_profile(bad), "{bad}");
+    }
+    assert!(valid_device_class("c 1:3 rwm"));
+    assert!(valid_device_class("c 195:* r"));
+    assert!(!valid_device_class("a *:* rwm"));
+    assert!(!valid_device_class("c 1:3"));
+}
