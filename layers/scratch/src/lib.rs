@@ -1,1 +1,402 @@
-//! tenancy-scratch
+//! tenancy-scratch: tenant-scoped scratch directories and a storage permission audit.
+//!
+//! Layout under an admin-chosen `scratch_root` (owned by root, not group/world writable):
+//!
+//! ```text
+//! <root>/                     root:root   0755 (or stricter)
+//! <root>/<tenant>/            root:<tenant_gid> 0750  (only root creates entries; members traverse)
+//! <root>/<tenant>/job_<id>/   <uid>:<gid> tier mode (default 0700)
+//! <root>/<tenant>/.retained/  root:<tenant_gid> 0750
+//! <root>/<tenant>/.retained/job_<id>.<unix_secs>/   a retained job folder
+//! ```
+//!
+//! Every path below `root` is opened with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` and
+//! changed through file descriptors (`mkdirat`, `fchown`, `fchmod`, `unlinkat`, `renameat`), so a
+//! symlink planted anywhere under the root is never followed.
+
+pub mod audit;
+mod fsutil;
+pub mod quota;
+pub use audit::{audit_paths, run_storage_audit, AuditArgs, Finding, Format, Report, Rule, TenantIds, TenantMap};
+mod wipe;
+
+
+pub use quota::{QuotaSpec, QuotaStatus};
+
+use fsutil::{describe_entry, open_beneath, open_root};
+use rustix::fs::{self as rfs, AtFlags, Mode};
+use rustix::io::Errno;
+use serde::{Deserialize, Serialize};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Mode of a tenant folder (and of `.retained`): owner root rwx, tenant group r-x, others nothing.
+/// Only root can create entries in it, so no job user can plant a symlink where a job folder goes.
+pub const TENANT_DIR_MODE: u32 = 0o750;
+/// Default mode of a job folder.
+pub const DEFAULT_JOB_MODE: u32 = 0o700;
+/// Name of the per-tenant folder holding retained job folders.
+pub const RETAINED_DIR: &str = ".retained";
+
+/// What the scratch layer needs for one job; stored in the per-job journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScratchSpec {
+    /// The scratch root (admin config `scratch_root`). Must exist, be a real directory (no
+    /// symlink anywhere in the path), owned by root and not group/world writable.
+    pub root: PathBuf,
+    /// Tenant name: `[A-Za-z0-9_-]`, 1..=64 characters, not starting with `-`.
+    pub tenant: String,
+    /// Group that owns the tenant folder.
+    pub tenant_gid: u32,
+    pub job_id: u64,
+    /// Job user and primary group: owner of the job folder.
+    pub uid: u32,
+    pub gid: u32,
+    /// Job folder mode from the tier (default 0700). Only bits within 02770 are accepted.
+    #[serde(default = "default_mode")]
+    pub mode: u32,
+    /// Optional per-tenant project quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaSpec>,
+}
+
+fn default_mode() -> u32 {
+    DEFAULT_JOB_MODE
+}
+
+/// Result of [`create`]; also journal material.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Created {
+    pub path: PathBuf,
+    pub tenant_dir: PathBuf,
+    /// True when this call created the tenant folder (it is never removed by teardown).
+    pub created_tenant_dir: bool,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub quota: QuotaStatus,
+}
+
+/// Result of [`wipe`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Wiped {
+    Removed { path: PathBuf, entries: u64 },
+    AlreadyGone { path: PathBuf },
+}
+
+/// Result of [`retain`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Retained {
+    Moved { from: PathBuf, to: PathBuf, retained_at: u64 },
+    AlreadyGone { path: PathBuf },
+}
+
+/// One step of [`purge_retained`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Removed (or, in a dry run, would remove) a retained job folder past retention.
+    Remove { path: PathBuf, tenant: String, job_id: u64, retained_at: u64, age_days: u64, dry_run: bool, entries: u64 },
+    /// Left alone: something that is not ours or not safe to touch.
+    Skip { path: PathBuf, reason: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScratchError {
+    #[error("scratch layer, job {job}: invalid spec: {msg}")]
+    InvalidSpec { job: u64, msg: String },
+    #[error("scratch layer: unsafe path {path}: {msg}; refusing to touch it (fix ownership/mode by hand or remove the entry, then retry)")]
+    Unsafe { path: PathBuf, msg: String },
+    #[error("scratch layer: {op} {path}: {source}")]
+    Io { op: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("scratch layer, job {job}: quota required but not applied: {msg}")]
+    Quota { job: u64, msg: String },
+}
+
+pub type Result<T> = std::result::Result<T, ScratchError>;
+
+pub(crate) fn io_err(op: &'static str, path: &Path, e: Errno) -> ScratchError {
+    ScratchError::Io { op, path: path.to_path_buf(), source: e.into() }
+}
+
+pub(crate) fn unsafe_path(path: &Path, msg: impl Into<String>) -> ScratchError {
+    ScratchError::Unsafe { path: path.to_path_buf(), msg: msg.into() }
+}
+
+/// Checks a tenant name: `[A-Za-z0-9_-]`, 1..=64, not starting with `-`.
+pub fn validate_tenant_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!("tenant name {name:?} must be 1..=64 characters"));
+    }
+    if name.starts_with('-') || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        return Err(format!("tenant name {name:?} may only hold A-Z a-z 0-9 _ - and not start with -"));
+    }
+    Ok(())
+}
+
+impl ScratchSpec {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| ScratchError::InvalidSpec { job: self.job_id, msg };
+        validate_tenant_name(&self.tenant).map_err(bad)?;
+        if !self.root.is_absolute() {
+            return Err(bad(format!("scratch root {} is not an absolute path", self.root.display())));
+        }
+        if self.mode & !0o2770 != 0 {
+            return Err(bad(format!(
+                "job folder mode {:o} grants access to others or sets setuid/sticky; allowed bits: 2770",
+                self.mode
+            )));
+        }
+        if self.mode & 0o700 != 0o700 {
+            return Err(bad(format!("job folder mode {:o} must give the owner rwx", self.mode)));
+        }
+        if self.uid == 0 {
+            return Err(bad("job uid 0 (root) gets no scratch folder".into()));
+        }
+        Ok(())
+    }
+    pub fn job_name(&self) -> String {
+        format!("job_{}", self.job_id)
+    }
+    pub fn tenant_dir(&self) -> PathBuf {
+        self.root.join(&self.tenant)
+    }
+    pub fn job_dir(&self) -> PathBuf {
+        self.tenant_dir().join(self.job_name())
+    }
+}
+
+/// Verifies an open tenant-owned folder (tenant folder or `.retained`): a directory owned by root,
+/// group `gid`, no group write, nothing for others.
+fn check_tenant_owned(fd: &OwnedFd, path: &Path, gid: u32) -> Result<()> {
+    let st = rfs::fstat(fd).map_err(|e| io_err("fstat", path, e))?;
+    let mode = st.st_mode & 0o7777;
+    if st.st_uid != 0 {
+        return Err(unsafe_path(path, format!("owned by uid {}, expected root", st.st_uid)));
+    }
+    if st.st_gid != gid {
+        return Err(unsafe_path(path, format!("group is gid {}, expected tenant gid {gid}", st.st_gid)));
+    }
+    if mode & 0o022 != 0 {
+        return Err(unsafe_path(path, format!("mode {mode:04o} is group- or world-writable, expected {TENANT_DIR_MODE:04o}")));
+    }
+    if mode & 0o007 != 0 {
+        return Err(unsafe_path(path, format!("mode {mode:04o} gives others access, expected {TENANT_DIR_MODE:04o}")));
+    }
+    Ok(())
+}
+
+/// Opens (creating when missing) a root-owned, tenant-group folder `name` under `parent`.
+/// Returns the fd and whether it was created.
+fn open_or_make_tenant_owned(parent: &OwnedFd, parent_path: &Path, name: &str, gid: u32) -> Result<(OwnedFd, bool)> {
+    let path = parent_path.join(name);
+    match open_beneath(parent, name) {
+        Ok(fd) => {
+            check_tenant_owned(&fd, &path, gid)?;
+            Ok((fd, false))
+        }
+        Err(Errno::NOENT) => {
+            match rfs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
+                Ok(()) => {}
+                Err(Errno::EXIST) => {
+                    // Lost a race with another prolog: verify what is there now.
+                    let fd = open_beneath(parent, name).map_err(|e| open_error(parent, name, &path, e))?;
+                    check_tenant_owned(&fd, &path, gid)?;
+                    return Ok((fd, false));
+                }
+                Err(e) => return Err(io_err("mkdirat", &path, e)),
+            }
+            let fd = open_beneath(parent, name).map_err(|e| io_err("open new folder", &path, e))?;
+            rfs::fchown(&fd, Some(rustix::fs::Uid::ROOT), Some(rfs::Gid::from_raw(gid))).map_err(|e| io_err("fchown", &path, e))?;
+            rfs::fchmod(&fd, Mode::from_raw_mode(TENANT_DIR_MODE)).map_err(|e| io_err("fchmod", &path, e))?;
+            check_tenant_owned(&fd, &path, gid)?;
+            Ok((fd, true))
+        }
+        Err(e) => Err(open_error(parent, name, &path, e)),
+    }
+}
+
+fn open_error(parent: &OwnedFd, name: &str, path: &Path, e: Errno) -> ScratchError {
+    match e {
+        Errno::LOOP | Errno::NOTDIR | Errno::XDEV => {
+            unsafe_path(path, format!("is not a plain directory ({})", describe_entry(parent, name)))
+        }
+        e => io_err("open", path, e),
+    }
+}
+
+/// Creates `<root>/<tenant>/job_<id>` for the job, safely. Refuses, writing nothing, when the
+/// root or tenant folder is unsafe or anything already sits where the job folder goes.
+pub fn create(spec: &ScratchSpec) -> Result<Created> {
+    spec.validate()?;
+    let root = open_root(&spec.root)?;
+    // Quota support is decided before anything is written, so a required quota fails closed.
+    let quota_support = match &spec.quota {
+        Some(q) => Some(quota::probe(&root, &spec.root, q)),
+        None => None,
+    };
+    if let (Some(q), Some(QuotaStatus::Unsupported { reason })) = (&spec.quota, &quota_support) {
+        if q.required {
+            return Err(ScratchError::Quota { job: spec.job_id, msg: reason.clone() });
+        }
+    }
+    let tenant_path = spec.tenant_dir();
+    let (tenant, created_tenant_dir) = open_or_make_tenant_owned(&root, &spec.root, &spec.tenant, spec.tenant_gid)?;
+    let name = spec.job_name();
+    let path = spec.job_dir();
+    match rfs::statat(&tenant, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => {}
+        Ok(_) => {
+            return Err(unsafe_path(&path, format!("already exists ({}); a job folder is never reused", describe_entry(&tenant, &name))));
+        }
+        Err(e) => return Err(io_err("fstatat", &path, e)),
+    }
+    rfs::mkdirat(&tenant, name.as_str(), Mode::from_raw_mode(0o700)).map_err(|e| match e {
+        Errno::EXIST => unsafe_path(&path, "appeared while creating it; refusing"),
+        e => io_err("mkdirat", &path, e),
+    })?;
+    let fd = open_beneath(&tenant, &name).map_err(|e| io_err("open new job folder", &path, e))?;
+    rfs::fchown(&fd, Some(rfs::Uid::from_raw(spec.uid)), Some(rfs::Gid::from_raw(spec.gid))).map_err(|e| io_err("fchown", &path, e))?;
+    // fchmod after fchown: chown clears setgid.
+    rfs::fchmod(&fd, Mode::from_raw_mode(spec.mode)).map_err(|e| io_err("fchmod", &path, e))?;
+    let quota = match (&spec.quota, quota_support) {
+        (Some(q), Some(QuotaStatus::Supported)) => match quota::apply(&root, &tenant, &fd, q) {
+            Ok(s) => s,
+            Err(msg) if q.required => {
+                let _ = wipe(spec);
+                return Err(ScratchError::Quota { job: spec.job_id, msg });
+            }
+            Err(msg) => QuotaStatus::Failed { reason: msg },
+        },
+        (Some(_), Some(s)) => s,
+        _ => QuotaStatus::NotRequested,
+    };
+    Ok(Created { path, tenant_dir: tenant_path, created_tenant_dir, uid: spec.uid, gid: spec.gid, mode: spec.mode, quota })
+}
+
+/// Opens root and the tenant folder for teardown; `None` when the tenant folder does not exist.
+fn open_tenant_existing(spec: &ScratchSpec) -> Result<Option<OwnedFd>> {
+    spec.validate()?;
+    let root = open_root(&spec.root)?;
+    let path = spec.tenant_dir();
+    match open_beneath(&root, &spec.tenant) {
+        Ok(fd) => {
+            check_tenant_owned(&fd, &path, spec.tenant_gid)?;
+            Ok(Some(fd))
+        }
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(open_error(&root, &spec.tenant, &path, e)),
+    }
+}
+
+/// Removes the job folder and everything in it without following symlinks. Idempotent.
+pub fn wipe(spec: &ScratchSpec) -> Result<Wiped> {
+    let path = spec.job_dir();
+    let Some(tenant) = open_tenant_existing(spec)? else {
+        return Ok(Wiped::AlreadyGone { path });
+    };
+    match wipe::remove_entry(&tenant, &spec.job_name(), &path)? {
+        None => Ok(Wiped::AlreadyGone { path }),
+        Some(entries) => Ok(Wiped::Removed { path, entries }),
+    }
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Moves the job folder aside atomically to `<tenant>/.retained/job_<id>.<now_unix_secs>`.
+/// Idempotent: a job folder that is already gone gives `AlreadyGone`.
+pub fn retain(spec: &ScratchSpec, now: SystemTime) -> Result<Retained> {
+    let from = spec.job_dir();
+    let Some(tenant) = open_tenant_existing(spec)? else {
+        return Ok(Retained::AlreadyGone { path: from });
+    };
+    let name = spec.job_name();
+    match rfs::statat(&tenant, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => return Ok(Retained::AlreadyGone { path: from }),
+        Ok(st) if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::Directory => {
+            return Err(unsafe_path(&from, format!("is not a directory ({}); not retained", describe_entry(&tenant, &name))));
+        }
+        Ok(_) => {}
+        Err(e) => return Err(io_err("fstatat", &from, e)),
+    }
+    let (retained, _) = open_or_make_tenant_owned(&tenant, &spec.tenant_dir(), RETAINED_DIR, spec.tenant_gid)?;
+    let ts = unix_secs(now);
+    let new_name = format!("{name}.{ts}");
+    let to = spec.tenant_dir().join(RETAINED_DIR).join(&new_name);
+    rfs::renameat_with(&tenant, name.as_str(), &retained, new_name.as_str(), rfs::RenameFlags::NOREPLACE)
+        .map_err(|e| io_err("renameat", &from, e))?;
+    Ok(Retained::Moved { from, to, retained_at: ts })
+}
+
+fn parse_retained(name: &str) -> Option<(u64, u64)> {
+    let rest = name.strip_prefix("job_")?;
+    let (id, ts) = rest.split_once('.')?;
+    Some((id.parse().ok()?, ts.parse().ok()?))
+}
+
+/// Removes retained job folders older than `retain_days` under every tenant folder of `root`.
+/// Used by `tenancyctl reconcile`. Tenant folders that fail the safety checks are skipped.
+pub fn purge_retained(root: &Path, retain_days: u64, now: SystemTime, dry_run: bool) -> Result<Vec<Action>> {
+    let rootfd = open_root(root)?;
+    let now = unix_secs(now);
+    let mut actions = Vec::new();
+    let dir = rfs::Dir::read_from(&rootfd).map_err(|e| io_err("readdir", root, e))?;
+    let mut tenants: Vec<String> = Vec::new();
+    for ent in dir {
+        let ent = ent.map_err(|e| io_err("readdir", root, e))?;
+        let Ok(name) = ent.file_name().to_str() else { continue };
+        if name == "." || name == ".." || validate_tenant_name(name).is_err() {
+            continue;
+        }
+        tenants.push(name.to_string());
+    }
+    tenants.sort();
+    for tenant in tenants {
+        let tpath = root.join(&tenant);
+        let Ok(tfd) = open_beneath(&rootfd, &tenant) else { continue }; // not a directory
+        let tst = rfs::fstat(&tfd).map_err(|e| io_err("fstat", &tpath, e))?;
+        let rpath = tpath.join(RETAINED_DIR);
+        let rfd = match open_beneath(&tfd, RETAINED_DIR) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => continue,
+            Err(e) => {
+                actions.push(Action::Skip { path: rpath, reason: format!("cannot open safely: {e}") });
+                continue;
+            }
+        };
+        if let Err(e) = check_tenant_owned(&tfd, &tpath, tst.st_gid).and_then(|_| check_tenant_owned(&rfd, &rpath, tst.st_gid)) {
+            actions.push(Action::Skip { path: rpath, reason: e.to_string() });
+            continue;
+        }
+        let mut names = Vec::new();
+        for ent in rfs::Dir::read_from(&rfd).map_err(|e| io_err("readdir", &rpath, e))? {
+            let ent = ent.map_err(|e| io_err("readdir", &rpath, e))?;
+            let n = ent.file_name().to_string_lossy().into_owned();
+            if n != "." && n != ".." {
+                names.push(n);
+            }
+        }
+        names.sort();
+        for n in names {
+            let path = rpath.join(&n);
+            let Some((job_id, retained_at)) = parse_retained(&n) else {
+                actions.push(Action::Skip { path, reason: "name is not job_<id>.<unix_secs>".into() });
+                continue;
+            };
+            let age = now.saturating_sub(retained_at);
+            if age < retain_days.saturating_mul(86_400) {
+                continue;
+            }
+            let entries = if dry_run {
+                0
+            } else {
+                wipe::remove_entry(&rfd, &n, &path)?.unwrap_or(0)
+            };
+            actions.push(Action::Remove { path, tenant: tenant.clone(), job_id, retained_at, age_days: age / 86_400, dry_run, entries });
+        }
+    }
+    Ok(actions)
+}
