@@ -1,0 +1,170 @@
+//! Anchors: copies of the chain head kept outside the log (syslog, an anchor file elsewhere), so
+//! a cut-off tail — which a hash chain alone cannot reveal — is detected by `verify --anchor`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+
+use chrono::Utc;
+use serde::Serialize;
+
+/// Fixed syslog tag of anchor messages.
+pub const SYSLOG_TAG: &str = "tenancy-audit";
+/// The local syslog socket.
+pub const DEV_LOG: &str = "/dev/log";
+
+/// `node=<node> seq=<seq> hash=<hash>`: the text every anchor carries.
+pub fn anchor_line(node: &str, seq: u64, hash: &str) -> String {
+    format!("node={node} seq={seq} hash={hash}")
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum SyslogStatus {
+    Sent,
+    /// No syslog socket (or send failed): the anchor only went to the file, if any.
+    Unavailable(String),
+    /// The node name cannot be carried in an anchor (contains whitespace or `=`).
+    Rejected(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AnchorStatus {
+    pub syslog: SyslogStatus,
+    /// `None`: no anchor file asked for; `Some(Err)`: writing it failed (message names the path).
+    pub file: Option<Result<(), String>>,
+}
+
+/// Sends the anchor for `node`'s chain head to syslog (`/dev/log`) and, if given, appends it to
+/// `anchor_file` (O_APPEND, 0640, fsync). Never fails: look at the returned status.
+pub fn send_anchor(node: &str, seq: u64, hash: &str, anchor_file: Option<&Path>) -> AnchorStatus {
+    send_anchor_to(Path::new(DEV_LOG), node, seq, hash, anchor_file)
+}
+
+/// As [`send_anchor`] with an explicit syslog datagram socket path.
+pub fn send_anchor_to(
+    socket: &Path,
+    node: &str,
+    seq: u64,
+    hash: &str,
+    anchor_file: Option<&Path>,
+) -> AnchorStatus {
+    if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c == '=') {
+        let why = format!("node name {node:?} contains whitespace or '=' and cannot be anchored");
+        return AnchorStatus {
+            syslog: SyslogStatus::Rejected(why.clone()),
+            file: anchor_file.map(|_| Err(why)),
+        };
+    }
+    let body = anchor_line(node, seq, hash);
+    let syslog = match syslog_send(socket, &body) {
+        Ok(()) => SyslogStatus::Sent,
+        Err(e) => SyslogStatus::Unavailable(format!("{}: {e}", socket.display())),
+    };
+    let file = anchor_file.map(|p| {
+        append_anchor_file(p, &body).map_err(|e| format!("anchor file {}: {e}", p.display()))
+    });
+    AnchorStatus { syslog, file }
+}
+
+fn syslog_send(socket: &Path, body: &str) -> std::io::Result<()> {
+    // RFC 3164: <PRI>TIMESTAMP HOSTNAME TAG[PID]: MSG ; facility authpriv(10), severity info(6).
+    let pri = 10 * 8 + 6;
+    let host = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    let ts = Utc::now().format("%b %e %H:%M:%S");
+    let msg = format!(
+        "<{pri}>{ts} {host} {SYSLOG_TAG}[{}]: {body}",
+        std::process::id()
+    );
+    let sock = UnixDatagram::unbound()?;
+    sock.send_to(msg.as_bytes(), socket)?;
+    Ok(())
+}
+
+fn append_anchor_file(path: &Path, body: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32)
+        .open(path)?;
+    let line = format!(
+        "{} {SYSLOG_TAG}: {body}\n",
+        crate::record::ts::format(&Utc::now())
+    );
+    f.write_all(line.as_bytes())?;
+    f.sync_data()
+}
+
+/// The newest anchor of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Anchor {
+    pub node: String,
+    pub seq: u64,
+    pub hash: String,
+    /// Where it was read: `file:line`.
+    pub source: String,
+}
+
+/// Newest (highest seq) anchor per node.
+#[derive(Debug, Clone, Default)]
+pub struct AnchorSet {
+    pub by_node: HashMap<String, Anchor>,
+}
+
+/// Extracts `node=`, `seq=`, `hash=` from one line; `None` unless all three are present and valid.
+pub fn parse_anchor_line(line: &str) -> Option<(String, u64, String)> {
+    let (mut node, mut seq, mut hash) = (None, None, None);
+    for tok in line.split_whitespace() {
+        if let Some(v) = tok.strip_prefix("node=") {
+            node = Some(v);
+        } else if let Some(v) = tok.strip_prefix("seq=") {
+            seq = v.parse::<u64>().ok();
+        } else if let Some(v) = tok.strip_prefix("hash=") {
+            if v.len() == 64 && v.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            {
+                hash = Some(v);
+            }
+        }
+    }
+    match (node, seq, hash) {
+        (Some(n), Some(s), Some(h)) if !n.is_empty() => Some((n.to_string(), s, h.to_string())),
+        _ => None,
+    }
+}
+
+impl AnchorSet {
+    pub fn add(&mut self, node: String, seq: u64, hash: String, source: String) {
+        let newer = self.by_node.get(&node).is_none_or(|a| seq >= a.seq);
+        if newer {
+            self.by_node.insert(
+                node.clone(),
+                Anchor {
+                    node,
+                    seq,
+                    hash,
+                    source,
+                },
+            );
+        }
+    }
+
+    /// Reads anchors from a file (an anchor file or a syslog file; other lines are skipped).
+    pub fn read_file(&mut self, path: &Path) -> std::io::Result<usize> {
+        let f = std::fs::File::open(path)?;
+        let mut n = 0;
+        for (i, line) in std::io::BufReader::new(f).split(b'\n').enumerate() {
+            let line = line?;
+            let line = String::from_utf8_lossy(&line);
+            if let Some((node, seq, hash)) = parse_anchor_line(&line) {
+                self.add(node, seq, hash, format!("{}:{}", path.display(), i + 1));
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}

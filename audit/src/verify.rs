@@ -1,0 +1,508 @@
+//! `tenancyctl audit verify`: checks each node's hash chain, sequence and anchors.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::anchor::AnchorSet;
+use crate::record::{check_line_hash, LineHash, Record, GENESIS};
+use crate::{expand_paths, Format};
+
+/// What is wrong with a record (or with the end of a chain).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FindingKind {
+    /// Not a record: no valid hash member, not JSON, bad field, torn last line.
+    Malformed { what: String },
+    /// The stored hash does not match the record's bytes: the record was edited.
+    HashMismatch { stored: String, computed: String },
+    /// Sequence jumped forward: records `expected..found` are missing (deleted).
+    SeqGap { expected: u64, found: u64 },
+    /// A record appears out of its place (swapped/moved records), or a gap later filled by it.
+    Reordered { expected: u64, found: u64 },
+    /// A record repeats an already seen sequence number.
+    Duplicate { seq: u64 },
+    /// `prev` does not equal the previous record's hash (records removed or re-chained).
+    PrevMismatch { expected: String, found: String },
+    /// A record of another cluster/node inside this node's chain.
+    NodeMismatch { expected: String, found: String },
+    /// The newest anchor is ahead of the log's last record: the tail was cut off.
+    TruncatedTail {
+        last_seq: u64,
+        anchor_seq: u64,
+        anchor: String,
+    },
+    /// The record at the anchored seq has a different hash: the chain was rewritten.
+    AnchorMismatch {
+        seq: u64,
+        anchor_hash: String,
+        log_hash: String,
+        anchor: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub node: String,
+    pub file: PathBuf,
+    /// 1-based line number (for a truncated tail: the line after the last one).
+    pub line: u64,
+    pub seq: Option<u64>,
+    #[serde(flatten)]
+    pub kind: FindingKind,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: node {}: ", self.file.display(), self.line, self.node)?;
+        if let Some(s) = self.seq {
+            write!(f, "seq {s}: ")?;
+        }
+        match &self.kind {
+            FindingKind::Malformed { what } => write!(f, "malformed record: {what}"),
+            FindingKind::HashMismatch { stored, computed } => write!(
+                f,
+                "record edited: stored hash {stored} but content hashes to {computed}"
+            ),
+            FindingKind::SeqGap { expected, found } => write!(
+                f,
+                "sequence gap: expected {expected}, found {found} ({} record(s) deleted)",
+                found - expected
+            ),
+            FindingKind::Reordered { expected, found } => write!(
+                f,
+                "records reordered: expected seq {expected}, found {found}"
+            ),
+            FindingKind::Duplicate { seq } => write!(f, "duplicate record seq {seq}"),
+            FindingKind::PrevMismatch { expected, found } => write!(
+                f,
+                "chain broken: prev is {found} but the previous record's hash is {expected}"
+            ),
+            FindingKind::NodeMismatch { expected, found } => {
+                write!(f, "record of {found} inside the chain of {expected}")
+            }
+            FindingKind::TruncatedTail {
+                last_seq,
+                anchor_seq,
+                anchor,
+            } => write!(
+                f,
+                "tail cut off: log ends at seq {last_seq} but anchor {anchor} records seq {anchor_seq}"
+            ),
+            FindingKind::AnchorMismatch {
+                seq,
+                anchor_hash,
+                log_hash,
+                anchor,
+            } => write!(
+                f,
+                "chain rewritten: record seq {seq} hashes to {log_hash} but anchor {anchor} says {anchor_hash}"
+            ),
+        }
+    }
+}
+
+/// Per-node outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeResult {
+    pub cluster: String,
+    pub node: String,
+    pub files: Vec<PathBuf>,
+    pub records: u64,
+    pub last_seq: u64,
+    pub head_hash: String,
+    pub anchor_seq: Option<u64>,
+    pub findings: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    pub nodes: Vec<NodeResult>,
+    /// All findings in file order per node (capped by `max_findings`).
+    pub findings: Vec<Finding>,
+    /// Total number of findings, including those beyond the cap.
+    pub total_findings: u64,
+    /// Nodes that have an anchor but no log among the inputs (informational: the inputs may be
+    /// a subset of the cluster; does not by itself make the result unclean).
+    pub anchored_nodes_without_log: Vec<String>,
+}
+
+impl VerifyReport {
+    pub fn is_clean(&self) -> bool {
+        self.total_findings == 0
+    }
+    /// The first finding (in node order, then file order).
+    pub fn first(&self) -> Option<&Finding> {
+        self.findings.first()
+    }
+}
+
+struct ChainState<'a> {
+    key: String,
+    last_seq: u64,
+    last_hash: String,
+    records: u64,
+    anchor: Option<&'a crate::anchor::Anchor>,
+    /// indices into report.findings of open gaps: (index, expected, found)
+    gaps: Vec<(usize, u64, u64)>,
+    findings: Vec<Finding>,
+    total: u64,
+    max: usize,
+}
+
+impl ChainState<'_> {
+    fn push(&mut self, f: Finding) {
+        self.total += 1;
+        if self.findings.len() < self.max {
+            self.findings.push(f);
+        }
+    }
+}
+
+/// First parseable record of a file: (cluster, node, seq).
+fn first_record(path: &Path) -> std::io::Result<Option<(String, String, u64)>> {
+    let f = std::fs::File::open(path)?;
+    for line in std::io::BufReader::new(f).split(b'\n') {
+        let line = line?;
+        if let Ok(r) = serde_json::from_slice::<Record>(&line) {
+            return Ok(Some((r.cluster, r.node, r.seq)));
+        }
+    }
+    Ok(None)
+}
+
+/// Verifies the logs at `paths` (files, or folders whose regular files are logs).
+pub fn verify_paths(
+    paths: &[PathBuf],
+    anchors: &AnchorSet,
+    max_findings: usize,
+) -> anyhow::Result<VerifyReport> {
+    let files = expand_paths(paths)?;
+    // group files by (cluster,node), ordered by first seq
+    let mut groups: BTreeMap<(String, String), Vec<(u64, PathBuf)>> = BTreeMap::new();
+    let mut report = VerifyReport::default();
+    for f in files {
+        match first_record(&f).with_context(|| format!("reading audit log {}", f.display()))? {
+            Some((c, n, s)) => groups.entry((c, n)).or_default().push((s, f)),
+            None => {
+                report.total_findings += 1;
+                report.findings.push(Finding {
+                    node: "?".into(),
+                    file: f.clone(),
+                    line: 1,
+                    seq: None,
+                    kind: FindingKind::Malformed {
+                        what: "file holds no audit record".into(),
+                    },
+                });
+            }
+        }
+    }
+    let mut seen_nodes = std::collections::HashSet::new();
+    for ((cluster, node), mut files) in groups {
+        files.sort();
+        seen_nodes.insert(node.clone());
+        let mut st = ChainState {
+            key: format!("{cluster}/{node}"),
+            last_seq: 0,
+            last_hash: GENESIS.to_string(),
+            records: 0,
+            anchor: anchors.by_node.get(&node),
+            gaps: Vec::new(),
+            findings: Vec::new(),
+            total: 0,
+            max: max_findings.saturating_sub(report.findings.len()),
+        };
+        let mut last_pos = (PathBuf::new(), 0u64);
+        for (_, path) in &files {
+            let lines = check_file(path, &cluster, &node, &mut st)?;
+            last_pos = (path.clone(), lines);
+        }
+        if let Some(a) = st.anchor {
+            if a.seq > st.last_seq {
+                st.push(Finding {
+                    node: st.key.clone(),
+                    file: last_pos.0.clone(),
+                    line: last_pos.1 + 1,
+                    seq: Some(st.last_seq + 1),
+                    kind: FindingKind::TruncatedTail {
+                        last_seq: st.last_seq,
+                        anchor_seq: a.seq,
+                        anchor: a.source.clone(),
+                    },
+                });
+            }
+        }
+        report.nodes.push(NodeResult {
+            cluster,
+            node,
+            files: files.into_iter().map(|(_, p)| p).collect(),
+            records: st.records,
+            last_seq: st.last_seq,
+            head_hash: st.last_hash.clone(),
+            anchor_seq: st.anchor.map(|a| a.seq),
+            findings: st.total as usize,
+        });
+        report.total_findings += st.total;
+        report.findings.extend(st.findings);
+    }
+    let mut missing: Vec<String> = anchors
+        .by_node
+        .keys()
+        .filter(|n| !seen_nodes.contains(*n))
+        .cloned()
+        .collect();
+    missing.sort();
+    report.anchored_nodes_without_log = missing;
+    Ok(report)
+}
+
+/// Checks one file of a node's chain; returns its number of lines.
+fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> anyhow::Result<u64> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut rd = std::io::BufReader::with_capacity(1 << 16, f);
+    let mut buf = Vec::with_capacity(1024);
+    let mut lineno = 0u64;
+    let key = st.key.clone();
+    loop {
+        buf.clear();
+        let n = rd
+            .read_until(b'\n', &mut buf)
+            .with_context(|| format!("reading {} after line {lineno}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        lineno += 1;
+        let mk = |seq, kind| Finding {
+            node: key.clone(),
+            file: path.to_path_buf(),
+            line: lineno,
+            seq,
+            kind,
+        };
+        if buf.last() != Some(&b'\n') {
+            let f = mk(
+                None,
+                FindingKind::Malformed {
+                    what: "last line is not terminated (torn write)".into(),
+                },
+            );
+            st.push(f);
+            break;
+        }
+        let line = &buf[..buf.len() - 1];
+        let stored_hash = match check_line_hash(line) {
+            LineHash::Valid(h) => Ok(h.to_string()),
+            LineHash::Mismatch { stored, computed } => Err((stored.to_string(), computed)),
+            LineHash::NoHashSuffix => {
+                let f = mk(
+                    None,
+                    FindingKind::Malformed {
+                        what: "no `\"hash\":\"<64 hex>\"` member at the end of the line".into(),
+                    },
+                );
+                st.push(f);
+                continue;
+            }
+        };
+        let rec: Record = match serde_json::from_slice(line) {
+            Ok(r) => r,
+            Err(e) => {
+                let f = mk(
+                    None,
+                    FindingKind::Malformed {
+                        what: format!("not a valid record: {e}"),
+                    },
+                );
+                st.push(f);
+                continue;
+            }
+        };
+        let seq = rec.seq;
+        let hash = match stored_hash {
+            Ok(h) => h,
+            Err((stored, computed)) => {
+                let f = mk(Some(seq), FindingKind::HashMismatch { stored: stored.clone(), computed });
+                st.push(f);
+                stored
+            }
+        };
+        if rec.cluster != cluster || rec.node != node {
+            let f = mk(
+                Some(seq),
+                FindingKind::NodeMismatch {
+                    expected: format!("{cluster}/{node}"),
+                    found: format!("{}/{}", rec.cluster, rec.node),
+                },
+            );
+            st.push(f);
+            continue;
+        }
+        let expected = st.last_seq + 1;
+        if seq == expected {
+            if rec.prev != st.last_hash {
+                let f = mk(
+                    Some(seq),
+                    FindingKind::PrevMismatch {
+                        expected: st.last_hash.clone(),
+                        found: rec.prev.clone(),
+                    },
+                );
+                st.push(f);
+            }
+        } else if seq > expected {
+            let f = mk(Some(seq), FindingKind::SeqGap { expected, found: seq });
+            if st.findings.len() < st.max {
+                st.gaps.push((st.findings.len(), expected, seq));
+            }
+            st.push(f);
+        } else {
+            // seq < expected: a moved record fills an earlier gap, or a duplicate
+            let gap = st
+                .gaps
+                .iter()
+                .find(|(_, lo, hi)| (*lo..*hi).contains(&seq))
+                .map(|g| g.0);
+            if let Some(i) = gap {
+                if let FindingKind::SeqGap { expected, found } = st.findings[i].kind {
+                    st.findings[i].kind = FindingKind::Reordered { expected, found };
+                }
+                let f = mk(Some(seq), FindingKind::Reordered { expected, found: seq });
+                st.push(f);
+            } else {
+                let f = mk(Some(seq), FindingKind::Duplicate { seq });
+                st.push(f);
+            }
+            continue;
+        }
+        if let Some(a) = st.anchor {
+            if a.seq == seq && a.hash != hash {
+                let f = mk(
+                    Some(seq),
+                    FindingKind::AnchorMismatch {
+                        seq,
+                        anchor_hash: a.hash.clone(),
+                        log_hash: hash.clone(),
+                        anchor: a.source.clone(),
+                    },
+                );
+                st.push(f);
+            }
+        }
+        st.last_seq = seq;
+        st.last_hash = hash;
+        st.records += 1;
+    }
+    Ok(lineno)
+}
+
+/// `tenancyctl audit verify`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct VerifyArgs {
+    /// Anchor file(s) or syslog file(s) with `node=.. seq=.. hash=..` lines; the newest anchor
+    /// per node detects a cut-off tail.
+    #[arg(long = "anchor", value_name = "FILE")]
+    pub anchors: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Stop listing findings after this many (all are still counted).
+    #[arg(long, default_value_t = 1000)]
+    pub max_findings: usize,
+    /// Per-node audit log files, or folders of them.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+}
+
+/// Runs `audit verify`: exit 0 when every chain is intact, 1 on any finding.
+pub fn run_verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let mut anchors = AnchorSet::default();
+    for a in &args.anchors {
+        anchors
+            .read_file(a)
+            .with_context(|| format!("reading anchor file {}", a.display()))?;
+    }
+    let report = verify_paths(&args.paths, &anchors, args.max_findings)?;
+    let mut out = std::io::stdout().lock();
+    write_verify(&mut out, &report, args.format)?;
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn write_verify(
+    out: &mut dyn std::io::Write,
+    r: &VerifyReport,
+    format: Format,
+) -> anyhow::Result<()> {
+    match format {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut *out, r)?;
+            writeln!(out)?;
+        }
+        Format::Csv => {
+            let mut w = csv::Writer::from_writer(out);
+            w.write_record(["node", "file", "line", "seq", "kind", "detail"])?;
+            for f in &r.findings {
+                let kind = serde_json::to_value(&f.kind)?;
+                let kind = kind["kind"].as_str().unwrap_or("").to_string();
+                w.write_record([
+                    f.node.clone(),
+                    f.file.display().to_string(),
+                    f.line.to_string(),
+                    f.seq.map(|s| s.to_string()).unwrap_or_default(),
+                    kind,
+                    f.to_string(),
+                ])?;
+            }
+            w.flush()?;
+        }
+        Format::Table => {
+            for n in &r.nodes {
+                writeln!(
+                    out,
+                    "{}/{}: {} records, last seq {}, head {}, anchor {}: {}",
+                    n.cluster,
+                    n.node,
+                    n.records,
+                    n.last_seq,
+                    &n.head_hash[..16],
+                    n.anchor_seq
+                        .map(|s| format!("seq {s}"))
+                        .unwrap_or_else(|| "none".into()),
+                    if n.findings == 0 {
+                        "OK".to_string()
+                    } else {
+                        format!("{} finding(s)", n.findings)
+                    }
+                )?;
+            }
+            for f in &r.findings {
+                writeln!(out, "FINDING {f}")?;
+            }
+            for n in &r.anchored_nodes_without_log {
+                writeln!(
+                    out,
+                    "NOTE node {n}: anchored but no log among the inputs (not given, or deleted)"
+                )?;
+            }
+            if r.is_clean() {
+                writeln!(out, "verify: all chains intact")?;
+            } else {
+                writeln!(
+                    out,
+                    "verify: {} finding(s); first: {}",
+                    r.total_findings,
+                    r.first().map(|f| f.to_string()).unwrap_or_default()
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
