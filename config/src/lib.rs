@@ -10,7 +10,7 @@ mod resolve;
 
 pub use dest::{Destination, Proto};
 pub use error::{ConfigError, Problem};
-pub use resolve::{Identity, Refusal, Resolved};
+pub use resolve::{group_gid, Identity, Refusal, Resolved};
 
 use serde::Deserialize;
 use std::collections::BTreeMap;

@@ -1,1 +1,13 @@
-//! tenancy-node
+//! slurm-tenancy on the node: the job context Slurm gives the prolog and epilog, the per-job
+//! journal, the spine that makes and undoes the isolation layers in order, and the layers'
+//! adapters.
+
+pub mod context;
+pub mod journal;
+pub mod layer;
+pub mod spine;
+
+pub use context::{EnvError, JobContext};
+pub use journal::{Journal, JournalDir, Step, StepState};
+pub use layer::{JobPlan, Layer, LayerError, LayerResult};
+pub use spine::{Ending, Spine};

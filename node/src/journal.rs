@@ -1,0 +1,251 @@
+//! The per-job journal: what each layer intends to make, recorded before it is made, and what it
+//! made, recorded after. Teardown (epilog, reconcile) works from the journal alone, so every
+//! intent holds everything needed to find and undo its resource even if the config changed.
+//!
+//! Writes are atomic: a temporary file, fsync, rename over the journal, fsync of the folder.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+pub const VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepState {
+    /// Recorded before the layer acts: the resource may or may not exist.
+    Intended,
+    /// The layer reported success; `made` says what exists.
+    Made,
+    /// Torn down.
+    Undone,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub layer: String,
+    pub state: StepState,
+    pub intent: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Journal {
+    pub version: u32,
+    pub job_id: u64,
+    pub cluster: String,
+    pub node: String,
+    pub user: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub tenant: String,
+    pub tier: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Tier rules that other jobs' placement decisions read under the node lock.
+    pub share_gpu: bool,
+    pub share_node: bool,
+    pub started: DateTime<Utc>,
+    pub steps: Vec<Step>,
+}
+
+impl Journal {
+    /// The made value of an earlier layer, for layers that build on it (devices on mig).
+    pub fn made_by(&self, layer: &str) -> Option<&Value> {
+        self.steps
+            .iter()
+            .find(|s| s.layer == layer && s.state == StepState::Made)
+            .and_then(|s| s.made.as_ref())
+    }
+}
+
+/// The folder of journals on this node.
+#[derive(Debug, Clone)]
+pub struct JournalDir {
+    dir: PathBuf,
+}
+
+impl JournalDir {
+    /// Opens the state folder, creating it (root only, 0700) when missing.
+    pub fn open(dir: &Path) -> io::Result<JournalDir> {
+        match fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("cannot create state_dir {}: {e}", dir.display()),
+                ))
+            }
+        }
+        Ok(JournalDir {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn journal_path(&self, job_id: u64) -> PathBuf {
+        self.dir.join(format!("job_{job_id}.json"))
+    }
+
+    pub fn load(&self, job_id: u64) -> io::Result<Option<Journal>> {
+        let path = self.journal_path(job_id);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("journal {} is unreadable: {e}", path.display()),
+            )
+        })
+    }
+
+    /// Replaces the job's journal atomically and durably.
+    pub fn save(&self, journal: &Journal) -> io::Result<()> {
+        let path = self.journal_path(journal.job_id);
+        let tmp = self.dir.join(format!(".job_{}.json.tmp", journal.job_id));
+        let bytes = serde_json::to_vec(journal).map_err(io::Error::other)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_data()?;
+        fs::rename(&tmp, &path)?;
+        self.sync_dir()
+    }
+
+    /// Removes the job's journal (already gone is fine).
+    pub fn remove(&self, job_id: u64) -> io::Result<()> {
+        match fs::remove_file(self.journal_path(job_id)) {
+            Ok(()) => self.sync_dir(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Ids of every job with a journal on this node.
+    pub fn job_ids(&self) -> io::Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for entry in fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(id) = name
+                .strip_prefix("job_")
+                .and_then(|r| r.strip_suffix(".json"))
+                .and_then(|n| n.parse().ok())
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Every other job's journal, for tier decisions made under the node lock.
+    pub fn others(&self, job_id: u64) -> io::Result<Vec<Journal>> {
+        let mut out = Vec::new();
+        for id in self.job_ids()? {
+            if id != job_id {
+                if let Some(j) = self.load(id)? {
+                    out.push(j);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Takes the node-wide lock (released on drop) that serialises placement decisions.
+    pub fn lock_node(&self) -> io::Result<NodeLock> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(self.dir.join(".node.lock"))?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)?;
+        Ok(NodeLock { _file: f })
+    }
+}
+
+/// Held while a job's placement is decided and made; the lock goes with the file.
+pub struct NodeLock {
+    _file: File,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(job_id: u64) -> Journal {
+        Journal {
+            version: VERSION,
+            job_id,
+            cluster: "c".into(),
+            node: "n".into(),
+            user: "u".into(),
+            uid: 1,
+            gid: 1,
+            tenant: "acme".into(),
+            tier: "internal".into(),
+            profile: None,
+            share_gpu: true,
+            share_node: true,
+            started: Utc::now(),
+            steps: vec![Step {
+                layer: "scratch".into(),
+                state: StepState::Intended,
+                intent: serde_json::json!({"path": "/x"}),
+                made: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn save_load_remove_round_trip() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(&tmp.path().join("state")).unwrap();
+        assert_eq!(dir.load(7).unwrap(), None);
+        let j = sample(7);
+        dir.save(&j).unwrap();
+        dir.save(&sample(8)).unwrap();
+        assert_eq!(dir.load(7).unwrap(), Some(j));
+        assert_eq!(dir.job_ids().unwrap(), vec![7, 8]);
+        assert_eq!(dir.others(7).unwrap().len(), 1);
+        dir.remove(7).unwrap();
+        dir.remove(7).unwrap();
+        assert_eq!(dir.job_ids().unwrap(), vec![8]);
+        // No temporary file is left behind.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(names.iter().all(|n| !n.to_string_lossy().ends_with(".tmp")));
+    }
+
+    #[test]
+    fn corrupt_journal_is_an_error_not_a_missing_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        fs::write(dir.journal_path(9), b"{not json").unwrap();
+        assert!(dir.load(9).is_err());
+    }
+}

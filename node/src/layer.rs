@@ -1,0 +1,61 @@
+//! The contract between the spine and each isolation layer (MIG, cgroup, devices, scratch,
+//! network).
+//!
+//! The spine records a layer's intent in the journal before calling `make`, and its result after.
+//! An intent must be self-contained: `undo` gets only the intent and (when the prolog got that
+//! far) the made value, possibly in another process, after a crash, under a changed config.
+
+use crate::journal::Journal;
+use serde_json::Value;
+use tenancy_config::Tier;
+
+/// What the prolog decided for the job; layers derive their intents from it.
+#[derive(Debug, Clone)]
+pub struct JobPlan {
+    pub job_id: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub user: String,
+    pub node: String,
+    pub tenant: String,
+    /// The gid of the tenant's first group: owner group of its scratch folder.
+    pub tenant_gid: u32,
+    pub tier: Tier,
+    pub profile: Option<String>,
+    /// Slots slurmctld allocated (GPU GRES indexes), when the node's GRES describe MIG slots.
+    pub gres_gpus: Option<Vec<u32>>,
+}
+
+/// A layer's failure: the message names the value and what to do; the spine adds job and layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerError(pub String);
+
+impl<E: std::fmt::Display> From<E> for LayerError {
+    fn from(e: E) -> Self {
+        LayerError(e.to_string())
+    }
+}
+
+pub type LayerResult<T> = Result<T, LayerError>;
+
+pub trait Layer {
+    /// The name recorded in journals and audit records.
+    fn name(&self) -> &'static str;
+
+    /// Decides what to make. `Ok(None)`: the layer has nothing to do for this job.
+    /// `journal` holds the earlier layers' results (the device layer reads the MIG slice).
+    fn intend(&mut self, plan: &JobPlan, journal: &Journal) -> LayerResult<Option<Value>>;
+
+    /// Makes what `intent` describes; returns what exists now.
+    fn make(&mut self, intent: &Value, journal: &Journal) -> LayerResult<Value>;
+
+    /// Removes it. Idempotent: what is already gone is not an error. `made` is `None` when the
+    /// prolog stopped between recording the intent and recording the result.
+    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()>;
+
+    /// A short identifier of the resource for audit records.
+    fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
+        let _ = (intent, made);
+        self.name().to_string()
+    }
+}

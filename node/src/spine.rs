@@ -1,0 +1,528 @@
+//! The spine of the job path: the prolog re-checks the job, then runs the layers in order,
+//! journaling each intent before it is made; a failure undoes what was made, in reverse, and
+//! fails closed. The epilog undoes in reverse from the journal. Both append audit records.
+
+use crate::context::{EnvError, JobContext};
+use crate::journal::{Journal, JournalDir, Step, StepState, VERSION};
+use crate::layer::{JobPlan, Layer, LayerError};
+use chrono::Utc;
+use serde_json::Value;
+use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_config::{group_gid, Config, Identity, Refusal};
+
+/// How a prolog or epilog run ended; the binary prints `message` and exits with `code`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    pub code: i32,
+    pub message: String,
+}
+
+impl Ending {
+    fn ok(message: String) -> Ending {
+        Ending { code: 0, message }
+    }
+    fn fail(message: String) -> Ending {
+        Ending { code: 1, message }
+    }
+}
+
+/// The node-side runtime: config, journals, audit log and the layers in job-start order.
+pub struct Spine<'c> {
+    pub config: &'c Config,
+    pub journals: JournalDir,
+    pub layers: Vec<Box<dyn Layer>>,
+    /// `tenancy-prolog`, `tenancy-epilog`, `tenancyctl`: recorded as the audit origin.
+    pub origin: &'static str,
+}
+
+/// Why the prolog refused or failed: the text for slurmd's log and the audit reason.
+struct Denial {
+    event: Event,
+    reason: String,
+}
+
+impl<'c> Spine<'c> {
+    pub fn new(
+        config: &'c Config,
+        layers: Vec<Box<dyn Layer>>,
+        origin: &'static str,
+    ) -> std::io::Result<Spine<'c>> {
+        Ok(Spine {
+            config,
+            journals: JournalDir::open(&config.cluster.state_dir)?,
+            layers,
+            origin,
+        })
+    }
+
+    fn record(&self, user: &str, uid: u32, node: &str, event: Event, outcome: Outcome) -> Record {
+        Record::new(
+            self.config.cluster.name.clone(),
+            node,
+            user,
+            uid,
+            event,
+            outcome,
+            self.origin,
+        )
+    }
+
+    /// Appends one audit record; the caller decides what a failure means (fail closed).
+    pub fn audit(&self, rec: &mut Record) -> Result<tenancy_audit::Appended, String> {
+        AuditLog::open(&self.config.cluster.audit_log)
+            .and_then(|mut log| log.append(rec))
+            .map_err(|e| e.to_string())
+    }
+
+    fn anchor(&self, node: &str, appended: &tenancy_audit::Appended) {
+        // The anchor is extra evidence; its absence is reported by `audit verify`, not fatal.
+        let _ = tenancy_audit::send_anchor(
+            node,
+            appended.seq,
+            &appended.hash,
+            self.config.cluster.audit_anchor.as_deref(),
+        );
+    }
+
+    fn layer_index(&self, name: &str) -> Option<usize> {
+        self.layers.iter().position(|l| l.name() == name)
+    }
+
+    // ---- prolog ------------------------------------------------------------------------
+
+    /// Runs the prolog for the job described by `ctx`.
+    pub fn prolog(&mut self, ctx: Result<JobContext, EnvError>) -> Ending {
+        let ctx = match ctx {
+            Ok(c) => c,
+            Err(e) => {
+                let job = e.job_id.map_or("unknown job".to_string(), |j| format!("job {j}"));
+                let reason = format!("{job}: bad job environment: {e}");
+                let mut rec = self.record(
+                    e.user.as_deref().unwrap_or("unknown"),
+                    e.uid.unwrap_or(u32::MAX),
+                    e.node.as_deref().unwrap_or("unknown"),
+                    Event::JobDenied,
+                    Outcome::Denied,
+                );
+                if let Some(j) = e.job_id {
+                    rec = rec.job_id(j);
+                }
+                rec = rec.reason(reason.clone());
+                return match self.audit(&mut rec) {
+                    Ok(_) => Ending::fail(format!("tenancy: {reason}")),
+                    Err(a) => Ending::fail(format!("tenancy: {reason}; and {a}")),
+                };
+            }
+        };
+        let plan = match self.decide(&ctx) {
+            Ok(plan) => plan,
+            Err(d) => return self.deny(&ctx, d),
+        };
+        // A journal left by a prolog that died (and whose epilog never ran) is torn down first:
+        // a requeued job must not inherit, or leak, an earlier attempt's resources.
+        if let Ok(Some(stale)) = self.journals.load(ctx.job_id) {
+            let failures = self.undo_all(stale, &ctx);
+            if !failures.is_empty() {
+                return self.deny(
+                    &ctx,
+                    Denial {
+                        event: Event::TeardownFailed,
+                        reason: format!(
+                            "job {}: an earlier attempt's resources could not be removed: {}; \
+                             run `tenancyctl reconcile --apply` on {}",
+                            ctx.job_id,
+                            failures.join("; "),
+                            ctx.node
+                        ),
+                    },
+                );
+            }
+        }
+        let mut journal = Journal {
+            version: VERSION,
+            job_id: ctx.job_id,
+            cluster: self.config.cluster.name.clone(),
+            node: ctx.node.clone(),
+            user: ctx.user.clone(),
+            uid: ctx.uid,
+            gid: ctx.gid,
+            tenant: plan.tenant.clone(),
+            tier: plan.tier.name.clone(),
+            profile: plan.profile.clone(),
+            share_gpu: plan.tier.share_gpu,
+            share_node: plan.tier.share_node,
+            started: Utc::now(),
+            steps: Vec::new(),
+        };
+        match self.make_all(&plan, &mut journal) {
+            Ok(()) => {}
+            Err(reason) => return self.roll_back(&ctx, &plan, journal, reason),
+        }
+        let mut rec = self
+            .record(&ctx.user, ctx.uid, &ctx.node, Event::JobStart, Outcome::Success)
+            .job_id(ctx.job_id)
+            .tenant(plan.tenant.clone())
+            .tier(plan.tier.name.clone());
+        rec.time = journal.started;
+        self.describe(&mut rec, &journal, ResourceAction::Made);
+        match self.audit(&mut rec) {
+            Ok(_) => Ending::ok(format!(
+                "tenancy: job {} runs for tenant {} (tier {}) with {} layer(s)",
+                ctx.job_id,
+                plan.tenant,
+                plan.tier.name,
+                journal.steps.len()
+            )),
+            // No job runs without its record: undo everything.
+            Err(e) => self.roll_back(
+                &ctx,
+                &plan,
+                journal,
+                format!("job {}: layer audit: {e}", ctx.job_id),
+            ),
+        }
+    }
+
+    /// Re-checks everything the submit side claimed: identity, tenant, profile, tier rules.
+    fn decide(&self, ctx: &JobContext) -> Result<JobPlan, Denial> {
+        let deny = |reason: String| Denial {
+            event: Event::JobDenied,
+            reason: format!("job {}: {reason}", ctx.job_id),
+        };
+        let who = Identity::from_uid(ctx.uid).map_err(&deny)?;
+        if who.user != ctx.user {
+            return Err(deny(format!(
+                "SLURM_JOB_USER '{}' does not match uid {} ('{}' in NSS)",
+                ctx.user, ctx.uid, who.user
+            )));
+        }
+        let resolved = self
+            .config
+            .resolve(
+                &who,
+                ctx.account.as_deref(),
+                ctx.requested_tenant.as_deref(),
+                ctx.requested_profile.as_deref(),
+            )
+            .map_err(|r: Refusal| deny(r.to_string()))?;
+        let tenant = &self.config.tenants[&resolved.tenant];
+        let tier = self.config.tier_of(tenant).clone();
+        let tenant_gid = tenant
+            .groups
+            .iter()
+            .find_map(|g| group_gid(g))
+            .ok_or_else(|| {
+                deny(format!(
+                    "none of tenant '{}''s groups ({}) exists in NSS on this node",
+                    tenant.name,
+                    tenant.groups.join(", ")
+                ))
+            })?;
+        Ok(JobPlan {
+            job_id: ctx.job_id,
+            uid: ctx.uid,
+            gid: ctx.gid,
+            user: ctx.user.clone(),
+            node: ctx.node.clone(),
+            tenant: resolved.tenant,
+            tenant_gid,
+            tier,
+            profile: resolved.profile,
+            gres_gpus: ctx.gres_gpus.clone(),
+        })
+    }
+
+    /// share_node: a tenant whose tier forbids sharing the node is alone on it, and nobody joins
+    /// a node such a tenant holds. Decided under the node lock from the other journals.
+    fn check_node_sharing(&self, plan: &JobPlan) -> Result<(), String> {
+        for other in self.journals.others(plan.job_id).map_err(|e| {
+            format!(
+                "cannot read the journals in {}: {e}",
+                self.journals.path().display()
+            )
+        })? {
+            if other.tenant == plan.tenant {
+                continue;
+            }
+            if !plan.tier.share_node {
+                return Err(format!(
+                    "tier {} does not share nodes, and job {} of tenant '{}' runs on {}; \
+                     submit with --exclusive or to a partition reserved for the tenant",
+                    plan.tier.name, other.job_id, other.tenant, plan.node
+                ));
+            }
+            if !other.share_node {
+                return Err(format!(
+                    "job {} of tenant '{}' (tier {}) holds node {} exclusively",
+                    other.job_id, other.tenant, other.tier, plan.node
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every layer in order; each intent is journaled before it is made. Saving the
+    /// previous layer's result and the next intent is one journal write.
+    fn make_all(&mut self, plan: &JobPlan, journal: &mut Journal) -> Result<(), String> {
+        let job = plan.job_id;
+        let _lock = self.journals.lock_node().map_err(|e| {
+            format!(
+                "job {job}: cannot take the node lock in {}: {e}",
+                self.journals.path().display()
+            )
+        })?;
+        self.check_node_sharing(plan)
+            .map_err(|e| format!("job {job}: layer node: {e}"))?;
+        for i in 0..self.layers.len() {
+            let name = self.layers[i].name();
+            let intent = match self.layers[i].intend(plan, journal) {
+                Ok(Some(intent)) => intent,
+                Ok(None) => continue,
+                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
+            };
+            journal.steps.push(Step {
+                layer: name.to_string(),
+                state: StepState::Intended,
+                intent: intent.clone(),
+                made: None,
+            });
+            self.journals.save(journal).map_err(|e| {
+                format!(
+                    "job {job}: layer {name}: cannot journal the intent in {}: {e}",
+                    self.journals.path().display()
+                )
+            })?;
+            match self.layers[i].make(&intent, journal) {
+                Ok(made) => {
+                    let step = journal.steps.last_mut().expect("just pushed");
+                    step.made = Some(made);
+                    step.state = StepState::Made;
+                }
+                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
+            }
+        }
+        self.journals.save(journal).map_err(|e| {
+            format!(
+                "job {job}: cannot journal the result in {}: {e}",
+                self.journals.path().display()
+            )
+        })
+    }
+
+    fn roll_back(
+        &mut self,
+        ctx: &JobContext,
+        plan: &JobPlan,
+        journal: Journal,
+        reason: String,
+    ) -> Ending {
+        let undone: Vec<Step> = journal.steps.clone();
+        let failures = self.undo_all(journal, ctx);
+        let mut rec = self
+            .record(&ctx.user, ctx.uid, &ctx.node, Event::Rollback, Outcome::Failure)
+            .job_id(ctx.job_id)
+            .tenant(plan.tenant.clone())
+            .tier(plan.tier.name.clone());
+        for step in undone.iter().rev() {
+            rec = rec.resource(self.resource(step, ResourceAction::Removed));
+        }
+        if let Some(p) = &plan.profile {
+            rec = rec.profile(p.clone());
+        }
+        let mut message = format!("tenancy: {reason}; the job does not run (rolled back)");
+        if !failures.is_empty() {
+            message.push_str(&format!(
+                "; rollback left resources behind: {}; run `tenancyctl reconcile --apply`",
+                failures.join("; ")
+            ));
+            rec = rec.reason(format!("{reason}; rollback incomplete: {}", failures.join("; ")));
+        } else {
+            rec = rec.reason(reason);
+        }
+        if let Err(e) = self.audit(&mut rec) {
+            message.push_str(&format!("; and the rollback record was not written: {e}"));
+        }
+        Ending::fail(message)
+    }
+
+    fn deny(&self, ctx: &JobContext, d: Denial) -> Ending {
+        let outcome = if d.event == Event::JobDenied {
+            Outcome::Denied
+        } else {
+            Outcome::Failure
+        };
+        let mut rec = self
+            .record(&ctx.user, ctx.uid, &ctx.node, d.event, outcome)
+            .job_id(ctx.job_id)
+            .reason(d.reason.clone());
+        if let Some(t) = &ctx.requested_tenant {
+            rec = rec.tenant(t.clone());
+        }
+        let mut message = format!("tenancy: {}", d.reason);
+        if let Err(e) = self.audit(&mut rec) {
+            message.push_str(&format!("; and the denial record was not written: {e}"));
+        }
+        Ending::fail(message)
+    }
+
+    // ---- teardown ----------------------------------------------------------------------
+
+    /// Undoes every step in reverse; returns what could not be undone. The journal is removed
+    /// when everything is gone, and otherwise kept holding only what is left.
+    fn undo_all(&mut self, mut journal: Journal, ctx: &JobContext) -> Vec<String> {
+        let mut failures = Vec::new();
+        for idx in (0..journal.steps.len()).rev() {
+            let step = &journal.steps[idx];
+            if step.state == StepState::Undone {
+                continue;
+            }
+            let Some(li) = self.layer_index(&step.layer) else {
+                failures.push(format!(
+                    "job {}: layer {}: this build does not know the layer; tear it down by hand",
+                    ctx.job_id, step.layer
+                ));
+                continue;
+            };
+            match self.layers[li].undo(&step.intent, step.made.as_ref()) {
+                Ok(()) => journal.steps[idx].state = StepState::Undone,
+                Err(LayerError(e)) => {
+                    failures.push(format!("job {}: layer {}: {e}", ctx.job_id, step.layer))
+                }
+            }
+        }
+        let saved = if failures.is_empty() {
+            self.journals.remove(journal.job_id)
+        } else {
+            self.journals.save(&journal)
+        };
+        if let Err(e) = saved {
+            failures.push(format!(
+                "job {}: journal {}: {e}",
+                journal.job_id,
+                self.journals.journal_path(journal.job_id).display()
+            ));
+        }
+        failures
+    }
+
+    /// Runs the epilog: tears the job down from its journal and records the end.
+    pub fn epilog(&mut self, ctx: &JobContext) -> Ending {
+        let journal = match self.journals.load(ctx.job_id) {
+            Ok(j) => j,
+            Err(e) => {
+                let reason = format!(
+                    "job {}: cannot read its journal: {e}; inspect it, then run `tenancyctl \
+                     reconcile --apply`",
+                    ctx.job_id
+                );
+                let mut rec = self
+                    .record(&ctx.user, ctx.uid, &ctx.node, Event::TeardownFailed, Outcome::Failure)
+                    .job_id(ctx.job_id)
+                    .reason(reason.clone());
+                let _ = self.audit(&mut rec);
+                return Ending::fail(format!("tenancy: {reason}"));
+            }
+        };
+        let Some(journal) = journal else {
+            // The prolog never ran, was denied, or rolled back: nothing to undo.
+            let mut rec = self
+                .record(&ctx.user, ctx.uid, &ctx.node, Event::JobEnd, Outcome::Success)
+                .job_id(ctx.job_id)
+                .reason("no journal: the prolog made nothing for this job");
+            return match self.audit(&mut rec) {
+                Ok(a) => {
+                    self.anchor(&ctx.node, &a);
+                    Ending::ok(format!("tenancy: job {}: nothing to tear down", ctx.job_id))
+                }
+                // Nothing was made, so nothing is left unisolated: report, do not drain.
+                Err(e) => Ending::ok(format!(
+                    "tenancy: job {}: nothing to tear down; audit record not written: {e}",
+                    ctx.job_id
+                )),
+            };
+        };
+        let steps = journal.steps.clone();
+        let (tenant, tier, profile, started) = (
+            journal.tenant.clone(),
+            journal.tier.clone(),
+            journal.profile.clone(),
+            journal.started,
+        );
+        let mig = journal.made_by("mig").cloned();
+        let failures = self.undo_all(journal, ctx);
+        let (event, outcome) = if failures.is_empty() {
+            (Event::JobEnd, Outcome::Success)
+        } else {
+            (Event::TeardownFailed, Outcome::Failure)
+        };
+        let mut rec = self
+            .record(&ctx.user, ctx.uid, &ctx.node, event, outcome)
+            .job_id(ctx.job_id)
+            .tenant(tenant)
+            .tier(tier)
+            .started(started);
+        if let Some(p) = profile {
+            rec = rec.profile(p);
+        }
+        if let Some(m) = &mig {
+            if let Some(n) = m.get("compute_slices").and_then(Value::as_u64) {
+                rec = rec.compute_slices(n as u32);
+            }
+            if let Some(g) = m.get("gpu_uuid").and_then(Value::as_str) {
+                rec = rec.gpu(g);
+            }
+        }
+        for step in steps.iter().rev() {
+            rec = rec.resource(self.resource(step, ResourceAction::Removed));
+        }
+        if !failures.is_empty() {
+            rec = rec.reason(failures.join("; "));
+        }
+        let audit = self.audit(&mut rec);
+        if let Ok(a) = &audit {
+            self.anchor(&ctx.node, a);
+        }
+        match (failures.is_empty(), audit) {
+            (true, Ok(_)) => Ending::ok(format!("tenancy: job {} torn down", ctx.job_id)),
+            // Everything is gone; only the record is missing. Draining the node would not bring
+            // it back, so the epilog reports it and succeeds (documented in ARCHITECTURE.md).
+            (true, Err(e)) => Ending::ok(format!(
+                "tenancy: job {} torn down; job_end record not written: {e}",
+                ctx.job_id
+            )),
+            (false, _) => Ending::fail(format!(
+                "tenancy: teardown incomplete, the node keeps resources of the job: {}; the \
+                 journal is kept: fix the cause, then run `tenancyctl reconcile --apply`",
+                failures.join("; ")
+            )),
+        }
+    }
+
+    fn resource(&self, step: &Step, action: ResourceAction) -> Resource {
+        let id = match self.layer_index(&step.layer) {
+            Some(i) => self.layers[i].resource_id(&step.intent, step.made.as_ref()),
+            None => step.layer.clone(),
+        };
+        let mut r = Resource::new(step.layer.clone(), action, id);
+        if let Some(Value::Object(m)) = step.made.as_ref().or(Some(&step.intent)) {
+            r.detail = m.clone();
+        }
+        r
+    }
+
+    fn describe(&self, rec: &mut Record, journal: &Journal, action: ResourceAction) {
+        for step in &journal.steps {
+            rec.resources.push(self.resource(step, action));
+        }
+        if let Some(p) = &journal.profile {
+            rec.profile = Some(p.clone());
+        }
+        if let Some(m) = journal.made_by("mig") {
+            rec.compute_slices = m
+                .get("compute_slices")
+                .and_then(Value::as_u64)
+                .map(|n| n as u32);
+            rec.gpu = m.get("gpu_uuid").and_then(Value::as_str).map(String::from);
+        }
+    }
+}
