@@ -79,7 +79,7 @@ fn rejects_each_kind_of_bad_config_with_file_line_column() {
         (
             "\"/scratch\"",
             "\"./scratch\"",
-            "FILE:7:16: cluster.scratch_root must be an absolute path",
+            "FILE:8:16: cluster.scratch_root must be an absolute path",
         ),
     ];
     for (from, to, want) in cases {
