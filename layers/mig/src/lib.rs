@@ -94,3 +94,6 @@ pub struct Teardown {
     /// Anything the operator should know (e.g. a GI id now used by another placement).
     pub note: Option<String>,
 }
+
+#[cfg(test)]
+mod tests;
