@@ -43,7 +43,10 @@ impl Identity {
 
 /// The gid of a group name, if NSS knows it.
 pub fn group_gid(name: &str) -> Option<u32> {
-    Group::from_name(name).ok().flatten().map(|g| g.gid.as_raw())
+    Group::from_name(name)
+        .ok()
+        .flatten()
+        .map(|g| g.gid.as_raw())
 }
 
 /// The tenant, tier and MIG profile a job gets.

@@ -71,13 +71,19 @@ impl Env {
             return Ok(None);
         };
         if v.len() > MAX_VALUE {
-            return Err((name, format!("is {} bytes long (at most {MAX_VALUE})", v.len())));
+            return Err((
+                name,
+                format!("is {} bytes long (at most {MAX_VALUE})", v.len()),
+            ));
         }
         let s = v
             .to_str()
             .ok_or_else(|| (name, "is not valid UTF-8".to_string()))?;
         if s.chars().any(char::is_control) {
-            return Err((name, format!("contains control characters: {}", s.escape_debug())));
+            return Err((
+                name,
+                format!("contains control characters: {}", s.escape_debug()),
+            ));
         }
         Ok((!s.is_empty()).then(|| s.to_string()))
     }
@@ -86,7 +92,10 @@ impl Env {
         self.text(name)?.ok_or((name, "is missing".to_string()))
     }
 
-    fn number<T: std::str::FromStr>(&self, name: &'static str) -> Result<T, (&'static str, String)> {
+    fn number<T: std::str::FromStr>(
+        &self,
+        name: &'static str,
+    ) -> Result<T, (&'static str, String)> {
         let s = self.required(name)?;
         if !s.bytes().all(|b| b.is_ascii_digit()) {
             return Err((name, format!("is not a number: '{}'", s.escape_debug())));
@@ -137,14 +146,20 @@ impl JobContext {
             if plain_name(&u) {
                 Ok(u)
             } else {
-                Err(("SLURM_JOB_USER", format!("is not a user name: '{}'", u.escape_debug())))
+                Err((
+                    "SLURM_JOB_USER",
+                    format!("is not a user name: '{}'", u.escape_debug()),
+                ))
             }
         });
         let node = env.required("SLURMD_NODENAME").and_then(|n| {
             if plain_name(&n) {
                 Ok(n)
             } else {
-                Err(("SLURMD_NODENAME", format!("is not a node name: '{}'", n.escape_debug())))
+                Err((
+                    "SLURMD_NODENAME",
+                    format!("is not a node name: '{}'", n.escape_debug()),
+                ))
             }
         });
         partial.job_id = job_id.as_ref().ok().copied();
@@ -194,7 +209,10 @@ impl JobContext {
                     .map_err(|_| {
                         fail(
                             partial.clone(),
-                            ("SLURM_JOB_GPUS", format!("is not a list of GPU indexes: '{list}'")),
+                            (
+                                "SLURM_JOB_GPUS",
+                                format!("is not a list of GPU indexes: '{list}'"),
+                            ),
                         )
                     })?,
             ),
@@ -260,21 +278,60 @@ mod tests {
     fn each_bad_value_names_its_variable() {
         let cases: Vec<(&str, Option<OsString>, &str)> = vec![
             ("SLURM_JOB_ID", None, "SLURM_JOB_ID is missing"),
-            ("SLURM_JOB_ID", Some("4x2".into()), "SLURM_JOB_ID is not a number"),
-            ("SLURM_JOB_UID", Some("-1".into()), "SLURM_JOB_UID is not a number"),
-            ("SLURM_JOB_UID", Some("99999999999".into()), "SLURM_JOB_UID is out of range"),
-            ("SLURM_JOB_USER", Some("a/../b".into()), "SLURM_JOB_USER is not a user name"),
+            (
+                "SLURM_JOB_ID",
+                Some("4x2".into()),
+                "SLURM_JOB_ID is not a number",
+            ),
+            (
+                "SLURM_JOB_UID",
+                Some("-1".into()),
+                "SLURM_JOB_UID is not a number",
+            ),
+            (
+                "SLURM_JOB_UID",
+                Some("99999999999".into()),
+                "SLURM_JOB_UID is out of range",
+            ),
+            (
+                "SLURM_JOB_USER",
+                Some("a/../b".into()),
+                "SLURM_JOB_USER is not a user name",
+            ),
             ("SLURMD_NODENAME", None, "SLURMD_NODENAME is missing"),
             ("SLURM_JOB_GID", None, "SLURM_JOB_GID is missing"),
-            ("SPANK_TENANCY_TENANT", Some(OsString::from_vec(vec![0xff, 0xfe])), "SPANK_TENANCY_TENANT is not valid UTF-8"),
-            ("SPANK_TENANCY_MIG", Some("x".repeat(10_000).into()), "SPANK_TENANCY_MIG is 10000 bytes long"),
-            ("SPANK_TENANCY_TENANT", Some("acme\nevil".into()), "SPANK_TENANCY_TENANT contains control characters"),
-            ("SLURM_JOB_ACCOUNT", Some("a;rm -rf /".into()), "SLURM_JOB_ACCOUNT is not a plain name"),
-            ("SLURM_JOB_GPUS", Some("0,x".into()), "SLURM_JOB_GPUS is not a list"),
+            (
+                "SPANK_TENANCY_TENANT",
+                Some(OsString::from_vec(vec![0xff, 0xfe])),
+                "SPANK_TENANCY_TENANT is not valid UTF-8",
+            ),
+            (
+                "SPANK_TENANCY_MIG",
+                Some("x".repeat(10_000).into()),
+                "SPANK_TENANCY_MIG is 10000 bytes long",
+            ),
+            (
+                "SPANK_TENANCY_TENANT",
+                Some("acme\nevil".into()),
+                "SPANK_TENANCY_TENANT contains control characters",
+            ),
+            (
+                "SLURM_JOB_ACCOUNT",
+                Some("a;rm -rf /".into()),
+                "SLURM_JOB_ACCOUNT is not a plain name",
+            ),
+            (
+                "SLURM_JOB_GPUS",
+                Some("0,x".into()),
+                "SLURM_JOB_GPUS is not a list",
+            ),
         ];
         for (name, value, want) in cases {
             let e = with(name, value).unwrap_err();
-            assert!(e.to_string().starts_with(want), "{name}: got '{e}', want '{want}'");
+            assert!(
+                e.to_string().starts_with(want),
+                "{name}: got '{e}', want '{want}'"
+            );
         }
         // What could be read is kept for the denial record.
         let e = with("SLURM_JOB_UID", Some("abc".into())).unwrap_err();

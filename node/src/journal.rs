@@ -73,7 +73,11 @@ pub struct JournalDir {
 impl JournalDir {
     /// Opens the state folder, creating it (root only, 0700) when missing.
     pub fn open(dir: &Path) -> io::Result<JournalDir> {
-        match fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        match fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+        {
             Ok(()) => {}
             Err(e) => {
                 return Err(io::Error::new(

@@ -5,6 +5,8 @@
 pub mod context;
 pub mod journal;
 pub mod layer;
+pub mod layers;
+pub mod run;
 pub mod spine;
 
 pub use context::{EnvError, JobContext};

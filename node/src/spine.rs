@@ -95,7 +95,9 @@ impl<'c> Spine<'c> {
         let ctx = match ctx {
             Ok(c) => c,
             Err(e) => {
-                let job = e.job_id.map_or("unknown job".to_string(), |j| format!("job {j}"));
+                let job = e
+                    .job_id
+                    .map_or("unknown job".to_string(), |j| format!("job {j}"));
                 let reason = format!("{job}: bad job environment: {e}");
                 let mut rec = self.record(
                     e.user.as_deref().unwrap_or("unknown"),
@@ -159,7 +161,13 @@ impl<'c> Spine<'c> {
             Err(reason) => return self.roll_back(&ctx, &plan, journal, reason),
         }
         let mut rec = self
-            .record(&ctx.user, ctx.uid, &ctx.node, Event::JobStart, Outcome::Success)
+            .record(
+                &ctx.user,
+                ctx.uid,
+                &ctx.node,
+                Event::JobStart,
+                Outcome::Success,
+            )
             .job_id(ctx.job_id)
             .tenant(plan.tenant.clone())
             .tier(plan.tier.name.clone());
@@ -319,7 +327,13 @@ impl<'c> Spine<'c> {
         let undone: Vec<Step> = journal.steps.clone();
         let failures = self.undo_all(journal, ctx);
         let mut rec = self
-            .record(&ctx.user, ctx.uid, &ctx.node, Event::Rollback, Outcome::Failure)
+            .record(
+                &ctx.user,
+                ctx.uid,
+                &ctx.node,
+                Event::Rollback,
+                Outcome::Failure,
+            )
             .job_id(ctx.job_id)
             .tenant(plan.tenant.clone())
             .tier(plan.tier.name.clone());
@@ -335,7 +349,10 @@ impl<'c> Spine<'c> {
                 "; rollback left resources behind: {}; run `tenancyctl reconcile --apply`",
                 failures.join("; ")
             ));
-            rec = rec.reason(format!("{reason}; rollback incomplete: {}", failures.join("; ")));
+            rec = rec.reason(format!(
+                "{reason}; rollback incomplete: {}",
+                failures.join("; ")
+            ));
         } else {
             rec = rec.reason(reason);
         }
@@ -416,7 +433,13 @@ impl<'c> Spine<'c> {
                     ctx.job_id
                 );
                 let mut rec = self
-                    .record(&ctx.user, ctx.uid, &ctx.node, Event::TeardownFailed, Outcome::Failure)
+                    .record(
+                        &ctx.user,
+                        ctx.uid,
+                        &ctx.node,
+                        Event::TeardownFailed,
+                        Outcome::Failure,
+                    )
                     .job_id(ctx.job_id)
                     .reason(reason.clone());
                 let _ = self.audit(&mut rec);
@@ -426,7 +449,13 @@ impl<'c> Spine<'c> {
         let Some(journal) = journal else {
             // The prolog never ran, was denied, or rolled back: nothing to undo.
             let mut rec = self
-                .record(&ctx.user, ctx.uid, &ctx.node, Event::JobEnd, Outcome::Success)
+                .record(
+                    &ctx.user,
+                    ctx.uid,
+                    &ctx.node,
+                    Event::JobEnd,
+                    Outcome::Success,
+                )
                 .job_id(ctx.job_id)
                 .reason("no journal: the prolog made nothing for this job");
             return match self.audit(&mut rec) {

@@ -1,0 +1,368 @@
+//! The spine with test layers that make real files: order, journal, rollback, teardown, audit.
+
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use tenancy_audit::{verify_paths, AnchorSet, Event, Record};
+use tenancy_config::Config;
+use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine, StepState};
+
+/// A layer that makes one file per job and logs every call.
+struct FileLayer {
+    name: &'static str,
+    dir: PathBuf,
+    fail_make: bool,
+    calls: Rc<RefCell<Vec<String>>>,
+}
+
+impl Layer for FileLayer {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn intend(&mut self, plan: &JobPlan, _: &Journal) -> LayerResult<Option<Value>> {
+        self.calls
+            .borrow_mut()
+            .push(format!("intend {}", self.name));
+        let path = self.dir.join(format!("{}-{}", self.name, plan.job_id));
+        Ok(Some(json!({ "path": path })))
+    }
+    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
+        self.calls.borrow_mut().push(format!("make {}", self.name));
+        let path = intent["path"].as_str().unwrap();
+        std::fs::write(path, b"x")?;
+        if self.fail_make {
+            return Err(tenancy_node::LayerError(format!(
+                "{path}: injected failure"
+            )));
+        }
+        Ok(json!({ "path": path, "made": true }))
+    }
+    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
+        self.calls
+            .borrow_mut()
+            .push(format!("undo {} made={}", self.name, made.is_some()));
+        match std::fs::remove_file(intent["path"].as_str().unwrap()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+struct World {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    config: Config,
+    calls: Rc<RefCell<Vec<String>>>,
+}
+
+impl World {
+    fn new() -> World {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let text = format!(
+            r#"
+[cluster]
+name = "test"
+state_dir = "{r}/state"
+audit_log = "{r}/audit.jsonl"
+scratch_root = "{r}/scratch"
+[tiers.internal]
+mig_profiles = ["1g.18gb"]
+[tenants.acme]
+tier = "internal"
+groups = ["root"]
+"#,
+            r = root.display()
+        );
+        let config = Config::parse(&text, &root.join("tenancy.toml")).unwrap();
+        std::fs::create_dir(root.join("made")).unwrap();
+        World {
+            _tmp: tmp,
+            root,
+            config,
+            calls: Rc::default(),
+        }
+    }
+
+    fn spine(&self, fail: Option<&'static str>, origin: &'static str) -> Spine<'_> {
+        let layers: Vec<Box<dyn Layer>> = ["first", "second", "third"]
+            .into_iter()
+            .map(|name| {
+                Box::new(FileLayer {
+                    name,
+                    dir: self.root.join("made"),
+                    fail_make: fail == Some(name),
+                    calls: self.calls.clone(),
+                }) as Box<dyn Layer>
+            })
+            .collect();
+        Spine::new(&self.config, layers, origin).unwrap()
+    }
+
+    fn made_files(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.root.join("made"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn records(&self) -> Vec<Record> {
+        let Ok(text) = std::fs::read_to_string(self.root.join("audit.jsonl")) else {
+            return vec![];
+        };
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn chain_is_valid(&self) -> bool {
+        verify_paths(&[self.root.join("audit.jsonl")], &AnchorSet::default(), 10)
+            .unwrap()
+            .is_clean()
+    }
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+    pairs.iter().map(|(k, v)| (k.into(), v.into())).collect()
+}
+
+fn job_env(job: &str) -> Vec<(OsString, OsString)> {
+    env(&[
+        ("SLURM_JOB_ID", job),
+        ("SLURM_JOB_UID", "0"),
+        ("SLURM_JOB_GID", "0"),
+        ("SLURM_JOB_USER", "root"),
+        ("SLURMD_NODENAME", "node1"),
+        ("SPANK_TENANCY_TENANT", "acme"),
+    ])
+}
+
+fn ctx(job: &str) -> Result<JobContext, tenancy_node::EnvError> {
+    JobContext::from_vars(job_env(job))
+}
+
+#[test]
+fn prolog_journals_then_epilog_tears_down_and_the_chain_verifies() {
+    let w = World::new();
+    let end = w.spine(None, "tenancy-prolog").prolog(ctx("42"));
+    assert_eq!(end.code, 0, "{}", end.message);
+    assert_eq!(w.made_files(), ["first-42", "second-42", "third-42"]);
+    let journal = tenancy_node::JournalDir::open(&w.config.cluster.state_dir)
+        .unwrap()
+        .load(42)
+        .unwrap()
+        .expect("journal");
+    assert_eq!(journal.tenant, "acme");
+    assert!(journal.steps.iter().all(|s| s.state == StepState::Made));
+    assert_eq!(journal.steps.len(), 3);
+
+    let end = w.spine(None, "tenancy-epilog").epilog(&ctx("42").unwrap());
+    assert_eq!(end.code, 0, "{}", end.message);
+    assert!(w.made_files().is_empty());
+    assert!(!w.config.cluster.state_dir.join("job_42.json").exists());
+    let calls = w.calls.borrow().clone();
+    let undo: Vec<_> = calls.iter().filter(|c| c.starts_with("undo")).collect();
+    assert_eq!(
+        undo,
+        [
+            "undo third made=true",
+            "undo second made=true",
+            "undo first made=true"
+        ]
+    );
+
+    // A second epilog is harmless and records that nothing was left.
+    let end = w.spine(None, "tenancy-epilog").epilog(&ctx("42").unwrap());
+    assert_eq!(end.code, 0, "{}", end.message);
+
+    let recs = w.records();
+    let events: Vec<_> = recs.iter().map(|r| r.event.clone()).collect();
+    assert_eq!(events, [Event::JobStart, Event::JobEnd, Event::JobEnd]);
+    assert_eq!(recs[0].resources.len(), 3);
+    assert_eq!(recs[1].resources.len(), 3);
+    assert_eq!(recs[1].tenant.as_deref(), Some("acme"));
+    assert!(recs[1].started.is_some());
+    assert!(w.chain_is_valid());
+}
+
+#[test]
+fn a_failing_layer_undoes_the_earlier_ones_in_reverse_and_fails_closed() {
+    let w = World::new();
+    let end = w.spine(Some("second"), "tenancy-prolog").prolog(ctx("7"));
+    assert_eq!(end.code, 1);
+    assert!(
+        end.message.contains("job 7: layer second:"),
+        "{}",
+        end.message
+    );
+    assert!(end.message.contains("injected failure"), "{}", end.message);
+    assert!(
+        w.made_files().is_empty(),
+        "left behind: {:?}",
+        w.made_files()
+    );
+    assert!(!w.config.cluster.state_dir.join("job_7.json").exists());
+    let calls = w.calls.borrow().clone();
+    assert_eq!(
+        calls,
+        [
+            "intend first",
+            "make first",
+            "intend second",
+            "make second",
+            // The failed layer is undone too: its intent was journaled, it may have half-made.
+            "undo second made=false",
+            "undo first made=true",
+        ]
+    );
+    let recs = w.records();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].event, Event::Rollback);
+    let removed: Vec<_> = recs[0].resources.iter().map(|r| r.layer.as_str()).collect();
+    assert_eq!(removed, ["second", "first"]);
+    assert!(recs[0]
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("injected failure"));
+    assert!(w.chain_is_valid());
+}
+
+#[test]
+fn bad_environment_is_denied_with_a_record_and_nothing_made() {
+    let w = World::new();
+    let cases: Vec<(Vec<(OsString, OsString)>, &str)> = vec![
+        (
+            job_env("1")
+                .into_iter()
+                .filter(|(k, _)| k != "SLURM_JOB_ID")
+                .collect(),
+            "SLURM_JOB_ID is missing",
+        ),
+        (
+            job_env("2")
+                .into_iter()
+                .map(|(k, v)| {
+                    if k == "SLURM_JOB_UID" {
+                        (k, "zero".into())
+                    } else {
+                        (k, v)
+                    }
+                })
+                .collect(),
+            "SLURM_JOB_UID is not a number",
+        ),
+    ];
+    for (vars, want) in cases {
+        let end = w
+            .spine(None, "tenancy-prolog")
+            .prolog(JobContext::from_vars(vars));
+        assert_eq!(end.code, 1);
+        assert!(end.message.contains(want), "{}", end.message);
+    }
+    let mut vars = job_env("3");
+    vars.retain(|(k, _)| k != "SPANK_TENANCY_TENANT");
+    vars.push(("SPANK_TENANCY_TENANT".into(), "../etc".into()));
+    let end = w
+        .spine(None, "tenancy-prolog")
+        .prolog(JobContext::from_vars(vars));
+    assert_eq!(end.code, 1);
+    assert!(
+        end.message.contains("'../etc' is not a tenant name"),
+        "{}",
+        end.message
+    );
+    // A user who is not a member.
+    let mut vars = job_env("4");
+    for (k, v) in vars.iter_mut() {
+        if k == "SLURM_JOB_UID" {
+            *v = "1".into();
+        }
+        if k == "SLURM_JOB_USER" {
+            *v = "daemon".into();
+        }
+    }
+    let end = w
+        .spine(None, "tenancy-prolog")
+        .prolog(JobContext::from_vars(vars));
+    assert!(
+        end.message
+            .contains("user daemon is not a member of tenant 'acme' (members need group root)"),
+        "{}",
+        end.message
+    );
+
+    assert!(
+        w.calls.borrow().is_empty(),
+        "a layer was called: {:?}",
+        w.calls.borrow()
+    );
+    assert!(w.made_files().is_empty());
+    let recs = w.records();
+    assert_eq!(recs.len(), 4);
+    assert!(recs.iter().all(|r| r.event == Event::JobDenied));
+    assert_eq!(recs[0].job_id, None);
+    assert_eq!(recs[1].job_id, Some(2));
+    assert!(recs[1].reason.as_deref().unwrap().contains("SLURM_JOB_UID"));
+    assert!(w.chain_is_valid());
+}
+
+#[test]
+fn epilog_after_a_crashed_prolog_undoes_intended_steps() {
+    let w = World::new();
+    // The prolog died after journaling the second intent and making it, before recording it.
+    let end = w.spine(None, "tenancy-prolog").prolog(ctx("9"));
+    assert_eq!(end.code, 0);
+    let dir = tenancy_node::JournalDir::open(&w.config.cluster.state_dir).unwrap();
+    let mut j = dir.load(9).unwrap().unwrap();
+    j.steps.truncate(2);
+    j.steps[1].state = StepState::Intended;
+    j.steps[1].made = None;
+    dir.save(&j).unwrap();
+    std::fs::remove_file(w.root.join("made/third-9")).unwrap();
+    w.calls.borrow_mut().clear();
+    let end = w.spine(None, "tenancy-epilog").epilog(&ctx("9").unwrap());
+    assert_eq!(end.code, 0, "{}", end.message);
+    assert!(w.made_files().is_empty());
+    assert_eq!(
+        *w.calls.borrow(),
+        ["undo second made=false", "undo first made=true"]
+    );
+}
+
+#[test]
+fn epilog_without_journal_exits_zero_and_says_so() {
+    let w = World::new();
+    let end = w.spine(None, "tenancy-epilog").epilog(&ctx("5").unwrap());
+    assert_eq!(end.code, 0);
+    let recs = w.records();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].event, Event::JobEnd);
+    assert!(recs[0].reason.as_deref().unwrap().contains("no journal"));
+}
+
+#[test]
+fn unwritable_audit_log_fails_the_prolog_closed() {
+    let w = World::new();
+    let mut config = w.config.clone();
+    config.cluster.audit_log = Path::new("/proc/no-such-dir/audit.jsonl").to_path_buf();
+    let layers: Vec<Box<dyn Layer>> = vec![Box::new(FileLayer {
+        name: "first",
+        dir: w.root.join("made"),
+        fail_make: false,
+        calls: w.calls.clone(),
+    })];
+    let end = Spine::new(&config, layers, "tenancy-prolog")
+        .unwrap()
+        .prolog(ctx("11"));
+    assert_eq!(end.code, 1);
+    assert!(end.message.contains("audit"), "{}", end.message);
+    assert!(
+        w.made_files().is_empty(),
+        "job resources left without a record"
+    );
+}

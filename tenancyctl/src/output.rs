@@ -1,0 +1,38 @@
+//! Printing rows as a table, CSV or JSON (`--format`), the same way for every command.
+
+use serde::Serialize;
+use tenancy_audit::Format;
+
+/// Rows of one kind with their column headers.
+pub struct Rows<'a, T: Serialize> {
+    pub headers: &'a [&'a str],
+    pub rows: &'a [T],
+    /// The cells of one row, in header order, for table and CSV.
+    pub cells: fn(&T) -> Vec<String>,
+}
+
+impl<T: Serialize> Rows<'_, T> {
+    pub fn print(&self, format: Format) -> anyhow::Result<()> {
+        match format {
+            Format::Json => println!("{}", serde_json::to_string_pretty(self.rows)?),
+            Format::Csv => {
+                let mut w = csv::Writer::from_writer(std::io::stdout());
+                w.write_record(self.headers)?;
+                for r in self.rows {
+                    w.write_record((self.cells)(r))?;
+                }
+                w.flush()?;
+            }
+            Format::Table => {
+                let mut t = comfy_table::Table::new();
+                t.load_preset(comfy_table::presets::NOTHING);
+                t.set_header(self.headers.iter().map(|h| h.to_uppercase()));
+                for r in self.rows {
+                    t.add_row((self.cells)(r));
+                }
+                println!("{t}");
+            }
+        }
+        Ok(())
+    }
+}
