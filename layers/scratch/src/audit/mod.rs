@@ -179,6 +179,11 @@ struct Meta<'a> {
 
 fn access(ix: &Index, m: &Meta, who: Who) -> u8 {
     let mode = m.st.st_mode;
+    // Linux (fs/namei.c acl_permission_check) consults the ACL only when the group-class bits
+    // (the ACL mask) are not all zero; otherwise it falls back to plain owner/group/other bits,
+    // so a named entry under an empty mask does not shut its group out of the "other" bits.
+    let acl = if mode & 0o070 != 0 { m.acl } else { None };
+    let m = &Meta { st: m.st, acl };
     let other = m.acl.and_then(|a| a.get(ACL_OTHER)).unwrap_or((mode & 7) as u8);
     let Who::Tenant(t) = who else { return other };
     if ix.uids[t].contains(&m.st.st_uid) {

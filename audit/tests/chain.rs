@@ -1,0 +1,362 @@
+//! Append, hash chain, tampering detection, anchors, concurrency.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use tenancy_audit::record::{check_line_hash, LineHash};
+use tenancy_audit::{
+    anchor_line, send_anchor_to, verify_paths, AnchorSet, AuditError, AuditLog, Event, FindingKind, Outcome,
+    Record, Resource, ResourceAction, SyslogStatus, GENESIS,
+};
+
+fn rec(i: u64) -> Record {
+    Record::new("c1", "gpu001", "alice", 2001, Event::JobStart, Outcome::Success, "tenancy-prolog")
+        .job_id(i)
+        .tenant("acme")
+        .tier("gold")
+        .profile("1g.18gb")
+        .compute_slices(1)
+        .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+        .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{i}")).detail("ci", 0))
+        .reason("line\nbreak \"quoted\" ünïcode")
+}
+
+fn make_log(dir: &Path, n: u64) -> PathBuf {
+    let p = dir.join("gpu001.audit.jsonl");
+    let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
+    for i in 1..=n {
+        let a = log.append(&mut rec(i)).unwrap();
+        assert_eq!(a.seq, i);
+    }
+    p
+}
+
+fn lines(p: &Path) -> Vec<String> {
+    std::fs::read_to_string(p).unwrap().lines().map(str::to_string).collect()
+}
+
+fn write_lines(p: &Path, l: &[String]) {
+    let mut s = l.join("\n");
+    s.push('\n');
+    std::fs::write(p, s).unwrap();
+}
+
+fn verify(p: &Path, anchors: &AnchorSet) -> tenancy_audit::VerifyReport {
+    verify_paths(&[p.to_path_buf()], anchors, 100).unwrap()
+}
+
+#[test]
+fn append_fills_chain_and_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 5);
+    let ls = lines(&p);
+    assert_eq!(ls.len(), 5);
+    let mut prev = GENESIS.to_string();
+    for (i, l) in ls.iter().enumerate() {
+        let r: Record = serde_json::from_str(l).unwrap();
+        assert_eq!(r.seq, i as u64 + 1);
+        assert_eq!(r.prev, prev);
+        // canonical form: line minus `,"hash":"…"` hashes to the stored hash
+        let cut = l.rfind(",\"hash\":\"").unwrap();
+        let canonical = format!("{}}}", &l[..cut]);
+        assert_eq!(tenancy_audit::record::canonical_hash(canonical.as_bytes()), r.hash);
+        assert!(matches!(check_line_hash(l.as_bytes()), LineHash::Valid(_)));
+        assert!(l.ends_with(&format!(",\"hash\":\"{}\"}}", r.hash)));
+        assert_eq!(r.reason.as_deref(), Some("line\nbreak \"quoted\" ünïcode"));
+        assert_eq!(r.resources[0].detail["ci"], 0);
+        prev = r.hash.clone();
+    }
+    let log = AuditLog::open(&p).unwrap();
+    assert_eq!(log.head().unwrap().seq, 5);
+    assert_eq!(log.head().unwrap().hash, prev);
+    // unknown fields are tolerated on read
+    let mut v: serde_json::Value = serde_json::from_str(&ls[0]).unwrap();
+    v["future_field"] = 1.into();
+    v["event"] = "quota_warning".into();
+    let r: Record = serde_json::from_value(v).unwrap();
+    assert_eq!(r.event, Event::Other("quota_warning".into()));
+    assert!(serde_json::from_str::<Record>(&ls[0].replace("job_start", "Job Start")).is_err());
+    // file mode 0640
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o640);
+    assert!(verify(&p, &AnchorSet::default()).is_clean());
+}
+
+#[test]
+fn open_refuses_missing_dir_and_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(AuditLog::open(dir.path().join("nope/x.log")), Err(AuditError::Open { .. })));
+    let target = dir.path().join("target");
+    std::fs::write(&target, "").unwrap();
+    std::os::unix::fs::symlink(&target, dir.path().join("link")).unwrap();
+    let e = AuditLog::open(dir.path().join("link")).unwrap_err();
+    assert!(matches!(e, AuditError::Open { .. }), "{e}");
+}
+
+#[test]
+fn torn_tail_blocks_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 3);
+    let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+    f.write_all(b"{\"seq\":4,\"ti").unwrap();
+    let len = std::fs::metadata(&p).unwrap().len();
+    let e = AuditLog::open(&p).unwrap().append(&mut rec(4)).unwrap_err();
+    assert!(matches!(e, AuditError::BadHead { .. }), "{e}");
+    assert!(e.to_string().contains("torn"), "{e}");
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), len, "nothing written");
+}
+
+#[test]
+fn edited_field_detected_at_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 10);
+    let mut ls = lines(&p);
+    ls[6] = ls[6].replace("\"user\":\"alice\"", "\"user\":\"mallory\"");
+    write_lines(&p, &ls);
+    let r = verify(&p, &AnchorSet::default());
+    assert_eq!(r.total_findings, 1, "{:?}", r.findings);
+    let f = r.first().unwrap();
+    assert_eq!((f.line, f.seq), (7, Some(7)));
+    assert!(matches!(f.kind, FindingKind::HashMismatch { .. }));
+}
+
+#[test]
+fn rehashed_edit_breaks_the_next_prev() {
+    // The attacker recomputes the edited record's hash but not the rest of the chain.
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 10);
+    let mut ls = lines(&p);
+    let mut r: Record = serde_json::from_str(&ls[3]).unwrap();
+    r.user = "mallory".into();
+    let prev = r.prev.clone();
+    ls[3] = String::from_utf8(r.seal(4, &prev).unwrap()).unwrap().trim_end().to_string();
+    write_lines(&p, &ls);
+    let rep = verify(&p, &AnchorSet::default());
+    let f = rep.first().unwrap();
+    assert_eq!((f.line, f.seq), (5, Some(5)));
+    assert!(matches!(f.kind, FindingKind::PrevMismatch { .. }), "{f}");
+}
+
+#[test]
+fn deleted_record_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 10);
+    let mut ls = lines(&p);
+    ls.remove(4); // seq 5
+    write_lines(&p, &ls);
+    let r = verify(&p, &AnchorSet::default());
+    assert_eq!(r.total_findings, 1, "{:?}", r.findings);
+    let f = r.first().unwrap();
+    assert_eq!((f.line, f.seq), (5, Some(6)));
+    assert_eq!(f.kind, FindingKind::SeqGap { expected: 5, found: 6 });
+}
+
+#[test]
+fn swapped_records_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 10);
+    let mut ls = lines(&p);
+    ls.swap(2, 3); // seq 3 and 4
+    write_lines(&p, &ls);
+    let r = verify(&p, &AnchorSet::default());
+    let f = r.first().unwrap();
+    assert_eq!((f.line, f.seq), (3, Some(4)));
+    assert_eq!(f.kind, FindingKind::Reordered { expected: 3, found: 4 });
+    assert_eq!(r.findings[1].kind, FindingKind::Reordered { expected: 5, found: 3 });
+    assert_eq!(r.findings[1].line, 4);
+}
+
+#[test]
+fn malformed_line_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 6);
+    let mut ls = lines(&p);
+    ls.insert(2, "garbage".into());
+    write_lines(&p, &ls);
+    let r = verify(&p, &AnchorSet::default());
+    let f = r.first().unwrap();
+    assert_eq!(f.line, 3);
+    assert!(matches!(f.kind, FindingKind::Malformed { .. }));
+}
+
+#[test]
+fn cut_tail_detected_only_with_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 10);
+    let head = AuditLog::open(&p).unwrap().head().unwrap();
+    let anchor_file = dir.path().join("anchors/anchors.log");
+    std::fs::create_dir(dir.path().join("anchors")).unwrap();
+    // no syslog socket here: status says so, the file still gets the anchor
+    let st = send_anchor_to(&dir.path().join("no-such-socket"), "gpu001", head.seq, &head.hash, Some(&anchor_file));
+    assert!(matches!(st.syslog, SyslogStatus::Unavailable(_)));
+    assert_eq!(st.file, Some(Ok(())));
+    let mut ls = lines(&p);
+    ls.truncate(7);
+    write_lines(&p, &ls);
+    assert!(verify(&p, &AnchorSet::default()).is_clean(), "a chain alone cannot see a cut tail");
+    let mut anchors = AnchorSet::default();
+    // an older anchor first and a syslog-style line: the newest wins
+    let older = format!("Nov 29 18:50:00 gpu001 tenancy-audit[42]: {}\n", anchor_line("gpu001", 3, &"a".repeat(64)));
+    let mut f = std::fs::OpenOptions::new().append(true).open(&anchor_file).unwrap();
+    f.write_all(older.as_bytes()).unwrap();
+    assert_eq!(anchors.read_file(&anchor_file).unwrap(), 2);
+    let r = verify(&p, &anchors);
+    assert_eq!(r.total_findings, 1, "{:?}", r.findings);
+    let f = r.first().unwrap();
+    assert_eq!((f.line, f.seq), (8, Some(8)));
+    assert!(matches!(f.kind, FindingKind::TruncatedTail { last_seq: 7, anchor_seq: 10, .. }));
+}
+
+#[test]
+fn rewritten_chain_caught_by_anchor() {
+    // Attacker deletes record 4 and re-seals everything after it: chain valid, anchor not.
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 8);
+    let head = AuditLog::open(&p).unwrap().head().unwrap();
+    let mut anchors = AnchorSet::default();
+    anchors.add("gpu001".into(), head.seq, head.hash.clone(), "test".into());
+    let ls = lines(&p);
+    let mut out = Vec::new();
+    let mut prev = GENESIS.to_string();
+    let mut seq = 0;
+    for (i, l) in ls.iter().enumerate() {
+        if i == 3 {
+            continue;
+        }
+        let mut r: Record = serde_json::from_str(l).unwrap();
+        seq += 1;
+        let line = r.seal(seq, &prev).unwrap();
+        prev = r.hash.clone();
+        out.push(String::from_utf8(line).unwrap().trim_end().to_string());
+    }
+    write_lines(&p, &out);
+    assert!(verify(&p, &AnchorSet::default()).is_clean());
+    let r = verify(&p, &anchors);
+    assert!(matches!(r.first().unwrap().kind, FindingKind::TruncatedTail { last_seq: 7, anchor_seq: 8, .. }));
+    // and with an anchor inside the surviving range the rewrite is a hash mismatch at that seq
+    let mut a2 = AnchorSet::default();
+    let orig5: Record = serde_json::from_str(&ls[4]).unwrap();
+    a2.add("gpu001".into(), 5, orig5.hash, "test".into());
+    let r = verify(&p, &a2);
+    let f = r.first().unwrap();
+    assert_eq!(f.line, 5);
+    assert!(matches!(f.kind, FindingKind::AnchorMismatch { seq: 5, .. }));
+}
+
+#[test]
+fn syslog_anchor_reaches_a_datagram_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("log.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    let st = send_anchor_to(&sock_path, "gpu001", 42, &"b".repeat(64), None);
+    assert_eq!(st.syslog, SyslogStatus::Sent);
+    assert_eq!(st.file, None);
+    let mut buf = [0u8; 1024];
+    let n = sock.recv(&mut buf).unwrap();
+    let msg = std::str::from_utf8(&buf[..n]).unwrap();
+    assert!(msg.starts_with("<86>"), "{msg}");
+    assert!(msg.contains(&format!(" tenancy-audit[{}]: node=gpu001 seq=42 hash={}", std::process::id(), "b".repeat(64))), "{msg}");
+    assert_eq!(
+        tenancy_audit::parse_anchor_line(msg),
+        Some(("gpu001".to_string(), 42, "b".repeat(64)))
+    );
+    let st = send_anchor_to(&sock_path, "bad node", 1, &"b".repeat(64), None);
+    assert!(matches!(st.syslog, SyslogStatus::Rejected(_)));
+}
+
+#[test]
+fn run_verify_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 4);
+    let args = tenancy_audit::VerifyArgs { anchors: vec![], format: tenancy_audit::Format::Json, max_findings: 10, paths: vec![dir.path().to_path_buf()] };
+    assert_eq!(tenancy_audit::run_verify(args.clone()).unwrap(), std::process::ExitCode::SUCCESS);
+    let mut ls = lines(&p);
+    ls.pop();
+    ls.remove(1);
+    write_lines(&p, &ls);
+    assert_eq!(tenancy_audit::run_verify(args).unwrap(), std::process::ExitCode::from(1));
+}
+
+const THREADS: usize = 32;
+const PER_THREAD: usize = 40;
+
+fn check_all_present(p: &Path, writers: &[String], per: usize) {
+    let r = verify(p, &AnchorSet::default());
+    assert!(r.is_clean(), "{:?}", r.findings);
+    assert_eq!(r.nodes[0].records as usize, writers.len() * per);
+    let mut seen = std::collections::HashSet::new();
+    for l in lines(p) {
+        let rec: Record = serde_json::from_str(&l).unwrap();
+        assert!(seen.insert((rec.origin.clone(), rec.job_id)), "duplicate {l}");
+    }
+    for w in writers {
+        for i in 0..per as u64 {
+            assert!(seen.contains(&(w.clone(), Some(i))), "lost record {w} {i}");
+        }
+    }
+}
+
+#[test]
+fn concurrent_threads_each_with_own_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gpu001.audit.jsonl");
+    let hs: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut log = AuditLog::open(&p).unwrap();
+                for i in 0..PER_THREAD as u64 {
+                    let mut r = rec(i).job_id(i);
+                    r.origin = format!("t{t}");
+                    log.append(&mut r).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let names: Vec<String> = (0..THREADS).map(|t| format!("t{t}")).collect();
+    check_all_present(&p, &names, PER_THREAD);
+}
+
+/// Child side of `concurrent_processes`: does nothing unless spawned with AUDIT_CHILD_LOG.
+#[test]
+fn child_appender() {
+    let Ok(p) = std::env::var("AUDIT_CHILD_LOG") else { return };
+    let name = std::env::var("AUDIT_CHILD_NAME").unwrap();
+    let n: u64 = std::env::var("AUDIT_CHILD_N").unwrap().parse().unwrap();
+    for i in 0..n {
+        // a fresh open per record, like one prolog process per job
+        let mut log = AuditLog::open(&p).unwrap();
+        let mut r = rec(i).job_id(i);
+        r.origin = name.clone();
+        log.append(&mut r).unwrap();
+    }
+}
+
+#[test]
+fn concurrent_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gpu001.audit.jsonl");
+    let exe = std::env::current_exe().unwrap();
+    let procs = 32;
+    let per = 25;
+    let children: Vec<_> = (0..procs)
+        .map(|i| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "child_appender", "--test-threads=1", "--quiet"])
+                .env("AUDIT_CHILD_LOG", &p)
+                .env("AUDIT_CHILD_NAME", format!("p{i}"))
+                .env("AUDIT_CHILD_N", per.to_string())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let names: Vec<String> = (0..procs).map(|i| format!("p{i}")).collect();
+    check_all_present(&p, &names, per);
+}

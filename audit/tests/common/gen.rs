@@ -1,0 +1,173 @@
+//! Seeded generator of realistic per-node audit logs plus the ground truth it generated.
+//! Shared by the tests and the benchmark example (`#[path]` include).
+#![allow(dead_code)]
+
+use chrono::{DateTime, TimeDelta, Utc};
+use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
+
+pub const TENANTS: [&str; 5] = ["acme", "globex", "initech", "umbrella", "hooli"];
+pub const PROFILES: [(&str, u32); 4] = [("1g.18gb", 1), ("2g.35gb", 2), ("3g.71gb", 3), ("7g.141gb", 7)];
+pub const TIERS: [&str; 2] = ["gold", "standard"];
+
+/// What happened, independent of how it is logged.
+#[derive(Debug, Clone)]
+pub enum Truth {
+    Job {
+        tenant: String,
+        user: String,
+        node: String,
+        profile: String,
+        slices: u32,
+        start: DateTime<Utc>,
+        end: Option<DateTime<Utc>>,
+        drops: u64,
+    },
+    Denied { tenant: String, time: DateTime<Utc> },
+    Rollback { tenant: String, time: DateTime<Utc> },
+    TeardownFailed { tenant: String, time: DateTime<Utc> },
+}
+
+struct Open {
+    job_id: u64,
+    tenant: usize,
+    user: String,
+    uid: u32,
+    profile: usize,
+    start: DateTime<Utc>,
+}
+
+/// Writes `records_per_node` records per node for `nodes` nodes. `sink(node_index, line)` gets
+/// each sealed line (chained per node); `truth` gets the ground truth.
+pub fn generate(
+    seed: u64,
+    nodes: usize,
+    records_per_node: usize,
+    base: DateTime<Utc>,
+    mut sink: impl FnMut(usize, &[u8]),
+    mut truth: impl FnMut(Truth),
+) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut job_id = 1000u64;
+    for n in 0..nodes {
+        let node = format!("gpu{n:03}");
+        let mut seq = 0u64;
+        let mut prev = GENESIS.to_string();
+        let mut clock = base + TimeDelta::milliseconds(rng.i64(0..3_600_000));
+        let mut open: Vec<Open> = Vec::new();
+        let mut emit = |rec: &mut Record, seq: &mut u64, prev: &mut String| {
+            *seq += 1;
+            let line = rec.seal(*seq, prev).expect("serialize");
+            *prev = rec.hash.clone();
+            sink(n, &line);
+        };
+        while (seq as usize) < records_per_node {
+            clock += TimeDelta::milliseconds(rng.i64(1..7_200_000));
+            let roll = rng.u32(0..100);
+            if !open.is_empty() && (open.len() >= 4 || roll < 45) {
+                // end a random open job
+                let j = open.swap_remove(rng.usize(0..open.len()));
+                let (pname, slices) = PROFILES[j.profile];
+                let drops = if rng.bool() { rng.u64(0..1000) } else { 0 };
+                let mut r = Record::new(
+                    "c1", &node, &j.user, j.uid, Event::JobEnd, Outcome::Success, "tenancy-epilog",
+                )
+                .time(clock)
+                .job_id(j.job_id)
+                .tenant(TENANTS[j.tenant])
+                .tier(TIERS[j.tenant % 2])
+                .resource(Resource::new("mig", ResourceAction::Removed, format!("gi-{}", j.job_id)));
+                // 75 %: job_end carries started/profile/slices; else the report must pair.
+                if rng.u32(0..4) != 0 {
+                    r = r.started(j.start).profile(pname).compute_slices(slices);
+                }
+                if drops > 0 {
+                    r = r.firewall_drops(drops);
+                }
+                emit(&mut r, &mut seq, &mut prev);
+                truth(Truth::Job {
+                    tenant: TENANTS[j.tenant].into(),
+                    user: j.user.clone(),
+                    node: node.clone(),
+                    profile: pname.into(),
+                    slices,
+                    start: trunc(j.start),
+                    end: Some(trunc(clock)),
+                    drops,
+                });
+                if rng.u32(0..50) == 0 && (seq as usize) < records_per_node {
+                    let mut r = Record::new(
+                        "c1", &node, &j.user, j.uid, Event::TeardownFailed, Outcome::Failure,
+                        "tenancy-epilog",
+                    )
+                    .time(clock)
+                    .job_id(j.job_id)
+                    .tenant(TENANTS[j.tenant])
+                    .reason("nft table busy")
+                    .resource(Resource::new("network", ResourceAction::Failed, "tenancy-job").detail("errno", 16));
+                    emit(&mut r, &mut seq, &mut prev);
+                    truth(Truth::TeardownFailed { tenant: TENANTS[j.tenant].into(), time: trunc(clock) });
+                }
+                continue;
+            }
+            job_id += 1;
+            let tenant = rng.usize(0..TENANTS.len());
+            let uid = 2000 + rng.u32(0..40);
+            let user = format!("u{uid}");
+            let profile = rng.usize(0..PROFILES.len());
+            let (pname, slices) = PROFILES[profile];
+            let kind = rng.u32(0..100);
+            if kind < 8 {
+                let mut r = Record::new("c1", &node, &user, uid, Event::JobDenied, Outcome::Denied, "tenancy-prolog")
+                    .time(clock)
+                    .job_id(job_id)
+                    .tenant(TENANTS[tenant])
+                    .profile(pname)
+                    .reason("quota exceeded");
+                emit(&mut r, &mut seq, &mut prev);
+                truth(Truth::Denied { tenant: TENANTS[tenant].into(), time: trunc(clock) });
+            } else if kind < 12 {
+                let mut r = Record::new("c1", &node, &user, uid, Event::Rollback, Outcome::Success, "tenancy-prolog")
+                    .time(clock)
+                    .job_id(job_id)
+                    .tenant(TENANTS[tenant])
+                    .reason("nft: failed to add rule")
+                    .resource(Resource::new("mig", ResourceAction::Removed, format!("gi-{job_id}")));
+                emit(&mut r, &mut seq, &mut prev);
+                truth(Truth::Rollback { tenant: TENANTS[tenant].into(), time: trunc(clock) });
+            } else {
+                let mut r = Record::new("c1", &node, &user, uid, Event::JobStart, Outcome::Success, "tenancy-prolog")
+                    .time(clock)
+                    .job_id(job_id)
+                    .tenant(TENANTS[tenant])
+                    .tier(TIERS[tenant % 2])
+                    .profile(pname)
+                    .compute_slices(slices)
+                    .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+                    .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{job_id}")).detail("profile", pname))
+                    .resource(Resource::new("devices", ResourceAction::Made, format!("/sys/fs/cgroup/job_{job_id}")))
+                    .resource(Resource::new("scratch", ResourceAction::Made, format!("/scratch/{}/{job_id}", TENANTS[tenant])))
+                    .resource(Resource::new("network", ResourceAction::Made, format!("tenancy-{job_id}")));
+                emit(&mut r, &mut seq, &mut prev);
+                open.push(Open { job_id, tenant, user: user.clone(), uid, profile, start: clock });
+            }
+        }
+        for j in open {
+            let (pname, slices) = PROFILES[j.profile];
+            truth(Truth::Job {
+                tenant: TENANTS[j.tenant].into(),
+                user: j.user,
+                node: node.clone(),
+                profile: pname.into(),
+                slices,
+                start: trunc(j.start),
+                end: None,
+                drops: 0,
+            });
+        }
+    }
+}
+
+pub fn trunc(t: DateTime<Utc>) -> DateTime<Utc> {
+    use chrono::DurationRound;
+    t.duration_trunc(TimeDelta::milliseconds(1)).unwrap()
+}

@@ -1,0 +1,143 @@
+//! `tenancyctl devices ...` subcommands (the lead dispatches to [`run`]).
+
+use crate::doctor::{doctor, DoctorParams, Finding, Severity};
+use crate::driver::{DriverPaths, MIG_MINORS, PROC_DEVICES};
+use crate::layout::MOUNTINFO;
+use clap::{Args, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Format {
+    #[default]
+    Table,
+    Csv,
+    Json,
+}
+
+/// Devices layer commands.
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    #[command(subcommand)]
+    pub cmd: DevicesCmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DevicesCmd {
+    /// Check that this node's cgroup/Slurm/driver setup lets the device allowlist bind every task.
+    Doctor(DoctorArgs),
+    /// Show the device programs attached to a cgroup2 directory.
+    Query(QueryArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    #[arg(long, default_value = MOUNTINFO)]
+    pub mountinfo: PathBuf,
+    #[arg(long, default_value = "/etc/slurm/cgroup.conf")]
+    pub slurm_cgroup_conf: PathBuf,
+    #[arg(long, default_value = PROC_DEVICES)]
+    pub proc_devices: PathBuf,
+    #[arg(long, default_value = MIG_MINORS)]
+    pub mig_minors: PathBuf,
+    /// Do not try to load a BPF program.
+    #[arg(long)]
+    pub no_bpf_probe: bool,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// cgroup2 directory
+    pub cgroup: PathBuf,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Render findings.
+pub fn render(findings: &[Finding], format: Format) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Json => serde_json::to_string_pretty(findings)?,
+        Format::Csv => {
+            let mut s = String::from("check,severity,message,remedy\n");
+            for f in findings {
+                let sev = serde_json::to_value(f.severity)?;
+                s += &format!(
+                    "{},{},{},{}\n",
+                    csv_field(&f.check),
+                    sev.as_str().unwrap_or(""),
+                    csv_field(&f.message),
+                    csv_field(f.remedy.as_deref().unwrap_or(""))
+                );
+            }
+            s
+        }
+        Format::Table => {
+            let w = findings.iter().map(|f| f.check.len()).max().unwrap_or(5).max(5);
+            let mut s = format!("{:<w$}  {:<5}  MESSAGE\n", "CHECK", "LEVEL");
+            for f in findings {
+                let sev = serde_json::to_value(f.severity)?;
+                s += &format!("{:<w$}  {:<5}  {}\n", f.check, sev.as_str().unwrap_or(""), f.message);
+                if let Some(r) = &f.remedy {
+                    s += &format!("{:<w$}  {:<5}  -> {}\n", "", "", r);
+                }
+            }
+            s
+        }
+    })
+}
+
+/// Run a devices subcommand. Doctor exits 1 when any finding is an error.
+pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
+    match args.cmd {
+        DevicesCmd::Doctor(a) => {
+            let findings = doctor(&DoctorParams {
+                mountinfo: a.mountinfo,
+                slurm_cgroup_conf: a.slurm_cgroup_conf,
+                driver: DriverPaths {
+                    proc_devices: a.proc_devices,
+                    mig_minors: a.mig_minors,
+                },
+                probe_bpf: !a.no_bpf_probe,
+            });
+            print!("{}", render(&findings, a.format)?);
+            let bad = findings.iter().any(|f| f.severity == Severity::Error);
+            Ok(if bad { ExitCode::from(1) } else { ExitCode::SUCCESS })
+        }
+        DevicesCmd::Query(a) => {
+            let (ids, flags) = crate::v2::query(&a.cgroup)?;
+            let mut out = String::new();
+            match a.format {
+                Format::Json => {
+                    out = serde_json::to_string_pretty(&serde_json::json!({
+                        "cgroup": a.cgroup, "attach_flags": flags, "prog_ids": ids }))?;
+                    out.push('\n');
+                }
+                Format::Csv => {
+                    out += "prog_id,attach_flags\n";
+                    for id in &ids {
+                        out += &format!("{id},{flags}\n");
+                    }
+                }
+                Format::Table => {
+                    out += "PROG_ID  ATTACH_FLAGS\n";
+                    for id in &ids {
+                        out += &format!("{id:<7}  {flags}\n");
+                    }
+                }
+            }
+            print!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Driver information: NVIDIA character-device majors from `/proc/devices` and MIG capability
+//! minors from `/proc/driver/nvidia-caps/mig-minors`. Nothing here is hard-coded except the
+//! minors the NVIDIA driver fixes by design (nvidiactl 255, /dev/nvidiaN = N, uvm 0, uvm-tools 1).
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Default path of the kernel's device-major table.
+pub const PROC_DEVICES: &str = "/proc/devices";
+/// Default path of the NVIDIA MIG capability minor table.
+pub const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
+/// Minor of `/dev/nvidiactl` on the `nvidia` major.
+pub const NVIDIACTL_MINOR: u32 = 255;
+/// Minor of `/dev/nvidia-modeset` on the `nvidia` major (never allowed by default).
+pub const NVIDIA_MODESET_MINOR: u32 = 254;
+/// Minor of `/dev/nvidia-uvm` on the `nvidia-uvm` major.
+pub const UVM_MINOR: u32 = 0;
+/// Minor of `/dev/nvidia-uvm-tools` on the `nvidia-uvm` major.
+pub const UVM_TOOLS_MINOR: u32 = 1;
+
+/// Paths of the two driver files (defaults: the real /proc files; tests pass the shim's copies).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverPaths {
+    pub proc_devices: PathBuf,
+    pub mig_minors: PathBuf,
+}
+
+impl Default for DriverPaths {
+    fn default() -> Self {
+        DriverPaths {
+            proc_devices: PROC_DEVICES.into(),
+            mig_minors: MIG_MINORS.into(),
+        }
+    }
+}
+
+/// One MIG access capability: `gpu<N>/gi<G>/access` (ci = None) or `gpu<N>/gi<G>/ci<C>/access`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CapMinor {
+    pub gpu: u32,
+    pub gi: u32,
+    pub ci: Option<u32>,
+    pub minor: u32,
+}
+
+/// Parsed `mig-minors`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigMinors {
+    /// Minor of the MIG `config` capability (jobs never get it).
+    pub config: Option<u32>,
+    /// Minor of the MIG `monitor` capability (jobs never get it).
+    pub monitor: Option<u32>,
+    /// Access capabilities, sorted by (gpu, gi, ci). With [`DriverInfo::load_for`] only the
+    /// entries of the requested slices are kept.
+    pub access: Vec<CapMinor>,
+    /// Other well-formed `name minor` lines (newer drivers); always denied.
+    pub other: Vec<(String, u32)>,
+}
+
+impl MigMinors {
+    /// Minor of `gpu<gpu>/gi<gi>/access` (ci None) or `.../ci<ci>/access`.
+    pub fn lookup(&self, gpu: u32, gi: u32, ci: Option<u32>) -> Option<u32> {
+        // Compare on the key only (minor is the value).
+        self.access
+            .binary_search_by(|c| (c.gpu, c.gi, c.ci).cmp(&(gpu, gi, ci)))
+            .ok()
+            .map(|i| self.access[i].minor)
+    }
+
+    /// Parse the text of a mig-minors file. With `keep`, only access entries for which `keep`
+    /// returns true are stored (every line is still validated: a malformed file fails closed).
+    pub fn parse(
+        text: &str,
+        path: &Path,
+        keep: Option<&dyn Fn(u32, u32, Option<u32>) -> bool>,
+    ) -> Result<MigMinors> {
+        let mut m = MigMinors::default();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let perr = |msg: &str| Error::Parse {
+                path: path.to_path_buf(),
+                line: i + 1,
+                msg: msg.to_string(),
+                text: raw.to_string(),
+            };
+            let mut it = line.split_ascii_whitespace();
+            let (name, minor) = match (it.next(), it.next(), it.next()) {
+                (Some(n), Some(v), None) => (n, v),
+                _ => return Err(perr("expected `<name> <minor>`")),
+            };
+            let minor: u32 = minor
+                .parse()
+                .map_err(|_| perr("minor is not a decimal number"))?;
+            if minor >= 1 << 20 {
+                return Err(perr("minor does not fit in 20 bits"));
+            }
+            match name {
+                "config" => m.config = Some(minor),
+                "monitor" => m.monitor = Some(minor),
+                n if n.starts_with("gpu") => {
+                    let (gpu, gi, ci) =
+                        parse_cap_name(n).ok_or_else(|| perr("malformed gpu<N>/gi<G>[/ci<C>]/access"))?;
+                    if keep.map_or(true, |k| k(gpu, gi, ci)) {
+                        m.access.push(CapMinor { gpu, gi, ci, minor });
+                    }
+                }
+                n => m.other.push((n.to_string(), minor)),
+            }
+        }
+        m.access.sort();
+        for w in m.access.windows(2) {
+            if (w[0].gpu, w[0].gi, w[0].ci) == (w[1].gpu, w[1].gi, w[1].ci) {
+                return Err(Error::Parse {
+                    path: path.to_path_buf(),
+                    line: 0,
+                    msg: "duplicate capability entry".into(),
+                    text: format!("gpu{}/gi{}/{:?}", w[0].gpu, w[0].gi, w[0].ci),
+                });
+            }
+        }
+        Ok(m)
+    }
+}
+
+fn num_after(s: &str, prefix: &str) -> Option<u32> {
+    let d = s.strip_prefix(prefix)?;
+    if d.is_empty() || !d.bytes().all(|b| b.is_ascii_digit()) || d.len() > 9 {
+        return None;
+    }
+    d.parse().ok()
+}
+
+fn parse_cap_name(n: &str) -> Option<(u32, u32, Option<u32>)> {
+    let parts: Vec<&str> = n.split('/').collect();
+    match parts.as_slice() {
+        [g, gi, "access"] => Some((num_after(g, "gpu")?, num_after(gi, "gi")?, None)),
+        [g, gi, ci, "access"] => Some((
+            num_after(g, "gpu")?,
+            num_after(gi, "gi")?,
+            Some(num_after(ci, "ci")?),
+        )),
+        _ => None,
+    }
+}
+
+/// Character-device majors of the NVIDIA driver, from `/proc/devices`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvidiaMajors {
+    /// `nvidia-frontend` or `nvidia` (195 in practice): /dev/nvidiaN, nvidiactl, modeset.
+    pub nvidia: Option<u32>,
+    /// `nvidia-uvm`.
+    pub uvm: Option<u32>,
+    /// `nvidia-caps`.
+    pub caps: Option<u32>,
+    /// Every character major whose name starts with `nvidia` (the three above included, plus
+    /// e.g. nvidia-nvlink, nvidia-nvswitch, nvidia-caps-imex-channels). All are denied except
+    /// the devices a job is allowed.
+    pub all: Vec<(String, u32)>,
+}
+
+impl NvidiaMajors {
+    /// Parse `/proc/devices` text (only the "Character devices:" section counts).
+    pub fn parse(text: &str, path: &Path) -> Result<NvidiaMajors> {
+        let mut out = NvidiaMajors::default();
+        let mut in_char = false;
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() {
+                continue;
+            }
+            if line.ends_with(':') {
+                in_char = line == "Character devices:";
+                continue;
+            }
+            if !in_char {
+                continue;
+            }
+            let perr = |msg: &str| Error::Parse {
+                path: path.to_path_buf(),
+                line: i + 1,
+                msg: msg.to_string(),
+                text: raw.to_string(),
+            };
+            let (num, name) = line
+                .split_once(char::is_whitespace)
+                .ok_or_else(|| perr("expected `<major> <name>`"))?;
+            let major: u32 = num.parse().map_err(|_| perr("major is not a number"))?;
+            if major >= 1 << 12 {
+                return Err(perr("major does not fit in 12 bits"));
+            }
+            let name = name.trim();
+            if !name.starts_with("nvidia") {
+                continue;
+            }
+            match name {
+                "nvidia-frontend" | "nvidia" => {
+                    if out.nvidia.is_some_and(|m| m != major) {
+                        return Err(perr("two different majors for the nvidia frontend"));
+                    }
+                    out.nvidia = Some(major)
+                }
+                "nvidia-uvm" => out.uvm = Some(major),
+                "nvidia-caps" => out.caps = Some(major),
+                _ => {}
+            }
+            if !out.all.iter().any(|(_, m)| *m == major) {
+                out.all.push((name.to_string(), major));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What the layer needs to know about the installed driver.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverInfo {
+    pub majors: NvidiaMajors,
+    pub mig: MigMinors,
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl DriverInfo {
+    /// Parse both files from text (for tests and callers that already hold the contents).
+    pub fn parse(proc_devices: &str, mig_minors: Option<&str>, paths: &DriverPaths) -> Result<Self> {
+        let majors = NvidiaMajors::parse(proc_devices, &paths.proc_devices)?;
+        let mig = match mig_minors {
+            Some(t) => MigMinors::parse(t, &paths.mig_minors, None)?,
+            None => MigMinors::default(),
+        };
+        Ok(DriverInfo { majors, mig })
+    }
+
+    /// Load everything. A missing mig-minors file is an empty table when the `nvidia-caps`
+    /// major is absent too (no driver, or a driver without MIG); otherwise an error.
+    pub fn load(paths: &DriverPaths) -> Result<Self> {
+        Self::load_inner(paths, None)
+    }
+
+    /// Hot path: load, keeping only the capability entries of `slices` (the file has thousands
+    /// of lines; all are validated, few are stored).
+    pub fn load_for(paths: &DriverPaths, slices: &[crate::policy::SliceRef]) -> Result<Self> {
+        let keep = |gpu: u32, gi: u32, ci: Option<u32>| {
+            slices.iter().any(|s| {
+                s.gpu_minor == gpu && s.gi_id == gi && (ci.is_none() || ci == Some(s.ci_id))
+            })
+        };
+        Self::load_inner(paths, Some(&keep))
+    }
+
+    fn load_inner(
+        paths: &DriverPaths,
+        keep: Option<&dyn Fn(u32, u32, Option<u32>) -> bool>,
+    ) -> Result<Self> {
+        let majors = NvidiaMajors::parse(&read(&paths.proc_devices)?, &paths.proc_devices)?;
+        let mig = match std::fs::read_to_string(&paths.mig_minors) {
+            Ok(t) => MigMinors::parse(&t, &paths.mig_minors, keep)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && majors.caps.is_none() => {
+                MigMinors::default()
+            }
+            Err(source) => {
+                return Err(Error::Read {
+                    path: paths.mig_minors.clone(),
+                    source,
+                })
+            }
+        };
+        Ok(DriverInfo { majors, mig })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n136 pts\n195 nvidia-frontend\n234 nvidia-nvswitch\n235 nvidia-caps\n237 nvidia-uvm\n\nBlock devices:\n  7 loop\n195 nvidia-fake-block\n";
+
+    #[test]
+    fn majors() {
+        let m = NvidiaMajors::parse(DEVICES, Path::new("d")).unwrap();
+        assert_eq!(m.nvidia, Some(195));
+        assert_eq!(m.caps, Some(235));
+        assert_eq!(m.uvm, Some(237));
+        let all: Vec<u32> = m.all.iter().map(|x| x.1).collect();
+        assert_eq!(all, vec![195, 234, 235, 237]);
+        // newer drivers name the frontend "nvidia"
+        let m = NvidiaMajors::parse("Character devices:\n195 nvidia\n", Path::new("d")).unwrap();
+        assert_eq!(m.nvidia, Some(195));
+        assert!(NvidiaMajors::parse("Character devices:\nxx nvidia\n", Path::new("d")).is_err());
+        let m = NvidiaMajors::parse("Character devices:\n1 mem\n", Path::new("d")).unwrap();
+        assert_eq!(m, NvidiaMajors::default());
+    }
+
+    #[test]
+    fn mig_minors() {
+        let t = "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu1/gi2/access 140\nfabric-imex-mgmt 9\n";
+        let m = MigMinors::parse(t, Path::new("m"), None).unwrap();
+        assert_eq!(m.config, Some(1));
+        assert_eq!(m.monitor, Some(2));
+        assert_eq!(m.lookup(0, 1, None), Some(12));
+        assert_eq!(m.lookup(0, 1, Some(0)), Some(13));
+        assert_eq!(m.lookup(1, 2, None), Some(140));
+        assert_eq!(m.lookup(1, 2, Some(0)), None);
+        assert_eq!(m.other, vec![("fabric-imex-mgmt".to_string(), 9)]);
+        for bad in [
+            "gpu0/gi1/access",
+            "gpu0/gi1/access x",
+            "gpux/gi1/access 3",
+            "gpu0/gi1/ci/access 3",
+            "gpu0/gi1/ci0/foo 3",
+            "gpu0/gi1/access 3\ngpu0/gi1/access 4",
+            "config 1 2",
+        ] {
+            assert!(MigMinors::parse(bad, Path::new("m"), None).is_err(), "{bad}");
+        }
+        let keep = |g: u32, gi: u32, _ci: Option<u32>| g == 1 && gi == 2;
+        let m = MigMinors::parse(t, Path::new("m"), Some(&keep)).unwrap();
+        assert_eq!(m.access.len(), 1);
+        assert_eq!(m.config, Some(1));
+    }
+}

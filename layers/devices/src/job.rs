@@ -1,0 +1,327 @@
+//! Hot-path API for the prolog/epilog: one call to set a job's device allowlist up, one to
+//! tear it down, and a serde record in between for the job journal.
+//!
+//! Cost per job (see benches): read /proc/devices and mig-minors (keeping only the job's
+//! entries), build the policy, then either ~510 small writes (v1) or one BPF load + attach
+//! (v2). No process is spawned.
+
+use crate::driver::{DriverInfo, DriverPaths};
+use crate::error::{Error, Result};
+use crate::layout::CgroupLayout;
+use crate::policy::{DeviceClass, DevicePolicy, SliceRef};
+use crate::v1::{self, open_dir, V1Applied};
+use crate::v2::{self, Detached, V2Attached};
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// Name of the product's subtree under a cgroup root.
+pub const PRODUCT_DIR: &str = "tenancy";
+
+/// Which cgroup mechanism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// cgroup v1 devices controller rules.
+    V1,
+    /// cgroup v2 BPF device program.
+    V2,
+}
+
+/// Where the rules go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// Product-owned cgroup `<root>/tenancy/<tenant>/job_<id>`, created by setup and removed
+    /// by teardown. `root` is the cgroup2 mount (v2) or the v1 devices mount (v1).
+    Owned { root: PathBuf, backend: Backend },
+    /// An existing cgroup the product does not own (e.g. Slurm's job cgroup): only the
+    /// rules/program are added and removed.
+    Existing { dir: PathBuf, backend: Backend },
+}
+
+impl Target {
+    /// Product-owned target for the detected layout: cgroup2 if mounted (hybrid:
+    /// /sys/fs/cgroup/unified, where Slurm puts nothing), else the v1 devices controller.
+    pub fn owned_for(layout: &CgroupLayout) -> Result<Target> {
+        if let Some(root) = &layout.v2_root {
+            return Ok(Target::Owned {
+                root: root.clone(),
+                backend: Backend::V2,
+            });
+        }
+        if let Some(root) = &layout.v1_devices {
+            return Ok(Target::Owned {
+                root: root.clone(),
+                backend: Backend::V1,
+            });
+        }
+        Err(Error::Layout(
+            "neither cgroup2 nor the v1 devices controller is mounted: no way to restrict devices (mount cgroup2 or the devices controller)".into(),
+        ))
+    }
+}
+
+/// Parameters of one job (from the lead's job context).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobDeviceParams {
+    pub job_id: u64,
+    pub tenant: String,
+    pub slices: Vec<SliceRef>,
+    /// Extra classes the tenant's tier allows (config), e.g. `c 195:254 rw`.
+    #[serde(default)]
+    pub extra: Vec<DeviceClass>,
+    #[serde(default)]
+    pub driver: DriverPaths,
+    pub target: Target,
+}
+
+/// What setup did: store it in the job journal; teardown needs only this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevicesRecord {
+    pub job_id: u64,
+    pub backend: Backend,
+    /// The cgroup holding the rules/program.
+    pub cgroup_dir: PathBuf,
+    /// True when the cgroup is the product's (teardown removes it).
+    pub owned: bool,
+    pub policy: DevicePolicy,
+    #[serde(default)]
+    pub v1: Option<V1Applied>,
+    #[serde(default)]
+    pub v2: Option<V2Attached>,
+}
+
+/// Check a tenant name used as a cgroup directory name.
+pub fn validate_tenant(t: &str) -> Result<()> {
+    let bad = |msg: &str| Error::BadName {
+        what: "tenant name",
+        value: t.to_string(),
+        msg: msg.to_string(),
+    };
+    if t.is_empty() || t.len() > 64 {
+        return Err(bad("must be 1 to 64 characters"));
+    }
+    if t.starts_with('.') {
+        return Err(bad("must not start with '.'"));
+    }
+    if !t
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    {
+        return Err(bad("only letters, digits, '_', '-', '.' are allowed"));
+    }
+    Ok(())
+}
+
+/// The product-owned cgroup path of a job.
+pub fn owned_dir(root: &Path, tenant: &str, job_id: u64) -> Result<PathBuf> {
+    validate_tenant(tenant)?;
+    Ok(root
+        .join(PRODUCT_DIR)
+        .join(tenant)
+        .join(format!("job_{job_id}")))
+}
+
+fn mkdir_at(dir: &OwnedFd, name: &str, shown: &Path) -> Result<(OwnedFd, bool)> {
+    let c = CString::new(name).map_err(|_| Error::BadName {
+        what: "cgroup name",
+        value: name.into(),
+        msg: "contains NUL".into(),
+    })?;
+    // SAFETY: dir is an open directory fd, c is NUL-terminated.
+    let r = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) };
+    let created = if r == 0 {
+        true
+    } else {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(Error::cgroup("mkdir", shown.join(name), e));
+        }
+        false
+    };
+    // SAFETY: as above; O_NOFOLLOW: never through a symlink.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(Error::cgroup(
+            "open",
+            shown.join(name),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: fresh fd.
+    Ok((unsafe { OwnedFd::from_raw_fd(fd) }, created))
+}
+
+/// Create `<root>/tenancy/<tenant>/job_<id>` (existing parts are reused). Returns the path and
+/// whether the job directory was created now.
+pub fn create_owned(root: &Path, tenant: &str, job_id: u64) -> Result<(PathBuf, bool)> {
+    let path = owned_dir(root, tenant, job_id)?;
+    let r = open_dir(root)?;
+    let (p, _) = mkdir_at(&r, PRODUCT_DIR, root)?;
+    let (t, _) = mkdir_at(&p, tenant, &root.join(PRODUCT_DIR))?;
+    let (_, created) = mkdir_at(&t, &format!("job_{job_id}"), &root.join(PRODUCT_DIR).join(tenant))?;
+    Ok((path, created))
+}
+
+fn rmdir(path: &Path) -> Result<bool> {
+    match std::fs::remove_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => {
+            let hint = if e.raw_os_error() == Some(libc::EBUSY) {
+                ": processes are still in the cgroup (see its cgroup.procs); end them, then retry teardown"
+            } else {
+                ""
+            };
+            Err(Error::cgroup(
+                "rmdir",
+                path,
+                std::io::Error::new(e.kind(), format!("{e}{hint}")),
+            ))
+        }
+    }
+}
+
+/// Set the job's device allowlist up. On error, what this call made is undone.
+pub fn setup(p: &JobDeviceParams) -> Result<DevicesRecord> {
+    let drv = DriverInfo::load_for(&p.driver, &p.slices)?;
+    let policy = DevicePolicy::for_job(&drv, &p.slices, &p.extra)
+        .map_err(|e| Error::Policy(format!("job {}: {e}", p.job_id)))?;
+    setup_with_policy(p.job_id, &p.tenant, &p.target, policy)
+}
+
+/// [`setup`] with a policy already built.
+pub fn setup_with_policy(
+    job_id: u64,
+    tenant: &str,
+    target: &Target,
+    policy: DevicePolicy,
+) -> Result<DevicesRecord> {
+    let (dir, backend, owned, created) = match target {
+        Target::Owned { root, backend } => {
+            let (d, c) = create_owned(root, tenant, job_id)?;
+            (d, *backend, true, c)
+        }
+        Target::Existing { dir, backend } => (dir.clone(), *backend, false, false),
+    };
+    let mut rec = DevicesRecord {
+        job_id,
+        backend,
+        cgroup_dir: dir.clone(),
+        owned,
+        policy,
+        v1: None,
+        v2: None,
+    };
+    let res = match backend {
+        Backend::V1 => v1::apply(&dir, &rec.policy).map(|a| rec.v1 = Some(a)),
+        Backend::V2 => v2::apply(&dir, &rec.policy).and_then(|a| {
+            let new_id = a.prog_id;
+            rec.v2 = Some(a);
+            // A re-run (prolog retried) replaces older programs of ours: new one first, so
+            // there is no window without a program.
+            let (ids, _) = v2::query(&dir)?;
+            for id in ids.into_iter().filter(|&i| i != new_id) {
+                v2::detach(&dir, id)?;
+            }
+            Ok(())
+        }),
+    };
+    if let Err(e) = res {
+        if let Some(a) = &rec.v2 {
+            let _ = v2::detach(&dir, a.prog_id);
+        }
+        if created {
+            let _ = rmdir(&dir);
+        }
+        return Err(e);
+    }
+    Ok(rec)
+}
+
+/// What teardown did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TeardownReport {
+    pub detached: Option<Detached>,
+    pub removed_dir: bool,
+}
+
+/// Remove what setup made; idempotent (a second call, or a call after the cgroup vanished,
+/// succeeds and reports nothing done).
+pub fn teardown(r: &DevicesRecord) -> Result<TeardownReport> {
+    let mut out = TeardownReport {
+        detached: None,
+        removed_dir: false,
+    };
+    match r.backend {
+        Backend::V2 => {
+            out.detached = Some(match &r.v2 {
+                Some(a) => v2::detach(&r.cgroup_dir, a.prog_id)?,
+                None => {
+                    if v2::detach_ours(&r.cgroup_dir)?.is_empty() {
+                        Detached::AlreadyGone
+                    } else {
+                        Detached::Detached
+                    }
+                }
+            });
+            if r.owned {
+                out.removed_dir = rmdir(&r.cgroup_dir)?;
+            }
+        }
+        Backend::V1 => {
+            if r.owned {
+                out.removed_dir = rmdir(&r.cgroup_dir)?;
+            } else {
+                v1::reset(&r.cgroup_dir)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_names() {
+        for ok in ["a", "chem-lab", "t_1.x", &"x".repeat(64)] {
+            validate_tenant(ok).unwrap();
+        }
+        for bad in ["", ".", "..", ".hidden", "a/b", "a b", "é", &"x".repeat(65)] {
+            assert!(validate_tenant(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            owned_dir(Path::new("/sys/fs/cgroup/unified"), "lab", 42).unwrap(),
+            Path::new("/sys/fs/cgroup/unified/tenancy/lab/job_42")
+        );
+    }
+
+    #[test]
+    fn record_roundtrip() {
+        let rec = DevicesRecord {
+            job_id: 7,
+            backend: Backend::V2,
+            cgroup_dir: "/x".into(),
+            owned: true,
+            policy: crate::policy::tests::job_a(),
+            v1: None,
+            v2: Some(V2Attached {
+                prog_id: 3,
+                attach_flags: 2,
+                insns: 40,
+            }),
+        };
+        let j = serde_json::to_string(&rec).unwrap();
+        assert_eq!(serde_json::from_str::<DevicesRecord>(&j).unwrap(), rec);
+    }
+}

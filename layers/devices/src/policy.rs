@@ -1,0 +1,465 @@
+//! The device policy of one job: which NVIDIA device nodes it may open.
+//!
+//! Semantics (the reference that the v1 rules and the v2 BPF program both implement):
+//! 1. if an `allow` rule matches the device and grants every requested access bit: allow;
+//! 2. else if the device is a character device of a major in `deny_majors`: deny;
+//! 3. else: allow (devices of other majors are not this layer's business).
+
+use crate::driver::{DriverInfo, NVIDIACTL_MINOR, NVIDIA_MODESET_MINOR, UVM_MINOR, UVM_TOOLS_MINOR};
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Device type of a rule or a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DevType {
+    /// `c`
+    Char,
+    /// `b`
+    Block,
+}
+
+impl DevType {
+    /// The cgroup v1 letter.
+    pub fn letter(self) -> char {
+        match self {
+            DevType::Char => 'c',
+            DevType::Block => 'b',
+        }
+    }
+}
+
+/// Access bits (values of the kernel's BPF_DEVCG_ACC_*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Access(pub u8);
+
+impl Access {
+    pub const MKNOD: Access = Access(1);
+    pub const READ: Access = Access(2);
+    pub const WRITE: Access = Access(4);
+    pub const RW: Access = Access(6);
+    pub const RWM: Access = Access(7);
+
+    /// True when every bit of `req` is in `self`.
+    pub fn covers(self, req: Access) -> bool {
+        req.0 & !self.0 == 0
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 & 2 != 0 {
+            f.write_str("r")?;
+        }
+        if self.0 & 4 != 0 {
+            f.write_str("w")?;
+        }
+        if self.0 & 1 != 0 {
+            f.write_str("m")?;
+        }
+        Ok(())
+    }
+}
+
+/// A device class in cgroup v1 syntax: `c 1:* rwm`, `c 195:254 rw`, `b *:* r`.
+/// `a` (all devices) is refused: this layer only widens NVIDIA access per class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceClass {
+    pub dev_type: DevType,
+    /// None = `*`.
+    pub major: Option<u32>,
+    /// None = `*`.
+    pub minor: Option<u32>,
+    pub access: Access,
+}
+
+impl DeviceClass {
+    /// One specific character device.
+    pub fn char(major: u32, minor: u32, access: Access) -> Self {
+        DeviceClass {
+            dev_type: DevType::Char,
+            major: Some(major),
+            minor: Some(minor),
+            access,
+        }
+    }
+
+    /// Whether the class matches the device and grants `access`.
+    pub fn matches(&self, t: DevType, major: u32, minor: u32, access: Access) -> bool {
+        self.dev_type == t
+            && self.major.is_none_or_eq(major)
+            && self.minor.is_none_or_eq(minor)
+            && self.access.covers(access)
+    }
+}
+
+trait NoneOrEq {
+    fn is_none_or_eq(&self, v: u32) -> bool;
+}
+impl NoneOrEq for Option<u32> {
+    fn is_none_or_eq(&self, v: u32) -> bool {
+        match self {
+            None => true,
+            Some(x) => *x == v,
+        }
+    }
+}
+
+impl fmt::Display for DeviceClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = |v: Option<u32>| v.map_or("*".to_string(), |v| v.to_string());
+        write!(
+            f,
+            "{} {}:{} {}",
+            self.dev_type.letter(),
+            n(self.major),
+            n(self.minor),
+            self.access
+        )
+    }
+}
+
+impl FromStr for DeviceClass {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |msg: &str| Error::BadClass {
+            text: s.to_string(),
+            msg: msg.to_string(),
+        };
+        let mut it = s.split_ascii_whitespace();
+        let (t, mm, acc) = match (it.next(), it.next(), it.next(), it.next()) {
+            (Some(t), Some(mm), Some(acc), None) => (t, mm, acc),
+            _ => return Err(bad("expected three fields: type major:minor access")),
+        };
+        let dev_type = match t {
+            "c" => DevType::Char,
+            "b" => DevType::Block,
+            "a" => return Err(bad("`a` (all devices) is not allowed; name c or b classes")),
+            _ => return Err(bad("type must be c or b")),
+        };
+        let (ma, mi) = mm.split_once(':').ok_or_else(|| bad("missing ':'"))?;
+        let num = |x: &str, bits: u32, what: &str| -> Result<Option<u32>> {
+            if x == "*" {
+                return Ok(None);
+            }
+            if x.is_empty() || !x.bytes().all(|b| b.is_ascii_digit()) || x.len() > 8 {
+                return Err(bad(&format!("{what} must be a number or *")));
+            }
+            let v: u32 = x.parse().map_err(|_| bad(&format!("{what} out of range")))?;
+            if v >= 1 << bits {
+                return Err(bad(&format!("{what} out of range")));
+            }
+            Ok(Some(v))
+        };
+        let major = num(ma, 12, "major")?;
+        let minor = num(mi, 20, "minor")?;
+        let mut a = 0u8;
+        if acc.is_empty() {
+            return Err(bad("empty access"));
+        }
+        for ch in acc.chars() {
+            let bit = match ch {
+                'r' => 2,
+                'w' => 4,
+                'm' => 1,
+                _ => return Err(bad("access letters are r, w, m")),
+            };
+            if a & bit != 0 {
+                return Err(bad("repeated access letter"));
+            }
+            a |= bit;
+        }
+        Ok(DeviceClass {
+            dev_type,
+            major,
+            minor,
+            access: Access(a),
+        })
+    }
+}
+
+impl Serialize for DeviceClass {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceClass {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A job's MIG slice: the parent GPU's minor (/dev/nvidia<minor>, `gpu<minor>` in mig-minors),
+/// its GPU instance id and compute instance id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SliceRef {
+    pub gpu_minor: u32,
+    pub gi_id: u32,
+    pub ci_id: u32,
+}
+
+/// One allowed device class with the reason it is allowed (journal/audit readable).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllowRule {
+    pub class: DeviceClass,
+    pub why: String,
+}
+
+/// Verdict for one access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    Allow,
+    Deny,
+}
+
+/// The device policy of one job. Serializable into the job journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevicePolicy {
+    /// Allowed classes (first step of the decision).
+    pub allow: Vec<AllowRule>,
+    /// Character majors of which everything not allowed is denied (all NVIDIA majors).
+    pub deny_majors: Vec<u32>,
+}
+
+impl DevicePolicy {
+    /// Build the policy of a job from the driver info, its MIG slices and the extra classes
+    /// its tier allows. Fails closed: a slice missing from mig-minors, or a driver without the
+    /// majors a slice needs, is an error; an extra class that would open every NVIDIA device
+    /// (`c *:*`) is refused.
+    pub fn for_job(drv: &DriverInfo, slices: &[SliceRef], extra: &[DeviceClass]) -> Result<Self> {
+        let mut deny_majors: Vec<u32> = drv.majors.all.iter().map(|(_, m)| *m).collect();
+        for m in [drv.majors.nvidia, drv.majors.uvm, drv.majors.caps]
+            .into_iter()
+            .flatten()
+        {
+            if !deny_majors.contains(&m) {
+                deny_majors.push(m);
+            }
+        }
+        deny_majors.sort_unstable();
+        let mut allow = Vec::new();
+        let mut push = |class: DeviceClass, why: String| {
+            if !allow.iter().any(|r: &AllowRule| r.class == class) {
+                allow.push(AllowRule { class, why });
+            }
+        };
+        if !slices.is_empty() {
+            let need = |m: Option<u32>, name: &str| {
+                m.ok_or_else(|| {
+                    Error::Policy(format!(
+                        "job has MIG slice(s) {slices:?} but the driver registers no `{name}` character major: is the NVIDIA driver (with MIG) loaded?"
+                    ))
+                })
+            };
+            let nv = need(drv.majors.nvidia, "nvidia-frontend/nvidia")?;
+            let uvm = need(drv.majors.uvm, "nvidia-uvm")?;
+            let caps = need(drv.majors.caps, "nvidia-caps")?;
+            push(
+                DeviceClass::char(nv, NVIDIACTL_MINOR, Access::RW),
+                "nvidiactl".into(),
+            );
+            push(DeviceClass::char(uvm, UVM_MINOR, Access::RW), "nvidia-uvm".into());
+            push(
+                DeviceClass::char(uvm, UVM_TOOLS_MINOR, Access::RW),
+                "nvidia-uvm-tools".into(),
+            );
+            for s in slices {
+                if s.gpu_minor >= NVIDIA_MODESET_MINOR {
+                    return Err(Error::Policy(format!(
+                        "slice {s:?}: GPU minor {} is not a GPU (254 is nvidia-modeset, 255 nvidiactl)",
+                        s.gpu_minor
+                    )));
+                }
+                push(
+                    DeviceClass::char(nv, s.gpu_minor, Access::RW),
+                    format!("/dev/nvidia{} (parent GPU)", s.gpu_minor),
+                );
+                let gi = drv.mig.lookup(s.gpu_minor, s.gi_id, None).ok_or_else(|| {
+                    Error::Policy(format!(
+                        "slice {s:?}: no gpu{}/gi{}/access in mig-minors: is MIG enabled and the GPU instance created?",
+                        s.gpu_minor, s.gi_id
+                    ))
+                })?;
+                let ci = drv
+                    .mig
+                    .lookup(s.gpu_minor, s.gi_id, Some(s.ci_id))
+                    .ok_or_else(|| {
+                        Error::Policy(format!(
+                            "slice {s:?}: no gpu{}/gi{}/ci{}/access in mig-minors",
+                            s.gpu_minor, s.gi_id, s.ci_id
+                        ))
+                    })?;
+                for (minor, what) in [(gi, "GI"), (ci, "CI")] {
+                    if Some(minor) == drv.mig.config || Some(minor) == drv.mig.monitor {
+                        return Err(Error::Policy(format!(
+                            "slice {s:?}: {what} access minor {minor} equals the config/monitor capability minor: corrupt mig-minors"
+                        )));
+                    }
+                }
+                push(
+                    DeviceClass::char(caps, gi, Access::RW),
+                    format!("gpu{}/gi{}/access", s.gpu_minor, s.gi_id),
+                );
+                push(
+                    DeviceClass::char(caps, ci, Access::RW),
+                    format!("gpu{}/gi{}/ci{}/access", s.gpu_minor, s.gi_id, s.ci_id),
+                );
+            }
+        }
+        for x in extra {
+            if x.dev_type == DevType::Char && x.major.is_none() {
+                return Err(Error::Policy(format!(
+                    "extra device class `{x}` has a wildcard major and would open every NVIDIA device; name the major"
+                )));
+            }
+            push(*x, "extra (tier config)".into());
+        }
+        Ok(DevicePolicy { allow, deny_majors })
+    }
+
+    /// The reference decision (see module docs).
+    pub fn decide(&self, t: DevType, major: u32, minor: u32, access: Access) -> Verdict {
+        if self
+            .allow
+            .iter()
+            .any(|r| r.class.matches(t, major, minor, access))
+        {
+            return Verdict::Allow;
+        }
+        if t == DevType::Char && self.deny_majors.contains(&major) {
+            return Verdict::Deny;
+        }
+        Verdict::Allow
+    }
+
+    /// Allow rules that can change a verdict (on a denied major); the others are implied by
+    /// the default allow.
+    pub fn effective_allows(&self) -> impl Iterator<Item = &DeviceClass> {
+        self.allow.iter().map(|r| &r.class).filter(|c| {
+            c.dev_type == DevType::Char && c.major.is_some_and(|m| self.deny_majors.contains(&m))
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::driver::{DriverPaths, MigMinors, NvidiaMajors};
+    use std::path::Path;
+
+    pub(crate) fn driver() -> DriverInfo {
+        let devs = "Character devices:\n  1 mem\n136 pts\n195 nvidia-frontend\n234 nvidia-nvswitch\n235 nvidia-caps\n237 nvidia-uvm\n";
+        let mig = "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\ngpu1/gi1/access 147\ngpu1/gi1/ci0/access 148\n";
+        DriverInfo {
+            majors: NvidiaMajors::parse(devs, Path::new("d")).unwrap(),
+            mig: MigMinors::parse(mig, Path::new("m"), None).unwrap(),
+        }
+    }
+
+    pub(crate) fn job_a() -> DevicePolicy {
+        DevicePolicy::for_job(
+            &driver(),
+            &[SliceRef {
+                gpu_minor: 0,
+                gi_id: 1,
+                ci_id: 0,
+            }],
+            &["c 1:* rwm".parse().unwrap(), "c 195:254 r".parse().unwrap()],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn class_roundtrip() {
+        for s in ["c 1:* rwm", "b *:* r", "c 195:254 rw", "c 4095:1048575 m"] {
+            let c: DeviceClass = s.parse().unwrap();
+            assert_eq!(c.to_string(), s);
+            let j = serde_json::to_string(&c).unwrap();
+            assert_eq!(serde_json::from_str::<DeviceClass>(&j).unwrap(), c);
+        }
+        for s in [
+            "a *:* rwm", "c 1:* ", "c 1 rwm", "c 1:x r", "c 4096:0 r", "c 1:1 rr", "c 1:1 q",
+            "x 1:1 r", "c -1:1 r", "c 1:1 r extra",
+        ] {
+            assert!(s.parse::<DeviceClass>().is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn table() {
+        use DevType::*;
+        use Verdict::*;
+        let p = job_a();
+        let rw = Access::RW;
+        let table: &[(DevType, u32, u32, Access, Verdict)] = &[
+            (Char, 195, 255, rw, Allow),         // nvidiactl
+            (Char, 195, 255, Access::RWM, Deny), // no mknod
+            (Char, 195, 0, rw, Allow),           // own GPU
+            (Char, 195, 1, rw, Deny),            // other GPU
+            (Char, 195, 254, Access::READ, Allow), // extra r
+            (Char, 195, 254, rw, Deny),
+            (Char, 237, 0, rw, Allow),
+            (Char, 237, 1, rw, Allow),
+            (Char, 237, 2, rw, Deny),
+            (Char, 235, 12, rw, Allow), // own GI
+            (Char, 235, 13, rw, Allow), // own CI
+            (Char, 235, 21, rw, Deny),  // job B GI
+            (Char, 235, 22, rw, Deny),
+            (Char, 235, 1, Access::READ, Deny), // config
+            (Char, 235, 2, Access::READ, Deny), // monitor
+            (Char, 235, 147, rw, Deny),         // other GPU's cap
+            (Char, 234, 0, rw, Deny),           // nvswitch
+            (Char, 1, 3, Access::RWM, Allow),   // /dev/null
+            (Char, 136, 4, rw, Allow),          // pty
+            (Char, 5, 2, rw, Allow),
+            (Block, 195, 0, rw, Allow), // block major 195 is not the nvidia char major
+            (Block, 8, 0, Access::RWM, Allow),
+        ];
+        for &(t, ma, mi, acc, v) in table {
+            assert_eq!(p.decide(t, ma, mi, acc), v, "{t:?} {ma}:{mi} {acc}");
+        }
+    }
+
+    #[test]
+    fn no_slice_denies_all_nvidia() {
+        let p = DevicePolicy::for_job(&driver(), &[], &[]).unwrap();
+        assert!(p.allow.is_empty());
+        assert_eq!(p.deny_majors, vec![195, 234, 235, 237]);
+        for (ma, mi) in [(195, 255), (195, 0), (237, 0), (235, 12)] {
+            assert_eq!(
+                p.decide(DevType::Char, ma, mi, Access::READ),
+                Verdict::Deny
+            );
+        }
+    }
+
+    #[test]
+    fn fails_closed() {
+        let d = driver();
+        let s = |g, gi, ci| SliceRef {
+            gpu_minor: g,
+            gi_id: gi,
+            ci_id: ci,
+        };
+        assert!(DevicePolicy::for_job(&d, &[s(0, 9, 0)], &[]).is_err());
+        assert!(DevicePolicy::for_job(&d, &[s(0, 1, 5)], &[]).is_err());
+        assert!(DevicePolicy::for_job(&d, &[s(255, 1, 0)], &[]).is_err());
+        assert!(DevicePolicy::for_job(&d, &[], &["c *:* rwm".parse().unwrap()]).is_err());
+        let mut nodrv = d.clone();
+        nodrv.majors.caps = None;
+        let e = DevicePolicy::for_job(&nodrv, &[s(0, 1, 0)], &[]).unwrap_err();
+        assert!(e.to_string().contains("nvidia-caps"), "{e}");
+        let _ = DriverPaths::default();
+    }
+
+    #[test]
+    fn serde_roundtrip() {
+        let p = job_a();
+        let j = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<DevicePolicy>(&j).unwrap(), p);
+    }
+}

@@ -1,0 +1,259 @@
+//! Pure placement choice: which GPU and placement a job's MIG slice gets, given what NVML
+//! shows (existing GPU instances), the plan, and who occupies which GPU.
+
+use crate::error::{MigError, Result};
+use crate::plan::Slot;
+use crate::profiles::{overlaps, GpuModel, MigProfile};
+use crate::{MigIntent, Occupant, Request};
+use serde::{Deserialize, Serialize};
+
+/// An existing GPU instance as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GiView {
+    pub gi_id: u32,
+    pub profile_id: u32,
+    pub start: u32,
+    pub size: u32,
+    /// Compute instances inside (ids).
+    pub ci_ids: Vec<u32>,
+}
+
+/// One GPU and its current MIG state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub uuid: String,
+    pub minor: u32,
+    pub name: String,
+    /// None when the model has no known MIG table.
+    pub model: Option<GpuModel>,
+    pub mig_enabled: bool,
+    pub instances: Vec<GiView>,
+}
+
+impl GpuView {
+    fn occupied_by(&self, start: u32, size: u32) -> Option<&GiView> {
+        self.instances
+            .iter()
+            .find(|g| overlaps(start, size, g.start, g.size))
+    }
+}
+
+/// Why a GPU may not take this tenant (tier rule), or None.
+fn tier_block(gpu: &GpuView, req: &Request, occupants: &[Occupant]) -> Option<String> {
+    let here: Vec<&Occupant> = occupants.iter().filter(|o| o.gpu_uuid == gpu.uuid).collect();
+    if let Some(o) = here.iter().find(|o| o.tenant != req.tenant && !o.share_gpu) {
+        return Some(format!(
+            "GPU {} ({}) is held by tenant {:?} whose tier forbids sharing a GPU",
+            gpu.index, gpu.uuid, o.tenant
+        ));
+    }
+    if !req.share_gpu {
+        let others: Vec<&str> = here
+            .iter()
+            .filter(|o| o.tenant != req.tenant)
+            .map(|o| o.tenant.as_str())
+            .collect();
+        if !others.is_empty() {
+            return Some(format!(
+                "tenant {:?}'s tier forbids sharing a GPU, and GPU {} ({}) holds tenant(s) {:?}",
+                req.tenant, gpu.index, gpu.uuid, others
+            ));
+        }
+        // Instances nobody accounts for (leaked, or made outside tenancy) have an unknown
+        // owner: a non-sharing tenant does not land next to them.
+        let own = here.len();
+        if gpu.instances.len() > own {
+            return Some(format!(
+                "tenant {:?}'s tier forbids sharing a GPU, and GPU {} ({}) has {} GPU instance(s) no tenancy job accounts for (run `tenancyctl reconcile`)",
+                req.tenant,
+                gpu.index,
+                gpu.uuid,
+                gpu.instances.len() - own
+            ));
+        }
+    }
+    None
+}
+
+fn usable(gpu: &GpuView) -> std::result::Result<GpuModel, String> {
+    if !gpu.mig_enabled {
+        return Err(format!("GPU {} ({}) has MIG disabled", gpu.index, gpu.uuid));
+    }
+    gpu.model
+        .ok_or_else(|| format!("GPU {} ({}) is an unsupported model {:?}", gpu.index, gpu.uuid, gpu.name))
+}
+
+fn intent(gpu: &GpuView, p: &MigProfile, start: u32, slot: Option<u32>) -> MigIntent {
+    MigIntent {
+        gpu_index: gpu.index,
+        gpu_uuid: gpu.uuid.clone(),
+        profile: p.name.to_string(),
+        gi_profile_id: p.gi_profile_id,
+        ci_profile_id: p.ci_profile_index,
+        placement_start: start,
+        placement_size: p.memory_slices,
+        slot,
+    }
+}
+
+fn lookup_profile(model: GpuModel, name: &str) -> Result<&'static MigProfile> {
+    model.profile(name).ok_or_else(|| MigError::UnknownProfile {
+        profile: name.to_string(),
+        model: model.to_string(),
+        known: model.profiles().iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// Choose GPU and placement. With `req.slot` the plan slot is taken exactly (the slot Slurm
+/// allocated); without it, a free plan slot of the profile is taken, from the highest index
+/// down (Slurm hands out low indexes first); without a plan, the first free placement of
+/// the profile on any usable GPU.
+pub fn choose_in(
+    gpus: &[GpuView],
+    plan: Option<&[Slot]>,
+    req: &Request,
+    occupants: &[Occupant],
+) -> Result<MigIntent> {
+    if req.tenant.is_empty() {
+        return Err(MigError::Refused {
+            reason: "request has no tenant".into(),
+        });
+    }
+    if let Some(si) = req.slot {
+        let slots = plan.ok_or_else(|| MigError::Refused {
+            reason: format!("slot {si} requested but the node has no MIG plan configured"),
+        })?;
+        let slot = slots.iter().find(|s| s.index == si).ok_or_else(|| MigError::Refused {
+            reason: format!(
+                "slot {si} is not in the node's MIG plan ({} slots); gres.conf and the plan disagree: regenerate gres.conf with `tenancyctl mig slurm-lines`",
+                slots.len()
+            ),
+        })?;
+        let gpu = gpus.iter().find(|g| g.index == slot.gpu).ok_or_else(|| MigError::Refused {
+            reason: format!("slot {si} is on GPU {}, which NVML does not show", slot.gpu),
+        })?;
+        let model = usable(gpu).map_err(|reason| MigError::Refused { reason })?;
+        if model != slot.model {
+            return Err(MigError::Refused {
+                reason: format!(
+                    "slot {si} was planned for a {} but GPU {} is a {model}; regenerate the plan",
+                    slot.model, gpu.index
+                ),
+            });
+        }
+        let p = lookup_profile(model, &slot.profile)?;
+        if let Some(want) = &req.profile {
+            let w = lookup_profile(model, want)?;
+            if w.name != p.name {
+                return Err(MigError::Refused {
+                    reason: format!(
+                        "job asks for profile {} but Slurm allocated slot {si} of profile {}",
+                        w.name, p.name
+                    ),
+                });
+            }
+        }
+        if let Some(reason) = tier_block(gpu, req, occupants) {
+            return Err(MigError::Refused { reason });
+        }
+        if let Some(gi) = gpu.occupied_by(slot.start, slot.size) {
+            return Err(MigError::Occupied {
+                at: crate::error::At {
+                    gpu: Some(gpu.index),
+                    uuid: Some(gpu.uuid.clone()),
+                    profile: Some(p.name.to_string()),
+                    placement: Some((slot.start, slot.size)),
+                    ..Default::default()
+                },
+                start: gi.start,
+                size: gi.size,
+                gi: gi.gi_id,
+                profile_id: gi.profile_id,
+            });
+        }
+        return Ok(intent(gpu, p, slot.start, Some(si)));
+    }
+
+    let want = req.profile.as_deref().ok_or_else(|| MigError::Refused {
+        reason: "request names neither a profile nor a slot".into(),
+    })?;
+    let mut reasons: Vec<String> = Vec::new();
+    let mut known_anywhere = false;
+    match plan {
+        Some(slots) => {
+            for slot in slots.iter().rev() {
+                let Some(gpu) = gpus.iter().find(|g| g.index == slot.gpu) else {
+                    continue;
+                };
+                let Ok(model) = usable(gpu) else { continue };
+                let Some(p) = model.profile(want) else { continue };
+                known_anywhere = true;
+                if p.name != slot.profile {
+                    continue;
+                }
+                if let Some(r) = tier_block(gpu, req, occupants) {
+                    reasons.push(r);
+                    continue;
+                }
+                if gpu.occupied_by(slot.start, slot.size).is_some() {
+                    continue;
+                }
+                return Ok(intent(gpu, p, slot.start, Some(slot.index)));
+            }
+            if reasons.is_empty() {
+                reasons.push(format!("every plan slot of profile {want} is taken"));
+            }
+        }
+        None => {
+            for gpu in gpus {
+                let model = match usable(gpu) {
+                    Ok(m) => m,
+                    Err(r) => {
+                        reasons.push(r);
+                        continue;
+                    }
+                };
+                let Some(p) = model.profile(want) else {
+                    reasons.push(format!("GPU {} ({model}) has no profile {want}", gpu.index));
+                    continue;
+                };
+                known_anywhere = true;
+                if let Some(r) = tier_block(gpu, req, occupants) {
+                    reasons.push(r);
+                    continue;
+                }
+                let same = gpu.instances.iter().filter(|g| g.profile_id == p.gi_profile_id).count() as u32;
+                if same >= p.max_instances {
+                    reasons.push(format!("GPU {} holds the most {} instances it can", gpu.index, p.name));
+                    continue;
+                }
+                match p.starts.iter().find(|&&s| gpu.occupied_by(s, p.memory_slices).is_none()) {
+                    Some(&s) => return Ok(intent(gpu, p, s, None)),
+                    None => reasons.push(format!("GPU {} has no free {} placement", gpu.index, p.name)),
+                }
+            }
+        }
+    }
+    if !known_anywhere {
+        let model = gpus.iter().find_map(|g| g.model);
+        return Err(MigError::UnknownProfile {
+            profile: want.to_string(),
+            model: model.map(|m| m.to_string()).unwrap_or_else(|| "this node".into()),
+            known: model
+                .map(|m| m.profiles().iter().map(|p| p.name).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default(),
+        });
+    }
+    // A refusal by tier rule is named as such.
+    if reasons.iter().all(|r| r.contains("forbids sharing")) {
+        return Err(MigError::Refused {
+            reason: reasons.join("; "),
+        });
+    }
+    Err(MigError::NoPlacement {
+        profile: want.to_string(),
+        tenant: req.tenant.clone(),
+        detail: reasons.join("; "),
+    })
+}

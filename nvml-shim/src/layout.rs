@@ -1,0 +1,227 @@
+//! Driver-side files the device layer reads: device nodes made with mknod in `dev_dir`,
+//! the mig-minors table and a /proc/devices-style file.
+//!
+//! dev_dir/nvidia<N>          c 195:N          (one per GPU, N = index)
+//! dev_dir/nvidiactl          c 195:255
+//! dev_dir/nvidia-uvm         c <uvm>:0
+//! dev_dir/nvidia-uvm-tools   c <uvm>:1
+//! dev_dir/nvidia-caps/nvidia-cap1, nvidia-cap2        c <caps>:1 / :2 (config, monitor; 0400)
+//! dev_dir/nvidia-caps/nvidia-cap<minor>               c <caps>:<minor> for every existing GI
+//!                                                      and CI (0444), removed when it goes.
+
+use crate::config::{Config, NVIDIACTL_MINOR, NVIDIA_MAJOR};
+use crate::model;
+use crate::state::State;
+use crate::store::StoreError;
+use rustix::fs::{FileType, Mode, OFlags};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+fn e(what: String) -> StoreError {
+    StoreError(format!("nvml-shim layout: {what}"))
+}
+
+/// Opens (creating) a folder without following a symlink at its last component.
+fn open_dir_at(parent: Option<&OwnedFd>, path: &Path) -> Result<OwnedFd, StoreError> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let open = |p: &Path| match parent {
+        Some(d) => rustix::fs::openat(d.as_fd(), p, flags, Mode::empty()),
+        None => rustix::fs::open(p, flags, Mode::empty()),
+    };
+    match open(path) {
+        Ok(fd) => Ok(fd),
+        Err(rustix::io::Errno::NOENT) => {
+            let r = match parent {
+                Some(d) => rustix::fs::mkdirat(d.as_fd(), path, Mode::from_raw_mode(0o755)),
+                None => {
+                    if let Some(pp) = path.parent() {
+                        std::fs::create_dir_all(pp)
+                            .map_err(|x| e(format!("cannot create {}: {x}", pp.display())))?;
+                    }
+                    rustix::fs::mkdir(path, Mode::from_raw_mode(0o755))
+                }
+            };
+            match r {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(x) => return Err(e(format!("cannot mkdir {}: {x}", path.display()))),
+            }
+            open(path).map_err(|x| e(format!("cannot open folder {}: {x}", path.display())))
+        }
+        Err(x) => Err(e(format!(
+            "cannot open folder {} (a symlink or not a folder?): {x}",
+            path.display()
+        ))),
+    }
+}
+
+/// Makes `name` in `dir` a char device major:minor with `mode`, replacing anything else there.
+fn ensure_node(dir: &OwnedFd, dir_path: &Path, name: &str, major: u32, minor: u32, mode: u32) -> Result<(), StoreError> {
+    let want = rustix::fs::makedev(major, minor);
+    match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st)
+            if FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice
+                && st.st_rdev == want
+                && st.st_mode & 0o7777 == mode =>
+        {
+            return Ok(())
+        }
+        Ok(_) => {
+            rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty())
+                .map_err(|x| e(format!("cannot replace {}/{name}: {x}", dir_path.display())))?;
+        }
+        Err(_) => {}
+    }
+    rustix::fs::mknodat(dir, name, FileType::CharacterDevice, Mode::from_raw_mode(mode), want).map_err(
+        |x| {
+            e(format!(
+                "mknod {}/{name} c {major}:{minor} failed: {x} (needs root / CAP_MKNOD)",
+                dir_path.display()
+            ))
+        },
+    )?;
+    rustix::fs::chmodat(dir, name, Mode::from_raw_mode(mode), rustix::fs::AtFlags::empty())
+        .map_err(|x| e(format!("chmod {}/{name}: {x}", dir_path.display())))
+}
+
+fn write_atomic(path: &Path, text: &str) -> Result<(), StoreError> {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if m.file_type().is_symlink() {
+            return Err(e(format!("refusing to write through symlink {}", path.display())));
+        }
+    }
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(dir).map_err(|x| e(format!("cannot create {}: {x}", dir.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let fd = rustix::fs::open(
+        &tmp,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o444),
+    )
+    .map_err(|x| e(format!("cannot create {}: {x}", tmp.display())))?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(text.as_bytes())
+        .map_err(|x| e(format!("cannot write {}: {x}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(|x| e(format!("cannot rename to {}: {x}", path.display())))
+}
+
+/// /proc/devices text naming the majors the shim uses.
+pub fn proc_devices_text(cfg: &Config) -> String {
+    let mut lines = [
+        (NVIDIA_MAJOR, "nvidia-frontend"),
+        (cfg.caps_major, "nvidia-caps"),
+        (cfg.uvm_major, "nvidia-uvm"),
+    ];
+    lines.sort();
+    let mut s = String::from("Character devices:\n");
+    for (m, n) in lines {
+        s.push_str(&format!("{m:3} {n}\n"));
+    }
+    s.push_str("\nBlock devices:\n");
+    s
+}
+
+/// Majors already taken on this machine (from the real /proc/devices), for a warning.
+pub fn host_major_conflicts(cfg: &Config) -> Vec<String> {
+    let Ok(t) = std::fs::read_to_string("/proc/devices") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut chr = false;
+    for l in t.lines() {
+        if l.starts_with("Character devices") {
+            chr = true;
+            continue;
+        }
+        if l.starts_with("Block devices") {
+            chr = false;
+        }
+        if !chr {
+            continue;
+        }
+        let mut it = l.split_whitespace();
+        if let (Some(m), Some(n)) = (it.next(), it.next()) {
+            if let Ok(m) = m.parse::<u32>() {
+                if (m == cfg.uvm_major || m == cfg.caps_major) && !n.starts_with("nvidia") {
+                    out.push(format!("major {m} is used by {n} on this machine"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Minors of every nvidia-cap node that should exist for `st`.
+pub fn wanted_cap_minors(st: &State) -> BTreeSet<u32> {
+    let mut s: BTreeSet<u32> = [model::CONFIG_MINOR, model::MONITOR_MINOR].into();
+    for (i, g) in st.gpus.iter().enumerate() {
+        for gi in &g.gis {
+            s.insert(model::gi_access_minor(i as u32, gi.id));
+            for ci in &gi.cis {
+                s.insert(model::ci_access_minor(i as u32, gi.id, ci.id));
+            }
+        }
+    }
+    s
+}
+
+/// Creates and removes nvidia-caps/nvidia-cap<minor> nodes to match `st`.
+pub fn sync_caps(cfg: &Config, st: &State) -> Result<(), StoreError> {
+    let Some(dev) = &cfg.dev_dir else {
+        return Ok(());
+    };
+    let dfd = open_dir_at(None, dev)?;
+    let caps_path = dev.join("nvidia-caps");
+    let cfd = open_dir_at(Some(&dfd), Path::new("nvidia-caps"))?;
+    let want = wanted_cap_minors(st);
+    for m in &want {
+        let mode = if *m <= model::MONITOR_MINOR { 0o400 } else { 0o444 };
+        ensure_node(&cfd, &caps_path, &format!("nvidia-cap{m}"), cfg.caps_major, *m, mode)?;
+    }
+    let rd = std::fs::read_dir(&caps_path).map_err(|x| e(format!("cannot list {}: {x}", caps_path.display())))?;
+    for ent in rd.flatten() {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let Some(num) = name.strip_prefix("nvidia-cap") else { continue };
+        let Ok(m) = num.parse::<u32>() else { continue };
+        if !want.contains(&m) {
+            match rustix::fs::unlinkat(&cfd, name.as_str(), rustix::fs::AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(x) => return Err(e(format!("cannot remove {}/{name}: {x}", caps_path.display()))),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Full layout: static nodes, mig-minors, proc-devices, then the caps for `st`.
+pub fn layout(cfg: &Config, st: &State) -> Result<(), StoreError> {
+    if let Some(dev) = &cfg.dev_dir {
+        let dfd = open_dir_at(None, dev)?;
+        for i in 0..cfg.gpus.len() as u32 {
+            ensure_node(&dfd, dev, &format!("nvidia{i}"), NVIDIA_MAJOR, i, 0o666)?;
+        }
+        ensure_node(&dfd, dev, "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, 0o666)?;
+        ensure_node(&dfd, dev, "nvidia-uvm", cfg.uvm_major, 0, 0o666)?;
+        ensure_node(&dfd, dev, "nvidia-uvm-tools", cfg.uvm_major, 1, 0o666)?;
+        sync_caps(cfg, st)?;
+    }
+    if let Some(p) = &cfg.mig_minors {
+        let text = model::mig_minors_text();
+        if std::fs::read_to_string(p).ok().as_deref() != Some(text.as_str()) {
+            write_atomic(p, &text)?;
+        }
+    }
+    if let Some(p) = &cfg.proc_devices {
+        let text = proc_devices_text(cfg);
+        if std::fs::read_to_string(p).ok().as_deref() != Some(text.as_str()) {
+            write_atomic(p, &text)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,648 @@
+//! The mutable MIG state of all GPUs (what the JSON state file holds) and the driver-like
+//! operations on it. Pure: no I/O, so the rules are unit-testable.
+
+use crate::model::{self, GiProfile, GpuModel, COMPUTE_SLICES, MAX_CI_IDS, MEMORY_SLICES};
+use crate::ret::{NvmlResult, Ret};
+use serde::{Deserialize, Serialize};
+
+pub const STATE_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CiState {
+    pub id: u32,
+    /// CI profile id (= NVML_COMPUTE_INSTANCE_PROFILE_* index).
+    pub profile_id: u32,
+    /// Placement in compute slices of the parent GI.
+    pub start: u32,
+    pub size: u32,
+    /// Unique over the state file's life; makes stale handles detectable.
+    pub serial: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GiState {
+    pub id: u32,
+    pub profile_id: u32,
+    /// Placement in memory slices.
+    pub start: u32,
+    pub size: u32,
+    pub serial: u64,
+    #[serde(default)]
+    pub cis: Vec<CiState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuState {
+    pub uuid: String,
+    pub model: GpuModel,
+    pub mig_mode: bool,
+    pub pending_mig_mode: bool,
+    #[serde(default)]
+    pub lost: bool,
+    #[serde(default)]
+    pub gis: Vec<GiState>,
+}
+
+/// Armed faults. Each entry of `gi_create` / `ci_create` fails one create call with that
+/// NVML code (first in, first out); `destroy_in_use` destroys fail with IN_USE.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Faults {
+    #[serde(default)]
+    pub gi_create: Vec<u32>,
+    #[serde(default)]
+    pub ci_create: Vec<u32>,
+    #[serde(default)]
+    pub destroy_in_use: u32,
+}
+
+impl Faults {
+    pub fn is_empty(&self) -> bool {
+        self.gi_create.is_empty() && self.ci_create.is_empty() && self.destroy_in_use == 0
+    }
+    fn take_gi_create(&mut self) -> Option<Ret> {
+        (!self.gi_create.is_empty()).then(|| Ret(self.gi_create.remove(0)))
+    }
+    fn take_ci_create(&mut self) -> Option<Ret> {
+        (!self.ci_create.is_empty()).then(|| Ret(self.ci_create.remove(0)))
+    }
+    fn take_destroy(&mut self) -> Option<Ret> {
+        if self.destroy_in_use > 0 {
+            self.destroy_in_use -= 1;
+            Some(Ret::IN_USE)
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    pub format: u32,
+    pub next_serial: u64,
+    pub gpus: Vec<GpuState>,
+    #[serde(default)]
+    pub faults: Faults,
+}
+
+/// Identity of a GPU for building a fresh state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSeed {
+    pub uuid: String,
+    pub model: GpuModel,
+    pub mig_mode: bool,
+    pub lost: bool,
+}
+
+/// Which fault store a call may consume from, in order: process-local (env) first, then the
+/// shared state file.
+pub struct FaultSources<'a> {
+    pub local: Option<&'a mut Faults>,
+}
+
+impl State {
+    pub fn fresh(seeds: &[GpuSeed], faults: Faults) -> State {
+        State {
+            format: STATE_FORMAT,
+            next_serial: 1,
+            gpus: seeds
+                .iter()
+                .map(|s| GpuState {
+                    uuid: s.uuid.clone(),
+                    model: s.model,
+                    mig_mode: s.mig_mode,
+                    pending_mig_mode: s.mig_mode,
+                    lost: s.lost,
+                    gis: Vec::new(),
+                })
+                .collect(),
+            faults,
+        }
+    }
+
+    /// True when this state describes the same GPUs (uuid and model, in order) as `seeds`.
+    pub fn matches(&self, seeds: &[GpuSeed]) -> bool {
+        self.format == STATE_FORMAT
+            && self.gpus.len() == seeds.len()
+            && self
+                .gpus
+                .iter()
+                .zip(seeds)
+                .all(|(g, s)| g.uuid == s.uuid && g.model == s.model)
+    }
+
+    fn serial(&mut self) -> u64 {
+        let s = self.next_serial;
+        self.next_serial += 1;
+        s
+    }
+
+    pub fn gpu(&self, idx: u32) -> NvmlResult<&GpuState> {
+        let g = self.gpus.get(idx as usize).ok_or(Ret::INVALID_ARGUMENT)?;
+        if g.lost {
+            return Err(Ret::GPU_IS_LOST);
+        }
+        Ok(g)
+    }
+
+    fn gpu_mut(&mut self, idx: u32) -> NvmlResult<&mut GpuState> {
+        let g = self.gpus.get_mut(idx as usize).ok_or(Ret::INVALID_ARGUMENT)?;
+        if g.lost {
+            return Err(Ret::GPU_IS_LOST);
+        }
+        Ok(g)
+    }
+
+    /// The GI `gi` with creation serial `serial` (a handle's identity).
+    pub fn gi(&self, gpu: u32, gi: u32, serial: u64) -> NvmlResult<&GiState> {
+        self.gpu(gpu)?
+            .gis
+            .iter()
+            .find(|g| g.id == gi && g.serial == serial)
+            .ok_or(Ret::INVALID_ARGUMENT)
+    }
+
+    pub fn ci(&self, gpu: u32, gi: u32, gi_serial: u64, ci: u32, serial: u64) -> NvmlResult<&CiState> {
+        self.gi(gpu, gi, gi_serial)?
+            .cis
+            .iter()
+            .find(|c| c.id == ci && c.serial == serial)
+            .ok_or(Ret::INVALID_ARGUMENT)
+    }
+
+    pub fn set_mig_mode(&mut self, gpu: u32, on: bool) -> NvmlResult<()> {
+        let g = self.gpu_mut(gpu)?;
+        if !on && !g.gis.is_empty() {
+            return Err(Ret::IN_USE);
+        }
+        g.mig_mode = on;
+        g.pending_mig_mode = on;
+        Ok(())
+    }
+
+    pub fn gi_remaining_capacity(&self, gpu: u32, profile_id: u32) -> NvmlResult<u32> {
+        let g = self.gpu(gpu)?;
+        if !g.mig_mode {
+            return Err(Ret::NOT_SUPPORTED);
+        }
+        let p = g.model.gi_profile_by_id(profile_id).ok_or(Ret::INVALID_ARGUMENT)?;
+        Ok(free_gi_placements(g, p).len() as u32)
+    }
+
+    /// Creates a GI of `profile_id`, at placement start `placement` or where the driver would
+    /// put it (the free placement with the highest start). Returns (gi id, serial).
+    pub fn create_gi(
+        &mut self,
+        gpu: u32,
+        profile_id: u32,
+        placement: Option<(u32, u32)>,
+        faults: FaultSources<'_>,
+    ) -> NvmlResult<(u32, u64)> {
+        let g = self.gpu(gpu)?;
+        if !g.mig_mode {
+            return Err(Ret::NOT_SUPPORTED);
+        }
+        let p = g.model.gi_profile_by_id(profile_id).ok_or(Ret::INVALID_ARGUMENT)?;
+        if let Some((start, size)) = placement {
+            if size != p.memory_slices || !p.placements.contains(&start) {
+                return Err(Ret::INVALID_ARGUMENT);
+            }
+        }
+        let fault = match faults.local {
+            Some(local) => local.take_gi_create(),
+            None => None,
+        };
+        if let Some(r) = fault.or_else(|| self.faults.take_gi_create()) {
+            return Err(r);
+        }
+        let g = self.gpu(gpu)?;
+        let free = free_gi_placements(g, p);
+        let start = match placement {
+            Some((start, _)) => {
+                if !free.contains(&start) {
+                    return Err(Ret::INSUFFICIENT_RESOURCES);
+                }
+                start
+            }
+            None => *free.last().ok_or(Ret::INSUFFICIENT_RESOURCES)?,
+        };
+        let id = model::gi_id_for_placement(start, p.memory_slices);
+        let serial = self.serial();
+        let g = self.gpu_mut(gpu)?;
+        g.gis.push(GiState {
+            id,
+            profile_id,
+            start,
+            size: p.memory_slices,
+            serial,
+            cis: Vec::new(),
+        });
+        g.gis.sort_by_key(|x| x.id);
+        Ok((id, serial))
+    }
+
+    pub fn destroy_gi(
+        &mut self,
+        gpu: u32,
+        gi: u32,
+        serial: u64,
+        faults: FaultSources<'_>,
+    ) -> NvmlResult<()> {
+        let has_cis = !self.gi(gpu, gi, serial)?.cis.is_empty();
+        let fault = match faults.local {
+            Some(local) => local.take_destroy(),
+            None => None,
+        };
+        if let Some(r) = fault.or_else(|| self.faults.take_destroy()) {
+            return Err(r);
+        }
+        if has_cis {
+            return Err(Ret::IN_USE);
+        }
+        let g = self.gpu_mut(gpu)?;
+        g.gis.retain(|x| !(x.id == gi && x.serial == serial));
+        Ok(())
+    }
+
+    pub fn ci_remaining_capacity(
+        &self,
+        gpu: u32,
+        gi: u32,
+        serial: u64,
+        ci_profile_id: u32,
+    ) -> NvmlResult<u32> {
+        let model = self.gpu(gpu)?.model;
+        let gis = self.gi(gpu, gi, serial)?;
+        let gp = gi_profile_of(model, gis)?;
+        let cp = model::ci_profile(model, gp, ci_profile_id).ok_or(Ret::INVALID_ARGUMENT)?;
+        Ok(free_ci_placements(gis, &cp).len() as u32)
+    }
+
+    /// Creates a CI in a GI: lowest free placement unless given, lowest free CI id.
+    pub fn create_ci(
+        &mut self,
+        gpu: u32,
+        gi: u32,
+        serial: u64,
+        ci_profile_id: u32,
+        placement: Option<(u32, u32)>,
+        faults: FaultSources<'_>,
+    ) -> NvmlResult<(u32, u64)> {
+        let model = self.gpu(gpu)?.model;
+        let gis = self.gi(gpu, gi, serial)?;
+        let gp = gi_profile_of(model, gis)?;
+        let cp = model::ci_profile(model, gp, ci_profile_id).ok_or(Ret::INVALID_ARGUMENT)?;
+        if let Some((start, size)) = placement {
+            if size != cp.compute_slices || !cp.placements.contains(&start) {
+                return Err(Ret::INVALID_ARGUMENT);
+            }
+        }
+        let fault = match faults.local {
+            Some(local) => local.take_ci_create(),
+            None => None,
+        };
+        if let Some(r) = fault.or_else(|| self.faults.take_ci_create()) {
+            return Err(r);
+        }
+        let gis = self.gi(gpu, gi, serial)?;
+        let free = free_ci_placements(gis, &cp);
+        let start = match placement {
+            Some((start, _)) => {
+                if !free.contains(&start) {
+                    return Err(Ret::INSUFFICIENT_RESOURCES);
+                }
+                start
+            }
+            None => *free.first().ok_or(Ret::INSUFFICIENT_RESOURCES)?,
+        };
+        let id = (0..MAX_CI_IDS)
+            .find(|i| !gis.cis.iter().any(|c| c.id == *i))
+            .ok_or(Ret::INSUFFICIENT_RESOURCES)?;
+        let ci_serial = self.serial();
+        let gpu_state = self.gpu_mut(gpu)?;
+        let gis = gpu_state
+            .gis
+            .iter_mut()
+            .find(|x| x.id == gi && x.serial == serial)
+            .ok_or(Ret::INVALID_ARGUMENT)?;
+        gis.cis.push(CiState {
+            id,
+            profile_id: ci_profile_id,
+            start,
+            size: cp.compute_slices,
+            serial: ci_serial,
+        });
+        gis.cis.sort_by_key(|x| x.id);
+        Ok((id, ci_serial))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn destroy_ci(
+        &mut self,
+        gpu: u32,
+        gi: u32,
+        gi_serial: u64,
+        ci: u32,
+        serial: u64,
+        faults: FaultSources<'_>,
+    ) -> NvmlResult<()> {
+        self.ci(gpu, gi, gi_serial, ci, serial)?;
+        let fault = match faults.local {
+            Some(local) => local.take_destroy(),
+            None => None,
+        };
+        if let Some(r) = fault.or_else(|| self.faults.take_destroy()) {
+            return Err(r);
+        }
+        let g = self.gpu_mut(gpu)?;
+        if let Some(x) = g.gis.iter_mut().find(|x| x.id == gi && x.serial == gi_serial) {
+            x.cis.retain(|c| !(c.id == ci && c.serial == serial));
+        }
+        Ok(())
+    }
+
+    /// MIG devices (GI, CI) of a GPU in NVML enumeration order (GI id, then CI id).
+    pub fn mig_devices(&self, gpu: u32) -> NvmlResult<Vec<(&GiState, &CiState)>> {
+        let g = self.gpu(gpu)?;
+        let mut v: Vec<(&GiState, &CiState)> = g
+            .gis
+            .iter()
+            .flat_map(|gi| gi.cis.iter().map(move |ci| (gi, ci)))
+            .collect();
+        v.sort_by_key(|(gi, ci)| (gi.id, ci.id));
+        Ok(v)
+    }
+
+    /// Drops every GI and CI and all armed faults; MIG modes and lost flags are kept.
+    pub fn clear_instances(&mut self) {
+        for g in &mut self.gpus {
+            g.gis.clear();
+        }
+        self.faults = Faults::default();
+    }
+}
+
+pub fn gi_profile_of(model: GpuModel, gi: &GiState) -> NvmlResult<&'static GiProfile> {
+    model.gi_profile_by_id(gi.profile_id).ok_or(Ret::UNKNOWN)
+}
+
+fn overlaps(a: u32, asz: u32, b: u32, bsz: u32) -> bool {
+    a < b + bsz && b < a + asz
+}
+
+/// Placement starts of profile `p` that are free now and respect the profile's instance limit.
+pub fn free_gi_placements(g: &GpuState, p: &GiProfile) -> Vec<u32> {
+    let same = g.gis.iter().filter(|x| x.profile_id == p.id).count() as u32;
+    if same >= p.instance_count {
+        return Vec::new();
+    }
+    let used_compute: u32 = g
+        .gis
+        .iter()
+        .filter_map(|x| g.model.gi_profile_by_id(x.profile_id))
+        .map(|x| x.compute_slices)
+        .sum();
+    if used_compute + p.compute_slices > COMPUTE_SLICES {
+        return Vec::new();
+    }
+    let free: Vec<u32> = p
+        .placements
+        .iter()
+        .copied()
+        .filter(|s| s + p.memory_slices <= MEMORY_SLICES)
+        .filter(|s| {
+            !g.gis
+                .iter()
+                .any(|x| overlaps(*s, p.memory_slices, x.start, x.size))
+        })
+        .collect();
+    let room = (p.instance_count - same) as usize;
+    if free.len() > room {
+        // Same-profile placements are disjoint, so any `room` of them fit; keep the
+        // driver's preference order (highest start last).
+        free[free.len() - room..].to_vec()
+    } else {
+        free
+    }
+}
+
+pub fn free_ci_placements(gi: &GiState, cp: &model::CiProfile) -> Vec<u32> {
+    cp.placements
+        .iter()
+        .copied()
+        .filter(|s| {
+            !gi.cis
+                .iter()
+                .any(|c| overlaps(*s, cp.compute_slices, c.start, c.size))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GpuModel::*;
+
+    fn st(model: GpuModel) -> State {
+        State::fresh(
+            &[GpuSeed {
+                uuid: "GPU-test".into(),
+                model,
+                mig_mode: true,
+                lost: false,
+            }],
+            Faults::default(),
+        )
+    }
+    fn nf() -> FaultSources<'static> {
+        FaultSources { local: None }
+    }
+
+    #[test]
+    fn profile_tables_match_the_reference() {
+        let a = A100_40GB.gi_profiles();
+        let got: Vec<(u32, &str, u32, u64)> = a
+            .iter()
+            .map(|p| (p.id, p.name, p.instance_count, p.memory_mb))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (19, "1g.5gb", 7, 4864),
+                (20, "1g.5gb+me", 1, 4864),
+                (15, "1g.10gb", 4, 9856),
+                (14, "2g.10gb", 3, 9856),
+                (9, "3g.20gb", 2, 19968),
+                (5, "4g.20gb", 1, 19968),
+                (0, "7g.40gb", 1, 40192),
+            ]
+        );
+        let names: Vec<&str> = H200_141GB.gi_profiles().iter().map(|p| p.name).collect();
+        assert_eq!(
+            names,
+            ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
+        );
+        for m in GpuModel::ALL {
+            for p in m.gi_profiles() {
+                // Placements as in facts.md: 1g {0..6}:1, 1g double {0,2,4,6}:2, 2g {0,2,4}:2,
+                // 3g {0,4}:4, 4g {0}:4, 7g {0}:8.
+                let want: &[u32] = match p.id {
+                    19 | 20 => &[0, 1, 2, 3, 4, 5, 6],
+                    15 => &[0, 2, 4, 6],
+                    14 => &[0, 2, 4],
+                    9 => &[0, 4],
+                    _ => &[0],
+                };
+                assert_eq!(p.placements, want, "{m} {}", p.name);
+                assert!(p.memory_mb * (8 / p.memory_slices) as u64 <= m.memory_total_bytes() >> 20);
+            }
+            assert!(m.gi_profile_by_index(5).is_none(), "8-slice profile absent");
+            assert_eq!(m.gi_profile_by_index(0).unwrap().id, 19);
+            assert_eq!(m.gi_profile_by_index(7).unwrap().id, 20);
+            assert_eq!(m.gi_profile_by_index(9).unwrap().id, 15);
+        }
+    }
+
+    #[test]
+    fn fill_with_1g_then_full() {
+        let mut s = st(H200_141GB);
+        let mut ids = vec![];
+        for _ in 0..7 {
+            ids.push(s.create_gi(0, 19, None, nf()).unwrap().0);
+        }
+        // Driver places from the highest start down; GI id = 7 + start.
+        assert_eq!(ids, vec![13, 12, 11, 10, 9, 8, 7]);
+        assert_eq!(s.create_gi(0, 19, None, nf()), Err(Ret::INSUFFICIENT_RESOURCES));
+        assert_eq!(s.gi_remaining_capacity(0, 19), Ok(0));
+        assert_eq!(s.gi_remaining_capacity(0, 0), Ok(0));
+    }
+
+    #[test]
+    fn mixed_layout_and_ids() {
+        let mut s = st(A100_40GB);
+        assert_eq!(s.create_gi(0, 19, None, nf()).unwrap().0, 13);
+        assert_eq!(s.create_gi(0, 14, None, nf()).unwrap().0, 5);
+        assert_eq!(s.create_gi(0, 5, None, nf()).unwrap().0, 1);
+        assert_eq!(s.gi_remaining_capacity(0, 19), Ok(0), "compute slices 1+2+4 = 7");
+        let mut s = st(A100_40GB);
+        assert_eq!(s.create_gi(0, 9, None, nf()).unwrap().0, 2);
+        assert_eq!(s.create_gi(0, 9, None, nf()).unwrap().0, 1);
+        assert_eq!(s.create_gi(0, 9, None, nf()), Err(Ret::INSUFFICIENT_RESOURCES));
+    }
+
+    #[test]
+    fn placement_rules() {
+        let mut s = st(H100_80GB);
+        assert_eq!(s.create_gi(0, 14, Some((2, 2)), nf()).unwrap().0, 4);
+        assert_eq!(
+            s.create_gi(0, 14, Some((2, 2)), nf()),
+            Err(Ret::INSUFFICIENT_RESOURCES)
+        );
+        assert_eq!(
+            s.create_gi(0, 19, Some((3, 1)), nf()),
+            Err(Ret::INSUFFICIENT_RESOURCES)
+        );
+        assert_eq!(s.create_gi(0, 14, Some((1, 2)), nf()), Err(Ret::INVALID_ARGUMENT));
+        assert_eq!(s.create_gi(0, 14, Some((0, 1)), nf()), Err(Ret::INVALID_ARGUMENT));
+        assert_eq!(s.create_gi(0, 77, None, nf()), Err(Ret::INVALID_ARGUMENT));
+        assert_eq!(s.gi_remaining_capacity(0, 14), Ok(2));
+        assert_eq!(s.gi_remaining_capacity(0, 9), Ok(1), "3g at 4 still free");
+        assert_eq!(s.gi_remaining_capacity(0, 19), Ok(5));
+        // Only one +me instance.
+        s.create_gi(0, 20, None, nf()).unwrap();
+        assert_eq!(s.gi_remaining_capacity(0, 20), Ok(0));
+        assert_eq!(s.create_gi(0, 20, None, nf()), Err(Ret::INSUFFICIENT_RESOURCES));
+    }
+
+    #[test]
+    fn compute_instances_and_in_use() {
+        let mut s = st(A100_80GB);
+        let (gi, ser) = s.create_gi(0, 0, None, nf()).unwrap();
+        assert_eq!(gi, 0);
+        let m = A100_80GB;
+        let gp = m.gi_profile_by_id(0).unwrap();
+        let counts: Vec<(u32, u32)> = model::ci_profiles(m, gp)
+            .iter()
+            .map(|c| (c.id, c.instance_count))
+            .collect();
+        assert_eq!(counts, vec![(0, 7), (1, 3), (2, 2), (3, 1), (4, 1)]);
+        let (c0, c0s) = s.create_ci(0, gi, ser, 2, None, nf()).unwrap();
+        let (c1, _) = s.create_ci(0, gi, ser, 2, None, nf()).unwrap();
+        assert_eq!((c0, c1), (0, 1));
+        assert_eq!(s.ci_remaining_capacity(0, gi, ser, 0), Ok(1), "slice 3 only");
+        assert_eq!(
+            s.create_ci(0, gi, ser, 4, None, nf()),
+            Err(Ret::INSUFFICIENT_RESOURCES)
+        );
+        assert_eq!(s.destroy_gi(0, gi, ser, nf()), Err(Ret::IN_USE));
+        s.destroy_ci(0, gi, ser, c0, c0s, nf()).unwrap();
+        assert_eq!(
+            s.destroy_ci(0, gi, ser, c0, c0s, nf()),
+            Err(Ret::INVALID_ARGUMENT),
+            "stale handle"
+        );
+        let (c, _) = s.create_ci(0, gi, ser, 0, None, nf()).unwrap();
+        assert_eq!(c, 0, "lowest free CI id");
+        // 3g GI offers 1c, 2c, 3c only.
+        let gp3 = m.gi_profile_by_id(9).unwrap();
+        let ids: Vec<u32> = model::ci_profiles(m, gp3).iter().map(|c| c.id).collect();
+        assert_eq!(ids, vec![0, 1, 2]);
+        let gp1 = m.gi_profile_by_id(19).unwrap();
+        let one = model::ci_profiles(m, gp1);
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].name, "MIG 1g.10gb");
+    }
+
+    #[test]
+    fn mig_disabled_and_lost() {
+        let mut s = st(A100_40GB);
+        s.set_mig_mode(0, false).unwrap();
+        assert_eq!(s.create_gi(0, 19, None, nf()), Err(Ret::NOT_SUPPORTED));
+        assert_eq!(s.gi_remaining_capacity(0, 19), Err(Ret::NOT_SUPPORTED));
+        s.set_mig_mode(0, true).unwrap();
+        s.create_gi(0, 19, None, nf()).unwrap();
+        assert_eq!(s.set_mig_mode(0, false), Err(Ret::IN_USE));
+        s.gpus[0].lost = true;
+        assert_eq!(s.create_gi(0, 19, None, nf()), Err(Ret::GPU_IS_LOST));
+        assert_eq!(s.create_gi(1, 19, None, nf()), Err(Ret::INVALID_ARGUMENT));
+    }
+
+    #[test]
+    fn faults_consumed_in_order() {
+        let mut s = st(H200_141GB);
+        s.faults.gi_create = vec![Ret::UNKNOWN.0];
+        s.faults.destroy_in_use = 1;
+        let mut local = Faults {
+            gi_create: vec![Ret::NO_PERMISSION.0],
+            ..Faults::default()
+        };
+        let r = s.create_gi(0, 19, None, FaultSources { local: Some(&mut local) });
+        assert_eq!(r, Err(Ret::NO_PERMISSION));
+        assert_eq!(s.create_gi(0, 19, None, nf()), Err(Ret::UNKNOWN));
+        // Bad arguments do not consume a fault.
+        s.faults.ci_create = vec![Ret::INSUFFICIENT_RESOURCES.0];
+        let (gi, ser) = s.create_gi(0, 19, None, nf()).unwrap();
+        assert_eq!(s.create_ci(0, gi, ser, 6, None, nf()), Err(Ret::INVALID_ARGUMENT));
+        assert_eq!(
+            s.create_ci(0, gi, ser, 0, None, nf()),
+            Err(Ret::INSUFFICIENT_RESOURCES)
+        );
+        assert!(s.create_ci(0, gi, ser, 0, None, nf()).is_ok());
+        let (gi2, ser2) = s.create_gi(0, 19, None, nf()).unwrap();
+        assert_eq!(s.destroy_gi(0, gi2, ser2, nf()), Err(Ret::IN_USE));
+        assert_eq!(s.destroy_gi(0, gi2, ser2, nf()), Ok(()));
+        assert!(s.faults.is_empty());
+    }
+
+    #[test]
+    fn mig_minor_numbering() {
+        assert_eq!(model::gi_access_minor(0, 0), 3);
+        assert_eq!(model::ci_access_minor(0, 0, 0), 4);
+        assert_eq!(model::ci_access_minor(0, 0, 7), 11);
+        assert_eq!(model::gi_access_minor(0, 1), 12);
+        assert_eq!(model::gi_access_minor(1, 0), 138);
+        let t = model::mig_minors_text();
+        assert!(t.starts_with("config 1\nmonitor 2\ngpu0/gi0/access 3\ngpu0/gi0/ci0/access 4\n"));
+        assert!(t.ends_with("gpu31/gi14/ci7/access 4322\n"));
+        assert_eq!(t.lines().count(), 2 + 32 * 135);
+    }
+}

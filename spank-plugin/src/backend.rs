@@ -1,0 +1,47 @@
+//! The two decisions the plugin delegates to the shared crates: who may run for which tenant
+//! (tenancy-config) and how a task enters its job's isolation (tenancy-node).
+
+use std::path::Path;
+use tenancy_config::{Config, Identity, Resolved};
+
+/// Loads the config and resolves the submitter's tenant and profile; the error is the one line
+/// the user sees (without the `tenancy: ` prefix).
+pub fn decide(
+    config: Option<&Path>,
+    uid: u32,
+    account: Option<&str>,
+    tenant: Option<&str>,
+    mig: Option<&str>,
+) -> Result<Resolved, String> {
+    let config = Config::load(config).map_err(|e| {
+        format!(
+            "cannot read the tenancy config ({}); ask your admin",
+            one_line(&e.to_string())
+        )
+    })?;
+    let who = Identity::from_uid(uid)?;
+    config
+        .resolve(&who, account, tenant, mig)
+        .map_err(|refusal| refusal.to_string())
+}
+
+/// Puts task `pid` of `job` into the job's isolation; returns the variables to set in the task.
+pub fn enter(config: Option<&Path>, job: u64, pid: i32) -> Result<Vec<(String, String)>, String> {
+    let config = Config::load(config).map_err(|e| one_line(&e.to_string()))?;
+    node_enter(&config, job, pid)
+}
+
+// Until tenancy-node's task::enter lands, the task is refused (fail closed).
+fn node_enter(_config: &Config, job: u64, _pid: i32) -> Result<Vec<(String, String)>, String> {
+    Err(format!(
+        "job {job}: this build has no tenancy-node task entry yet (tenancy_node::task::enter)"
+    ))
+}
+
+fn one_line(s: &str) -> String {
+    s.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
