@@ -8,6 +8,7 @@ pub mod layer;
 pub mod layers;
 pub mod run;
 pub mod spine;
+pub mod task;
 
 pub use context::{EnvError, JobContext};
 pub use journal::{Journal, JournalDir, Step, StepState};

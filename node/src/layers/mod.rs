@@ -1,11 +1,35 @@
 //! Adapters that plug each isolation mechanism (crates under `layers/`) into the spine, in the
 //! order a job's isolation is built: MIG slice, job cgroup, device allowlist, scratch, network.
 
+mod mig;
+mod scratch;
+
+use crate::journal::JournalDir;
 use crate::layer::Layer;
 use tenancy_config::Config;
+use tenancy_mig::NodePlan;
 
 /// The layers of a node, in job-start order.
 pub fn for_node(config: &Config) -> Vec<Box<dyn Layer>> {
-    let _ = config;
-    Vec::new()
+    if let Some(fixture) = &config.cluster.nvml_shim_fixture {
+        // Only the NVML stand-in reads this; slurmd gives the prolog no environment to carry it.
+        std::env::set_var("NVML_SHIM_FIXTURE", fixture);
+    }
+    let journals = JournalDir::open(&config.cluster.state_dir);
+    let mut layers: Vec<Box<dyn Layer>> = Vec::new();
+    if let Ok(journals) = journals {
+        layers.push(Box::new(mig::MigLayer {
+            library: config.cluster.nvml_library.clone(),
+            plan: NodePlan {
+                models: config.mig_plan.clone(),
+                gpus: Default::default(),
+            },
+            journals,
+            nvml: None,
+        }));
+    }
+    layers.push(Box::new(scratch::Scratch {
+        root: config.cluster.scratch_root.clone(),
+    }));
+    layers
 }

@@ -1,0 +1,112 @@
+//! MIG layer: a GPU instance and compute instance of the job's own, through NVML.
+//!
+//! Placement is decided under the node lock (held by the spine for the whole prolog) from NVML's
+//! own view of occupied placements and, for the tier rule `share_gpu`, from the other jobs'
+//! journals. When slurmctld allocated a plan slot (GPU GRES, SLURM_JOB_GPUS), exactly that slot
+//! is created, so Slurm's accounting and the placement always agree.
+
+use crate::journal::{Journal, JournalDir};
+use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
+use serde_json::Value;
+use std::path::PathBuf;
+use tenancy_mig::{Mig, MigIntent, MigSlice, NodePlan, Occupant, Request};
+
+pub struct MigLayer {
+    pub library: Option<PathBuf>,
+    pub plan: NodePlan,
+    pub journals: JournalDir,
+    /// Opened on first use: jobs without a slice never load NVML.
+    pub nvml: Option<Mig>,
+}
+
+impl MigLayer {
+    fn nvml(&mut self) -> LayerResult<&Mig> {
+        if self.nvml.is_none() {
+            let mut mig = Mig::open(self.library.as_deref())?;
+            if !self.plan.models.is_empty() || !self.plan.gpus.is_empty() {
+                let gpus = mig.plan_gpus(true)?;
+                mig.set_plan(tenancy_mig::plan_slots(&self.plan, &gpus)?);
+            }
+            self.nvml = Some(mig);
+        }
+        Ok(self.nvml.as_ref().expect("just opened"))
+    }
+
+    /// Which tenants hold which GPUs, from the other jobs' journals.
+    fn occupants(&self, job_id: u64) -> LayerResult<Vec<Occupant>> {
+        let mut out = Vec::new();
+        for other in self.journals.others(job_id)? {
+            let slice = other
+                .steps
+                .iter()
+                .find(|s| s.layer == "mig")
+                .and_then(|s| s.made.as_ref().or(Some(&s.intent)))
+                .and_then(|v| v.get("gpu_uuid"))
+                .and_then(Value::as_str);
+            if let Some(uuid) = slice {
+                out.push(Occupant {
+                    gpu_uuid: uuid.to_string(),
+                    tenant: other.tenant.clone(),
+                    share_gpu: other.share_gpu,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Layer for MigLayer {
+    fn name(&self) -> &'static str {
+        "mig"
+    }
+
+    fn intend(&mut self, plan: &JobPlan, _: &Journal) -> LayerResult<Option<Value>> {
+        let Some(profile) = plan.profile.clone() else {
+            return Ok(None);
+        };
+        let occupants = self.occupants(plan.job_id)?;
+        let request = Request {
+            profile: Some(profile),
+            slot: plan.gres_gpus.as_ref().and_then(|g| g.first().copied()),
+            tenant: plan.tenant.clone(),
+            share_gpu: plan.tier.share_gpu,
+        };
+        let intent = self.nvml()?.choose(&request, &occupants)?;
+        Ok(Some(serde_json::to_value(intent)?))
+    }
+
+    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
+        let intent: MigIntent = serde_json::from_value(intent.clone())?;
+        let slice = self.nvml()?.create(&intent)?;
+        let compute_slices = compute_slices(&intent.profile);
+        let mut made = serde_json::to_value(&slice)?;
+        made["profile"] = intent.profile.clone().into();
+        made["compute_slices"] = compute_slices.unwrap_or(0).into();
+        Ok(made)
+    }
+
+    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
+        let intent: MigIntent = serde_json::from_value(intent.clone())?;
+        let made: Option<MigSlice> = match made {
+            Some(v) => Some(serde_json::from_value(v.clone())?),
+            None => None,
+        };
+        self.nvml()?
+            .destroy(&intent, made.as_ref())
+            .map(|_| ())
+            .map_err(LayerError::from)
+    }
+
+    fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
+        made.and_then(|m| m.get("mig_uuid"))
+            .or_else(|| intent.get("gpu_uuid"))
+            .and_then(Value::as_str)
+            .unwrap_or("mig")
+            .to_string()
+    }
+}
+
+/// Compute slices of a profile name (`3g.71gb` -> 3): the accounting unit.
+fn compute_slices(profile: &str) -> Option<u32> {
+    profile.split_once('g')?.0.parse().ok()
+}
