@@ -32,10 +32,8 @@ pub fn enter(config: Option<&Path>, job: u64, pid: i32) -> Result<Vec<(String, S
 }
 
 // Until tenancy-node's task::enter lands, the task is refused (fail closed).
-fn node_enter(_config: &Config, job: u64, _pid: i32) -> Result<Vec<(String, String)>, String> {
-    Err(format!(
-        "job {job}: this build has no tenancy-node task entry yet (tenancy_node::task::enter)"
-    ))
+fn node_enter(_config: &Config, _job: u64, _pid: i32) -> Result<Vec<(String, String)>, String> {
+    Err("this build has no tenancy-node task entry yet (tenancy_node::task::enter)".to_string())
 }
 
 fn one_line(s: &str) -> String {

@@ -223,7 +223,19 @@ fn plugin_options_refusals_and_handoff_to_prolog() {
     let o = cluster.run(c).unwrap();
     assert!(o.status.success(), "accepted submit failed: {}", stderr(&o));
     let id = submitted_id(&o).unwrap();
-    let _ = cluster.wait_job_done(id, Duration::from_secs(30));
+    let info = cluster.wait_job_done(id, Duration::from_secs(30)).unwrap();
+    // This Prolog wrote no journal: the task side fails closed. The step fails with the
+    // plugin's message before the script runs; slurmstepd survives and the node stays up.
+    assert_eq!(info["JobState"], "FAILED", "{info:?}");
+    let out = fs::read_to_string(cluster.user_dir(&acme1).join(format!("slurm-{id}.out"))).unwrap();
+    assert!(
+        out.contains(&format!(
+            "tenancy: job {id}: cannot put the task into its isolation"
+        )),
+        "{out}"
+    );
+    assert!(!out.lines().any(|l| l == "ran"), "user code ran: {out}");
+    assert_eq!(cluster.node_state().unwrap(), "idle");
     let env = fs::read_to_string(base.join(format!("prolog-env.{id}"))).expect("prolog ran");
     assert!(
         env.lines().any(|l| l == "SPANK_TENANCY_TENANT=acme"),

@@ -83,11 +83,21 @@ pub fn render(findings: &[Finding], format: Format) -> anyhow::Result<String> {
             s
         }
         Format::Table => {
-            let w = findings.iter().map(|f| f.check.len()).max().unwrap_or(5).max(5);
+            let w = findings
+                .iter()
+                .map(|f| f.check.len())
+                .max()
+                .unwrap_or(5)
+                .max(5);
             let mut s = format!("{:<w$}  {:<5}  MESSAGE\n", "CHECK", "LEVEL");
             for f in findings {
                 let sev = serde_json::to_value(f.severity)?;
-                s += &format!("{:<w$}  {:<5}  {}\n", f.check, sev.as_str().unwrap_or(""), f.message);
+                s += &format!(
+                    "{:<w$}  {:<5}  {}\n",
+                    f.check,
+                    sev.as_str().unwrap_or(""),
+                    f.message
+                );
                 if let Some(r) = &f.remedy {
                     s += &format!("{:<w$}  {:<5}  -> {}\n", "", "", r);
                 }
@@ -112,7 +122,11 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
             });
             print!("{}", render(&findings, a.format)?);
             let bad = findings.iter().any(|f| f.severity == Severity::Error);
-            Ok(if bad { ExitCode::from(1) } else { ExitCode::SUCCESS })
+            Ok(if bad {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         DevicesCmd::Query(a) => {
             let (ids, flags) = crate::v2::query(&a.cgroup)?;

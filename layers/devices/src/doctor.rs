@@ -123,8 +123,18 @@ pub fn doctor(p: &DoctorParams) -> Vec<Finding> {
         None,
     ));
     out.push(match &layout.v1_devices {
-        Some(d) => f("cgroup.v1_devices", Severity::Info, format!("v1 devices controller mounted at {}", d.display()), None),
-        None => f("cgroup.v1_devices", Severity::Info, "v1 devices controller not mounted".into(), None),
+        Some(d) => f(
+            "cgroup.v1_devices",
+            Severity::Info,
+            format!("v1 devices controller mounted at {}", d.display()),
+            None,
+        ),
+        None => f(
+            "cgroup.v1_devices",
+            Severity::Info,
+            "v1 devices controller not mounted".into(),
+            None,
+        ),
     });
     let target = Target::owned_for(&layout);
     match &target {
@@ -134,20 +144,44 @@ pub fn doctor(p: &DoctorParams) -> Vec<Finding> {
             format!(
                 "job cgroups go under {}/tenancy/<tenant>/job_<id> ({})",
                 root.display(),
-                if *backend == Backend::V2 { "cgroup v2 BPF device program, BPF_F_ALLOW_MULTI" } else { "cgroup v1 devices rules" }
+                if *backend == Backend::V2 {
+                    "cgroup v2 BPF device program, BPF_F_ALLOW_MULTI"
+                } else {
+                    "cgroup v1 devices rules"
+                }
             ),
             None,
         )),
         Ok(_) => {}
-        Err(e) => out.push(f("devices.backend", Severity::Error, e.to_string(), Some("mount cgroup2 (or the v1 devices controller)"))),
+        Err(e) => out.push(f(
+            "devices.backend",
+            Severity::Error,
+            e.to_string(),
+            Some("mount cgroup2 (or the v1 devices controller)"),
+        )),
     }
-    let v2_backend = matches!(target, Ok(Target::Owned { backend: Backend::V2, .. }));
+    let v2_backend = matches!(
+        target,
+        Ok(Target::Owned {
+            backend: Backend::V2,
+            ..
+        })
+    );
     if p.probe_bpf {
         match crate::v2::probe() {
-            Ok(()) => out.push(f("bpf.syscall", Severity::Ok, "bpf(2) loads a cgroup device program".into(), None)),
+            Ok(()) => out.push(f(
+                "bpf.syscall",
+                Severity::Ok,
+                "bpf(2) loads a cgroup device program".into(),
+                None,
+            )),
             Err(e) => out.push(f(
                 "bpf.syscall",
-                if v2_backend { Severity::Error } else { Severity::Warn },
+                if v2_backend {
+                    Severity::Error
+                } else {
+                    Severity::Warn
+                },
                 format!("bpf(2) BPF_PROG_LOAD of a cgroup device program failed: {e}"),
                 Some(match e.raw_os_error() {
                     Some(libc::ENOSYS) => "kernel needs CONFIG_BPF_SYSCALL and CONFIG_CGROUP_BPF",
@@ -170,7 +204,10 @@ fn slurm_checks(p: &DoctorParams, layout: &CgroupLayout, out: &mut Vec<Finding>)
             out.push(f(
                 "slurm.cgroup_conf",
                 Severity::Info,
-                format!("{}: {e}: Slurm cgroup settings not checked", p.slurm_cgroup_conf.display()),
+                format!(
+                    "{}: {e}: Slurm cgroup settings not checked",
+                    p.slurm_cgroup_conf.display()
+                ),
                 None,
             ));
             return;
@@ -212,7 +249,11 @@ fn slurm_checks(p: &DoctorParams, layout: &CgroupLayout, out: &mut Vec<Finding>)
     out.push(f(
         "slurm.constrain_devices",
         sev,
-        if extra.is_empty() { msg } else { format!("{msg}: {extra}") },
+        if extra.is_empty() {
+            msg
+        } else {
+            format!("{msg}: {extra}")
+        },
         remedy,
     ));
 }
@@ -225,15 +266,26 @@ fn driver_checks(p: &DoctorParams, out: &mut Vec<Finding>) {
                 out.push(f(
                     "nvidia.driver",
                     Severity::Info,
-                    format!("no NVIDIA character major in {}: no GPU device to restrict", p.driver.proc_devices.display()),
+                    format!(
+                        "no NVIDIA character major in {}: no GPU device to restrict",
+                        p.driver.proc_devices.display()
+                    ),
                     None,
                 ));
             } else {
                 let names: Vec<String> = m.all.iter().map(|(n, v)| format!("{n}={v}")).collect();
                 out.push(f(
                     "nvidia.driver",
-                    if m.nvidia.is_some() && m.uvm.is_some() { Severity::Ok } else { Severity::Warn },
-                    format!("NVIDIA majors: {}; mig-minors: {} access entries", names.join(", "), d.mig.access.len()),
+                    if m.nvidia.is_some() && m.uvm.is_some() {
+                        Severity::Ok
+                    } else {
+                        Severity::Warn
+                    },
+                    format!(
+                        "NVIDIA majors: {}; mig-minors: {} access entries",
+                        names.join(", "),
+                        d.mig.access.len()
+                    ),
                     None,
                 ));
                 if m.caps.is_none() {
@@ -241,7 +293,12 @@ fn driver_checks(p: &DoctorParams, out: &mut Vec<Finding>) {
                 }
             }
         }
-        Err(e) => out.push(f("nvidia.driver", Severity::Error, e.to_string(), Some("fix the driver files or pass the right paths"))),
+        Err(e) => out.push(f(
+            "nvidia.driver",
+            Severity::Error,
+            e.to_string(),
+            Some("fix the driver files or pass the right paths"),
+        )),
     }
 }
 
@@ -252,39 +309,73 @@ pub fn self_check() -> Finding {
             nvidia: Some(195),
             uvm: Some(509),
             caps: Some(508),
-            all: vec![("nvidia-frontend".into(), 195), ("nvidia-caps".into(), 508), ("nvidia-uvm".into(), 509)],
+            all: vec![
+                ("nvidia-frontend".into(), 195),
+                ("nvidia-caps".into(), 508),
+                ("nvidia-uvm".into(), 509),
+            ],
         },
         mig: crate::driver::MigMinors {
             config: Some(1),
             monitor: Some(2),
             access: vec![
-                crate::driver::CapMinor { gpu: 0, gi: 1, ci: None, minor: 12 },
-                crate::driver::CapMinor { gpu: 0, gi: 1, ci: Some(0), minor: 13 },
+                crate::driver::CapMinor {
+                    gpu: 0,
+                    gi: 1,
+                    ci: None,
+                    minor: 12,
+                },
+                crate::driver::CapMinor {
+                    gpu: 0,
+                    gi: 1,
+                    ci: Some(0),
+                    minor: 13,
+                },
             ],
             other: vec![],
         },
     };
-    let res = DevicePolicy::for_job(&drv, &[SliceRef { gpu_minor: 0, gi_id: 1, ci_id: 0 }], &[])
-        .map_err(|e| e.to_string())
-        .and_then(|p| {
-            let prog = bpf::generate(&p);
-            for ma in [1, 195, 508, 509] {
-                for mi in [0, 1, 2, 3, 12, 13, 255] {
-                    for acc in 1..8u8 {
-                        let want = p.decide(DevType::Char, ma, mi, Access(acc)) == crate::policy::Verdict::Allow;
-                        let got = bpf::interp::run(&prog, (acc as u32) << 16 | bpf::DEVCG_DEV_CHAR, ma, mi)
+    let res = DevicePolicy::for_job(
+        &drv,
+        &[SliceRef {
+            gpu_minor: 0,
+            gi_id: 1,
+            ci_id: 0,
+        }],
+        &[],
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|p| {
+        let prog = bpf::generate(&p);
+        for ma in [1, 195, 508, 509] {
+            for mi in [0, 1, 2, 3, 12, 13, 255] {
+                for acc in 1..8u8 {
+                    let want = p.decide(DevType::Char, ma, mi, Access(acc))
+                        == crate::policy::Verdict::Allow;
+                    let got =
+                        bpf::interp::run(&prog, (acc as u32) << 16 | bpf::DEVCG_DEV_CHAR, ma, mi)
                             .map_err(|e| e.to_string())?;
-                        if (got == 1) != want {
-                            return Err(format!("c {ma}:{mi} access {acc}: program says {got}"));
-                        }
+                    if (got == 1) != want {
+                        return Err(format!("c {ma}:{mi} access {acc}: program says {got}"));
                     }
                 }
             }
-            Ok(prog.len())
-        });
+        }
+        Ok(prog.len())
+    });
     match res {
-        Ok(n) => f("devices.selfcheck", Severity::Ok, format!("generated device program ({n} insns) agrees with the policy"), None),
-        Err(e) => f("devices.selfcheck", Severity::Error, format!("generator disagrees with the policy: {e}"), Some("do not deploy this build")),
+        Ok(n) => f(
+            "devices.selfcheck",
+            Severity::Ok,
+            format!("generated device program ({n} insns) agrees with the policy"),
+            None,
+        ),
+        Err(e) => f(
+            "devices.selfcheck",
+            Severity::Error,
+            format!("generator disagrees with the policy: {e}"),
+            Some("do not deploy this build"),
+        ),
     }
 }
 
@@ -296,23 +387,36 @@ mod tests {
     fn run(mountinfo: &str, cgconf: Option<&str>) -> Vec<Finding> {
         let dir = tempfile::tempdir().unwrap();
         let mi = dir.path().join("mountinfo");
-        std::fs::File::create(&mi).unwrap().write_all(mountinfo.as_bytes()).unwrap();
+        std::fs::File::create(&mi)
+            .unwrap()
+            .write_all(mountinfo.as_bytes())
+            .unwrap();
         let cc = dir.path().join("cgroup.conf");
         if let Some(c) = cgconf {
             std::fs::write(&cc, c).unwrap();
         }
-        std::fs::write(dir.path().join("devices"), "Character devices:\n195 nvidia\n508 nvidia-caps\n509 nvidia-uvm\n").unwrap();
+        std::fs::write(
+            dir.path().join("devices"),
+            "Character devices:\n195 nvidia\n508 nvidia-caps\n509 nvidia-uvm\n",
+        )
+        .unwrap();
         std::fs::write(dir.path().join("mig"), "config 1\nmonitor 2\n").unwrap();
         doctor(&DoctorParams {
             mountinfo: mi,
             slurm_cgroup_conf: cc,
-            driver: DriverPaths { proc_devices: dir.path().join("devices"), mig_minors: dir.path().join("mig") },
+            driver: DriverPaths {
+                proc_devices: dir.path().join("devices"),
+                mig_minors: dir.path().join("mig"),
+            },
             probe_bpf: false,
         })
     }
 
     fn sev(v: &[Finding], check: &str) -> Severity {
-        v.iter().find(|x| x.check == check).unwrap_or_else(|| panic!("{check} in {v:?}")).severity
+        v.iter()
+            .find(|x| x.check == check)
+            .unwrap_or_else(|| panic!("{check} in {v:?}"))
+            .severity
     }
 
     const PURE: &str = "30 24 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
@@ -320,7 +424,10 @@ mod tests {
 
     #[test]
     fn pure_v2_with_constrain_devices_is_an_error() {
-        let v = run(PURE, Some("CgroupPlugin=autodetect\nConstrainDevices=yes # gpus\n"));
+        let v = run(
+            PURE,
+            Some("CgroupPlugin=autodetect\nConstrainDevices=yes # gpus\n"),
+        );
         assert_eq!(sev(&v, "slurm.constrain_devices"), Severity::Error);
         let v = run(PURE, Some("ConstrainDevices=no\n"));
         assert_eq!(sev(&v, "slurm.constrain_devices"), Severity::Warn);
@@ -328,7 +435,10 @@ mod tests {
 
     #[test]
     fn hybrid_is_ok() {
-        let v = run(HYBRID, Some("CgroupPlugin=autodetect\nConstrainDevices=yes\n"));
+        let v = run(
+            HYBRID,
+            Some("CgroupPlugin=autodetect\nConstrainDevices=yes\n"),
+        );
         assert_eq!(sev(&v, "slurm.constrain_devices"), Severity::Ok);
         assert_eq!(sev(&v, "devices.backend"), Severity::Ok);
         assert_eq!(sev(&v, "nvidia.driver"), Severity::Ok);
@@ -345,11 +455,19 @@ mod tests {
 
     #[test]
     fn conf_parse() {
-        let c = SlurmCgroupConf::parse("cgroupplugin = cgroup/v2\n#ConstrainDevices=yes\nCONSTRAINDEVICES=Yes\n");
+        let c = SlurmCgroupConf::parse(
+            "cgroupplugin = cgroup/v2\n#ConstrainDevices=yes\nCONSTRAINDEVICES=Yes\n",
+        );
         assert_eq!(c.plugin.as_deref(), Some("cgroup/v2"));
         assert_eq!(c.constrain_devices, Some(true));
         assert_eq!(c.effective_version(LayoutKind::Hybrid), 2);
-        assert_eq!(SlurmCgroupConf::default().effective_version(LayoutKind::Hybrid), 1);
-        assert_eq!(SlurmCgroupConf::default().effective_version(LayoutKind::Unified), 2);
+        assert_eq!(
+            SlurmCgroupConf::default().effective_version(LayoutKind::Hybrid),
+            1
+        );
+        assert_eq!(
+            SlurmCgroupConf::default().effective_version(LayoutKind::Unified),
+            2
+        );
     }
 }

@@ -102,9 +102,9 @@ impl MigMinors {
                 "config" => m.config = Some(minor),
                 "monitor" => m.monitor = Some(minor),
                 n if n.starts_with("gpu") => {
-                    let (gpu, gi, ci) =
-                        parse_cap_name(n).ok_or_else(|| perr("malformed gpu<N>/gi<G>[/ci<C>]/access"))?;
-                    if keep.map_or(true, |k| k(gpu, gi, ci)) {
+                    let (gpu, gi, ci) = parse_cap_name(n)
+                        .ok_or_else(|| perr("malformed gpu<N>/gi<G>[/ci<C>]/access"))?;
+                    if keep.is_none() || keep.is_some_and(|k| k(gpu, gi, ci)) {
                         m.access.push(CapMinor { gpu, gi, ci, minor });
                     }
                 }
@@ -231,7 +231,11 @@ fn read(path: &Path) -> Result<String> {
 
 impl DriverInfo {
     /// Parse both files from text (for tests and callers that already hold the contents).
-    pub fn parse(proc_devices: &str, mig_minors: Option<&str>, paths: &DriverPaths) -> Result<Self> {
+    pub fn parse(
+        proc_devices: &str,
+        mig_minors: Option<&str>,
+        paths: &DriverPaths,
+    ) -> Result<Self> {
         let majors = NvidiaMajors::parse(proc_devices, &paths.proc_devices)?;
         let mig = match mig_minors {
             Some(t) => MigMinors::parse(t, &paths.mig_minors, None)?,
@@ -320,7 +324,10 @@ mod tests {
             "gpu0/gi1/access 3\ngpu0/gi1/access 4",
             "config 1 2",
         ] {
-            assert!(MigMinors::parse(bad, Path::new("m"), None).is_err(), "{bad}");
+            assert!(
+                MigMinors::parse(bad, Path::new("m"), None).is_err(),
+                "{bad}"
+            );
         }
         let keep = |g: u32, gi: u32, _ci: Option<u32>| g == 1 && gi == 2;
         let m = MigMinors::parse(t, Path::new("m"), Some(&keep)).unwrap();

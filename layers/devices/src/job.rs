@@ -167,7 +167,11 @@ pub fn create_owned(root: &Path, tenant: &str, job_id: u64) -> Result<(PathBuf, 
     let r = open_dir(root)?;
     let (p, _) = mkdir_at(&r, PRODUCT_DIR, root)?;
     let (t, _) = mkdir_at(&p, tenant, &root.join(PRODUCT_DIR))?;
-    let (_, created) = mkdir_at(&t, &format!("job_{job_id}"), &root.join(PRODUCT_DIR).join(tenant))?;
+    let (_, created) = mkdir_at(
+        &t,
+        &format!("job_{job_id}"),
+        &root.join(PRODUCT_DIR).join(tenant),
+    )?;
     Ok((path, created))
 }
 

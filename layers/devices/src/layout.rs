@@ -74,18 +74,25 @@ impl CgroupLayout {
             }
             let mnt = PathBuf::from(unescape(pre[4]));
             match post[0] {
-                "cgroup2" => {
-                    if v2_root.is_none() {
-                        v2_root = Some(mnt)
-                    }
-                }
+                "cgroup2" if v2_root.is_none() => v2_root = Some(mnt),
                 "cgroup" => {
                     for opt in post[2].split(',') {
                         let known = matches!(
                             opt,
-                            "cpu" | "cpuacct" | "cpuset" | "memory" | "devices" | "freezer"
-                                | "net_cls" | "blkio" | "perf_event" | "net_prio" | "hugetlb"
-                                | "pids" | "rdma" | "misc"
+                            "cpu"
+                                | "cpuacct"
+                                | "cpuset"
+                                | "memory"
+                                | "devices"
+                                | "freezer"
+                                | "net_cls"
+                                | "blkio"
+                                | "perf_event"
+                                | "net_prio"
+                                | "hugetlb"
+                                | "pids"
+                                | "rdma"
+                                | "misc"
                         );
                         if known && !v1_controllers.iter().any(|c| c == opt) {
                             v1_controllers.push(opt.to_string());
@@ -145,8 +152,14 @@ mod tests {
     fn hybrid() {
         let l = CgroupLayout::parse(HYBRID);
         assert_eq!(l.kind, LayoutKind::Hybrid);
-        assert_eq!(l.v1_devices.as_deref(), Some(Path::new("/sys/fs/cgroup/devices")));
-        assert_eq!(l.v2_root.as_deref(), Some(Path::new("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            l.v1_devices.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/devices"))
+        );
+        assert_eq!(
+            l.v2_root.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/unified"))
+        );
         assert_eq!(l.v1_controllers, vec!["cpu", "devices"]);
     }
 
@@ -156,7 +169,11 @@ mod tests {
         assert_eq!(l.kind, LayoutKind::Unified);
         assert_eq!(l.v2_root.as_deref(), Some(Path::new("/sys/fs/cgroup")));
         assert!(l.v1_devices.is_none());
-        let legacy: String = HYBRID.lines().filter(|l| !l.contains("cgroup2")).map(|l| format!("{l}\n")).collect();
+        let legacy: String = HYBRID
+            .lines()
+            .filter(|l| !l.contains("cgroup2"))
+            .map(|l| format!("{l}\n"))
+            .collect();
         assert_eq!(CgroupLayout::parse(&legacy).kind, LayoutKind::Legacy);
         assert_eq!(CgroupLayout::parse("").kind, LayoutKind::None);
         // name=systemd alone is not a controller

@@ -5,7 +5,9 @@
 //! 2. else if the device is a character device of a major in `deny_majors`: deny;
 //! 3. else: allow (devices of other majors are not this layer's business).
 
-use crate::driver::{DriverInfo, NVIDIACTL_MINOR, NVIDIA_MODESET_MINOR, UVM_MINOR, UVM_TOOLS_MINOR};
+use crate::driver::{
+    DriverInfo, NVIDIACTL_MINOR, NVIDIA_MODESET_MINOR, UVM_MINOR, UVM_TOOLS_MINOR,
+};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -147,7 +149,9 @@ impl FromStr for DeviceClass {
             if x.is_empty() || !x.bytes().all(|b| b.is_ascii_digit()) || x.len() > 8 {
                 return Err(bad(&format!("{what} must be a number or *")));
             }
-            let v: u32 = x.parse().map_err(|_| bad(&format!("{what} out of range")))?;
+            let v: u32 = x
+                .parse()
+                .map_err(|_| bad(&format!("{what} out of range")))?;
             if v >= 1 << bits {
                 return Err(bad(&format!("{what} out of range")));
             }
@@ -262,7 +266,10 @@ impl DevicePolicy {
                 DeviceClass::char(nv, NVIDIACTL_MINOR, Access::RW),
                 "nvidiactl".into(),
             );
-            push(DeviceClass::char(uvm, UVM_MINOR, Access::RW), "nvidia-uvm".into());
+            push(
+                DeviceClass::char(uvm, UVM_MINOR, Access::RW),
+                "nvidia-uvm".into(),
+            );
             push(
                 DeviceClass::char(uvm, UVM_TOOLS_MINOR, Access::RW),
                 "nvidia-uvm-tools".into(),
@@ -382,8 +389,16 @@ pub(crate) mod tests {
             assert_eq!(serde_json::from_str::<DeviceClass>(&j).unwrap(), c);
         }
         for s in [
-            "a *:* rwm", "c 1:* ", "c 1 rwm", "c 1:x r", "c 4096:0 r", "c 1:1 rr", "c 1:1 q",
-            "x 1:1 r", "c -1:1 r", "c 1:1 r extra",
+            "a *:* rwm",
+            "c 1:* ",
+            "c 1 rwm",
+            "c 1:x r",
+            "c 4096:0 r",
+            "c 1:1 rr",
+            "c 1:1 q",
+            "x 1:1 r",
+            "c -1:1 r",
+            "c 1:1 r extra",
         ] {
             assert!(s.parse::<DeviceClass>().is_err(), "{s}");
         }
@@ -396,10 +411,10 @@ pub(crate) mod tests {
         let p = job_a();
         let rw = Access::RW;
         let table: &[(DevType, u32, u32, Access, Verdict)] = &[
-            (Char, 195, 255, rw, Allow),         // nvidiactl
-            (Char, 195, 255, Access::RWM, Deny), // no mknod
-            (Char, 195, 0, rw, Allow),           // own GPU
-            (Char, 195, 1, rw, Deny),            // other GPU
+            (Char, 195, 255, rw, Allow),           // nvidiactl
+            (Char, 195, 255, Access::RWM, Deny),   // no mknod
+            (Char, 195, 0, rw, Allow),             // own GPU
+            (Char, 195, 1, rw, Deny),              // other GPU
             (Char, 195, 254, Access::READ, Allow), // extra r
             (Char, 195, 254, rw, Deny),
             (Char, 237, 0, rw, Allow),
@@ -430,10 +445,7 @@ pub(crate) mod tests {
         assert!(p.allow.is_empty());
         assert_eq!(p.deny_majors, vec![195, 234, 235, 237]);
         for (ma, mi) in [(195, 255), (195, 0), (237, 0), (235, 12)] {
-            assert_eq!(
-                p.decide(DevType::Char, ma, mi, Access::READ),
-                Verdict::Deny
-            );
+            assert_eq!(p.decide(DevType::Char, ma, mi, Access::READ), Verdict::Deny);
         }
     }
 

@@ -52,21 +52,36 @@ pub fn apply(cgroup_dir: &Path, policy: &DevicePolicy) -> Result<V2Attached> {
 }
 
 /// [`apply`] with explicit attach flags (tests of the flag interplay; keep [`ATTACH_FLAGS`]).
-pub fn apply_with_flags(cgroup_dir: &Path, policy: &DevicePolicy, flags: u32) -> Result<V2Attached> {
+pub fn apply_with_flags(
+    cgroup_dir: &Path,
+    policy: &DevicePolicy,
+    flags: u32,
+) -> Result<V2Attached> {
     let insns = bpf::generate(policy);
     let cg = open_dir(cgroup_dir)?;
     let prog = sys::prog_load(&insns).map_err(|(e, log)| Error::Bpf {
         cmd: "PROG_LOAD",
-        what: format!("device program ({} insns) for {}", insns.len(), cgroup_dir.display()),
+        what: format!(
+            "device program ({} insns) for {}",
+            insns.len(),
+            cgroup_dir.display()
+        ),
         source: e,
-        log: if log.is_empty() { log } else { format!("\nverifier log:\n{log}") },
+        log: if log.is_empty() {
+            log
+        } else {
+            format!("\nverifier log:\n{log}")
+        },
     })?;
     let (prog_id, _) = sys::prog_info(prog.as_fd())
         .map_err(|e| bpf_err("OBJ_GET_INFO_BY_FD", "new device program".into(), e))?;
     sys::prog_attach(cg.as_fd(), prog.as_fd(), flags).map_err(|e| {
         bpf_err(
             "PROG_ATTACH",
-            format!("program {prog_id} to {} (flags {flags})", cgroup_dir.display()),
+            format!(
+                "program {prog_id} to {} (flags {flags})",
+                cgroup_dir.display()
+            ),
             e,
         )
     })?;
@@ -104,7 +119,13 @@ pub fn detach(cgroup_dir: &Path, prog_id: u32) -> Result<Detached> {
     let prog = match sys::prog_get_fd_by_id(prog_id) {
         Ok(p) => p,
         Err(e) if not_found(&e) => return Ok(Detached::AlreadyGone),
-        Err(e) => return Err(bpf_err("PROG_GET_FD_BY_ID", format!("program {prog_id}"), e)),
+        Err(e) => {
+            return Err(bpf_err(
+                "PROG_GET_FD_BY_ID",
+                format!("program {prog_id}"),
+                e,
+            ))
+        }
     };
     let (_, name) = sys::prog_info(prog.as_fd())
         .map_err(|e| bpf_err("OBJ_GET_INFO_BY_FD", format!("program {prog_id}"), e))?;

@@ -49,6 +49,21 @@ pub fn validate(prog: &[Insn]) -> Result<(), InterpError> {
             return Err(err(pc, "register out of range"));
         }
     }
+    // Every instruction must be reachable (the kernel verifier rejects dead code).
+    let mut reach = vec![false; prog.len()];
+    reach[0] = true;
+    for pc in 0..prog.len() {
+        if !reach[pc] {
+            return Err(err(pc, "unreachable instruction"));
+        }
+        let i = prog[pc];
+        if is_jmp(i.code) {
+            reach[pc + 1 + i.off as usize] = true;
+        }
+        if i.code != op::JA && i.code != op::EXIT && pc + 1 < prog.len() {
+            reach[pc + 1] = true;
+        }
+    }
     Ok(())
 }
 
@@ -152,12 +167,31 @@ mod tests {
         assert!(validate(&[i(op::JA, 0, 0, -1, 0), i(op::EXIT, 0, 0, 0, 0)]).is_err()); // backward
         assert!(validate(&[i(op::JA, 0, 0, 5, 0), i(op::EXIT, 0, 0, 0, 0)]).is_err()); // out of bounds
         assert!(validate(&[i(op::LDXW, 2, 1, 12, 0), i(op::EXIT, 0, 0, 0, 0)]).is_err()); // past ctx
+                                                                                          // dead code after exit
+        let dead = [
+            i(op::MOV64_IMM, 0, 0, 0, 1),
+            i(op::EXIT, 0, 0, 0, 0),
+            i(op::MOV64_IMM, 0, 0, 0, 0),
+            i(op::EXIT, 0, 0, 0, 0),
+        ];
+        assert!(validate(&dead).unwrap_err().msg.contains("unreachable"));
         // r0 uninitialized at exit
         assert!(run(&[i(op::EXIT, 0, 0, 0, 0)], 0, 0, 0).is_err());
         // r0 = 2 is not a device verdict
-        assert!(run(&[i(op::MOV64_IMM, 0, 0, 0, 2), i(op::EXIT, 0, 0, 0, 0)], 0, 0, 0).is_err());
+        assert!(run(
+            &[i(op::MOV64_IMM, 0, 0, 0, 2), i(op::EXIT, 0, 0, 0, 0)],
+            0,
+            0,
+            0
+        )
+        .is_err());
         assert_eq!(
-            run(&[i(op::MOV64_IMM, 0, 0, 0, 1), i(op::EXIT, 0, 0, 0, 0)], 0, 0, 0),
+            run(
+                &[i(op::MOV64_IMM, 0, 0, 0, 1), i(op::EXIT, 0, 0, 0, 0)],
+                0,
+                0,
+                0
+            ),
             Ok(1)
         );
     }

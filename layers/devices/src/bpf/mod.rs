@@ -142,8 +142,11 @@ pub fn generate(policy: &DevicePolicy) -> Vec<Insn> {
     a.ins(op::MOV64_IMM, 0, 0, 0, 1);
     a.ins(op::EXIT, 0, 0, 0, 0);
     let deny_at = a.insns.len();
-    a.ins(op::MOV64_IMM, 0, 0, 0, 0);
-    a.ins(op::EXIT, 0, 0, 0, 0);
+    // The verifier rejects unreachable code: emit the deny tail only when something jumps there.
+    if a.fix.iter().any(|(_, t)| matches!(t, Target::Deny)) {
+        a.ins(op::MOV64_IMM, 0, 0, 0, 0);
+        a.ins(op::EXIT, 0, 0, 0, 0);
+    }
     for &(i, t) in &a.fix {
         let dest = match t {
             Target::Next(k) => a.next[k],
@@ -222,27 +225,52 @@ mod tests {
         let p = DevicePolicy::for_job(&driver(), &[], &[]).unwrap();
         let prog = generate(&p);
         interp::validate(&prog).unwrap();
-        assert_eq!(verdict(&prog, DevType::Char, 195, 255, Access::READ), Verdict::Deny);
-        assert_eq!(verdict(&prog, DevType::Char, 1, 3, Access::READ), Verdict::Allow);
+        assert_eq!(
+            verdict(&prog, DevType::Char, 195, 255, Access::READ),
+            Verdict::Deny
+        );
+        assert_eq!(
+            verdict(&prog, DevType::Char, 1, 3, Access::READ),
+            Verdict::Allow
+        );
         // without any NVIDIA major: allow everything
         let p = DevicePolicy::for_job(&Default::default(), &[], &[]).unwrap();
         let prog = generate(&p);
-        assert_eq!(prog.len(), 10); // 6 loads/shifts + allow/deny tails
-        assert_eq!(verdict(&prog, DevType::Char, 195, 0, Access::RWM), Verdict::Allow);
+        assert_eq!(prog.len(), 8); // 6 loads/shifts + allow tail, no unreachable deny tail
+        assert_eq!(
+            verdict(&prog, DevType::Char, 195, 0, Access::RWM),
+            Verdict::Allow
+        );
     }
 
     fn arb_policy() -> impl Strategy<Value = DevicePolicy> {
         let slices = proptest::sample::subsequence(
             vec![
-                SliceRef { gpu_minor: 0, gi_id: 1, ci_id: 0 },
-                SliceRef { gpu_minor: 0, gi_id: 2, ci_id: 0 },
-                SliceRef { gpu_minor: 1, gi_id: 1, ci_id: 0 },
+                SliceRef {
+                    gpu_minor: 0,
+                    gi_id: 1,
+                    ci_id: 0,
+                },
+                SliceRef {
+                    gpu_minor: 0,
+                    gi_id: 2,
+                    ci_id: 0,
+                },
+                SliceRef {
+                    gpu_minor: 1,
+                    gi_id: 1,
+                    ci_id: 0,
+                },
             ],
             0..=3,
         );
         let extras = proptest::collection::vec(
-            (any::<bool>(), proptest::option::of(prop_oneof![Just(1u32), Just(195), Just(235), 0u32..300]),
-             proptest::option::of(0u32..300), 1u8..8),
+            (
+                any::<bool>(),
+                proptest::option::of(prop_oneof![Just(1u32), Just(195), Just(235), 0u32..300]),
+                proptest::option::of(0u32..300),
+                1u8..8,
+            ),
             0..4,
         );
         (slices, extras).prop_filter_map("valid", |(s, ex)| {

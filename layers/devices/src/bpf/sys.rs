@@ -166,7 +166,10 @@ pub fn prog_info(prog: BorrowedFd<'_>) -> io::Result<(u32, String)> {
     };
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     let end = info.name.iter().position(|&b| b == 0).unwrap_or(16);
-    Ok((info.id, String::from_utf8_lossy(&info.name[..end]).into_owned()))
+    Ok((
+        info.id,
+        String::from_utf8_lossy(&info.name[..end]).into_owned(),
+    ))
 }
 
 /// Open a program by id. ENOENT when it no longer exists.

@@ -1,0 +1,239 @@
+//! cgroup v2 (BPF device program) integration tests. Root only; they use the cgroup2 mount
+//! (/sys/fs/cgroup/unified on the hybrid test machine, /sys/fs/cgroup on pure v2).
+
+mod common;
+use common::*;
+use std::path::PathBuf;
+use tenancy_devices::bpf::sys;
+use tenancy_devices::job::{self, Backend, Target};
+use tenancy_devices::v2::{self, Detached};
+use tenancy_devices::{CgroupLayout, DevicePolicy, DriverInfo, JobDeviceParams, SliceRef};
+
+fn v2_root() -> PathBuf {
+    CgroupLayout::detect()
+        .unwrap()
+        .v2_root
+        .expect("cgroup2 mounted")
+}
+
+fn params(
+    fx: &Fixture,
+    job: u64,
+    tenant: &str,
+    slices: &[SliceRef],
+    target: Target,
+) -> JobDeviceParams {
+    JobDeviceParams {
+        job_id: job,
+        tenant: tenant.into(),
+        slices: slices.to_vec(),
+        extra: vec!["c 1:* rwm".parse().unwrap()],
+        driver: fx.driver(),
+        target,
+    }
+}
+
+#[test]
+fn v2_two_jobs_share_a_gpu_but_not_caps() {
+    if !need_root("v2_two_jobs_share_a_gpu_but_not_caps") {
+        return;
+    }
+    let fx = Fixture::new();
+    let tree = CgTree::new(v2_root().to_str().unwrap(), "v2jobs");
+    let target = Target::Owned {
+        root: tree.root.clone(),
+        backend: Backend::V2,
+    };
+    // Baseline: without our program every fake node answers ENXIO (no driver).
+    check(&fx, &tree.mkdir("baseline"), &unrestricted_cases());
+
+    let a = job::setup(&params(&fx, 1001, "lab-a", &[SLICE_A], target.clone())).unwrap();
+    let b = job::setup(&params(&fx, 1002, "lab-b", &[SLICE_B], target.clone())).unwrap();
+    let c = job::setup(&params(&fx, 1003, "lab-a", &[], target.clone())).unwrap();
+    assert_eq!(a.cgroup_dir, tree.root.join("tenancy/lab-a/job_1001"));
+    assert!(a.owned);
+    let (ids, flags) = v2::query(&a.cgroup_dir).unwrap();
+    assert_eq!(ids, vec![a.v2.as_ref().unwrap().prog_id]);
+    assert_eq!(flags, sys::F_ALLOW_MULTI);
+
+    // The loader's fd is closed: only the attachment keeps the program.
+    check(&fx, &a.cgroup_dir, &job_a_cases());
+    check(&fx, &b.cgroup_dir, &job_b_cases());
+    // A step cgroup created later under the job is bound too (effective programs inherit).
+    let step = a.cgroup_dir.join("step_0");
+    std::fs::create_dir(&step).unwrap();
+    check(&fx, &step, &job_a_cases());
+    std::fs::remove_dir(&step).unwrap();
+    // A job without a MIG slice gets no NVIDIA device at all.
+    check(
+        &fx,
+        &c.cgroup_dir,
+        &[
+            ("nvidiactl", Denied),
+            ("nvidia0", Denied),
+            ("nvidia-uvm", Denied),
+            ("nvidia-caps/nvidia-cap12", Denied),
+            ("/dev/null", Opens),
+        ],
+    );
+
+    // Teardown: program detached and freed, product cgroup removed; twice is fine.
+    let id = a.v2.as_ref().unwrap().prog_id;
+    let t = job::teardown(&a).unwrap();
+    assert_eq!(t.detached, Some(Detached::Detached));
+    assert!(t.removed_dir);
+    assert!(!a.cgroup_dir.exists());
+    assert_eq!(
+        sys::prog_get_fd_by_id(id).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+    let t = job::teardown(&a).unwrap();
+    assert_eq!(t.detached, Some(Detached::AlreadyGone));
+    assert!(!t.removed_dir);
+    // B is untouched by A's teardown.
+    check(&fx, &b.cgroup_dir, &job_b_cases());
+    job::teardown(&b).unwrap();
+    job::teardown(&c).unwrap();
+    assert!(
+        tree.root.join("tenancy/lab-a").exists(),
+        "tenant dirs are left for other jobs"
+    );
+}
+
+#[test]
+fn v2_existing_cgroup_teardown_leaves_no_program() {
+    if !need_root("v2_existing_cgroup_teardown_leaves_no_program") {
+        return;
+    }
+    let fx = Fixture::new();
+    let tree = CgTree::new(v2_root().to_str().unwrap(), "v2exist");
+    let dir = tree.mkdir("job");
+    let target = Target::Existing {
+        dir: dir.clone(),
+        backend: Backend::V2,
+    };
+    let rec = job::setup(&params(&fx, 2001, "lab", &[SLICE_A], target)).unwrap();
+    assert!(!rec.owned);
+    check(&fx, &dir, &job_a_cases());
+    let t = job::teardown(&rec).unwrap();
+    assert_eq!(t.detached, Some(Detached::Detached));
+    assert!(!t.removed_dir);
+    assert!(dir.exists(), "a cgroup we do not own stays");
+    let (ids, _) = v2::query(&dir).unwrap();
+    assert!(ids.is_empty(), "BPF_PROG_QUERY after teardown: {ids:?}");
+    check(&fx, &dir, &unrestricted_cases());
+    assert_eq!(
+        job::teardown(&rec).unwrap().detached,
+        Some(Detached::AlreadyGone)
+    );
+}
+
+#[test]
+fn v2_setup_rerun_replaces_program() {
+    if !need_root("v2_setup_rerun_replaces_program") {
+        return;
+    }
+    let fx = Fixture::new();
+    let tree = CgTree::new(v2_root().to_str().unwrap(), "v2rerun");
+    let target = Target::Owned {
+        root: tree.root.clone(),
+        backend: Backend::V2,
+    };
+    let p = params(&fx, 3001, "lab", &[SLICE_A], target);
+    let first = job::setup(&p).unwrap();
+    let second = job::setup(&p).unwrap();
+    let (ids, _) = v2::query(&second.cgroup_dir).unwrap();
+    assert_eq!(ids, vec![second.v2.as_ref().unwrap().prog_id]);
+    assert_ne!(
+        first.v2.as_ref().unwrap().prog_id,
+        second.v2.as_ref().unwrap().prog_id
+    );
+    check(&fx, &second.cgroup_dir, &job_a_cases());
+    // Teardown with the stale record is harmless; the current one removes everything.
+    assert_eq!(
+        job::teardown(&first).unwrap().detached,
+        Some(Detached::AlreadyGone)
+    );
+    assert!(!first.cgroup_dir.exists());
+    job::teardown(&second).unwrap();
+}
+
+/// Why BPF_F_ALLOW_MULTI: a program attached below ours (a container runtime in the job, or
+/// an attacker with CAP_BPF in a child cgroup) cannot switch ours off. With
+/// BPF_F_ALLOW_OVERRIDE it could.
+#[test]
+fn v2_multi_cannot_be_overridden_from_below() {
+    if !need_root("v2_multi_cannot_be_overridden_from_below") {
+        return;
+    }
+    let fx = Fixture::new();
+    let tree = CgTree::new(v2_root().to_str().unwrap(), "v2flags");
+    let drv = DriverInfo::load(&fx.driver()).unwrap();
+    let policy = DevicePolicy::for_job(&drv, &[SLICE_A], &[]).unwrap();
+    let allow_all = DevicePolicy {
+        allow: vec![],
+        deny_majors: vec![],
+    };
+
+    // Ours with MULTI (the layer's choice), an allow-all program in a child cgroup.
+    let job = tree.mkdir("multi");
+    v2::apply(&job, &policy).unwrap();
+    let child = tree.mkdir("multi/inner");
+    v2::apply_with_flags(&child, &allow_all, sys::F_ALLOW_MULTI).unwrap();
+    check(
+        &fx,
+        &child,
+        &[
+            ("nvidia-caps/nvidia-cap21", Denied),
+            ("nvidia-caps/nvidia-cap12", Allowed),
+        ],
+    );
+
+    // Contrast: had we attached with ALLOW_OVERRIDE, the child's program replaces ours.
+    let job = tree.mkdir("override");
+    v2::apply_with_flags(&job, &policy, sys::F_ALLOW_OVERRIDE).unwrap();
+    let child = tree.mkdir("override/inner");
+    v2::apply_with_flags(&child, &allow_all, sys::F_ALLOW_OVERRIDE).unwrap();
+    check(&fx, &child, &[("nvidia-caps/nvidia-cap21", Allowed)]);
+
+    // Slurm's task level attaches with flags 0: nothing can be attached below it (EPERM),
+    // which is why tenancy cannot live inside Slurm's tree with ConstrainDevices on pure v2.
+    let slurm_task = tree.mkdir("slurmlike");
+    v2::apply_with_flags(&slurm_task, &allow_all, 0).unwrap();
+    let below = tree.mkdir("slurmlike/below");
+    let e = v2::apply(&below, &policy).unwrap_err();
+    assert!(e.to_string().contains("Operation not permitted"), "{e}");
+    // And mixing flags on one cgroup is refused too.
+    let e = v2::apply(&slurm_task, &policy).unwrap_err();
+    assert!(e.to_string().contains("PROG_ATTACH"), "{e}");
+    // Failed attaches left nothing behind.
+    assert!(v2::query(&below).unwrap().0.is_empty());
+    assert_eq!(v2::query(&slurm_task).unwrap().0.len(), 1);
+}
+
+#[test]
+fn v2_setup_fails_closed_and_cleans_up() {
+    if !need_root("v2_setup_fails_closed_and_cleans_up") {
+        return;
+    }
+    let fx = Fixture::new();
+    let tree = CgTree::new(v2_root().to_str().unwrap(), "v2fail");
+    let target = Target::Owned {
+        root: tree.root.clone(),
+        backend: Backend::V2,
+    };
+    let bad = SliceRef {
+        gpu_minor: 0,
+        gi_id: 9,
+        ci_id: 0,
+    };
+    let e = job::setup(&params(&fx, 4001, "lab", &[bad], target.clone())).unwrap_err();
+    assert!(
+        e.to_string().contains("job 4001") && e.to_string().contains("gi9"),
+        "{e}"
+    );
+    assert!(!tree.root.join("tenancy/lab/job_4001").exists());
+    // A tenant name that would escape the tree is refused before anything is made.
+    let e = job::setup(&params(&fx, 4002, "../x", &[SLICE_A], target)).unwrap_err();
+    assert!(e.to_string().contains("tenant"), "{e}");
+}
