@@ -47,7 +47,6 @@ pub struct Cluster {
 pub struct NodePaths {
     pub proc_devices: PathBuf,
     pub mig_minors: PathBuf,
-    pub cgroup_root: PathBuf,
 }
 
 #[derive(Debug, Clone)]
@@ -121,7 +120,6 @@ struct RawCluster {
 struct RawNode {
     proc_devices: Option<Spanned<PathBuf>>,
     mig_minors: Option<Spanned<PathBuf>>,
-    cgroup_root: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize)]
@@ -379,7 +377,6 @@ impl Validator<'_> {
                 "node.mig_minors",
                 "/proc/driver/nvidia-caps/mig-minors",
             ),
-            cgroup_root: node_path(&raw.node.cgroup_root, "node.cgroup_root", "/sys/fs/cgroup"),
         };
 
         let mut tiers = BTreeMap::new();

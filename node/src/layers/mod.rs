@@ -1,6 +1,7 @@
 //! Adapters that plug each isolation mechanism (crates under `layers/`) into the spine, in the
 //! order a job's isolation is built: MIG slice, job cgroup, device allowlist, scratch, network.
 
+mod devices;
 mod mig;
 mod scratch;
 
@@ -28,6 +29,13 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer>> {
             nvml: None,
         }));
     }
+    layers.push(Box::new(devices::Devices {
+        driver: tenancy_devices::DriverPaths {
+            proc_devices: config.node.proc_devices.clone(),
+            mig_minors: config.node.mig_minors.clone(),
+        },
+        target: None,
+    }));
     layers.push(Box::new(scratch::Scratch {
         root: config.cluster.scratch_root.clone(),
     }));

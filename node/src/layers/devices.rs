@@ -1,0 +1,117 @@
+//! Device layer: the job may open only its own MIG slice's device nodes (plus what its tier
+//! allows); every other NVIDIA device is denied. The rules live in a product-owned cgroup per
+//! job (v2 BPF program on cgroup2, else v1 devices rules) that every task joins.
+
+use crate::journal::Journal;
+use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
+use serde_json::Value;
+use tenancy_devices::{
+    CgroupLayout, DeviceClass, DevicePolicy, DevicesRecord, DriverPaths, JobDeviceParams, SliceRef,
+    Target,
+};
+
+pub struct Devices {
+    pub driver: DriverPaths,
+    /// Detected once per process, on first use.
+    pub target: Option<Target>,
+}
+
+impl Devices {
+    fn target(&mut self) -> LayerResult<Target> {
+        if self.target.is_none() {
+            self.target = Some(Target::owned_for(&CgroupLayout::detect()?)?);
+        }
+        Ok(self.target.clone().expect("just set"))
+    }
+}
+
+impl Layer for Devices {
+    fn name(&self) -> &'static str {
+        "devices"
+    }
+
+    fn intend(&mut self, plan: &JobPlan, journal: &Journal) -> LayerResult<Option<Value>> {
+        let slices = match journal.made_by("mig") {
+            None => Vec::new(),
+            Some(m) => vec![SliceRef {
+                gpu_minor: field(m, "gpu_minor")?,
+                gi_id: field(m, "gi_id")?,
+                ci_id: field(m, "ci_id")?,
+            }],
+        };
+        let extra = plan
+            .tier
+            .device_classes
+            .iter()
+            .map(|c| {
+                c.parse::<DeviceClass>().map_err(|e| {
+                    LayerError(format!("tier {} device class '{c}': {e}", plan.tier.name))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let params = JobDeviceParams {
+            job_id: plan.job_id,
+            tenant: plan.tenant.clone(),
+            slices,
+            extra,
+            driver: self.driver.clone(),
+            target: self.target()?,
+        };
+        Ok(Some(serde_json::to_value(params)?))
+    }
+
+    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
+        let params: JobDeviceParams = serde_json::from_value(intent.clone())?;
+        let record = tenancy_devices::setup(&params)?;
+        let mut made = serde_json::to_value(&record)?;
+        made["join_cgroups"] = serde_json::json!([record.cgroup_dir]);
+        Ok(made)
+    }
+
+    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
+        let record: DevicesRecord = match made {
+            Some(m) => serde_json::from_value(m.clone())?,
+            None => {
+                // Stopped before the result was journaled: the owned cgroup is found by name,
+                // and our programs on it by their tag.
+                let params: JobDeviceParams = serde_json::from_value(intent.clone())?;
+                let (cgroup_dir, backend, owned) = match &params.target {
+                    Target::Owned { root, backend } => (
+                        tenancy_devices::job::owned_dir(root, &params.tenant, params.job_id)?,
+                        *backend,
+                        true,
+                    ),
+                    Target::Existing { dir, backend } => (dir.clone(), *backend, false),
+                };
+                DevicesRecord {
+                    job_id: params.job_id,
+                    backend,
+                    cgroup_dir,
+                    owned,
+                    policy: DevicePolicy {
+                        allow: Vec::new(),
+                        deny_majors: Vec::new(),
+                    },
+                    v1: None,
+                    v2: None,
+                }
+            }
+        };
+        tenancy_devices::teardown(&record)?;
+        Ok(())
+    }
+
+    fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
+        made.and_then(|m| m.get("cgroup_dir"))
+            .and_then(Value::as_str)
+            .map(String::from)
+            .unwrap_or_else(|| format!("devices job {}", intent["job_id"]))
+    }
+}
+
+fn field(v: &Value, name: &str) -> LayerResult<u32> {
+    v.get(name)
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| LayerError(format!("the MIG slice in the journal has no valid {name}")))
+}
