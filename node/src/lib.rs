@@ -13,4 +13,4 @@ pub mod task;
 pub use context::{EnvError, JobContext};
 pub use journal::{Journal, JournalDir, Step, StepState};
 pub use layer::{JobPlan, Layer, LayerError, LayerResult};
-pub use spine::{Ending, Spine};
+pub use spine::{Boundary, Ending, Spine};

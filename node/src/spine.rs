@@ -33,6 +33,20 @@ pub struct Spine<'c> {
     pub layers: Vec<Box<dyn Layer>>,
     /// `tenancy-prolog`, `tenancy-epilog`, `tenancyctl`: recorded as the audit origin.
     pub origin: &'static str,
+    /// Called at each step boundary of the prolog, after the boundary is durable; crash tests
+    /// kill the process here. `None` in the binaries.
+    pub boundary_hook: Option<Box<dyn FnMut(Boundary)>>,
+}
+
+/// A point of the prolog after which a crash must leave nothing the epilog cannot undo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundary {
+    /// The layer's intent is journaled; nothing made yet.
+    Intended(&'static str),
+    /// The layer made its resource; the result is not journaled yet.
+    Made(&'static str),
+    /// Every layer is made and journaled; the job_start record is not written yet.
+    AllMade,
 }
 
 /// Why the prolog refused or failed: the text for slurmd's log and the audit reason.
@@ -52,6 +66,7 @@ impl<'c> Spine<'c> {
             journals: JournalDir::open(&config.cluster.state_dir)?,
             layers,
             origin,
+            boundary_hook: None,
         })
     }
 
@@ -82,6 +97,12 @@ impl<'c> Spine<'c> {
             &appended.hash,
             self.config.cluster.audit_anchor.as_deref(),
         );
+    }
+
+    fn boundary(&mut self, b: Boundary) {
+        if let Some(hook) = self.boundary_hook.as_mut() {
+            hook(b);
+        }
     }
 
     fn layer_index(&self, name: &str) -> Option<usize> {
@@ -300,8 +321,10 @@ impl<'c> Spine<'c> {
                     self.journals.path().display()
                 )
             })?;
+            self.boundary(Boundary::Intended(name));
             match self.layers[i].make(&intent, journal) {
                 Ok(made) => {
+                    self.boundary(Boundary::Made(name));
                     let step = journal.steps.last_mut().expect("just pushed");
                     step.made = Some(made);
                     step.state = StepState::Made;
@@ -314,7 +337,9 @@ impl<'c> Spine<'c> {
                 "job {job}: cannot journal the result in {}: {e}",
                 self.journals.path().display()
             )
-        })
+        })?;
+        self.boundary(Boundary::AllMade);
+        Ok(())
     }
 
     fn roll_back(
