@@ -136,15 +136,17 @@ pub fn parse_env_faults(spec: &str) -> Result<(Faults, Vec<u32>), String> {
             }
             "lost" => {
                 for i in items {
-                    lost.push(i.parse().map_err(|_| {
-                        format!("{ENV_FAULTS}: lost needs GPU indices, got {i:?}")
-                    })?);
+                    lost.push(
+                        i.parse().map_err(|_| {
+                            format!("{ENV_FAULTS}: lost needs GPU indices, got {i:?}")
+                        })?,
+                    );
                 }
             }
             other => {
                 return Err(format!(
-                    "{ENV_FAULTS}: unknown key {other:?} (gi_create, ci_create, destroy_in_use, lost)"
-                ))
+                "{ENV_FAULTS}: unknown key {other:?} (gi_create, ci_create, destroy_in_use, lost)"
+            ))
             }
         }
     }
@@ -169,8 +171,9 @@ impl Config {
             .map(PathBuf::from);
         let mut cfg = match &fixture {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| format!("cannot read fixture {} ({ENV_FIXTURE}): {e}", p.display()))?;
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    format!("cannot read fixture {} ({ENV_FIXTURE}): {e}", p.display())
+                })?;
                 Config::from_fixture_text(&text, p.parent().unwrap_or(Path::new("/")))
                     .map_err(|e| format!("fixture {}: {e}", p.display()))?
             }
@@ -270,7 +273,9 @@ impl Config {
             proc_devices: f.proc_devices.map(|p| resolve(base, p)),
             uvm_major,
             caps_major,
-            driver_version: f.driver_version.unwrap_or_else(|| DEFAULT_DRIVER_VERSION.into()),
+            driver_version: f
+                .driver_version
+                .unwrap_or_else(|| DEFAULT_DRIVER_VERSION.into()),
             seed_faults: Faults {
                 gi_create: parse_codes(&f.faults.gi_create, "faults.gi_create")?,
                 ci_create: parse_codes(&f.faults.ci_create, "faults.ci_create")?,
@@ -322,18 +327,23 @@ lost = [0]
 
     #[test]
     fn fixture_errors_name_the_field() {
-        let e = Config::from_fixture_text("[[gpus]]\nmodel = \"V100\"\n", Path::new("/")).unwrap_err();
+        let e =
+            Config::from_fixture_text("[[gpus]]\nmodel = \"V100\"\n", Path::new("/")).unwrap_err();
         assert!(e.contains("gpus[0]") && e.contains("V100"), "{e}");
         let e = Config::from_fixture_text("[[gpus]]\nmodel=\"H200\"\nuuid=\"x\"\n", Path::new("/"))
             .unwrap_err();
         assert!(e.contains("uuid"), "{e}");
-        assert!(Config::from_fixture_text("bogus = 1\n[[gpus]]\nmodel=\"H200\"\n", Path::new("/")).is_err());
+        assert!(
+            Config::from_fixture_text("bogus = 1\n[[gpus]]\nmodel=\"H200\"\n", Path::new("/"))
+                .is_err()
+        );
     }
 
     #[test]
     fn env_faults_spec() {
         let (f, lost) =
-            parse_env_faults("gi_create=INSUFFICIENT_RESOURCES,UNKNOWN; destroy_in_use=2;lost=1").unwrap();
+            parse_env_faults("gi_create=INSUFFICIENT_RESOURCES,UNKNOWN; destroy_in_use=2;lost=1")
+                .unwrap();
         assert_eq!(f.gi_create, vec![23, 999]);
         assert_eq!(f.destroy_in_use, 2);
         assert_eq!(lost, vec![1]);

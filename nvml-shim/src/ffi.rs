@@ -267,7 +267,9 @@ fn ci_handle(gpu: u32, gi: u32, gi_serial: u64, ci: u32, serial: u64) -> *mut Ci
 }
 
 fn dev_ref(p: *mut DevH) -> NvmlResult<&'static DevH> {
-    let ok = registry().as_ref().is_some_and(|r| r.dev_ptrs.contains(&(p as usize)));
+    let ok = registry()
+        .as_ref()
+        .is_some_and(|r| r.dev_ptrs.contains(&(p as usize)));
     if !ok {
         return Err(Ret::INVALID_ARGUMENT);
     }
@@ -276,7 +278,9 @@ fn dev_ref(p: *mut DevH) -> NvmlResult<&'static DevH> {
 }
 
 fn gi_ref(p: *mut GiH) -> NvmlResult<&'static GiH> {
-    let ok = registry().as_ref().is_some_and(|r| r.gi_ptrs.contains(&(p as usize)));
+    let ok = registry()
+        .as_ref()
+        .is_some_and(|r| r.gi_ptrs.contains(&(p as usize)));
     if !ok {
         return Err(Ret::INVALID_ARGUMENT);
     }
@@ -285,7 +289,9 @@ fn gi_ref(p: *mut GiH) -> NvmlResult<&'static GiH> {
 }
 
 fn ci_ref(p: *mut CiH) -> NvmlResult<&'static CiH> {
-    let ok = registry().as_ref().is_some_and(|r| r.ci_ptrs.contains(&(p as usize)));
+    let ok = registry()
+        .as_ref()
+        .is_some_and(|r| r.ci_ptrs.contains(&(p as usize)));
     if !ok {
         return Err(Ret::INVALID_ARGUMENT);
     }
@@ -315,7 +321,10 @@ fn store_err(e: store::StoreError) -> Ret {
 
 /// Runs `f` with the configuration of an initialized library.
 fn with_cfg<T>(f: impl FnOnce(&Config) -> NvmlResult<T>) -> NvmlResult<T> {
-    let cfg = runtime().as_ref().map(|r| r.cfg.clone()).ok_or(Ret::UNINITIALIZED)?;
+    let cfg = runtime()
+        .as_ref()
+        .map(|r| r.cfg.clone())
+        .ok_or(Ret::UNINITIALIZED)?;
     f(&cfg)
 }
 
@@ -457,22 +466,22 @@ fn init(_flags: c_uint) -> NvmlResult<()> {
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t {
     call(|| init(flags))
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
     call(|| init(0))
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlInit() -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlInit() -> nvmlReturn_t {
     call(|| init(0))
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlShutdown() -> nvmlReturn_t {
     call(|| {
         let mut rt = runtime();
         let r = rt.as_mut().ok_or(Ret::UNINITIALIZED)?;
@@ -485,17 +494,23 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+pub unsafe extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
     ret::message(result).as_ptr() as *const c_char
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     call(|| with_cfg(|cfg| put_str(version, length, &cfg.driver_version)))
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let v = runtime()
             .as_ref()
@@ -509,7 +524,7 @@ pub extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint)
 // Devices
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
     call(|| {
         let c = out(count)?;
         *c = with_cfg(|cfg| Ok(cfg.gpus.len() as u32))?;
@@ -518,12 +533,15 @@ pub extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t {
-    nvmlDeviceGetCount_v2(count)
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t {
+    unsafe { nvmlDeviceGetCount_v2(count) }
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut *mut DevH) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut *mut DevH,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(device)?;
         read(|cfg, st| check_gpu(cfg, st, index))?;
@@ -533,19 +551,27 @@ pub extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut *mut
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut *mut DevH) -> nvmlReturn_t {
-    nvmlDeviceGetHandleByIndex_v2(index, device)
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut *mut DevH,
+) -> nvmlReturn_t {
+    unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut *mut DevH) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut *mut DevH,
+) -> nvmlReturn_t {
     call(|| {
         if uuid.is_null() {
             return Err(Ret::INVALID_ARGUMENT);
         }
         let o = out(device)?;
         // SAFETY: caller passes a NUL-terminated string.
-        let want = unsafe { CStr::from_ptr(uuid) }.to_string_lossy().into_owned();
+        let want = unsafe { CStr::from_ptr(uuid) }
+            .to_string_lossy()
+            .into_owned();
         let h = read(|cfg, st| {
             for (i, g) in st.gpus.iter().enumerate() {
                 let i = i as u32;
@@ -577,12 +603,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: 
     })
 }
 
+/// (gpu index, model, the MIG device's GI and CI if it is one).
+type AnyDev = (u32, GpuModel, Option<(state::GiState, state::CiState)>);
+
 /// Resolves any device handle: (gpu, model, MIG (gi, ci) if a MIG device).
-fn any_dev(
-    cfg: &Config,
-    st: &State,
-    d: *mut DevH,
-) -> NvmlResult<(u32, GpuModel, Option<(state::GiState, state::CiState)>)> {
+fn any_dev(cfg: &Config, st: &State, d: *mut DevH) -> NvmlResult<AnyDev> {
     let h = dev_ref(d)?;
     check_gpu(cfg, st, h.gpu)?;
     let model = st.gpu(h.gpu)?.model;
@@ -597,7 +622,11 @@ fn any_dev(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetName(device: *mut DevH, name: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: *mut DevH,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let s = read(|cfg, st| {
             let (_, model, mig) = any_dev(cfg, st, device)?;
@@ -615,7 +644,11 @@ pub extern "C" fn nvmlDeviceGetName(device: *mut DevH, name: *mut c_char, length
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetUUID(device: *mut DevH, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: *mut DevH,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let s = read(|cfg, st| {
             let (gpu, _, mig) = any_dev(cfg, st, device)?;
@@ -630,7 +663,10 @@ pub extern "C" fn nvmlDeviceGetUUID(device: *mut DevH, uuid: *mut c_char, length
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetMinorNumber(device: *mut DevH, minor: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: *mut DevH,
+    minor: *mut c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(minor)?;
         *o = read(|cfg, st| {
@@ -645,7 +681,7 @@ pub extern "C" fn nvmlDeviceGetMinorNumber(device: *mut DevH, minor: *mut c_uint
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetIndex(device: *mut DevH, index: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: *mut DevH, index: *mut c_uint) -> nvmlReturn_t {
     call(|| {
         let o = out(index)?;
         *o = read(|cfg, st| {
@@ -681,7 +717,10 @@ fn memory(cfg: &Config, st: &State, device: *mut DevH) -> NvmlResult<(u64, u64)>
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetMemoryInfo(device: *mut DevH, memory_out: *mut nvmlMemory_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: *mut DevH,
+    memory_out: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(memory_out)?;
         let (total, used) = read(|cfg, st| memory(cfg, st, device))?;
@@ -695,7 +734,10 @@ pub extern "C" fn nvmlDeviceGetMemoryInfo(device: *mut DevH, memory_out: *mut nv
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: *mut DevH, memory_out: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut DevH,
+    memory_out: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(memory_out)?;
         if o.version != NVML_MEMORY_V2 {
@@ -714,7 +756,11 @@ pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: *mut DevH, memory_out: *mut
 // MIG mode and GPU instance profiles
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetMigMode(device: *mut DevH, current: *mut c_uint, pending: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: *mut DevH,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let c = out(current)?;
         let p = out(pending)?;
@@ -736,7 +782,11 @@ pub extern "C" fn nvmlDeviceGetMigMode(device: *mut DevH, current: *mut c_uint, 
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceSetMigMode(device: *mut DevH, mode: c_uint, activation_status: *mut nvmlReturn_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceSetMigMode(
+    device: *mut DevH,
+    mode: c_uint,
+    activation_status: *mut nvmlReturn_t,
+) -> nvmlReturn_t {
     call(|| {
         let a = out(activation_status)?;
         if mode > 1 {
@@ -752,7 +802,7 @@ pub extern "C" fn nvmlDeviceSetMigMode(device: *mut DevH, mode: c_uint, activati
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     device: *mut DevH,
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_t,
@@ -817,7 +867,7 @@ fn write_gi_profile_v(info: *mut nvmlGpuInstanceProfileInfo_v2_t, p: &GiProfile,
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     device: *mut DevH,
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_v2_t,
@@ -841,7 +891,7 @@ pub extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoByIdV(
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoByIdV(
     device: *mut DevH,
     profile_id: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_v2_t,
@@ -857,7 +907,9 @@ pub extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoByIdV(
             if version != NVML_GI_PROFILE_INFO_V2 && version != NVML_GI_PROFILE_INFO_V3 {
                 return Err(Ret::ARGUMENT_VERSION_MISMATCH);
             }
-            model.gi_profile_by_id(profile_id).ok_or(Ret::INVALID_ARGUMENT)
+            model
+                .gi_profile_by_id(profile_id)
+                .ok_or(Ret::INVALID_ARGUMENT)
         })?;
         write_gi_profile_v(info, p, version);
         Ok(())
@@ -865,7 +917,7 @@ pub extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoByIdV(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     device: *mut DevH,
     profile_id: c_uint,
     placements: *mut nvmlGpuInstancePlacement_t,
@@ -875,7 +927,9 @@ pub extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
         let c = out(count)?;
         let p = read(|cfg, st| {
             let (_, model) = physical(cfg, st, device)?;
-            model.gi_profile_by_id(profile_id).ok_or(Ret::INVALID_ARGUMENT)
+            model
+                .gi_profile_by_id(profile_id)
+                .ok_or(Ret::INVALID_ARGUMENT)
         })?;
         let n = p.placements.len() as u32;
         if placements.is_null() {
@@ -901,7 +955,7 @@ pub extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
     device: *mut DevH,
     profile_id: c_uint,
     count: *mut c_uint,
@@ -916,17 +970,30 @@ pub extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
     })
 }
 
-fn create_gi(device: *mut DevH, profile_id: u32, placement: Option<(u32, u32)>) -> NvmlResult<*mut GiH> {
+fn create_gi(
+    device: *mut DevH,
+    profile_id: u32,
+    placement: Option<(u32, u32)>,
+) -> NvmlResult<*mut GiH> {
     let (gpu, id, serial) = modify(|cfg, st, local| {
         let (gpu, _) = physical(cfg, st, device)?;
-        let (id, serial) = st.create_gi(gpu, profile_id, placement, FaultSources { local: Some(local) })?;
+        let (id, serial) = st.create_gi(
+            gpu,
+            profile_id,
+            placement,
+            FaultSources { local: Some(local) },
+        )?;
         Ok((gpu, id, serial))
     })?;
     Ok(gi_handle(gpu, id, serial))
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceCreateGpuInstance(device: *mut DevH, profile_id: c_uint, gpu_instance: *mut *mut GiH) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceCreateGpuInstance(
+    device: *mut DevH,
+    profile_id: c_uint,
+    gpu_instance: *mut *mut GiH,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(gpu_instance)?;
         *o = create_gi(device, profile_id, None)?;
@@ -935,7 +1002,7 @@ pub extern "C" fn nvmlDeviceCreateGpuInstance(device: *mut DevH, profile_id: c_u
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
+pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
     device: *mut DevH,
     profile_id: c_uint,
     placement: *const nvmlGpuInstancePlacement_t,
@@ -947,14 +1014,14 @@ pub extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
             return Err(Ret::INVALID_ARGUMENT);
         }
         // SAFETY: non-null pointer to a caller placement.
-        let pl = unsafe { *placement };
+        let pl = unsafe { std::ptr::read_unaligned(placement) };
         *o = create_gi(device, profile_id, Some((pl.start, pl.size)))?;
         Ok(())
     })
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: *mut GiH) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: *mut GiH) -> nvmlReturn_t {
     call(|| {
         modify(|cfg, st, local| {
             let h = gi_of(cfg, st, gpu_instance)?;
@@ -964,7 +1031,7 @@ pub extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: *mut GiH) -> nvmlReturn_t
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetGpuInstances(
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     device: *mut DevH,
     profile_id: c_uint,
     gpu_instances: *mut *mut GiH,
@@ -981,7 +1048,9 @@ pub extern "C" fn nvmlDeviceGetGpuInstances(
             if !g.mig_mode {
                 return Err(Ret::NOT_SUPPORTED);
             }
-            model.gi_profile_by_id(profile_id).ok_or(Ret::INVALID_ARGUMENT)?;
+            model
+                .gi_profile_by_id(profile_id)
+                .ok_or(Ret::INVALID_ARGUMENT)?;
             Ok(g.gis
                 .iter()
                 .filter(|x| x.profile_id == profile_id)
@@ -999,7 +1068,11 @@ pub extern "C" fn nvmlDeviceGetGpuInstances(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetGpuInstanceById(device: *mut DevH, id: c_uint, gpu_instance: *mut *mut GiH) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
+    device: *mut DevH,
+    id: c_uint,
+    gpu_instance: *mut *mut GiH,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(gpu_instance)?;
         let (gpu, serial) = read(|cfg, st| {
@@ -1017,7 +1090,10 @@ pub extern "C" fn nvmlDeviceGetGpuInstanceById(device: *mut DevH, id: c_uint, gp
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceGetInfo(gpu_instance: *mut GiH, info: *mut nvmlGpuInstanceInfo_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+    gpu_instance: *mut GiH,
+    info: *mut nvmlGpuInstanceInfo_t,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(info)?;
         let (gpu, gi) = read(|cfg, st| {
@@ -1040,7 +1116,13 @@ pub extern "C" fn nvmlGpuInstanceGetInfo(gpu_instance: *mut GiH, info: *mut nvml
 // ---------------------------------------------------------------------------------------------
 // Compute instances
 
-fn ci_profile_of(cfg: &Config, st: &State, g: *mut GiH, profile: u32, eng: u32) -> NvmlResult<model::CiProfile> {
+fn ci_profile_of(
+    cfg: &Config,
+    st: &State,
+    g: *mut GiH,
+    profile: u32,
+    eng: u32,
+) -> NvmlResult<model::CiProfile> {
     let h = gi_of(cfg, st, g)?;
     if profile >= model::CI_PROFILE_INDEX_COUNT || eng >= model::CI_ENGINE_PROFILE_COUNT {
         return Err(Ret::INVALID_ARGUMENT);
@@ -1051,7 +1133,7 @@ fn ci_profile_of(cfg: &Config, st: &State, g: *mut GiH, profile: u32, eng: u32) 
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     gpu_instance: *mut GiH,
     profile: c_uint,
     eng_profile: c_uint,
@@ -1076,7 +1158,7 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
     gpu_instance: *mut GiH,
     profile: c_uint,
     eng_profile: c_uint,
@@ -1116,7 +1198,7 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
     gpu_instance: *mut GiH,
     profile_id: c_uint,
     count: *mut c_uint,
@@ -1133,7 +1215,7 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstancePossiblePlacements(
     gpu_instance: *mut GiH,
     profile_id: c_uint,
     placements: *mut nvmlComputeInstancePlacement_t,
@@ -1165,7 +1247,11 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstancePossiblePlacements(
     })
 }
 
-fn create_ci(gpu_instance: *mut GiH, profile_id: u32, placement: Option<(u32, u32)>) -> NvmlResult<*mut CiH> {
+fn create_ci(
+    gpu_instance: *mut GiH,
+    profile_id: u32,
+    placement: Option<(u32, u32)>,
+) -> NvmlResult<*mut CiH> {
     let (h, id, serial) = modify(|cfg, st, local| {
         let h = gi_of(cfg, st, gpu_instance)?;
         ci_profile_of(cfg, st, gpu_instance, profile_id, 0)?;
@@ -1183,7 +1269,7 @@ fn create_ci(gpu_instance: *mut GiH, profile_id: u32, placement: Option<(u32, u3
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceCreateComputeInstance(
+pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     gpu_instance: *mut GiH,
     profile_id: c_uint,
     compute_instance: *mut *mut CiH,
@@ -1196,7 +1282,7 @@ pub extern "C" fn nvmlGpuInstanceCreateComputeInstance(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstanceWithPlacement(
     gpu_instance: *mut GiH,
     profile_id: c_uint,
     placement: *const nvmlComputeInstancePlacement_t,
@@ -1208,24 +1294,31 @@ pub extern "C" fn nvmlGpuInstanceCreateComputeInstanceWithPlacement(
             return Err(Ret::INVALID_ARGUMENT);
         }
         // SAFETY: non-null pointer to a caller placement.
-        let pl = unsafe { *placement };
+        let pl = unsafe { std::ptr::read_unaligned(placement) };
         *o = create_ci(gpu_instance, profile_id, Some((pl.start, pl.size)))?;
         Ok(())
     })
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlComputeInstanceDestroy(compute_instance: *mut CiH) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlComputeInstanceDestroy(compute_instance: *mut CiH) -> nvmlReturn_t {
     call(|| {
         modify(|cfg, st, local| {
             let h = ci_of(cfg, st, compute_instance)?;
-            st.destroy_ci(h.gpu, h.gi, h.gi_serial, h.ci, h.serial, FaultSources { local: Some(local) })
+            st.destroy_ci(
+                h.gpu,
+                h.gi,
+                h.gi_serial,
+                h.ci,
+                h.serial,
+                FaultSources { local: Some(local) },
+            )
         })
     })
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceGetComputeInstances(
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
     gpu_instance: *mut GiH,
     profile_id: c_uint,
     compute_instances: *mut *mut CiH,
@@ -1265,7 +1358,7 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstances(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
     gpu_instance: *mut GiH,
     id: c_uint,
     compute_instance: *mut *mut CiH,
@@ -1284,7 +1377,10 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlComputeInstanceGetInfo_v2(compute_instance: *mut CiH, info: *mut nvmlComputeInstanceInfo_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
+    compute_instance: *mut CiH,
+    info: *mut nvmlComputeInstanceInfo_t,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(info)?;
         let (h, ci) = read(|cfg, st| {
@@ -1306,15 +1402,21 @@ pub extern "C" fn nvmlComputeInstanceGetInfo_v2(compute_instance: *mut CiH, info
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlComputeInstanceGetInfo(compute_instance: *mut CiH, info: *mut nvmlComputeInstanceInfo_t) -> nvmlReturn_t {
-    nvmlComputeInstanceGetInfo_v2(compute_instance, info)
+pub unsafe extern "C" fn nvmlComputeInstanceGetInfo(
+    compute_instance: *mut CiH,
+    info: *mut nvmlComputeInstanceInfo_t,
+) -> nvmlReturn_t {
+    unsafe { nvmlComputeInstanceGetInfo_v2(compute_instance, info) }
 }
 
 // ---------------------------------------------------------------------------------------------
 // MIG device handles
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetMaxMigDeviceCount(device: *mut DevH, count: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: *mut DevH,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let c = out(count)?;
         *c = read(|cfg, st| {
@@ -1330,7 +1432,11 @@ pub extern "C" fn nvmlDeviceGetMaxMigDeviceCount(device: *mut DevH, count: *mut 
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(device: *mut DevH, index: c_uint, mig_device: *mut *mut DevH) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: *mut DevH,
+    index: c_uint,
+    mig_device: *mut *mut DevH,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(mig_device)?;
         let (gpu, m) = read(|cfg, st| {
@@ -1359,7 +1465,10 @@ pub extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(device: *mut DevH, index: 
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig_device: *mut DevH, device: *mut *mut DevH) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: *mut DevH,
+    device: *mut *mut DevH,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(device)?;
         let gpu = read(|cfg, st| {
@@ -1373,7 +1482,10 @@ pub extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig_device: *mut 
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceIsMigDeviceHandle(device: *mut DevH, is_mig: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: *mut DevH,
+    is_mig: *mut c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(is_mig)?;
         with_cfg(|_| Ok(()))?;
@@ -1383,7 +1495,10 @@ pub extern "C" fn nvmlDeviceIsMigDeviceHandle(device: *mut DevH, is_mig: *mut c_
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetGpuInstanceId(device: *mut DevH, id: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: *mut DevH,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(id)?;
         *o = read(|cfg, st| {
@@ -1395,7 +1510,10 @@ pub extern "C" fn nvmlDeviceGetGpuInstanceId(device: *mut DevH, id: *mut c_uint)
 }
 
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetComputeInstanceId(device: *mut DevH, id: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: *mut DevH,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
     call(|| {
         let o = out(id)?;
         *o = read(|cfg, st| {

@@ -57,7 +57,14 @@ fn open_dir_at(parent: Option<&OwnedFd>, path: &Path) -> Result<OwnedFd, StoreEr
 }
 
 /// Makes `name` in `dir` a char device major:minor with `mode`, replacing anything else there.
-fn ensure_node(dir: &OwnedFd, dir_path: &Path, name: &str, major: u32, minor: u32, mode: u32) -> Result<(), StoreError> {
+fn ensure_node(
+    dir: &OwnedFd,
+    dir_path: &Path,
+    name: &str,
+    major: u32,
+    minor: u32,
+    mode: u32,
+) -> Result<(), StoreError> {
     let want = rustix::fs::makedev(major, minor);
     match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st)
@@ -73,29 +80,44 @@ fn ensure_node(dir: &OwnedFd, dir_path: &Path, name: &str, major: u32, minor: u3
         }
         Err(_) => {}
     }
-    rustix::fs::mknodat(dir, name, FileType::CharacterDevice, Mode::from_raw_mode(mode), want).map_err(
-        |x| {
-            e(format!(
-                "mknod {}/{name} c {major}:{minor} failed: {x} (needs root / CAP_MKNOD)",
-                dir_path.display()
-            ))
-        },
-    )?;
-    rustix::fs::chmodat(dir, name, Mode::from_raw_mode(mode), rustix::fs::AtFlags::empty())
-        .map_err(|x| e(format!("chmod {}/{name}: {x}", dir_path.display())))
+    rustix::fs::mknodat(
+        dir,
+        name,
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(mode),
+        want,
+    )
+    .map_err(|x| {
+        e(format!(
+            "mknod {}/{name} c {major}:{minor} failed: {x} (needs root / CAP_MKNOD)",
+            dir_path.display()
+        ))
+    })?;
+    rustix::fs::chmodat(
+        dir,
+        name,
+        Mode::from_raw_mode(mode),
+        rustix::fs::AtFlags::empty(),
+    )
+    .map_err(|x| e(format!("chmod {}/{name}: {x}", dir_path.display())))
 }
 
 fn write_atomic(path: &Path, text: &str) -> Result<(), StoreError> {
     if let Ok(m) = std::fs::symlink_metadata(path) {
         if m.file_type().is_symlink() {
-            return Err(e(format!("refusing to write through symlink {}", path.display())));
+            return Err(e(format!(
+                "refusing to write through symlink {}",
+                path.display()
+            )));
         }
     }
     let dir = path.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).map_err(|x| e(format!("cannot create {}: {x}", dir.display())))?;
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         std::process::id()
     ));
     let _ = std::fs::remove_file(&tmp);
@@ -181,18 +203,37 @@ pub fn sync_caps(cfg: &Config, st: &State) -> Result<(), StoreError> {
     let cfd = open_dir_at(Some(&dfd), Path::new("nvidia-caps"))?;
     let want = wanted_cap_minors(st);
     for m in &want {
-        let mode = if *m <= model::MONITOR_MINOR { 0o400 } else { 0o444 };
-        ensure_node(&cfd, &caps_path, &format!("nvidia-cap{m}"), cfg.caps_major, *m, mode)?;
+        let mode = if *m <= model::MONITOR_MINOR {
+            0o400
+        } else {
+            0o444
+        };
+        ensure_node(
+            &cfd,
+            &caps_path,
+            &format!("nvidia-cap{m}"),
+            cfg.caps_major,
+            *m,
+            mode,
+        )?;
     }
-    let rd = std::fs::read_dir(&caps_path).map_err(|x| e(format!("cannot list {}: {x}", caps_path.display())))?;
+    let rd = std::fs::read_dir(&caps_path)
+        .map_err(|x| e(format!("cannot list {}: {x}", caps_path.display())))?;
     for ent in rd.flatten() {
         let name = ent.file_name().to_string_lossy().into_owned();
-        let Some(num) = name.strip_prefix("nvidia-cap") else { continue };
+        let Some(num) = name.strip_prefix("nvidia-cap") else {
+            continue;
+        };
         let Ok(m) = num.parse::<u32>() else { continue };
         if !want.contains(&m) {
             match rustix::fs::unlinkat(&cfd, name.as_str(), rustix::fs::AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-                Err(x) => return Err(e(format!("cannot remove {}/{name}: {x}", caps_path.display()))),
+                Err(x) => {
+                    return Err(e(format!(
+                        "cannot remove {}/{name}: {x}",
+                        caps_path.display()
+                    )))
+                }
             }
         }
     }

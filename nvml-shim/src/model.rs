@@ -121,7 +121,13 @@ const HOPPER_ENGINES: [Engines; 7] = [
 const A100_40: Family = Family {
     mem: [4864, 9856, 19968, 40192],
     names: [
-        "1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb",
+        "1g.5gb",
+        "1g.5gb+me",
+        "1g.10gb",
+        "2g.10gb",
+        "3g.20gb",
+        "4g.20gb",
+        "7g.40gb",
     ],
     engines: AMPERE_ENGINES,
 };
@@ -411,7 +417,10 @@ pub fn mig_minors_text() -> String {
     s.push_str(&format!("config {CONFIG_MINOR}\nmonitor {MONITOR_MINOR}\n"));
     for gpu in 0..MIG_MINORS_GPUS {
         for gi in 0..MAX_GI_IDS {
-            s.push_str(&format!("gpu{gpu}/gi{gi}/access {}\n", gi_access_minor(gpu, gi)));
+            s.push_str(&format!(
+                "gpu{gpu}/gi{gi}/access {}\n",
+                gi_access_minor(gpu, gi)
+            ));
             for ci in 0..MAX_CI_IDS {
                 s.push_str(&format!(
                     "gpu{gpu}/gi{gi}/ci{ci}/access {}\n",

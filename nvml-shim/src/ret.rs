@@ -116,7 +116,9 @@ pub fn parse(s: &str) -> Option<Ret> {
     }
     let up = t.to_ascii_uppercase().replace('-', "_");
     let up = up.strip_prefix("NVML_ERROR_").unwrap_or(&up);
-    ALL.iter().find(|(_, n, _)| *n == up).map(|(c, _, _)| Ret(*c))
+    ALL.iter()
+        .find(|(_, n, _)| *n == up)
+        .map(|(c, _, _)| Ret(*c))
 }
 
 #[cfg(test)]
@@ -125,7 +127,10 @@ mod tests {
 
     #[test]
     fn parse_names_and_numbers() {
-        assert_eq!(parse("INSUFFICIENT_RESOURCES"), Some(Ret::INSUFFICIENT_RESOURCES));
+        assert_eq!(
+            parse("INSUFFICIENT_RESOURCES"),
+            Some(Ret::INSUFFICIENT_RESOURCES)
+        );
         assert_eq!(parse("nvml_error_in_use"), Some(Ret::IN_USE));
         assert_eq!(parse("gpu-is-lost"), Some(Ret::GPU_IS_LOST));
         assert_eq!(parse("999"), Some(Ret::UNKNOWN));

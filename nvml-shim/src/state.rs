@@ -145,7 +145,10 @@ impl State {
     }
 
     fn gpu_mut(&mut self, idx: u32) -> NvmlResult<&mut GpuState> {
-        let g = self.gpus.get_mut(idx as usize).ok_or(Ret::INVALID_ARGUMENT)?;
+        let g = self
+            .gpus
+            .get_mut(idx as usize)
+            .ok_or(Ret::INVALID_ARGUMENT)?;
         if g.lost {
             return Err(Ret::GPU_IS_LOST);
         }
@@ -161,7 +164,14 @@ impl State {
             .ok_or(Ret::INVALID_ARGUMENT)
     }
 
-    pub fn ci(&self, gpu: u32, gi: u32, gi_serial: u64, ci: u32, serial: u64) -> NvmlResult<&CiState> {
+    pub fn ci(
+        &self,
+        gpu: u32,
+        gi: u32,
+        gi_serial: u64,
+        ci: u32,
+        serial: u64,
+    ) -> NvmlResult<&CiState> {
         self.gi(gpu, gi, gi_serial)?
             .cis
             .iter()
@@ -184,7 +194,10 @@ impl State {
         if !g.mig_mode {
             return Err(Ret::NOT_SUPPORTED);
         }
-        let p = g.model.gi_profile_by_id(profile_id).ok_or(Ret::INVALID_ARGUMENT)?;
+        let p = g
+            .model
+            .gi_profile_by_id(profile_id)
+            .ok_or(Ret::INVALID_ARGUMENT)?;
         Ok(free_gi_placements(g, p).len() as u32)
     }
 
@@ -201,7 +214,10 @@ impl State {
         if !g.mig_mode {
             return Err(Ret::NOT_SUPPORTED);
         }
-        let p = g.model.gi_profile_by_id(profile_id).ok_or(Ret::INVALID_ARGUMENT)?;
+        let p = g
+            .model
+            .gi_profile_by_id(profile_id)
+            .ok_or(Ret::INVALID_ARGUMENT)?;
         if let Some((start, size)) = placement {
             if size != p.memory_slices || !p.placements.contains(&start) {
                 return Err(Ret::INVALID_ARGUMENT);
@@ -354,7 +370,11 @@ impl State {
             return Err(r);
         }
         let g = self.gpu_mut(gpu)?;
-        if let Some(x) = g.gis.iter_mut().find(|x| x.id == gi && x.serial == gi_serial) {
+        if let Some(x) = g
+            .gis
+            .iter_mut()
+            .find(|x| x.id == gi && x.serial == gi_serial)
+        {
             x.cis.retain(|c| !(c.id == ci && c.serial == serial));
         }
         Ok(())
@@ -479,7 +499,15 @@ mod tests {
         let names: Vec<&str> = H200_141GB.gi_profiles().iter().map(|p| p.name).collect();
         assert_eq!(
             names,
-            ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
+            [
+                "1g.18gb",
+                "1g.18gb+me",
+                "1g.35gb",
+                "2g.35gb",
+                "3g.71gb",
+                "4g.71gb",
+                "7g.141gb"
+            ]
         );
         for m in GpuModel::ALL {
             for p in m.gi_profiles() {
@@ -511,7 +539,10 @@ mod tests {
         }
         // Driver places from the highest start down; GI id = 7 + start.
         assert_eq!(ids, vec![13, 12, 11, 10, 9, 8, 7]);
-        assert_eq!(s.create_gi(0, 19, None, nf()), Err(Ret::INSUFFICIENT_RESOURCES));
+        assert_eq!(
+            s.create_gi(0, 19, None, nf()),
+            Err(Ret::INSUFFICIENT_RESOURCES)
+        );
         assert_eq!(s.gi_remaining_capacity(0, 19), Ok(0));
         assert_eq!(s.gi_remaining_capacity(0, 0), Ok(0));
     }
@@ -522,11 +553,18 @@ mod tests {
         assert_eq!(s.create_gi(0, 19, None, nf()).unwrap().0, 13);
         assert_eq!(s.create_gi(0, 14, None, nf()).unwrap().0, 5);
         assert_eq!(s.create_gi(0, 5, None, nf()).unwrap().0, 1);
-        assert_eq!(s.gi_remaining_capacity(0, 19), Ok(0), "compute slices 1+2+4 = 7");
+        assert_eq!(
+            s.gi_remaining_capacity(0, 19),
+            Ok(0),
+            "compute slices 1+2+4 = 7"
+        );
         let mut s = st(A100_40GB);
         assert_eq!(s.create_gi(0, 9, None, nf()).unwrap().0, 2);
         assert_eq!(s.create_gi(0, 9, None, nf()).unwrap().0, 1);
-        assert_eq!(s.create_gi(0, 9, None, nf()), Err(Ret::INSUFFICIENT_RESOURCES));
+        assert_eq!(
+            s.create_gi(0, 9, None, nf()),
+            Err(Ret::INSUFFICIENT_RESOURCES)
+        );
     }
 
     #[test]
@@ -541,8 +579,14 @@ mod tests {
             s.create_gi(0, 19, Some((3, 1)), nf()),
             Err(Ret::INSUFFICIENT_RESOURCES)
         );
-        assert_eq!(s.create_gi(0, 14, Some((1, 2)), nf()), Err(Ret::INVALID_ARGUMENT));
-        assert_eq!(s.create_gi(0, 14, Some((0, 1)), nf()), Err(Ret::INVALID_ARGUMENT));
+        assert_eq!(
+            s.create_gi(0, 14, Some((1, 2)), nf()),
+            Err(Ret::INVALID_ARGUMENT)
+        );
+        assert_eq!(
+            s.create_gi(0, 14, Some((0, 1)), nf()),
+            Err(Ret::INVALID_ARGUMENT)
+        );
         assert_eq!(s.create_gi(0, 77, None, nf()), Err(Ret::INVALID_ARGUMENT));
         assert_eq!(s.gi_remaining_capacity(0, 14), Ok(2));
         assert_eq!(s.gi_remaining_capacity(0, 9), Ok(1), "3g at 4 still free");
@@ -550,7 +594,10 @@ mod tests {
         // Only one +me instance.
         s.create_gi(0, 20, None, nf()).unwrap();
         assert_eq!(s.gi_remaining_capacity(0, 20), Ok(0));
-        assert_eq!(s.create_gi(0, 20, None, nf()), Err(Ret::INSUFFICIENT_RESOURCES));
+        assert_eq!(
+            s.create_gi(0, 20, None, nf()),
+            Err(Ret::INSUFFICIENT_RESOURCES)
+        );
     }
 
     #[test]
@@ -568,7 +615,11 @@ mod tests {
         let (c0, c0s) = s.create_ci(0, gi, ser, 2, None, nf()).unwrap();
         let (c1, _) = s.create_ci(0, gi, ser, 2, None, nf()).unwrap();
         assert_eq!((c0, c1), (0, 1));
-        assert_eq!(s.ci_remaining_capacity(0, gi, ser, 0), Ok(1), "slice 3 only");
+        assert_eq!(
+            s.ci_remaining_capacity(0, gi, ser, 0),
+            Ok(1),
+            "slice 3 only"
+        );
         assert_eq!(
             s.create_ci(0, gi, ser, 4, None, nf()),
             Err(Ret::INSUFFICIENT_RESOURCES)
@@ -615,13 +666,23 @@ mod tests {
             gi_create: vec![Ret::NO_PERMISSION.0],
             ..Faults::default()
         };
-        let r = s.create_gi(0, 19, None, FaultSources { local: Some(&mut local) });
+        let r = s.create_gi(
+            0,
+            19,
+            None,
+            FaultSources {
+                local: Some(&mut local),
+            },
+        );
         assert_eq!(r, Err(Ret::NO_PERMISSION));
         assert_eq!(s.create_gi(0, 19, None, nf()), Err(Ret::UNKNOWN));
         // Bad arguments do not consume a fault.
         s.faults.ci_create = vec![Ret::INSUFFICIENT_RESOURCES.0];
         let (gi, ser) = s.create_gi(0, 19, None, nf()).unwrap();
-        assert_eq!(s.create_ci(0, gi, ser, 6, None, nf()), Err(Ret::INVALID_ARGUMENT));
+        assert_eq!(
+            s.create_ci(0, gi, ser, 6, None, nf()),
+            Err(Ret::INVALID_ARGUMENT)
+        );
         assert_eq!(
             s.create_ci(0, gi, ser, 0, None, nf()),
             Err(Ret::INSUFFICIENT_RESOURCES)

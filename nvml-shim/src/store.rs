@@ -33,7 +33,9 @@ fn lock_path(state: &Path) -> PathBuf {
 fn ensure_dir(state: &Path) -> Result<(), StoreError> {
     let dir = state.parent().unwrap_or(Path::new("/"));
     match std::fs::symlink_metadata(dir) {
-        Ok(m) if m.file_type().is_symlink() => Err(err("refusing symlinked folder", dir, "symlink")),
+        Ok(m) if m.file_type().is_symlink() => {
+            Err(err("refusing symlinked folder", dir, "symlink"))
+        }
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(err("not a folder:", dir, "exists as a file")),
         Err(_) => std::fs::create_dir_all(dir).map_err(|e| err("cannot create folder", dir, e)),
@@ -53,7 +55,11 @@ fn open_lock(state: &Path) -> Result<OwnedFd, StoreError> {
 
 fn read_state(cfg: &Config) -> Result<Option<State>, StoreError> {
     let p = &cfg.state_path;
-    let fd = match rustix::fs::open(p, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) {
+    let fd = match rustix::fs::open(
+        p,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => return Ok(None),
         Err(e) => return Err(err("cannot open", p, e)),
@@ -79,7 +85,10 @@ fn current(cfg: &Config) -> Result<(State, bool), StoreError> {
 fn write_state(cfg: &Config, st: &State) -> Result<(), StoreError> {
     let p = &cfg.state_path;
     let dir = p.parent().unwrap_or(Path::new("/"));
-    let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let fd = rustix::fs::open(

@@ -41,7 +41,10 @@ impl GpuView {
 
 /// Why a GPU may not take this tenant (tier rule), or None.
 fn tier_block(gpu: &GpuView, req: &Request, occupants: &[Occupant]) -> Option<String> {
-    let here: Vec<&Occupant> = occupants.iter().filter(|o| o.gpu_uuid == gpu.uuid).collect();
+    let here: Vec<&Occupant> = occupants
+        .iter()
+        .filter(|o| o.gpu_uuid == gpu.uuid)
+        .collect();
     if let Some(o) = here.iter().find(|o| o.tenant != req.tenant && !o.share_gpu) {
         return Some(format!(
             "GPU {} ({}) is held by tenant {:?} whose tier forbids sharing a GPU",
@@ -80,8 +83,12 @@ fn usable(gpu: &GpuView) -> std::result::Result<GpuModel, String> {
     if !gpu.mig_enabled {
         return Err(format!("GPU {} ({}) has MIG disabled", gpu.index, gpu.uuid));
     }
-    gpu.model
-        .ok_or_else(|| format!("GPU {} ({}) is an unsupported model {:?}", gpu.index, gpu.uuid, gpu.name))
+    gpu.model.ok_or_else(|| {
+        format!(
+            "GPU {} ({}) is an unsupported model {:?}",
+            gpu.index, gpu.uuid, gpu.name
+        )
+    })
 }
 
 fn intent(gpu: &GpuView, p: &MigProfile, start: u32, slot: Option<u32>) -> MigIntent {
@@ -101,7 +108,12 @@ fn lookup_profile(model: GpuModel, name: &str) -> Result<&'static MigProfile> {
     model.profile(name).ok_or_else(|| MigError::UnknownProfile {
         profile: name.to_string(),
         model: model.to_string(),
-        known: model.profiles().iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
+        known: model
+            .profiles()
+            .iter()
+            .map(|p| p.name)
+            .collect::<Vec<_>>()
+            .join(", "),
     })
 }
 
@@ -130,9 +142,12 @@ pub fn choose_in(
                 slots.len()
             ),
         })?;
-        let gpu = gpus.iter().find(|g| g.index == slot.gpu).ok_or_else(|| MigError::Refused {
-            reason: format!("slot {si} is on GPU {}, which NVML does not show", slot.gpu),
-        })?;
+        let gpu = gpus
+            .iter()
+            .find(|g| g.index == slot.gpu)
+            .ok_or_else(|| MigError::Refused {
+                reason: format!("slot {si} is on GPU {}, which NVML does not show", slot.gpu),
+            })?;
         let model = usable(gpu).map_err(|reason| MigError::Refused { reason })?;
         if model != slot.model {
             return Err(MigError::Refused {
@@ -187,7 +202,9 @@ pub fn choose_in(
                     continue;
                 };
                 let Ok(model) = usable(gpu) else { continue };
-                let Some(p) = model.profile(want) else { continue };
+                let Some(p) = model.profile(want) else {
+                    continue;
+                };
                 known_anywhere = true;
                 if p.name != slot.profile {
                     continue;
@@ -223,14 +240,28 @@ pub fn choose_in(
                     reasons.push(r);
                     continue;
                 }
-                let same = gpu.instances.iter().filter(|g| g.profile_id == p.gi_profile_id).count() as u32;
+                let same = gpu
+                    .instances
+                    .iter()
+                    .filter(|g| g.profile_id == p.gi_profile_id)
+                    .count() as u32;
                 if same >= p.max_instances {
-                    reasons.push(format!("GPU {} holds the most {} instances it can", gpu.index, p.name));
+                    reasons.push(format!(
+                        "GPU {} holds the most {} instances it can",
+                        gpu.index, p.name
+                    ));
                     continue;
                 }
-                match p.starts.iter().find(|&&s| gpu.occupied_by(s, p.memory_slices).is_none()) {
+                match p
+                    .starts
+                    .iter()
+                    .find(|&&s| gpu.occupied_by(s, p.memory_slices).is_none())
+                {
                     Some(&s) => return Ok(intent(gpu, p, s, None)),
-                    None => reasons.push(format!("GPU {} has no free {} placement", gpu.index, p.name)),
+                    None => reasons.push(format!(
+                        "GPU {} has no free {} placement",
+                        gpu.index, p.name
+                    )),
                 }
             }
         }
@@ -239,9 +270,17 @@ pub fn choose_in(
         let model = gpus.iter().find_map(|g| g.model);
         return Err(MigError::UnknownProfile {
             profile: want.to_string(),
-            model: model.map(|m| m.to_string()).unwrap_or_else(|| "this node".into()),
+            model: model
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "this node".into()),
             known: model
-                .map(|m| m.profiles().iter().map(|p| p.name).collect::<Vec<_>>().join(", "))
+                .map(|m| {
+                    m.profiles()
+                        .iter()
+                        .map(|p| p.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
                 .unwrap_or_default(),
         });
     }

@@ -50,7 +50,8 @@ fn load_plan(path: &PathBuf) -> anyhow::Result<NodePlan> {
         Ok(serde_json::from_str(&text)
             .map_err(|e| anyhow::anyhow!("mig: plan {}: {e}", path.display()))?)
     } else {
-        Ok(toml::from_str(&text).map_err(|e| anyhow::anyhow!("mig: plan {}: {e}", path.display()))?)
+        Ok(toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("mig: plan {}: {e}", path.display()))?)
     }
 }
 
@@ -118,7 +119,10 @@ pub fn run(args: MigArgs) -> anyhow::Result<ExitCode> {
                 Format::Csv => {
                     println!("slot,gpu,profile,start,size,compute_slices");
                     for s in &slots {
-                        println!("{},{},{},{},{},{}", s.index, s.gpu, s.profile, s.start, s.size, s.compute_slices);
+                        println!(
+                            "{},{},{},{},{},{}",
+                            s.index, s.gpu, s.profile, s.start, s.size, s.compute_slices
+                        );
                     }
                 }
                 Format::Table => {

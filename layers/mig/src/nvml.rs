@@ -107,7 +107,11 @@ macro_rules! raw {
 
 fn cstr(buf: &[std::os::raw::c_char]) -> String {
     // SAFETY-free: copy bytes up to the first NUL.
-    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -152,10 +156,13 @@ impl Mig {
             gpu: Some(index),
             ..Default::default()
         };
-        let d = self.nvml.device_by_index(index).map_err(|e| MigError::Other {
-            at: at.clone(),
-            msg: format!("cannot get the device handle: {e}; check `nvidia-smi -L`"),
-        })?;
+        let d = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| MigError::Other {
+                at: at.clone(),
+                msg: format!("cannot get the device handle: {e}; check `nvidia-smi -L`"),
+            })?;
         // SAFETY: the handle stays valid while self.nvml is initialised.
         Ok((unsafe { d.handle() }, at))
     }
@@ -241,7 +248,12 @@ impl Mig {
                     return Err(MigError::MigDisabled {
                         gpu: g.index,
                         uuid: g.uuid,
-                        state: if g.mig_pending { "pending (reset needed)" } else { "disabled" }.into(),
+                        state: if g.mig_pending {
+                            "pending (reset needed)"
+                        } else {
+                            "disabled"
+                        }
+                        .into(),
                     })
                 }
                 _ => {}
@@ -251,7 +263,12 @@ impl Mig {
     }
 
     /// GI profile ids to scan on a GPU.
-    fn gi_profile_ids(&self, dev: b::nvmlDevice_t, model: Option<GpuModel>, at: &At) -> Result<Vec<u32>> {
+    fn gi_profile_ids(
+        &self,
+        dev: b::nvmlDevice_t,
+        model: Option<GpuModel>,
+        at: &At,
+    ) -> Result<Vec<u32>> {
         if let Some(m) = model {
             return Ok(m.profiles().iter().map(|p| p.gi_profile_id).collect());
         }
@@ -266,21 +283,52 @@ impl Mig {
         Ok(ids)
     }
 
-    fn gi_profile_info(&self, dev: b::nvmlDevice_t, index: u32, at: &At) -> Result<b::nvmlGpuInstanceProfileInfo_v2_t> {
+    fn gi_profile_info(
+        &self,
+        dev: b::nvmlDevice_t,
+        index: u32,
+        at: &At,
+    ) -> Result<b::nvmlGpuInstanceProfileInfo_v2_t> {
         // SAFETY: plain-old-data C struct.
         let mut info: b::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
         info.version = std::mem::size_of::<b::nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
-        let rc = raw!(self, at, "nvmlDeviceGetGpuInstanceProfileInfoV", nvmlDeviceGetGpuInstanceProfileInfoV, dev, index, &mut info)?;
+        let rc = raw!(
+            self,
+            at,
+            "nvmlDeviceGetGpuInstanceProfileInfoV",
+            nvmlDeviceGetGpuInstanceProfileInfoV,
+            dev,
+            index,
+            &mut info
+        )?;
         if rc != SUCCESS {
-            return Err(nvml_err(at.clone(), "nvmlDeviceGetGpuInstanceProfileInfoV", rc));
+            return Err(nvml_err(
+                at.clone(),
+                "nvmlDeviceGetGpuInstanceProfileInfoV",
+                rc,
+            ));
         }
         Ok(info)
     }
 
-    fn list_gis(&self, dev: b::nvmlDevice_t, profile_id: u32, at: &At) -> Result<Vec<b::nvmlGpuInstance_t>> {
+    fn list_gis(
+        &self,
+        dev: b::nvmlDevice_t,
+        profile_id: u32,
+        at: &At,
+    ) -> Result<Vec<b::nvmlGpuInstance_t>> {
         let mut buf: Vec<b::nvmlGpuInstance_t> = vec![std::ptr::null_mut(); 32];
         let mut count: u32 = 0;
-        let rc = raw!(self, at, "nvmlDeviceGetGpuInstances", nvmlDeviceGetGpuInstances, dev, profile_id, buf.as_mut_ptr(), &mut count)?;
+        let rc = raw!(
+            self,
+            at,
+            "nvmlDeviceGetGpuInstances",
+            nvmlDeviceGetGpuInstances,
+            dev,
+            profile_id,
+            buf.as_mut_ptr(),
+            &mut count
+        )?;
         match rc {
             SUCCESS => {
                 buf.truncate((count as usize).min(32));
@@ -295,19 +343,41 @@ impl Mig {
     fn gi_info(&self, gi: b::nvmlGpuInstance_t, at: &At) -> Result<b::nvmlGpuInstanceInfo_t> {
         // SAFETY: POD.
         let mut info: b::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
-        let rc = raw!(self, at, "nvmlGpuInstanceGetInfo", nvmlGpuInstanceGetInfo, gi, &mut info)?;
+        let rc = raw!(
+            self,
+            at,
+            "nvmlGpuInstanceGetInfo",
+            nvmlGpuInstanceGetInfo,
+            gi,
+            &mut info
+        )?;
         if rc != SUCCESS {
             return Err(nvml_err(at.clone(), "nvmlGpuInstanceGetInfo", rc));
         }
         Ok(info)
     }
 
-    fn ci_profile_info(&self, gi: b::nvmlGpuInstance_t, index: u32, at: &At) -> std::result::Result<b::nvmlComputeInstanceProfileInfo_v2_t, (u32, Option<MigError>)> {
+    fn ci_profile_info(
+        &self,
+        gi: b::nvmlGpuInstance_t,
+        index: u32,
+        at: &At,
+    ) -> std::result::Result<b::nvmlComputeInstanceProfileInfo_v2_t, (u32, Option<MigError>)> {
         // SAFETY: POD.
         let mut info: b::nvmlComputeInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
-        info.version = std::mem::size_of::<b::nvmlComputeInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
-        let rc = raw!(self, at, "nvmlGpuInstanceGetComputeInstanceProfileInfoV", nvmlGpuInstanceGetComputeInstanceProfileInfoV, gi, index, CI_ENGINE_SHARED, &mut info)
-            .map_err(|e| (0, Some(e)))?;
+        info.version =
+            std::mem::size_of::<b::nvmlComputeInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
+        let rc = raw!(
+            self,
+            at,
+            "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+            nvmlGpuInstanceGetComputeInstanceProfileInfoV,
+            gi,
+            index,
+            CI_ENGINE_SHARED,
+            &mut info
+        )
+        .map_err(|e| (0, Some(e)))?;
         if rc != SUCCESS {
             return Err((rc, None));
         }
@@ -315,7 +385,11 @@ impl Mig {
     }
 
     /// All CIs of a GI (handles and ids).
-    fn list_cis(&self, gi: b::nvmlGpuInstance_t, at: &At) -> Result<Vec<(b::nvmlComputeInstance_t, u32)>> {
+    fn list_cis(
+        &self,
+        gi: b::nvmlGpuInstance_t,
+        at: &At,
+    ) -> Result<Vec<(b::nvmlComputeInstance_t, u32)>> {
         let mut out = Vec::new();
         let mut ids_seen = Vec::new();
         for idx in 0..b::NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
@@ -330,16 +404,38 @@ impl Mig {
             ids_seen.push(info.id);
             let mut buf: Vec<b::nvmlComputeInstance_t> = vec![std::ptr::null_mut(); 16];
             let mut count: u32 = 0;
-            let rc = raw!(self, at, "nvmlGpuInstanceGetComputeInstances", nvmlGpuInstanceGetComputeInstances, gi, info.id, buf.as_mut_ptr(), &mut count)?;
+            let rc = raw!(
+                self,
+                at,
+                "nvmlGpuInstanceGetComputeInstances",
+                nvmlGpuInstanceGetComputeInstances,
+                gi,
+                info.id,
+                buf.as_mut_ptr(),
+                &mut count
+            )?;
             match rc {
                 SUCCESS => {}
                 NOT_SUPPORTED | INVALID_ARGUMENT | NOT_FOUND => continue,
-                _ => return Err(nvml_err(at.clone(), "nvmlGpuInstanceGetComputeInstances", rc)),
+                _ => {
+                    return Err(nvml_err(
+                        at.clone(),
+                        "nvmlGpuInstanceGetComputeInstances",
+                        rc,
+                    ))
+                }
             }
             for &ci in buf.iter().take((count as usize).min(16)) {
                 // SAFETY: POD.
                 let mut ci_info: b::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
-                let rc = raw!(self, at, "nvmlComputeInstanceGetInfo_v2", nvmlComputeInstanceGetInfo_v2, ci, &mut ci_info)?;
+                let rc = raw!(
+                    self,
+                    at,
+                    "nvmlComputeInstanceGetInfo_v2",
+                    nvmlComputeInstanceGetInfo_v2,
+                    ci,
+                    &mut ci_info
+                )?;
                 if rc != SUCCESS {
                     return Err(nvml_err(at.clone(), "nvmlComputeInstanceGetInfo_v2", rc));
                 }
@@ -349,7 +445,12 @@ impl Mig {
         Ok(out)
     }
 
-    fn gis_of(&self, dev: b::nvmlDevice_t, model: Option<GpuModel>, at: &At) -> Result<Vec<(b::nvmlGpuInstance_t, b::nvmlGpuInstanceInfo_t)>> {
+    fn gis_of(
+        &self,
+        dev: b::nvmlDevice_t,
+        model: Option<GpuModel>,
+        at: &At,
+    ) -> Result<Vec<(b::nvmlGpuInstance_t, b::nvmlGpuInstanceInfo_t)>> {
         let mut out = Vec::new();
         for pid in self.gi_profile_ids(dev, model, at)? {
             for gi in self.list_gis(dev, pid, at)? {
@@ -376,10 +477,20 @@ impl Mig {
             };
             if g.mig_enabled {
                 let (dev, at) = self.device(g.index)?;
-                let at = At { uuid: Some(g.uuid.clone()), ..at };
+                let at = At {
+                    uuid: Some(g.uuid.clone()),
+                    ..at
+                };
                 for (gi, info) in self.gis_of(dev, g.model, &at)? {
-                    let at_gi = At { gi: Some(info.id), ..at.clone() };
-                    let mut ci_ids: Vec<u32> = self.list_cis(gi, &at_gi)?.into_iter().map(|(_, id)| id).collect();
+                    let at_gi = At {
+                        gi: Some(info.id),
+                        ..at.clone()
+                    };
+                    let mut ci_ids: Vec<u32> = self
+                        .list_cis(gi, &at_gi)?
+                        .into_iter()
+                        .map(|(_, id)| id)
+                        .collect();
                     ci_ids.sort_unstable();
                     view.instances.push(GiView {
                         gi_id: info.id,
@@ -407,12 +518,22 @@ impl Mig {
             gpu: intent.gpu_index,
             name: name.to_string(),
         })?;
-        let p = model.profile(&intent.profile).ok_or_else(|| MigError::UnknownProfile {
-            profile: intent.profile.clone(),
-            model: model.to_string(),
-            known: model.profiles().iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
-        })?;
-        if p.gi_profile_id != intent.gi_profile_id || p.memory_slices != intent.placement_size || !p.starts.contains(&intent.placement_start) {
+        let p = model
+            .profile(&intent.profile)
+            .ok_or_else(|| MigError::UnknownProfile {
+                profile: intent.profile.clone(),
+                model: model.to_string(),
+                known: model
+                    .profiles()
+                    .iter()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        if p.gi_profile_id != intent.gi_profile_id
+            || p.memory_slices != intent.placement_size
+            || !p.starts.contains(&intent.placement_start)
+        {
             return Err(MigError::Other {
                 at: at.clone(),
                 msg: format!(
@@ -433,19 +554,40 @@ impl Mig {
             placement: Some((intent.placement_start, intent.placement_size)),
             ..at
         };
-        let d = self.nvml.device_by_index(gpu_index).map_err(|e| MigError::Other { at: at.clone(), msg: format!("cannot get device: {e}") })?;
-        let name = d.name().map_err(|e| MigError::Other { at: at.clone(), msg: format!("cannot read name: {e}") })?;
-        let minor = d.minor_number().map_err(|e| MigError::Other { at: at.clone(), msg: format!("cannot read minor: {e}") })?;
+        let d = self
+            .nvml
+            .device_by_index(gpu_index)
+            .map_err(|e| MigError::Other {
+                at: at.clone(),
+                msg: format!("cannot get device: {e}"),
+            })?;
+        let name = d.name().map_err(|e| MigError::Other {
+            at: at.clone(),
+            msg: format!("cannot read name: {e}"),
+        })?;
+        let minor = d.minor_number().map_err(|e| MigError::Other {
+            at: at.clone(),
+            msg: format!("cannot read minor: {e}"),
+        })?;
         match d.mig_mode() {
             Ok(m) if m.current == 1 => {}
             Ok(m) => {
                 return Err(MigError::MigDisabled {
                     gpu: gpu_index,
                     uuid: intent.gpu_uuid.clone(),
-                    state: if m.pending == 1 { "pending (reset needed)".into() } else { "disabled".into() },
+                    state: if m.pending == 1 {
+                        "pending (reset needed)".into()
+                    } else {
+                        "disabled".into()
+                    },
                 })
             }
-            Err(e) => return Err(MigError::Other { at, msg: format!("cannot read MIG mode: {e}") }),
+            Err(e) => {
+                return Err(MigError::Other {
+                    at,
+                    msg: format!("cannot read MIG mode: {e}"),
+                })
+            }
         }
         let p = self.profile_for(intent, &name, &at)?;
         let pinfo = self.gi_profile_info(dev, p.gi_profile_index, &at)?;
@@ -463,7 +605,16 @@ impl Mig {
             size: intent.placement_size,
         };
         let mut gi: b::nvmlGpuInstance_t = std::ptr::null_mut();
-        let rc = raw!(self, at, "nvmlDeviceCreateGpuInstanceWithPlacement", nvmlDeviceCreateGpuInstanceWithPlacement, dev, pinfo.id, &placement, &mut gi)?;
+        let rc = raw!(
+            self,
+            at,
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            nvmlDeviceCreateGpuInstanceWithPlacement,
+            dev,
+            pinfo.id,
+            &placement,
+            &mut gi
+        )?;
         if rc != SUCCESS {
             return Err(nvml_err(at, "nvmlDeviceCreateGpuInstanceWithPlacement", rc));
         }
@@ -471,32 +622,71 @@ impl Mig {
             Ok(i) => i,
             Err(e) => return Err(self.undo_gi(gi, &at, e)),
         };
-        let at = At { gi: Some(gi_info.id), ..at };
+        let at = At {
+            gi: Some(gi_info.id),
+            ..at
+        };
 
         // Full-size CI.
         let ci_pinfo = match self.ci_profile_info(gi, p.ci_profile_index, &at) {
             Ok(i) => i,
             Err((_, Some(e))) => return Err(self.undo_gi(gi, &at, e)),
-            Err((rc, None)) => return Err(self.undo_gi(gi, &at, nvml_err(at.clone(), "nvmlGpuInstanceGetComputeInstanceProfileInfoV", rc))),
+            Err((rc, None)) => {
+                return Err(self.undo_gi(
+                    gi,
+                    &at,
+                    nvml_err(
+                        at.clone(),
+                        "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+                        rc,
+                    ),
+                ))
+            }
         };
         let mut ci: b::nvmlComputeInstance_t = std::ptr::null_mut();
-        let rc = match raw!(self, at, "nvmlGpuInstanceCreateComputeInstance", nvmlGpuInstanceCreateComputeInstance, gi, ci_pinfo.id, &mut ci) {
+        let rc = match raw!(
+            self,
+            at,
+            "nvmlGpuInstanceCreateComputeInstance",
+            nvmlGpuInstanceCreateComputeInstance,
+            gi,
+            ci_pinfo.id,
+            &mut ci
+        ) {
             Ok(rc) => rc,
             Err(e) => return Err(self.undo_gi(gi, &at, e)),
         };
         if rc != SUCCESS {
-            return Err(self.undo_gi(gi, &at, nvml_err(at.clone(), "nvmlGpuInstanceCreateComputeInstance", rc)));
+            return Err(self.undo_gi(
+                gi,
+                &at,
+                nvml_err(at.clone(), "nvmlGpuInstanceCreateComputeInstance", rc),
+            ));
         }
         // SAFETY: POD.
         let mut ci_info: b::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
-        let rc = match raw!(self, at, "nvmlComputeInstanceGetInfo_v2", nvmlComputeInstanceGetInfo_v2, ci, &mut ci_info) {
+        let rc = match raw!(
+            self,
+            at,
+            "nvmlComputeInstanceGetInfo_v2",
+            nvmlComputeInstanceGetInfo_v2,
+            ci,
+            &mut ci_info
+        ) {
             Ok(rc) => rc,
             Err(e) => return Err(self.undo_all(gi, &at, e)),
         };
         if rc != SUCCESS {
-            return Err(self.undo_all(gi, &at, nvml_err(at.clone(), "nvmlComputeInstanceGetInfo_v2", rc)));
+            return Err(self.undo_all(
+                gi,
+                &at,
+                nvml_err(at.clone(), "nvmlComputeInstanceGetInfo_v2", rc),
+            ));
         }
-        let at = At { ci: Some(ci_info.id), ..at };
+        let at = At {
+            ci: Some(ci_info.id),
+            ..at
+        };
         let mig_uuid = match self.mig_uuid(dev, gi_info.id, ci_info.id, &at) {
             Ok(u) => u,
             Err(e) => return Err(self.undo_all(gi, &at, e)),
@@ -528,7 +718,15 @@ impl Mig {
     /// Roll back CIs and the GI.
     fn undo_all(&self, gi: b::nvmlGpuInstance_t, at: &At, cause: MigError) -> MigError {
         let res = self.destroy_cis(gi, at).and_then(|_| {
-            self.destroy_with_retry(at, "GPU instance", || raw!(self, at, "nvmlGpuInstanceDestroy", nvmlGpuInstanceDestroy, gi))
+            self.destroy_with_retry(at, "GPU instance", || {
+                raw!(
+                    self,
+                    at,
+                    "nvmlGpuInstanceDestroy",
+                    nvmlGpuInstanceDestroy,
+                    gi
+                )
+            })
         });
         match res {
             Ok(_) => MigError::Other {
@@ -544,37 +742,82 @@ impl Mig {
 
     fn mig_uuid(&self, dev: b::nvmlDevice_t, gi_id: u32, ci_id: u32, at: &At) -> Result<String> {
         let mut max: u32 = 0;
-        let rc = raw!(self, at, "nvmlDeviceGetMaxMigDeviceCount", nvmlDeviceGetMaxMigDeviceCount, dev, &mut max)?;
+        let rc = raw!(
+            self,
+            at,
+            "nvmlDeviceGetMaxMigDeviceCount",
+            nvmlDeviceGetMaxMigDeviceCount,
+            dev,
+            &mut max
+        )?;
         if rc != SUCCESS {
             return Err(nvml_err(at.clone(), "nvmlDeviceGetMaxMigDeviceCount", rc));
         }
         for i in 0..max {
             let mut mig: b::nvmlDevice_t = std::ptr::null_mut();
-            let rc = raw!(self, at, "nvmlDeviceGetMigDeviceHandleByIndex", nvmlDeviceGetMigDeviceHandleByIndex, dev, i, &mut mig)?;
+            let rc = raw!(
+                self,
+                at,
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                nvmlDeviceGetMigDeviceHandleByIndex,
+                dev,
+                i,
+                &mut mig
+            )?;
             if rc == NOT_FOUND || rc == INVALID_ARGUMENT {
                 continue;
             }
             if rc != SUCCESS {
-                return Err(nvml_err(at.clone(), "nvmlDeviceGetMigDeviceHandleByIndex", rc));
+                return Err(nvml_err(
+                    at.clone(),
+                    "nvmlDeviceGetMigDeviceHandleByIndex",
+                    rc,
+                ));
             }
             let (mut g, mut c) = (u32::MAX, u32::MAX);
-            let rc = raw!(self, at, "nvmlDeviceGetGpuInstanceId", nvmlDeviceGetGpuInstanceId, mig, &mut g)?;
+            let rc = raw!(
+                self,
+                at,
+                "nvmlDeviceGetGpuInstanceId",
+                nvmlDeviceGetGpuInstanceId,
+                mig,
+                &mut g
+            )?;
             if rc != SUCCESS {
                 return Err(nvml_err(at.clone(), "nvmlDeviceGetGpuInstanceId", rc));
             }
-            let rc = raw!(self, at, "nvmlDeviceGetComputeInstanceId", nvmlDeviceGetComputeInstanceId, mig, &mut c)?;
+            let rc = raw!(
+                self,
+                at,
+                "nvmlDeviceGetComputeInstanceId",
+                nvmlDeviceGetComputeInstanceId,
+                mig,
+                &mut c
+            )?;
             if rc != SUCCESS {
                 return Err(nvml_err(at.clone(), "nvmlDeviceGetComputeInstanceId", rc));
             }
             if g == gi_id && c == ci_id {
-                let mut buf = [0 as std::os::raw::c_char; b::NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
-                let rc = raw!(self, at, "nvmlDeviceGetUUID", nvmlDeviceGetUUID, mig, buf.as_mut_ptr(), buf.len() as u32)?;
+                let mut buf =
+                    [0 as std::os::raw::c_char; b::NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
+                let rc = raw!(
+                    self,
+                    at,
+                    "nvmlDeviceGetUUID",
+                    nvmlDeviceGetUUID,
+                    mig,
+                    buf.as_mut_ptr(),
+                    buf.len() as u32
+                )?;
                 if rc != SUCCESS {
                     return Err(nvml_err(at.clone(), "nvmlDeviceGetUUID", rc));
                 }
                 let u = cstr(&buf);
                 if !u.starts_with("MIG-") {
-                    return Err(MigError::Other { at: at.clone(), msg: format!("MIG device UUID {u:?} does not start with MIG-") });
+                    return Err(MigError::Other {
+                        at: at.clone(),
+                        msg: format!("MIG device UUID {u:?} does not start with MIG-"),
+                    });
                 }
                 return Ok(u);
             }
@@ -599,10 +842,22 @@ impl Mig {
                 IN_USE => {
                     if attempt < attempts {
                         retries += 1;
-                        std::thread::sleep(Duration::from_millis(self.retry.backoff_ms * attempt as u64));
+                        std::thread::sleep(Duration::from_millis(
+                            self.retry.backoff_ms * attempt as u64,
+                        ));
                     }
                 }
-                rc => return Err(nvml_err(at.clone(), if what == "GPU instance" { "nvmlGpuInstanceDestroy" } else { "nvmlComputeInstanceDestroy" }, rc)),
+                rc => {
+                    return Err(nvml_err(
+                        at.clone(),
+                        if what == "GPU instance" {
+                            "nvmlGpuInstanceDestroy"
+                        } else {
+                            "nvmlComputeInstanceDestroy"
+                        },
+                        rc,
+                    ))
+                }
             }
         }
         Err(MigError::InUse {
@@ -619,8 +874,19 @@ impl Mig {
         let mut ids = Vec::new();
         let mut retries = 0;
         for (ci, id) in self.list_cis(gi, at)? {
-            let at_ci = At { ci: Some(id), ..at.clone() };
-            let (o, r) = self.destroy_with_retry(&at_ci, "compute instance", || raw!(self, at_ci, "nvmlComputeInstanceDestroy", nvmlComputeInstanceDestroy, ci))?;
+            let at_ci = At {
+                ci: Some(id),
+                ..at.clone()
+            };
+            let (o, r) = self.destroy_with_retry(&at_ci, "compute instance", || {
+                raw!(
+                    self,
+                    at_ci,
+                    "nvmlComputeInstanceDestroy",
+                    nvmlComputeInstanceDestroy,
+                    ci
+                )
+            })?;
             retries += r;
             if o == Outcome::Destroyed {
                 ids.push(id);
@@ -629,10 +895,29 @@ impl Mig {
         Ok((ids, retries))
     }
 
-    fn teardown_gi(&self, gi: b::nvmlGpuInstance_t, gi_id: u32, gpu_index: u32, uuid: &str, at: &At, expect_ci: Option<u32>) -> Result<Teardown> {
-        let at = At { gi: Some(gi_id), ..at.clone() };
+    fn teardown_gi(
+        &self,
+        gi: b::nvmlGpuInstance_t,
+        gi_id: u32,
+        gpu_index: u32,
+        uuid: &str,
+        at: &At,
+        expect_ci: Option<u32>,
+    ) -> Result<Teardown> {
+        let at = At {
+            gi: Some(gi_id),
+            ..at.clone()
+        };
         let (ci_ids, r1) = self.destroy_cis(gi, &at)?;
-        let (gi_out, r2) = self.destroy_with_retry(&at, "GPU instance", || raw!(self, at, "nvmlGpuInstanceDestroy", nvmlGpuInstanceDestroy, gi))?;
+        let (gi_out, r2) = self.destroy_with_retry(&at, "GPU instance", || {
+            raw!(
+                self,
+                at,
+                "nvmlGpuInstanceDestroy",
+                nvmlGpuInstanceDestroy,
+                gi
+            )
+        })?;
         let ci = match expect_ci {
             Some(c) if ci_ids.contains(&c) => Outcome::Destroyed,
             Some(_) => Outcome::AlreadyGone,
@@ -677,9 +962,20 @@ impl Mig {
         let uuid = intent.gpu_uuid.as_str();
         match made {
             Some(slice) => {
-                let at = At { gi: Some(slice.gi_id), ..at };
+                let at = At {
+                    gi: Some(slice.gi_id),
+                    ..at
+                };
                 let mut gi: b::nvmlGpuInstance_t = std::ptr::null_mut();
-                let rc = raw!(self, at, "nvmlDeviceGetGpuInstanceById", nvmlDeviceGetGpuInstanceById, dev, slice.gi_id, &mut gi)?;
+                let rc = raw!(
+                    self,
+                    at,
+                    "nvmlDeviceGetGpuInstanceById",
+                    nvmlDeviceGetGpuInstanceById,
+                    dev,
+                    slice.gi_id,
+                    &mut gi
+                )?;
                 if rc == NOT_FOUND || rc == INVALID_ARGUMENT {
                     return Ok(Self::gone(gpu_index, uuid, Some(slice.gi_id), None));
                 }
@@ -687,7 +983,9 @@ impl Mig {
                     return Err(nvml_err(at, "nvmlDeviceGetGpuInstanceById", rc));
                 }
                 let info = self.gi_info(gi, &at)?;
-                if info.placement.start != intent.placement_start || info.profileId != intent.gi_profile_id {
+                if info.placement.start != intent.placement_start
+                    || info.profileId != intent.gi_profile_id
+                {
                     // The id was reused by someone else's GI: ours is gone; do not touch theirs.
                     return Ok(Self::gone(
                         gpu_index,
@@ -703,10 +1001,16 @@ impl Mig {
             }
             None => {
                 let model = GpuModel::from_nvml_name(
-                    &self.nvml.device_by_index(gpu_index).and_then(|d| d.name()).unwrap_or_default(),
+                    &self
+                        .nvml
+                        .device_by_index(gpu_index)
+                        .and_then(|d| d.name())
+                        .unwrap_or_default(),
                 );
                 for (gi, info) in self.gis_of(dev, model, &at)? {
-                    if info.placement.start == intent.placement_start && info.profileId == intent.gi_profile_id {
+                    if info.placement.start == intent.placement_start
+                        && info.profileId == intent.gi_profile_id
+                    {
                         return self.teardown_gi(gi, info.id, gpu_index, uuid, &at, None);
                     }
                 }
@@ -718,10 +1022,26 @@ impl Mig {
     /// Destroy one GI (and its CIs) by id, for reconcile. Idempotent.
     pub fn destroy_gi(&self, gpu: u32, gi_id: u32) -> Result<Teardown> {
         let (dev, at) = self.device(gpu)?;
-        let uuid = self.nvml.device_by_index(gpu).and_then(|d| d.uuid()).unwrap_or_default();
-        let at = At { uuid: Some(uuid.clone()), gi: Some(gi_id), ..at };
+        let uuid = self
+            .nvml
+            .device_by_index(gpu)
+            .and_then(|d| d.uuid())
+            .unwrap_or_default();
+        let at = At {
+            uuid: Some(uuid.clone()),
+            gi: Some(gi_id),
+            ..at
+        };
         let mut gi: b::nvmlGpuInstance_t = std::ptr::null_mut();
-        let rc = raw!(self, at, "nvmlDeviceGetGpuInstanceById", nvmlDeviceGetGpuInstanceById, dev, gi_id, &mut gi)?;
+        let rc = raw!(
+            self,
+            at,
+            "nvmlDeviceGetGpuInstanceById",
+            nvmlDeviceGetGpuInstanceById,
+            dev,
+            gi_id,
+            &mut gi
+        )?;
         if rc == NOT_FOUND || rc == INVALID_ARGUMENT {
             return Ok(Self::gone(gpu, &uuid, Some(gi_id), None));
         }

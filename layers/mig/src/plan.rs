@@ -80,7 +80,9 @@ pub fn plan_slots(plan: &NodePlan, gpus: &[PlanGpu]) -> Result<Vec<Slot>> {
     let mut overrides: BTreeMap<u32, &Carving> = BTreeMap::new();
     for (k, c) in &plan.gpus {
         let idx: u32 = k.trim().parse().map_err(|_| {
-            plan_err(format!("GPU key {k:?} in plan is not a GPU index (use \"0\", \"1\", ...)"))
+            plan_err(format!(
+                "GPU key {k:?} in plan is not a GPU index (use \"0\", \"1\", ...)"
+            ))
         })?;
         if !gpus.iter().any(|g| g.index == idx) {
             return Err(plan_err(format!(
@@ -126,8 +128,20 @@ pub fn plan_slots(plan: &NodePlan, gpus: &[PlanGpu]) -> Result<Vec<Slot>> {
     // merges gres.conf records into slurm.conf type order, so slot order == gres.conf order
     // == slurm.conf type order keeps the device index Slurm reports equal to Slot::index.
     placed.sort_by(|a, b| {
-        (std::cmp::Reverse(a.1.compute_slices), std::cmp::Reverse(a.1.memory_slices), a.1.slurm_type(), a.0.index, a.2)
-            .cmp(&(std::cmp::Reverse(b.1.compute_slices), std::cmp::Reverse(b.1.memory_slices), b.1.slurm_type(), b.0.index, b.2))
+        (
+            std::cmp::Reverse(a.1.compute_slices),
+            std::cmp::Reverse(a.1.memory_slices),
+            a.1.slurm_type(),
+            a.0.index,
+            a.2,
+        )
+            .cmp(&(
+                std::cmp::Reverse(b.1.compute_slices),
+                std::cmp::Reverse(b.1.memory_slices),
+                b.1.slurm_type(),
+                b.0.index,
+                b.2,
+            ))
     });
     Ok(placed
         .into_iter()
@@ -156,11 +170,19 @@ fn carve_gpu(g: &PlanGpu, carving: &Carving) -> Result<Vec<(&'static MigProfile,
                 "GPU {} ({}): unknown profile {name:?}; known: {}",
                 g.index,
                 g.model,
-                g.model.profiles().iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+                g.model
+                    .profiles()
+                    .iter()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))
         })?;
         if want.iter().any(|w| w.name == p.name) {
-            return Err(plan_err(format!("GPU {}: profile {} listed twice", g.index, p.name)));
+            return Err(plan_err(format!(
+                "GPU {}: profile {} listed twice",
+                g.index, p.name
+            )));
         }
         if count > p.max_instances {
             return Err(plan_err(format!(
@@ -204,7 +226,10 @@ fn backtrack(want: &[&'static MigProfile], chosen: &mut Vec<(&'static MigProfile
         _ => 0,
     };
     for &s in p.starts.iter().filter(|&&s| s >= min_start) {
-        if chosen.iter().any(|(q, t)| overlaps(s, p.memory_slices, *t, q.memory_slices)) {
+        if chosen
+            .iter()
+            .any(|(q, t)| overlaps(s, p.memory_slices, *t, q.memory_slices))
+        {
             continue;
         }
         chosen.push((p, s));
@@ -262,7 +287,11 @@ pub fn slurm_lines(node_name: &str, slots: &[Slot]) -> Result<(String, Vec<Strin
     } else {
         format!(
             "Gres={}",
-            counts.iter().map(|(t, n)| format!("gpu:{t}:{n}")).collect::<Vec<_>>().join(",")
+            counts
+                .iter()
+                .map(|(t, n)| format!("gpu:{t}:{n}"))
+                .collect::<Vec<_>>()
+                .join(",")
         )
     };
     let lines = slots

@@ -85,9 +85,9 @@ impl GpuModel {
     pub fn profile(self, name: &str) -> Option<&'static MigProfile> {
         let name = name.trim();
         let name = name.strip_prefix("MIG ").unwrap_or(name);
-        self.profiles()
-            .iter()
-            .find(|p| p.name.eq_ignore_ascii_case(name) || p.slurm_type().eq_ignore_ascii_case(name))
+        self.profiles().iter().find(|p| {
+            p.name.eq_ignore_ascii_case(name) || p.slurm_type().eq_ignore_ascii_case(name)
+        })
     }
 
     /// Look a profile up by GI profile id (19 = 1g, 0 = 7g, ...).
@@ -140,7 +140,7 @@ const GIP_4: u32 = 3;
 const GIP_7: u32 = 4;
 const GIP_1_REV1: u32 = 7; // 1g+me
 const GIP_1_REV2: u32 = 9; // 1g, double memory
-// NVML_COMPUTE_INSTANCE_PROFILE_* constants.
+                           // NVML_COMPUTE_INSTANCE_PROFILE_* constants.
 const CIP_1: u32 = 0;
 const CIP_2: u32 = 1;
 const CIP_3: u32 = 2;
@@ -207,11 +207,27 @@ mod tests {
         assert_eq!(h.profile("1g.18gb_me").unwrap().name, "1g.18gb+me");
         assert_eq!(h.profile_by_gi_id(0).unwrap().name, "7g.141gb");
         assert!(h.profile("1g.5gb").is_none());
-        assert_eq!(GpuModel::A100_40GB.profile("1g.10gb").unwrap().memory_slices, 2);
-        assert_eq!(GpuModel::A100_80GB.profile("1g.10gb").unwrap().memory_slices, 1);
+        assert_eq!(
+            GpuModel::A100_40GB
+                .profile("1g.10gb")
+                .unwrap()
+                .memory_slices,
+            2
+        );
+        assert_eq!(
+            GpuModel::A100_80GB
+                .profile("1g.10gb")
+                .unwrap()
+                .memory_slices,
+            1
+        );
         for m in GpuModel::ALL {
             for p in m.profiles() {
-                assert!(p.starts.iter().all(|s| s + p.memory_slices <= 8), "{m} {}", p.name);
+                assert!(
+                    p.starts.iter().all(|s| s + p.memory_slices <= 8),
+                    "{m} {}",
+                    p.name
+                );
                 assert_eq!(m.profile(p.name).unwrap(), p);
             }
         }
@@ -219,10 +235,22 @@ mod tests {
 
     #[test]
     fn model_from_nvml_names() {
-        assert_eq!(GpuModel::from_nvml_name("NVIDIA H200"), Some(GpuModel::H200_141GB));
-        assert_eq!(GpuModel::from_nvml_name("NVIDIA A100-SXM4-40GB"), Some(GpuModel::A100_40GB));
-        assert_eq!(GpuModel::from_nvml_name("NVIDIA A100-SXM4-80GB"), Some(GpuModel::A100_80GB));
-        assert_eq!(GpuModel::from_nvml_name("NVIDIA H100 80GB HBM3"), Some(GpuModel::H100_80GB));
+        assert_eq!(
+            GpuModel::from_nvml_name("NVIDIA H200"),
+            Some(GpuModel::H200_141GB)
+        );
+        assert_eq!(
+            GpuModel::from_nvml_name("NVIDIA A100-SXM4-40GB"),
+            Some(GpuModel::A100_40GB)
+        );
+        assert_eq!(
+            GpuModel::from_nvml_name("NVIDIA A100-SXM4-80GB"),
+            Some(GpuModel::A100_80GB)
+        );
+        assert_eq!(
+            GpuModel::from_nvml_name("NVIDIA H100 80GB HBM3"),
+            Some(GpuModel::H100_80GB)
+        );
         assert_eq!(GpuModel::from_nvml_name("NVIDIA H100 NVL"), None);
         assert_eq!(GpuModel::from_nvml_name("NVIDIA A30"), None);
         assert_eq!(GpuModel::from_nvml_name("Tesla T4"), None);

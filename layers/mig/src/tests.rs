@@ -14,12 +14,19 @@ fn carving(items: &[(&str, u32)]) -> Carving {
 
 fn h200s(n: u32) -> Vec<PlanGpu> {
     (0..n)
-        .map(|i| PlanGpu { index: i, minor: i, model: GpuModel::H200_141GB })
+        .map(|i| PlanGpu {
+            index: i,
+            minor: i,
+            model: GpuModel::H200_141GB,
+        })
         .collect()
 }
 
 fn model_plan(model: &str, c: Carving) -> NodePlan {
-    NodePlan { models: BTreeMap::from([(model.to_string(), c)]), gpus: BTreeMap::new() }
+    NodePlan {
+        models: BTreeMap::from([(model.to_string(), c)]),
+        gpus: BTreeMap::new(),
+    }
 }
 
 fn no_overlap(slots: &[Slot]) {
@@ -29,7 +36,10 @@ fn no_overlap(slots: &[Slot]) {
         assert_eq!(p.memory_slices, a.size);
         for b in slots {
             if a.index != b.index && a.gpu == b.gpu {
-                assert!(!crate::profiles::overlaps(a.start, a.size, b.start, b.size), "{a:?} overlaps {b:?}");
+                assert!(
+                    !crate::profiles::overlaps(a.start, a.size, b.start, b.size),
+                    "{a:?} overlaps {b:?}"
+                );
             }
         }
     }
@@ -37,10 +47,21 @@ fn no_overlap(slots: &[Slot]) {
 
 #[test]
 fn plan_seven_1g() {
-    let slots = plan_slots(&model_plan("H200-141GB", carving(&[("1g.18gb", 7)])), &h200s(2)).unwrap();
+    let slots = plan_slots(
+        &model_plan("H200-141GB", carving(&[("1g.18gb", 7)])),
+        &h200s(2),
+    )
+    .unwrap();
     assert_eq!(slots.len(), 14);
     no_overlap(&slots);
-    assert_eq!(slots.iter().filter(|s| s.gpu == 1).map(|s| s.start).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        slots
+            .iter()
+            .filter(|s| s.gpu == 1)
+            .map(|s| s.start)
+            .collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4, 5, 6]
+    );
     assert!(slots.iter().enumerate().all(|(i, s)| s.index == i as u32));
 }
 
@@ -54,7 +75,12 @@ fn plan_mixed_needs_backtracking() {
     let by: Vec<(String, u32)> = slots.iter().map(|s| (s.profile.clone(), s.start)).collect();
     assert_eq!(
         by,
-        vec![("3g.71gb".into(), 4), ("2g.35gb".into(), 0), ("1g.18gb".into(), 2), ("1g.18gb".into(), 3)]
+        vec![
+            ("3g.71gb".into(), 4),
+            ("2g.35gb".into(), 0),
+            ("1g.18gb".into(), 2),
+            ("1g.18gb".into(), 3)
+        ]
     );
     assert_eq!(slots.iter().map(|s| s.compute_slices).sum::<u32>(), 7);
 }
@@ -62,7 +88,11 @@ fn plan_mixed_needs_backtracking() {
 #[test]
 fn plan_rejects_impossible() {
     let gpus = h200s(1);
-    let err = |c: Carving| plan_slots(&model_plan("H200-141GB", c), &gpus).unwrap_err().to_string();
+    let err = |c: Carving| {
+        plan_slots(&model_plan("H200-141GB", c), &gpus)
+            .unwrap_err()
+            .to_string()
+    };
     let e = err(carving(&[("1g.18gb", 8)]));
     assert!(e.contains("at most 7 fit"), "{e}");
     let e = err(carving(&[("4g.71gb", 1), ("3g.71gb", 1), ("1g.18gb", 1)]));
@@ -72,21 +102,38 @@ fn plan_rejects_impossible() {
     let e = err(carving(&[("4g.71gb", 1), ("2g.35gb", 2)]));
     assert!(e.contains("8/7 compute"), "{e}");
     let e = err(carving(&[("3g.71gb", 2), ("1g.18gb", 1)]));
-    assert!(e.contains("9/8 memory") || e.contains("memory slices"), "{e}");
+    assert!(
+        e.contains("9/8 memory") || e.contains("memory slices"),
+        "{e}"
+    );
     // (A brute force over all H200 count vectors found no carving that passes the count,
     // compute and memory checks yet misses the placement grid; the backtracking search
     // stays as the authority and its failure message is tested through carve order above.)
     let e = err(carving(&[("1g.5gb", 1)]));
-    assert!(e.contains("unknown profile") && e.contains("1g.18gb"), "{e}");
+    assert!(
+        e.contains("unknown profile") && e.contains("1g.18gb"),
+        "{e}"
+    );
     let e = err(carving(&[("1g.18gb+me", 2)]));
     assert!(e.contains("at most 1"), "{e}");
-    let e = plan_slots(&model_plan("B200", carving(&[])), &gpus).unwrap_err().to_string();
+    let e = plan_slots(&model_plan("B200", carving(&[])), &gpus)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown GPU model"), "{e}");
-    let p = NodePlan { models: BTreeMap::new(), gpus: BTreeMap::from([("5".into(), carving(&[("1g.18gb", 1)]))]) };
+    let p = NodePlan {
+        models: BTreeMap::new(),
+        gpus: BTreeMap::from([("5".into(), carving(&[("1g.18gb", 1)]))]),
+    };
     let e = plan_slots(&p, &gpus).unwrap_err().to_string();
     assert!(e.contains("no such GPU"), "{e}");
-    let p = NodePlan { models: BTreeMap::new(), gpus: BTreeMap::from([("x".into(), carving(&[]))]) };
-    assert!(plan_slots(&p, &gpus).unwrap_err().to_string().contains("not a GPU index"));
+    let p = NodePlan {
+        models: BTreeMap::new(),
+        gpus: BTreeMap::from([("x".into(), carving(&[]))]),
+    };
+    assert!(plan_slots(&p, &gpus)
+        .unwrap_err()
+        .to_string()
+        .contains("not a GPU index"));
 }
 
 #[test]
@@ -103,10 +150,15 @@ fn plan_per_gpu_override_and_parse() {
     assert_eq!(slots[0].profile, "7g.141gb");
     assert_eq!(slots[0].gpu, 1);
     assert_eq!(slots.len(), 8);
-    assert!(slots[1..].iter().all(|s| s.gpu == 0 && s.profile == "1g.18gb"));
+    assert!(slots[1..]
+        .iter()
+        .all(|s| s.gpu == 0 && s.profile == "1g.18gb"));
     let json: NodePlan = serde_json::from_str(r#"{"gpus": {"0": {"3g.71gb": 2}}}"#).unwrap();
     assert_eq!(plan_slots(&json, &h200s(2)).unwrap().len(), 2);
-    assert!(serde_json::from_str::<NodePlan>(r#"{"gpu": {}}"#).is_err(), "unknown keys rejected");
+    assert!(
+        serde_json::from_str::<NodePlan>(r#"{"gpu": {}}"#).is_err(),
+        "unknown keys rejected"
+    );
 }
 
 #[test]
@@ -120,8 +172,16 @@ fn plan_rejects_type_with_two_geometries() {
         gpus: BTreeMap::new(),
     };
     let gpus = vec![
-        PlanGpu { index: 0, minor: 0, model: GpuModel::A100_40GB },
-        PlanGpu { index: 1, minor: 1, model: GpuModel::A100_80GB },
+        PlanGpu {
+            index: 0,
+            minor: 0,
+            model: GpuModel::A100_40GB,
+        },
+        PlanGpu {
+            index: 1,
+            minor: 1,
+            model: GpuModel::A100_80GB,
+        },
     ];
     let e = plan_slots(&plan, &gpus).unwrap_err().to_string();
     assert!(e.contains("different sizes"), "{e}");
@@ -131,22 +191,37 @@ fn plan_rejects_type_with_two_geometries() {
 fn slurm_lines_match_slots() {
     let c = carving(&[("3g.71gb", 1), ("2g.35gb", 1), ("1g.18gb", 2)]);
     let gpus = vec![
-        PlanGpu { index: 0, minor: 0, model: GpuModel::H200_141GB },
-        PlanGpu { index: 1, minor: 3, model: GpuModel::H200_141GB },
+        PlanGpu {
+            index: 0,
+            minor: 0,
+            model: GpuModel::H200_141GB,
+        },
+        PlanGpu {
+            index: 1,
+            minor: 3,
+            model: GpuModel::H200_141GB,
+        },
     ];
     let slots = plan_slots(&model_plan("H200-141GB", c), &gpus).unwrap();
     let (gres, lines) = slurm_lines("gpu-n01", &slots).unwrap();
     assert_eq!(gres, "Gres=gpu:3g.71gb:2,gpu:2g.35gb:2,gpu:1g.18gb:4");
     assert_eq!(lines.len(), slots.len());
     assert_eq!(lines[0], "NodeName=gpu-n01 AutoDetect=off Name=gpu Type=3g.71gb MultipleFiles=/dev/nvidia0,/dev/nvidiactl");
-    assert_eq!(lines[1], "NodeName=gpu-n01 Name=gpu Type=3g.71gb MultipleFiles=/dev/nvidia3,/dev/nvidiactl");
+    assert_eq!(
+        lines[1],
+        "NodeName=gpu-n01 Name=gpu Type=3g.71gb MultipleFiles=/dev/nvidia3,/dev/nvidiactl"
+    );
     // Line i is slot i: same type, same GPU device.
     for (l, s) in lines.iter().zip(&slots) {
         assert!(l.contains(&format!("Type={} ", s.slurm_type())), "{l}");
         assert!(l.contains(&format!("/dev/nvidia{},", s.gpu_minor)), "{l}");
     }
     // '+' is not put into Slurm types.
-    let slots = plan_slots(&model_plan("H200-141GB", carving(&[("1g.18gb+me", 1)])), &gpus).unwrap();
+    let slots = plan_slots(
+        &model_plan("H200-141GB", carving(&[("1g.18gb+me", 1)])),
+        &gpus,
+    )
+    .unwrap();
     let (gres, lines) = slurm_lines("n", &slots).unwrap();
     assert_eq!(gres, "Gres=gpu:1g.18gb_me:2");
     assert!(lines[0].contains("Type=1g.18gb_me "));
@@ -183,36 +258,83 @@ fn view(index: u32, instances: Vec<GiView>) -> GpuView {
 }
 
 fn gi(id: u32, profile_id: u32, start: u32, size: u32) -> GiView {
-    GiView { gi_id: id, profile_id, start, size, ci_ids: vec![0] }
+    GiView {
+        gi_id: id,
+        profile_id,
+        start,
+        size,
+        ci_ids: vec![0],
+    }
 }
 
 fn req(profile: Option<&str>, slot: Option<u32>, tenant: &str, share: bool) -> Request {
-    Request { profile: profile.map(Into::into), slot, tenant: tenant.into(), share_gpu: share }
+    Request {
+        profile: profile.map(Into::into),
+        slot,
+        tenant: tenant.into(),
+        share_gpu: share,
+    }
 }
 
 fn occ(gpu: u32, tenant: &str, share: bool) -> Occupant {
-    Occupant { gpu_uuid: format!("GPU-{gpu}"), tenant: tenant.into(), share_gpu: share }
+    Occupant {
+        gpu_uuid: format!("GPU-{gpu}"),
+        tenant: tenant.into(),
+        share_gpu: share,
+    }
 }
 
 #[test]
 fn choose_slot_hint_is_exact() {
-    let slots = plan_slots(&model_plan("H200-141GB", carving(&[("3g.71gb", 1), ("2g.35gb", 1), ("1g.18gb", 2)])), &h200s(2)).unwrap();
+    let slots = plan_slots(
+        &model_plan(
+            "H200-141GB",
+            carving(&[("3g.71gb", 1), ("2g.35gb", 1), ("1g.18gb", 2)]),
+        ),
+        &h200s(2),
+    )
+    .unwrap();
     let gpus = vec![view(0, vec![]), view(1, vec![])];
     for s in &slots {
-        let i = choose_in(&gpus, Some(&slots), &req(None, Some(s.index), "a", true), &[]).unwrap();
-        assert_eq!((i.gpu_index, i.placement_start, i.placement_size, i.slot), (s.gpu, s.start, s.size, Some(s.index)));
+        let i = choose_in(
+            &gpus,
+            Some(&slots),
+            &req(None, Some(s.index), "a", true),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (i.gpu_index, i.placement_start, i.placement_size, i.slot),
+            (s.gpu, s.start, s.size, Some(s.index))
+        );
         assert_eq!(i.profile, s.profile);
         assert_eq!(i.gi_profile_id, s.gi_profile_id);
     }
     // Wrong profile for the slot: refused, not silently changed.
-    let e = choose_in(&gpus, Some(&slots), &req(Some("1g.18gb"), Some(0), "a", true), &[]).unwrap_err();
-    assert!(e.to_string().contains("Slurm allocated slot 0 of profile 3g.71gb"), "{e}");
+    let e = choose_in(
+        &gpus,
+        Some(&slots),
+        &req(Some("1g.18gb"), Some(0), "a", true),
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("Slurm allocated slot 0 of profile 3g.71gb"),
+        "{e}"
+    );
     // Slot out of plan.
     assert!(choose_in(&gpus, Some(&slots), &req(None, Some(99), "a", true), &[]).is_err());
     // Slot's placement occupied in NVML (leak): named error.
     let s = &slots[0];
     let busy = vec![view(0, vec![gi(3, 19, s.start, 1)]), view(1, vec![])];
-    let e = choose_in(&busy, Some(&slots), &req(None, Some(s.index), "a", true), &[]).unwrap_err();
+    let e = choose_in(
+        &busy,
+        Some(&slots),
+        &req(None, Some(s.index), "a", true),
+        &[],
+    )
+    .unwrap_err();
     assert!(matches!(e, MigError::Occupied { gi: 3, .. }), "{e}");
     assert!(e.to_string().contains("GI 3"), "{e}");
 }
@@ -221,9 +343,18 @@ fn choose_slot_hint_is_exact() {
 fn choose_without_hint_respects_occupied_placements() {
     // No plan: first free placement from NVML state.
     let gpus = vec![view(0, vec![gi(1, 9, 0, 4)]), view(1, vec![])];
-    let i = choose_in(&gpus, None, &req(Some("3g.71gb"), None, "a", true), &[occ(0, "a", true)]).unwrap();
+    let i = choose_in(
+        &gpus,
+        None,
+        &req(Some("3g.71gb"), None, "a", true),
+        &[occ(0, "a", true)],
+    )
+    .unwrap();
     assert_eq!((i.gpu_index, i.placement_start, i.slot), (0, 4, None));
-    let gpus = vec![view(0, vec![gi(1, 9, 0, 4), gi(2, 9, 4, 4)]), view(1, vec![])];
+    let gpus = vec![
+        view(0, vec![gi(1, 9, 0, 4), gi(2, 9, 4, 4)]),
+        view(1, vec![]),
+    ];
     let i = choose_in(&gpus, None, &req(Some("1g.18gb"), None, "a", true), &[]).unwrap();
     assert_eq!((i.gpu_index, i.placement_start), (1, 0));
     // Everything full.
@@ -234,12 +365,28 @@ fn choose_without_hint_respects_occupied_placements() {
     let e = choose_in(&full, None, &req(Some("1g.5gb"), None, "a", true), &[]).unwrap_err();
     assert!(matches!(e, MigError::UnknownProfile { .. }), "{e}");
     // With a plan: only plan slots, highest index first, skipping occupied ones.
-    let slots = plan_slots(&model_plan("H200-141GB", carving(&[("1g.18gb", 7)])), &h200s(1)).unwrap();
+    let slots = plan_slots(
+        &model_plan("H200-141GB", carving(&[("1g.18gb", 7)])),
+        &h200s(1),
+    )
+    .unwrap();
     let gpus = vec![view(0, vec![gi(5, 19, 6, 1)])];
-    let i = choose_in(&gpus, Some(&slots), &req(Some("1g.18gb"), None, "a", true), &[]).unwrap();
+    let i = choose_in(
+        &gpus,
+        Some(&slots),
+        &req(Some("1g.18gb"), None, "a", true),
+        &[],
+    )
+    .unwrap();
     assert_eq!((i.placement_start, i.slot), (5, Some(5)));
     // A profile the plan does not offer: no placement, even though NVML could make one.
-    let e = choose_in(&gpus, Some(&slots), &req(Some("2g.35gb"), None, "a", true), &[]).unwrap_err();
+    let e = choose_in(
+        &gpus,
+        Some(&slots),
+        &req(Some("2g.35gb"), None, "a", true),
+        &[],
+    )
+    .unwrap_err();
     assert!(matches!(e, MigError::NoPlacement { .. }), "{e}");
 }
 
@@ -247,10 +394,19 @@ fn choose_without_hint_respects_occupied_placements() {
 fn choose_tier_rule() {
     let gpus = vec![view(0, vec![gi(1, 19, 0, 1)]), view(1, vec![])];
     // Non-sharing tenant b avoids GPU 0 where tenant a sits.
-    let i = choose_in(&gpus, None, &req(Some("1g.18gb"), None, "b", false), &[occ(0, "a", true)]).unwrap();
+    let i = choose_in(
+        &gpus,
+        None,
+        &req(Some("1g.18gb"), None, "b", false),
+        &[occ(0, "a", true)],
+    )
+    .unwrap();
     assert_eq!(i.gpu_index, 1);
     // Sharing tenant c avoids GPU 1 once non-sharing b sits there; goes to 0 next to a.
-    let gpus2 = vec![view(0, vec![gi(1, 19, 0, 1)]), view(1, vec![gi(1, 19, 0, 1)])];
+    let gpus2 = vec![
+        view(0, vec![gi(1, 19, 0, 1)]),
+        view(1, vec![gi(1, 19, 0, 1)]),
+    ];
     let occs = [occ(0, "a", true), occ(1, "b", false)];
     let i = choose_in(&gpus2, None, &req(Some("1g.18gb"), None, "c", true), &occs).unwrap();
     assert_eq!(i.gpu_index, 0);
@@ -261,11 +417,24 @@ fn choose_tier_rule() {
     let e = choose_in(&gpus2, None, &req(Some("1g.18gb"), None, "d", false), &occs).unwrap_err();
     let s = e.to_string();
     assert!(matches!(e, MigError::Refused { .. }), "{s}");
-    assert!(s.contains("\"a\"") && s.contains("\"b\"") && s.contains("GPU 0") && s.contains("GPU 1"), "{s}");
+    assert!(
+        s.contains("\"a\"") && s.contains("\"b\"") && s.contains("GPU 0") && s.contains("GPU 1"),
+        "{s}"
+    );
     // Slot hint onto a GPU held by a non-sharing tenant: refused (fail closed).
-    let slots = plan_slots(&model_plan("H200-141GB", carving(&[("1g.18gb", 7)])), &h200s(2)).unwrap();
+    let slots = plan_slots(
+        &model_plan("H200-141GB", carving(&[("1g.18gb", 7)])),
+        &h200s(2),
+    )
+    .unwrap();
     let s1 = slots.iter().find(|s| s.gpu == 1 && s.start == 3).unwrap();
-    let e = choose_in(&gpus2, Some(&slots), &req(None, Some(s1.index), "c", true), &occs).unwrap_err();
+    let e = choose_in(
+        &gpus2,
+        Some(&slots),
+        &req(None, Some(s1.index), "c", true),
+        &occs,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("held by tenant \"b\""), "{e}");
     // Unaccounted GIs keep a non-sharing tenant away.
     let gpus3 = vec![view(0, vec![gi(4, 19, 2, 1)])];
@@ -283,21 +452,29 @@ struct Sim {
 
 impl Sim {
     fn new(n: u32) -> Sim {
-        Sim { gpus: (0..n).map(|i| view(i, vec![])).collect(), next_gi: 1 }
+        Sim {
+            gpus: (0..n).map(|i| view(i, vec![])).collect(),
+            next_gi: 1,
+        }
     }
     /// Apply an intent like NVML would: fail on overlap.
     fn create(&mut self, i: &MigIntent) -> Result<u32, String> {
         let g = &mut self.gpus[i.gpu_index as usize];
-        if g.instances.iter().any(|x| crate::profiles::overlaps(x.start, x.size, i.placement_start, i.placement_size)) {
+        if g.instances.iter().any(|x| {
+            crate::profiles::overlaps(x.start, x.size, i.placement_start, i.placement_size)
+        }) {
             return Err(format!("INSUFFICIENT_RESOURCES at {i:?}"));
         }
         let id = self.next_gi;
         self.next_gi += 1;
-        g.instances.push(gi(id, i.gi_profile_id, i.placement_start, i.placement_size));
+        g.instances
+            .push(gi(id, i.gi_profile_id, i.placement_start, i.placement_size));
         Ok(id)
     }
     fn destroy(&mut self, gpu: u32, gi_id: u32) {
-        self.gpus[gpu as usize].instances.retain(|x| x.gi_id != gi_id);
+        self.gpus[gpu as usize]
+            .instances
+            .retain(|x| x.gi_id != gi_id);
     }
 }
 
@@ -310,7 +487,15 @@ fn arb_carving(model: GpuModel) -> impl Strategy<Value = Carving> {
 /// Carvings one GPU of the model can take (impossible ones are tested separately).
 fn arb_feasible_carving(model: GpuModel) -> impl Strategy<Value = Carving> {
     arb_carving(model).prop_filter("carving fits one GPU", move |c| {
-        plan_slots(&model_plan(model.as_str(), c.clone()), &[PlanGpu { index: 0, minor: 0, model }]).is_ok()
+        plan_slots(
+            &model_plan(model.as_str(), c.clone()),
+            &[PlanGpu {
+                index: 0,
+                minor: 0,
+                model,
+            }],
+        )
+        .is_ok()
     })
 }
 
@@ -318,8 +503,13 @@ fn arb_feasible_carving(model: GpuModel) -> impl Strategy<Value = Carving> {
 enum Op {
     /// Allocate a slot of the type at (type index mod #types); `pick` chooses which free
     /// slot Slurm hands out (adversarial).
-    Alloc { ty: usize, pick: usize },
-    Free { which: usize },
+    Alloc {
+        ty: usize,
+        pick: usize,
+    },
+    Free {
+        which: usize,
+    },
 }
 
 fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
@@ -338,7 +528,11 @@ fn run_seq(carvings: &[Carving], ops: &[Op], with_gres: bool) -> Result<usize, T
     let n = carvings.len() as u32;
     let plan = NodePlan {
         models: BTreeMap::new(),
-        gpus: carvings.iter().enumerate().map(|(i, c)| (i.to_string(), c.clone())).collect(),
+        gpus: carvings
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i.to_string(), c.clone()))
+            .collect(),
     };
     let slots = match plan_slots(&plan, &h200s(n)) {
         Ok(s) => s,
@@ -376,11 +570,20 @@ fn run_seq(carvings: &[Carving], ops: &[Op], with_gres: bool) -> Result<usize, T
                 } else {
                     (None, None)
                 };
-                let r = Request { profile: Some(t.clone()), slot: hint, tenant: "t".into(), share_gpu: true };
+                let r = Request {
+                    profile: Some(t.clone()),
+                    slot: hint,
+                    tenant: "t".into(),
+                    share_gpu: true,
+                };
                 let intent = choose_in(&sim.gpus, Some(&slots), &r, &[]);
                 let intent = match intent {
                     Ok(i) => i,
-                    Err(e) => return Err(TestCaseError::fail(format!("placement failed though Slurm permits: {e}"))),
+                    Err(e) => {
+                        return Err(TestCaseError::fail(format!(
+                            "placement failed though Slurm permits: {e}"
+                        )))
+                    }
                 };
                 prop_assert_eq!(&intent.profile, t);
                 let gi_id = sim.create(&intent).map_err(TestCaseError::fail)?;
@@ -450,7 +653,15 @@ fn proptest_plans_are_often_feasible() {
     let (mut ok, mut placed) = (0, 0);
     for _ in 0..300 {
         let c = strat.new_tree(&mut runner).unwrap().current();
-        let ops: Vec<Op> = (0..40).map(|k| if k % 3 == 2 { Op::Free { which: k } } else { Op::Alloc { ty: k, pick: k * 7 } }).collect();
+        let ops: Vec<Op> = (0..40)
+            .map(|k| {
+                if k % 3 == 2 {
+                    Op::Free { which: k }
+                } else {
+                    Op::Alloc { ty: k, pick: k * 7 }
+                }
+            })
+            .collect();
         let n = run_seq(&c, &ops, true).unwrap();
         if n > 0 {
             ok += 1;
@@ -464,10 +675,20 @@ fn proptest_plans_are_often_feasible() {
 /// Mixing GRES-pinned jobs with first-fit jobs can fail: the reason jobs must carry GRES.
 #[test]
 fn mixed_gres_and_first_fit_can_collide() {
-    let slots = plan_slots(&model_plan("H200-141GB", carving(&[("1g.18gb", 2)])), &h200s(1)).unwrap();
+    let slots = plan_slots(
+        &model_plan("H200-141GB", carving(&[("1g.18gb", 2)])),
+        &h200s(1),
+    )
+    .unwrap();
     let mut sim = Sim::new(1);
     // A job without GRES first-fits: takes the highest slot.
-    let a = choose_in(&sim.gpus, Some(&slots), &req(Some("1g.18gb"), None, "t", true), &[]).unwrap();
+    let a = choose_in(
+        &sim.gpus,
+        Some(&slots),
+        &req(Some("1g.18gb"), None, "t", true),
+        &[],
+    )
+    .unwrap();
     sim.create(&a).unwrap();
     assert_eq!(a.slot, Some(1));
     // slurmctld never saw it and hands slot 1 to a GRES job: placement occupied.

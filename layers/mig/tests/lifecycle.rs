@@ -5,12 +5,19 @@ use common::{Scenario, TWO_H200};
 use tenancy_mig::*;
 
 fn req(profile: Option<&str>, slot: Option<u32>, tenant: &str, share: bool) -> Request {
-    Request { profile: profile.map(Into::into), slot, tenant: tenant.into(), share_gpu: share }
+    Request {
+        profile: profile.map(Into::into),
+        slot,
+        tenant: tenant.into(),
+        share_gpu: share,
+    }
 }
 
 #[test]
 fn gpus_are_listed() {
-    let Some(sc) = Scenario::new(TWO_H200, None) else { return };
+    let Some(sc) = Scenario::new(TWO_H200, None) else {
+        return;
+    };
     let mig = sc.open();
     let gpus = mig.gpus().unwrap();
     assert_eq!(gpus.len(), 2);
@@ -26,9 +33,13 @@ fn gpus_are_listed() {
 
 #[test]
 fn create_teardown_idempotent() {
-    let Some(sc) = Scenario::new(TWO_H200, None) else { return };
+    let Some(sc) = Scenario::new(TWO_H200, None) else {
+        return;
+    };
     let mig = sc.open();
-    let intent = mig.choose(&req(Some("3g.71gb"), None, "acme", true), &[]).unwrap();
+    let intent = mig
+        .choose(&req(Some("3g.71gb"), None, "acme", true), &[])
+        .unwrap();
     assert_eq!((intent.gi_profile_id, intent.placement_size), (9, 4));
     // The intent survives a journal round trip.
     let intent: MigIntent = serde_json::from_str(&serde_json::to_string(&intent).unwrap()).unwrap();
@@ -36,14 +47,20 @@ fn create_teardown_idempotent() {
     assert!(slice.mig_uuid.starts_with("MIG-"), "{slice:?}");
     assert_eq!(slice.gpu_uuid, intent.gpu_uuid);
     // The shim holds exactly that GI with one CI at the placement.
-    assert_eq!(sc.gis(), vec![(intent.gpu_index, slice.gi_id, intent.placement_start, 4, 1)]);
+    assert_eq!(
+        sc.gis(),
+        vec![(intent.gpu_index, slice.gi_id, intent.placement_start, 4, 1)]
+    );
     // instances() sees it too.
     let views = mig.instances().unwrap();
     let v = &views[intent.gpu_index as usize];
     assert_eq!(v.instances.len(), 1);
     assert_eq!(v.instances[0].gi_id, slice.gi_id);
     assert_eq!(v.instances[0].ci_ids, vec![slice.ci_id]);
-    assert_eq!((v.instances[0].start, v.instances[0].size), (intent.placement_start, 4));
+    assert_eq!(
+        (v.instances[0].start, v.instances[0].size),
+        (intent.placement_start, 4)
+    );
 
     let t = mig.destroy(&intent, Some(&slice)).unwrap();
     assert_eq!((t.ci, t.gi), (Outcome::Destroyed, Outcome::Destroyed));
@@ -53,19 +70,34 @@ fn create_teardown_idempotent() {
     let t2 = mig.destroy(&intent, Some(&slice)).unwrap();
     assert_eq!((t2.ci, t2.gi), (Outcome::AlreadyGone, Outcome::AlreadyGone));
     let t3 = mig.destroy(&intent, None).unwrap();
-    assert_eq!((t3.ci, t3.gi, t3.gi_id), (Outcome::AlreadyGone, Outcome::AlreadyGone, None));
+    assert_eq!(
+        (t3.ci, t3.gi, t3.gi_id),
+        (Outcome::AlreadyGone, Outcome::AlreadyGone, None)
+    );
     // A new NVML session (the epilog is another process) sees the same.
     drop(mig);
     let mig = sc.open();
-    assert_eq!(mig.destroy(&intent, Some(&slice)).unwrap().gi, Outcome::AlreadyGone);
+    assert_eq!(
+        mig.destroy(&intent, Some(&slice)).unwrap().gi,
+        Outcome::AlreadyGone
+    );
 }
 
 #[test]
 fn crash_recovery_destroy_without_slice() {
-    let Some(sc) = Scenario::new(TWO_H200, None) else { return };
+    let Some(sc) = Scenario::new(TWO_H200, None) else {
+        return;
+    };
     let mig = sc.open();
-    let keep = mig.create(&mig.choose(&req(Some("1g.18gb"), None, "other", true), &[]).unwrap()).unwrap();
-    let intent = mig.choose(&req(Some("2g.35gb"), None, "acme", true), &[]).unwrap();
+    let keep = mig
+        .create(
+            &mig.choose(&req(Some("1g.18gb"), None, "other", true), &[])
+                .unwrap(),
+        )
+        .unwrap();
+    let intent = mig
+        .choose(&req(Some("2g.35gb"), None, "acme", true), &[])
+        .unwrap();
     let made = mig.create(&intent).unwrap();
     // The prolog "crashed" before journaling `made`: the epilog has only the intent.
     drop(mig);
@@ -82,9 +114,13 @@ fn crash_recovery_destroy_without_slice() {
 
 #[test]
 fn destroy_does_not_touch_a_reused_gi_id() {
-    let Some(sc) = Scenario::new(TWO_H200, None) else { return };
+    let Some(sc) = Scenario::new(TWO_H200, None) else {
+        return;
+    };
     let mig = sc.open();
-    let a = mig.choose(&req(Some("7g.141gb"), None, "a", true), &[]).unwrap();
+    let a = mig
+        .choose(&req(Some("7g.141gb"), None, "a", true), &[])
+        .unwrap();
     let a_made = mig.create(&a).unwrap();
     mig.destroy(&a, Some(&a_made)).unwrap();
     // Another job now gets a GI, possibly with the same id, elsewhere.
@@ -93,7 +129,10 @@ fn destroy_does_not_touch_a_reused_gi_id() {
     let t = mig.destroy(&a, Some(&a_made)).unwrap();
     assert_eq!(t.gi, Outcome::AlreadyGone);
     if b_made.gi_id == a_made.gi_id {
-        assert!(t.note.as_deref().unwrap_or("").contains("left alone"), "{t:?}");
+        assert!(
+            t.note.as_deref().unwrap_or("").contains("left alone"),
+            "{t:?}"
+        );
     }
     assert_eq!(sc.gis().len(), 1, "the other job's GI must survive");
 }
@@ -117,7 +156,9 @@ impl Intent1g {
 
 #[test]
 fn choose_respects_slot_hints_and_occupied_placements() {
-    let Some(sc) = Scenario::new(TWO_H200, None) else { return };
+    let Some(sc) = Scenario::new(TWO_H200, None) else {
+        return;
+    };
     let mut mig = sc.open();
     let plan: NodePlan = serde_json::from_str(
         r#"{"models": {"H200-141GB": {"3g.71gb": 1, "2g.35gb": 1, "1g.18gb": 2}}}"#,
@@ -128,23 +169,45 @@ fn choose_respects_slot_hints_and_occupied_placements() {
     // Every slot, taken by hint, lands exactly where the plan put it, all at once.
     let mut made = Vec::new();
     for s in &slots {
-        let i = mig.choose(&req(None, Some(s.index), "acme", true), &[]).unwrap();
-        assert_eq!((i.gpu_index, i.placement_start, i.placement_size, i.profile.as_str()), (s.gpu, s.start, s.size, s.profile.as_str()));
+        let i = mig
+            .choose(&req(None, Some(s.index), "acme", true), &[])
+            .unwrap();
+        assert_eq!(
+            (
+                i.gpu_index,
+                i.placement_start,
+                i.placement_size,
+                i.profile.as_str()
+            ),
+            (s.gpu, s.start, s.size, s.profile.as_str())
+        );
         made.push((i.clone(), mig.create(&i).unwrap()));
     }
     assert_eq!(sc.gis().len(), slots.len());
     // Both GPUs are now fully carved (7 compute slices each).
     // A slot whose placement is occupied (here: by its own still-live GI) is refused by name.
-    let e = mig.choose(&req(None, Some(slots[0].index), "acme", true), &[]).unwrap_err();
+    let e = mig
+        .choose(&req(None, Some(slots[0].index), "acme", true), &[])
+        .unwrap_err();
     assert!(matches!(e, MigError::Occupied { .. }), "{e}");
     // Without hint: every slot of the profile is taken.
-    let e = mig.choose(&req(Some("1g.18gb"), None, "acme", true), &[]).unwrap_err();
+    let e = mig
+        .choose(&req(Some("1g.18gb"), None, "acme", true), &[])
+        .unwrap_err();
     assert!(matches!(e, MigError::NoPlacement { .. }), "{e}");
     // Free one 1g slot on GPU 1: first fit finds exactly it.
-    let (i, m) = made.iter().find(|(i, _)| i.gpu_index == 1 && i.profile == "1g.18gb").unwrap();
+    let (i, m) = made
+        .iter()
+        .find(|(i, _)| i.gpu_index == 1 && i.profile == "1g.18gb")
+        .unwrap();
     mig.destroy(i, Some(m)).unwrap();
-    let again = mig.choose(&req(Some("1g.18gb"), None, "acme", true), &[]).unwrap();
-    assert_eq!((again.gpu_index, again.placement_start, again.slot), (i.gpu_index, i.placement_start, i.slot));
+    let again = mig
+        .choose(&req(Some("1g.18gb"), None, "acme", true), &[])
+        .unwrap();
+    assert_eq!(
+        (again.gpu_index, again.placement_start, again.slot),
+        (i.gpu_index, i.placement_start, i.slot)
+    );
     for (i, m) in &made {
         mig.destroy(i, Some(m)).unwrap();
     }
@@ -153,17 +216,29 @@ fn choose_respects_slot_hints_and_occupied_placements() {
 
 #[test]
 fn non_sharing_tenants_never_share_a_gpu() {
-    let Some(sc) = Scenario::new(TWO_H200, None) else { return };
+    let Some(sc) = Scenario::new(TWO_H200, None) else {
+        return;
+    };
     let mig = sc.open();
     let mut occupants: Vec<Occupant> = Vec::new();
     let mut live = Vec::new();
     // alice (no sharing) and bob (no sharing) each take slices; carol (sharing) too.
-    for (tenant, share) in [("alice", false), ("bob", false), ("alice", false), ("carol", true), ("bob", false)] {
+    for (tenant, share) in [
+        ("alice", false),
+        ("bob", false),
+        ("alice", false),
+        ("carol", true),
+        ("bob", false),
+    ] {
         let r = req(Some("1g.18gb"), None, tenant, share);
         match mig.choose(&r, &occupants) {
             Ok(i) => {
                 let m = mig.create(&i).unwrap();
-                occupants.push(Occupant { gpu_uuid: i.gpu_uuid.clone(), tenant: tenant.into(), share_gpu: share });
+                occupants.push(Occupant {
+                    gpu_uuid: i.gpu_uuid.clone(),
+                    tenant: tenant.into(),
+                    share_gpu: share,
+                });
                 live.push((tenant, i, m));
             }
             Err(e) => {
@@ -183,7 +258,10 @@ fn non_sharing_tenants_never_share_a_gpu() {
             .filter(|(_, i, _)| i.gpu_uuid == v.uuid)
             .map(|(t, _, _)| *t)
             .collect();
-        assert_eq!(v.instances.len(), live.iter().filter(|(_, i, _)| i.gpu_uuid == v.uuid).count());
+        assert_eq!(
+            v.instances.len(),
+            live.iter().filter(|(_, i, _)| i.gpu_uuid == v.uuid).count()
+        );
         assert_eq!(tenants.len(), 1, "GPU {} holds {tenants:?}", v.index);
     }
     assert_eq!(live.len(), 4);
@@ -195,12 +273,22 @@ fn non_sharing_tenants_never_share_a_gpu() {
 
 #[test]
 fn destroy_gi_for_reconcile() {
-    let Some(sc) = Scenario::new(TWO_H200, None) else { return };
+    let Some(sc) = Scenario::new(TWO_H200, None) else {
+        return;
+    };
     let mig = sc.open();
-    let i = mig.choose(&req(Some("4g.71gb"), None, "x", true), &[]).unwrap();
+    let i = mig
+        .choose(&req(Some("4g.71gb"), None, "x", true), &[])
+        .unwrap();
     let m = mig.create(&i).unwrap();
     let t = mig.destroy_gi(i.gpu_index, m.gi_id).unwrap();
-    assert_eq!((t.gi, t.ci_ids.clone()), (Outcome::Destroyed, vec![m.ci_id]));
+    assert_eq!(
+        (t.gi, t.ci_ids.clone()),
+        (Outcome::Destroyed, vec![m.ci_id])
+    );
     assert!(sc.gis().is_empty());
-    assert_eq!(mig.destroy_gi(i.gpu_index, m.gi_id).unwrap().gi, Outcome::AlreadyGone);
+    assert_eq!(
+        mig.destroy_gi(i.gpu_index, m.gi_id).unwrap().gi,
+        Outcome::AlreadyGone
+    );
 }

@@ -1,1 +1,381 @@
-fn main() {}
+//! nvml-shim-ctl: inspect and steer the nvml-shim state file (same configuration as the
+//! library: NVML_SHIM_FIXTURE, NVML_SHIM_STATE).
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use nvidia_ml::config::{self, Config};
+use nvidia_ml::{layout, model, ret, store, State};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "nvml-shim-ctl",
+    about = "Inspect and steer the nvml-shim MIG state"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Format {
+    Table,
+    Csv,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the whole state file (JSON).
+    Show,
+    /// Print the resolved configuration (fixture, paths, majors).
+    Config,
+    /// List GPUs, GPU instances and compute instances.
+    List {
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Arm a fault in the shared state file (consumed by whichever process hits it first).
+    Arm {
+        #[command(subcommand)]
+        fault: Fault,
+    },
+    /// Clear all armed faults (lost GPUs stay lost; see restore-gpu).
+    Disarm,
+    /// Destroy every GPU/compute instance, clear faults, and sync device nodes.
+    Reset {
+        /// Also forget lost flags and MIG modes (back to the fixture's values).
+        #[arg(long)]
+        hard: bool,
+    },
+    /// Set the MIG mode of a GPU (refused with IN_USE while it has GPU instances).
+    Mig {
+        gpu: u32,
+        #[arg(value_parser = ["on", "off"])]
+        mode: String,
+    },
+    /// Mark a lost GPU as present again.
+    RestoreGpu { gpu: u32 },
+    /// Write device nodes, mig-minors and proc-devices files named by the fixture.
+    Layout,
+}
+
+#[derive(Subcommand)]
+enum Fault {
+    /// Fail the next GPU instance create(s) with an NVML error (name or number).
+    GiCreate {
+        error: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+    /// Fail the next compute instance create(s) with an NVML error.
+    CiCreate {
+        error: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+    /// Report NVML_ERROR_IN_USE on the next N destroys (GPU or compute instances).
+    DestroyInUse { count: u32 },
+    /// Lose a GPU: every call on it returns NVML_ERROR_GPU_IS_LOST.
+    LoseGpu { gpu: u32 },
+}
+
+fn modify(cfg: &Config, f: impl FnOnce(&mut State) -> Result<()>) -> Result<()> {
+    store::modify(cfg, |st| (f(st), true), |st| layout::sync_caps(cfg, st))
+        .map_err(|e| anyhow!("{e}"))?
+}
+
+fn code(s: &str) -> Result<u32> {
+    ret::parse(s)
+        .map(|r| r.0)
+        .ok_or_else(|| anyhow!("unknown NVML error {s:?}: use a name like INSUFFICIENT_RESOURCES, IN_USE, UNKNOWN or a number"))
+}
+
+fn gpu_ok(st: &State, gpu: u32) -> Result<()> {
+    if gpu as usize >= st.gpus.len() {
+        bail!(
+            "GPU index {gpu} out of range (this fixture has {} GPUs)",
+            st.gpus.len()
+        );
+    }
+    Ok(())
+}
+
+struct Row {
+    gpu: u32,
+    model: String,
+    uuid: String,
+    mig: String,
+    gi: String,
+    gi_profile: String,
+    gi_placement: String,
+    ci: String,
+    ci_profile: String,
+    mig_uuid: String,
+    cap_minors: String,
+}
+
+fn rows(st: &State) -> Vec<Row> {
+    let mut v = Vec::new();
+    for (i, g) in st.gpus.iter().enumerate() {
+        let i = i as u32;
+        let mig = format!(
+            "{}{}",
+            if g.mig_mode { "enabled" } else { "disabled" },
+            if g.lost { ",LOST" } else { "" }
+        );
+        let base = |gi: String,
+                    gp: String,
+                    pl: String,
+                    ci: String,
+                    cp: String,
+                    mu: String,
+                    caps: String| Row {
+            gpu: i,
+            model: g.model.key().into(),
+            uuid: g.uuid.clone(),
+            mig: mig.clone(),
+            gi,
+            gi_profile: gp,
+            gi_placement: pl,
+            ci,
+            ci_profile: cp,
+            mig_uuid: mu,
+            cap_minors: caps,
+        };
+        if g.gis.is_empty() {
+            v.push(base(
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ));
+        }
+        for gi in &g.gis {
+            let gp = g.model.gi_profile_by_id(gi.profile_id);
+            let gpn = gp
+                .map(|p| format!("{} ({})", p.name, p.id))
+                .unwrap_or_else(|| gi.profile_id.to_string());
+            let pl = format!("{}:{}", gi.start, gi.size);
+            let gim = model::gi_access_minor(i, gi.id);
+            if gi.cis.is_empty() {
+                v.push(base(
+                    gi.id.to_string(),
+                    gpn.clone(),
+                    pl.clone(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    gim.to_string(),
+                ));
+            }
+            for ci in &gi.cis {
+                let cpn = gp
+                    .and_then(|p| model::ci_profile(g.model, p, ci.profile_id))
+                    .map(|c| format!("{} ({})", c.name.trim_start_matches("MIG "), c.id))
+                    .unwrap_or_else(|| ci.profile_id.to_string());
+                v.push(base(
+                    gi.id.to_string(),
+                    gpn.clone(),
+                    pl.clone(),
+                    ci.id.to_string(),
+                    cpn,
+                    config::mig_uuid(&g.uuid, gi.id, ci.id),
+                    format!("{gim},{}", model::ci_access_minor(i, gi.id, ci.id)),
+                ));
+            }
+        }
+    }
+    v
+}
+
+fn print_list(st: &State, format: Format) {
+    let rs = rows(st);
+    let header = [
+        "gpu",
+        "model",
+        "uuid",
+        "mig",
+        "gi",
+        "gi_profile",
+        "placement",
+        "ci",
+        "ci_profile",
+        "mig_uuid",
+        "cap_minors",
+    ];
+    let cells = |r: &Row| -> Vec<String> {
+        vec![
+            r.gpu.to_string(),
+            r.model.clone(),
+            r.uuid.clone(),
+            r.mig.clone(),
+            r.gi.clone(),
+            r.gi_profile.clone(),
+            r.gi_placement.clone(),
+            r.ci.clone(),
+            r.ci_profile.clone(),
+            r.mig_uuid.clone(),
+            r.cap_minors.clone(),
+        ]
+    };
+    match format {
+        Format::Json => {
+            let arr: Vec<serde_json::Value> = rs
+                .iter()
+                .map(|r| {
+                    serde_json::Value::Object(
+                        header
+                            .iter()
+                            .zip(cells(r))
+                            .map(|(h, c)| (h.to_string(), serde_json::Value::String(c)))
+                            .collect(),
+                    )
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&arr).unwrap_or_default());
+        }
+        Format::Csv => {
+            println!("{}", header.join(","));
+            for r in &rs {
+                let c: Vec<String> = cells(r)
+                    .into_iter()
+                    .map(|x| {
+                        if x.contains(',') {
+                            format!("\"{x}\"")
+                        } else {
+                            x
+                        }
+                    })
+                    .collect();
+                println!("{}", c.join(","));
+            }
+        }
+        Format::Table => {
+            let all: Vec<Vec<String>> =
+                std::iter::once(header.iter().map(|h| h.to_uppercase()).collect())
+                    .chain(rs.iter().map(cells))
+                    .collect();
+            let w: Vec<usize> = (0..header.len())
+                .map(|i| all.iter().map(|r| r[i].len()).max().unwrap_or(0))
+                .collect();
+            for r in all {
+                let line: Vec<String> = r
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| format!("{:w$}", c, w = w[i]))
+                    .collect();
+                println!("{}", line.join("  ").trim_end());
+            }
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let cfg = Config::from_env().map_err(|e| anyhow!(e))?;
+    match cli.cmd {
+        Cmd::Show => {
+            let st = store::read(&cfg, |s| s.clone()).map_err(|e| anyhow!("{e}"))?;
+            println!("{}", serde_json::to_string_pretty(&st)?);
+        }
+        Cmd::Config => {
+            let v = serde_json::json!({
+                "fixture": cfg.fixture,
+                "state": cfg.state_path,
+                "dev_dir": cfg.dev_dir,
+                "mig_minors": cfg.mig_minors,
+                "proc_devices": cfg.proc_devices,
+                "uvm_major": cfg.uvm_major,
+                "caps_major": cfg.caps_major,
+                "driver_version": cfg.driver_version,
+                "gpus": cfg.gpus.iter().map(|g| serde_json::json!({
+                    "model": g.model.key(), "uuid": g.uuid, "mig_mode": g.mig_mode, "lost": g.lost,
+                })).collect::<Vec<_>>(),
+                "host_major_conflicts": layout::host_major_conflicts(&cfg),
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        Cmd::List { format } => {
+            let st = store::read(&cfg, |s| s.clone()).map_err(|e| anyhow!("{e}"))?;
+            print_list(&st, format);
+        }
+        Cmd::Arm { fault } => modify(&cfg, |st| {
+            match &fault {
+                Fault::GiCreate { error, count } => {
+                    let c = code(error)?;
+                    st.faults
+                        .gi_create
+                        .extend(std::iter::repeat_n(c, *count as usize));
+                }
+                Fault::CiCreate { error, count } => {
+                    let c = code(error)?;
+                    st.faults
+                        .ci_create
+                        .extend(std::iter::repeat_n(c, *count as usize));
+                }
+                Fault::DestroyInUse { count } => st.faults.destroy_in_use += count,
+                Fault::LoseGpu { gpu } => {
+                    gpu_ok(st, *gpu)?;
+                    st.gpus[*gpu as usize].lost = true;
+                }
+            }
+            Ok(())
+        })?,
+        Cmd::Disarm => modify(&cfg, |st| {
+            st.faults = Default::default();
+            Ok(())
+        })?,
+        Cmd::Reset { hard } => modify(&cfg, |st| {
+            if hard {
+                *st = State::fresh(&cfg.gpus, Default::default());
+            } else {
+                st.clear_instances();
+            }
+            Ok(())
+        })?,
+        Cmd::Mig { gpu, mode } => modify(&cfg, |st| {
+            gpu_ok(st, gpu)?;
+            let on = mode == "on";
+            let g = &mut st.gpus[gpu as usize];
+            if !on && !g.gis.is_empty() {
+                bail!("GPU {gpu} still has {} GPU instance(s): destroy them first (NVML_ERROR_IN_USE)", g.gis.len());
+            }
+            g.mig_mode = on;
+            g.pending_mig_mode = on;
+            Ok(())
+        })?,
+        Cmd::RestoreGpu { gpu } => modify(&cfg, |st| {
+            gpu_ok(st, gpu)?;
+            st.gpus[gpu as usize].lost = false;
+            Ok(())
+        })?,
+        Cmd::Layout => {
+            if cfg.dev_dir.is_none() && cfg.mig_minors.is_none() && cfg.proc_devices.is_none() {
+                bail!(
+                    "the fixture names no dev_dir, mig_minors or proc_devices: nothing to lay out"
+                );
+            }
+            for w in layout::host_major_conflicts(&cfg) {
+                eprintln!("warning: {w}");
+            }
+            store::modify(&cfg, |st| (layout::layout(&cfg, st), true), |_| Ok(()))
+                .map_err(|e| anyhow!("{e}"))?
+                .map_err(|e| anyhow!("{e}"))
+                .context("layout")?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nvml-shim-ctl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -21,7 +21,10 @@ pub fn shim_lib() -> Option<PathBuf> {
         return Some(p);
     }
     if std::env::var_os("CI").is_some() {
-        panic!("nvml-shim library not found at {}: run `cargo build -p nvml-shim` first", p.display());
+        panic!(
+            "nvml-shim library not found at {}: run `cargo build -p nvml-shim` first",
+            p.display()
+        );
     }
     eprintln!("SKIP (needs nvml-shim): {} missing; run `cargo build -p nvml-shim` with the same CARGO_TARGET_DIR", p.display());
     None
@@ -47,7 +50,11 @@ impl Scenario {
             Some(f) => std::env::set_var("NVML_SHIM_FAULTS", f),
             None => std::env::remove_var("NVML_SHIM_FAULTS"),
         }
-        Some(Scenario { dir, lib, _guard: guard })
+        Some(Scenario {
+            dir,
+            lib,
+            _guard: guard,
+        })
     }
 
     /// Change NVML_SHIM_FAULTS for the next open (e.g. a later epilog process).
@@ -64,7 +71,12 @@ impl Scenario {
 
     /// The shim's state file, as JSON.
     pub fn state(&self) -> serde_json::Value {
-        let text = std::fs::read_to_string(self.dir.path().join("state.json")).unwrap();
+        let path = self.dir.path().join("state.json");
+        if !path.exists() {
+            // The shim writes its state file on the first change.
+            return serde_json::json!({"gpus": []});
+        }
+        let text = std::fs::read_to_string(path).unwrap();
         serde_json::from_str(&text).unwrap()
     }
 
