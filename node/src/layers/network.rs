@@ -26,7 +26,10 @@ pub fn firewall_spec(config: &Config) -> LayerResult<FirewallSpec> {
             egress: t.egress.clone(),
         });
     }
-    Ok(FirewallSpec::detect(tenants, config.infrastructure.clone())?)
+    Ok(FirewallSpec::detect(
+        tenants,
+        config.infrastructure.clone(),
+    )?)
 }
 
 /// A tenant's conntrack mark: derived from its name (FNV-1a), so it stays the same when other
