@@ -4,13 +4,13 @@
 //! Parsing keeps spans so that every error names file, line and column and shows the text.
 //! Everything read from here is trusted only after [`Config::parse`] validated it.
 
-mod dest;
 mod error;
 mod resolve;
 
-pub use dest::{Destination, Proto};
 pub use error::{ConfigError, Problem};
 pub use resolve::{group_gid, Identity, Refusal, Resolved};
+/// Network destinations (`10.20.0.0/16:443/tcp`): the firewall layer's own type and parser.
+pub use tenancy_network::{Dest as Destination, Proto};
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -333,7 +333,7 @@ impl Validator<'_> {
         for d in list {
             match Destination::parse(d.get_ref()) {
                 Ok(dest) => out.push(dest),
-                Err(e) => self.problem(d, format!("bad destination {e}")),
+                Err(e) => self.problem(d, e.to_string()),
             }
         }
         out

@@ -57,13 +57,13 @@ fn each_kind_of_bad_config_names_file_line_and_column() {
             "10.20.0.0/16:443/tcp",
             "10.20.0.0/33:443/tcp",
             "\"10.20.0.0/33:443/tcp\"",
-            "is not a CIDR network",
+            "prefix length 33 is larger than 32",
         ),
         (
             "10.20.0.0/16:443/tcp",
             "10.20.0.0/16:99999/tcp",
             "\"10.20.0.0/16:99999/tcp\"",
-            "is not a port",
+            "is not in 1..=65535",
         ),
         (
             "[tenants.acme]",

@@ -33,6 +33,7 @@ pub fn enter(config: &Config, job_id: u64, pid: i32) -> Result<TaskEnv, String> 
         })?;
     let mut vars = vec![("TENANCY_TENANT".to_string(), journal.tenant.clone())];
     let mut gpu = String::new();
+    let mut joined: Vec<&str> = Vec::new();
     for step in &journal.steps {
         let made = match (&step.state, &step.made) {
             (StepState::Made, Some(m)) => m,
@@ -45,6 +46,11 @@ pub fn enter(config: &Config, job_id: u64, pid: i32) -> Result<TaskEnv, String> 
         };
         if let Some(paths) = made.get("join_cgroups").and_then(Value::as_array) {
             for p in paths.iter().filter_map(Value::as_str) {
+                // Layers may share one cgroup (devices and network key on the job's).
+                if joined.contains(&p) {
+                    continue;
+                }
+                joined.push(p);
                 join(Path::new(p), pid)
                     .map_err(|e| format!("job {job_id}: layer {}: {e}", step.layer))?;
             }

@@ -1,13 +1,14 @@
 //! `tenancyctl`: the admin's view of slurm-tenancy.
 
 mod check;
+mod doctor;
 mod output;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tenancy_audit::Format;
-use tenancy_config::Config;
+use tenancy_config::{group_gid, Config};
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +31,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Check that this node can isolate every job (exit 1 on any error)
+    Doctor(doctor::DoctorArgs),
     /// Accounting report over one or many audit logs
     Report(tenancy_audit::ReportArgs),
     /// Audit log integrity
@@ -37,6 +40,17 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Per-tenant firewall (nftables)
+    Firewall {
+        #[command(subcommand)]
+        command: FirewallCommand,
+    },
+    /// MIG instances and the node's MIG plan as slurm.conf/gres.conf lines
+    Mig(tenancy_mig::cli::MigArgs),
+    /// Device programs attached to a job's cgroup
+    Devices(tenancy_devices::cli::DevicesArgs),
+    /// Report files and folders another tenant could read, write or enter (exit 1 if any)
+    StorageAudit(tenancy_scratch::AuditArgs),
 }
 
 #[derive(Subcommand)]
@@ -45,19 +59,66 @@ enum AuditCommand {
     Verify(tenancy_audit::VerifyArgs),
 }
 
+#[derive(Subcommand)]
+enum FirewallCommand {
+    /// Print the tenants' rules summary (or the nft script with --rules) the config yields
+    Show(tenancy_network::cli::ShowArgs),
+    /// Create the tenant cgroups and load the product's nft table atomically
+    Apply(tenancy_network::cli::ApplyArgs),
+}
+
+fn load(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Tenant -> gids of its groups, for storage-audit.
+fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
+    let mut map = tenancy_scratch::TenantMap::new();
+    for t in config.tenants.values() {
+        let gids: Vec<u32> = t.groups.iter().filter_map(|g| group_gid(g)).collect();
+        map.insert(t.name.clone(), gids, Vec::<u32>::new());
+    }
+    map
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = cli.config.as_deref();
     match cli.command {
-        Command::Check { format } => match Config::load(cli.config.as_deref()) {
+        Command::Check { format } => match Config::load(config) {
             Ok(config) => check::run(&config, format),
             Err(e) => {
                 eprintln!("{e}");
                 Ok(ExitCode::FAILURE)
             }
         },
+        Command::Doctor(args) => doctor::run(&load(config)?, &args),
         Command::Report(args) => tenancy_audit::run_report(args),
         Command::Audit {
             command: AuditCommand::Verify(args),
         } => tenancy_audit::run_verify(args),
+        Command::Firewall { command } => {
+            let spec = tenancy_node::layers::network::firewall_spec(&load(config)?)
+                .map_err(|e| anyhow::anyhow!("firewall: {}", e.0))?;
+            match command {
+                FirewallCommand::Show(args) => tenancy_network::cli::run_show(&spec, &args),
+                FirewallCommand::Apply(args) => tenancy_network::cli::run_apply(&spec, &args),
+            }
+        }
+        Command::Mig(mut args) => {
+            if args.nvml_library.is_none() {
+                if let Ok(c) = load(config) {
+                    args.nvml_library = c.cluster.nvml_library.clone();
+                    if let Some(f) = &c.cluster.nvml_shim_fixture {
+                        std::env::set_var("NVML_SHIM_FIXTURE", f);
+                    }
+                }
+            }
+            tenancy_mig::cli::run(args)
+        }
+        Command::Devices(args) => tenancy_devices::cli::run(args),
+        Command::StorageAudit(args) => {
+            tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
+        }
     }
 }
 

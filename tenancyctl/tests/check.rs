@@ -59,12 +59,12 @@ fn rejects_each_kind_of_bad_config_with_file_line_column() {
         (
             "10.20.0.0/16:443/tcp",
             "10.20.0.0/40:443/tcp",
-            "FILE:28:11: bad destination '10.20.0.0/40:443/tcp'",
+            "FILE:28:11: invalid destination \"10.20.0.0/40:443/tcp\"",
         ),
         (
             "10.20.0.0/16:443/tcp",
             "10.20.0.0/16:0/tcp",
-            "is not a port",
+            "is not in 1..=65535",
         ),
         (
             "[tenants.acme]",

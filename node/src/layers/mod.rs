@@ -1,8 +1,10 @@
 //! Adapters that plug each isolation mechanism (crates under `layers/`) into the spine, in the
-//! order a job's isolation is built: MIG slice, job cgroup, device allowlist, scratch, network.
+//! order a job's isolation is built: MIG slice, device allowlist (creates the job cgroup),
+//! network (keys on that cgroup), scratch.
 
 mod devices;
 mod mig;
+pub mod network;
 mod scratch;
 
 use crate::journal::JournalDir;
@@ -35,6 +37,10 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer>> {
             mig_minors: config.node.mig_minors.clone(),
         },
         target: None,
+    }));
+    layers.push(Box::new(network::Network {
+        spec: None,
+        config: config.clone(),
     }));
     layers.push(Box::new(scratch::Scratch {
         root: config.cluster.scratch_root.clone(),

@@ -1,0 +1,131 @@
+//! Network layer: the job's traffic is keyed by its cgroup v2 directory
+//! `tenancy/<tenant>/job_<id>`; the per-tenant nftables rules are static (loaded by
+//! `tenancyctl firewall apply`), so starting a job is one mkdir and never touches the ruleset.
+
+use crate::journal::Journal;
+use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tenancy_config::Config;
+use tenancy_network::{CgroupLayout, FirewallSpec, JobNet, TenantNet};
+
+/// The node's firewall as the config describes it.
+pub fn firewall_spec(config: &Config) -> LayerResult<FirewallSpec> {
+    let mut tenants: Vec<TenantNet> = Vec::new();
+    for t in config.tenants.values() {
+        let id = tenant_mark(&t.name);
+        if let Some(clash) = tenants.iter().find(|o| o.id == id) {
+            return Err(LayerError(format!(
+                "tenants '{}' and '{}' hash to the same firewall mark {id}; rename one of them",
+                clash.name, t.name
+            )));
+        }
+        tenants.push(TenantNet {
+            name: t.name.clone(),
+            id,
+            egress: t.egress.clone(),
+        });
+    }
+    Ok(FirewallSpec::detect(
+        tenants,
+        config.infrastructure.clone(),
+    )?)
+}
+
+/// A tenant's conntrack mark: derived from its name (FNV-1a), so it stays the same when other
+/// tenants are added or removed and running jobs keep their marks across `firewall apply`.
+fn tenant_mark(name: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % 65_535 + 1
+}
+
+pub struct Network {
+    pub spec: Option<FirewallSpec>,
+    pub config: Config,
+}
+
+/// Everything `undo` needs, without the config.
+#[derive(Serialize, Deserialize)]
+struct Intent {
+    table_name: String,
+    cgroup: CgroupLayout,
+    tenant: String,
+    job_id: u64,
+}
+
+impl Intent {
+    /// The smallest spec that names this job's tenant, for teardown.
+    fn spec(&self) -> FirewallSpec {
+        FirewallSpec {
+            table_name: self.table_name.clone(),
+            cgroup: self.cgroup.clone(),
+            tenants: vec![TenantNet {
+                name: self.tenant.clone(),
+                id: tenant_mark(&self.tenant),
+                egress: Vec::new(),
+            }],
+            infrastructure: Vec::new(),
+        }
+    }
+}
+
+impl Network {
+    fn spec(&mut self) -> LayerResult<&FirewallSpec> {
+        if self.spec.is_none() {
+            self.spec = Some(firewall_spec(&self.config)?);
+        }
+        Ok(self.spec.as_ref().expect("just built"))
+    }
+}
+
+impl Layer for Network {
+    fn name(&self) -> &'static str {
+        "network"
+    }
+
+    fn intend(&mut self, plan: &JobPlan, _: &Journal) -> LayerResult<Option<Value>> {
+        let spec = self.spec()?;
+        Ok(Some(serde_json::to_value(Intent {
+            table_name: spec.table_name.clone(),
+            cgroup: spec.cgroup.clone(),
+            tenant: plan.tenant.clone(),
+            job_id: plan.job_id,
+        })?))
+    }
+
+    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
+        let intent: Intent = serde_json::from_value(intent.clone())?;
+        let job: JobNet = tenancy_network::add_job(self.spec()?, &intent.tenant, intent.job_id)?;
+        let mut made = serde_json::to_value(&job)?;
+        made["join_cgroups"] = serde_json::json!([job.cgroup_path]);
+        Ok(made)
+    }
+
+    fn undo(&mut self, intent: &Value, _made: Option<&Value>) -> LayerResult<()> {
+        let intent: Intent = serde_json::from_value(intent.clone())?;
+        tenancy_network::remove_job(&intent.spec(), &intent.tenant, intent.job_id)?;
+        Ok(())
+    }
+
+    fn resource_id(&self, intent: &Value, _: Option<&Value>) -> String {
+        serde_json::from_value::<Intent>(intent.clone())
+            .map(|i| i.cgroup.job_dir(&i.tenant, i.job_id).display().to_string())
+            .unwrap_or_else(|_| "network".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tenant_marks_are_stable_and_in_range() {
+        assert_eq!(super::tenant_mark("acme"), super::tenant_mark("acme"));
+        assert_ne!(super::tenant_mark("acme"), super::tenant_mark("globex"));
+        for n in ["a", "acme", "globex", &"z".repeat(32)] {
+            assert!((1..=65_535).contains(&super::tenant_mark(n)));
+        }
+    }
+}

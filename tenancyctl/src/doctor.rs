@@ -1,0 +1,182 @@
+//! `tenancyctl doctor`: is this node set up so that every layer can isolate every job?
+//! Checks the product's own prerequisites, then the device layer's view of cgroups and Slurm.
+
+use crate::output::Rows;
+use serde::Serialize;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use tenancy_audit::Format;
+use tenancy_config::Config;
+use tenancy_devices::doctor::{doctor, DoctorParams, Severity};
+
+#[derive(clap::Args)]
+pub struct DoctorArgs {
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Slurm's cgroup.conf (default: next to SLURM_CONF, else /etc/slurm/cgroup.conf)
+    #[arg(long)]
+    pub slurm_cgroup_conf: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Row {
+    check: String,
+    severity: String,
+    message: String,
+    remedy: String,
+}
+
+fn row(check: &str, severity: Severity, message: String, remedy: Option<String>) -> Row {
+    Row {
+        check: check.into(),
+        severity: format!("{severity:?}").to_lowercase(),
+        message,
+        remedy: remedy.unwrap_or_default(),
+    }
+}
+
+fn root_owned_dir(path: &Path, what: &str, out: &mut Vec<Row>) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0 => out.push(row(
+            what,
+            Severity::Ok,
+            format!(
+                "{} is a root-owned folder others cannot write",
+                path.display()
+            ),
+            None,
+        )),
+        Ok(m) => out.push(row(
+            what,
+            Severity::Error,
+            format!(
+                "{} is not a root-owned, non-writable folder (uid {}, mode {:o}, symlink: {})",
+                path.display(),
+                m.uid(),
+                m.mode() & 0o7777,
+                m.file_type().is_symlink()
+            ),
+            Some(format!(
+                "chown root:root {0} && chmod go-w {0}",
+                path.display()
+            )),
+        )),
+        Err(e) => out.push(row(
+            what,
+            Severity::Error,
+            format!("{}: {e}", path.display()),
+            Some(format!("mkdir -p {0} && chmod 755 {0}", path.display())),
+        )),
+    }
+}
+
+pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
+    let mut rows = Vec::new();
+    root_owned_dir(&config.cluster.scratch_root, "scratch.root", &mut rows);
+    if let Some(dir) = config.cluster.audit_log.parent() {
+        root_owned_dir(dir, "audit.dir", &mut rows);
+    }
+    match tenancy_mig::Mig::open(config.cluster.nvml_library.as_deref()) {
+        Ok(mig) => match mig.gpus() {
+            Ok(gpus) => {
+                for g in gpus {
+                    let (sev, remedy) = if g.mig_enabled && g.model.is_some() {
+                        (Severity::Ok, None)
+                    } else {
+                        (
+                            Severity::Warn,
+                            Some(
+                                "enable MIG (nvidia-smi -i N -mig 1) on GPUs meant for slices"
+                                    .into(),
+                            ),
+                        )
+                    };
+                    rows.push(row(
+                        "nvml.gpu",
+                        sev,
+                        format!(
+                            "GPU {} {} {}: MIG {}",
+                            g.index,
+                            g.name,
+                            g.uuid,
+                            if g.mig_enabled { "on" } else { "off" }
+                        ),
+                        remedy,
+                    ));
+                }
+            }
+            Err(e) => rows.push(row("nvml.gpu", Severity::Error, e.to_string(), None)),
+        },
+        Err(e) => rows.push(row(
+            "nvml.load",
+            Severity::Warn,
+            format!("{e} (jobs asking for --mig will be refused)"),
+            Some("set cluster.nvml_library or install the NVIDIA driver".into()),
+        )),
+    }
+    match tenancy_node::layers::network::firewall_spec(config) {
+        Ok(spec) => {
+            let loaded = std::process::Command::new("/usr/sbin/nft")
+                .args(["list", "table", "inet", &spec.table_name])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            rows.push(if loaded {
+                row(
+                    "firewall.table",
+                    Severity::Ok,
+                    format!("nft table inet {} is loaded", spec.table_name),
+                    None,
+                )
+            } else {
+                row(
+                    "firewall.table",
+                    Severity::Error,
+                    format!(
+                        "nft table inet {} is not loaded: every job would be refused",
+                        spec.table_name
+                    ),
+                    Some("tenancyctl firewall apply".into()),
+                )
+            });
+        }
+        Err(e) => rows.push(row("firewall.table", Severity::Error, e.0, None)),
+    }
+    let cgroup_conf = args.slurm_cgroup_conf.clone().unwrap_or_else(|| {
+        std::env::var_os("SLURM_CONF")
+            .map(PathBuf::from)
+            .and_then(|p| p.parent().map(|d| d.join("cgroup.conf")))
+            .unwrap_or_else(|| PathBuf::from("/etc/slurm/cgroup.conf"))
+    });
+    for f in doctor(&DoctorParams {
+        mountinfo: PathBuf::from("/proc/self/mountinfo"),
+        slurm_cgroup_conf: cgroup_conf,
+        driver: tenancy_devices::DriverPaths {
+            proc_devices: config.node.proc_devices.clone(),
+            mig_minors: config.node.mig_minors.clone(),
+        },
+        probe_bpf: true,
+    }) {
+        rows.push(row(&f.check, f.severity, f.message, f.remedy));
+    }
+    let failed = rows.iter().any(|r| r.severity == "error");
+    Rows {
+        headers: &["check", "severity", "message", "remedy"],
+        rows: &rows,
+        cells: |r| {
+            vec![
+                r.check.clone(),
+                r.severity.clone(),
+                r.message.clone(),
+                r.remedy.clone(),
+            ]
+        },
+    }
+    .print(args.format)?;
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
