@@ -1,1 +1,85 @@
-fn main(){}
+//! Append latency: full append (flock, tail read, hash, one write, fsync) with and without
+//! fsync, side by side with a baseline that only write(2)s a prepared line (+ fsync).
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+
+fn rec() -> Record {
+    Record::new(
+        "c1",
+        "gpu001",
+        "alice",
+        2001,
+        Event::JobStart,
+        Outcome::Success,
+        "tenancy-prolog",
+    )
+    .job_id(123456)
+    .tenant("acme")
+    .tier("gold")
+    .profile("1g.18gb")
+    .compute_slices(1)
+    .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+    .resource(Resource::new("mig", ResourceAction::Made, "gi-3").detail("ci", 0))
+    .resource(Resource::new(
+        "devices",
+        ResourceAction::Made,
+        "/sys/fs/cgroup/job_123456",
+    ))
+    .resource(Resource::new(
+        "scratch",
+        ResourceAction::Made,
+        "/scratch/acme/123456",
+    ))
+    .resource(Resource::new(
+        "network",
+        ResourceAction::Made,
+        "tenancy-123456",
+    ))
+}
+
+fn bench(c: &mut Criterion) {
+    // on the real disk, not tmpfs, so fsync costs what it costs
+    let dir =
+        tempfile::tempdir_in(std::env::var("BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into()))
+            .unwrap();
+    let mut g = c.benchmark_group("append");
+    for fsync in [false, true] {
+        let p = dir.path().join(format!("log-{fsync}.jsonl"));
+        let mut log = AuditLog::open(&p).unwrap().with_fsync(fsync);
+        let name = if fsync {
+            "audit_append_fsync"
+        } else {
+            "audit_append_nofsync"
+        };
+        g.bench_function(name, |b| b.iter(|| log.append(&mut rec()).unwrap()));
+        // baseline: one prepared line, plain O_APPEND write (no lock, no head read, no hash)
+        let mut r = rec();
+        let line = r.seal(1, tenancy_audit::GENESIS).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o640)
+            .open(dir.path().join(format!("raw-{fsync}.jsonl")))
+            .unwrap();
+        let name = if fsync {
+            "baseline_write_fsync"
+        } else {
+            "baseline_write_nofsync"
+        };
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                f.write_all(&line).unwrap();
+                if fsync {
+                    f.sync_data().unwrap();
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -125,7 +125,9 @@ pub fn parse_anchor_line(line: &str) -> Option<(String, u64, String)> {
         } else if let Some(v) = tok.strip_prefix("seq=") {
             seq = v.parse::<u64>().ok();
         } else if let Some(v) = tok.strip_prefix("hash=") {
-            if v.len() == 64 && v.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            if v.len() == 64
+                && v.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
             {
                 hash = Some(v);
             }

@@ -40,7 +40,8 @@ pub fn expand_paths(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     use anyhow::Context;
     let mut out = Vec::new();
     for p in paths {
-        let meta = std::fs::metadata(p).with_context(|| format!("audit log path {}", p.display()))?;
+        let meta =
+            std::fs::metadata(p).with_context(|| format!("audit log path {}", p.display()))?;
         if meta.is_dir() {
             let mut v = Vec::new();
             for e in std::fs::read_dir(p).with_context(|| format!("listing {}", p.display()))? {

@@ -25,7 +25,9 @@ pub enum AuditError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("audit log {path}: is not a regular file (refusing to write through a symlink or device)")]
+    #[error(
+        "audit log {path}: is not a regular file (refusing to write through a symlink or device)"
+    )]
     NotRegular { path: PathBuf },
     #[error("audit log {path}: cannot lock: {source}")]
     Lock {
@@ -43,7 +45,9 @@ pub enum AuditError {
         offset: u64,
         what: String,
     },
-    #[error("audit log {path}: record for job {job:?} event {event} cannot be serialized: {source}")]
+    #[error(
+        "audit log {path}: record for job {job:?} event {event} cannot be serialized: {source}"
+    )]
     Serialize {
         path: PathBuf,
         job: Option<u64>,
@@ -161,12 +165,14 @@ impl AuditLog {
         let _guard = FlockGuard(&self.file);
         let (head, len) = self.read_head_locked()?;
         let seq = head.seq + 1;
-        let line = rec.seal(seq, &head.hash).map_err(|source| AuditError::Serialize {
-            path: self.path.clone(),
-            job: rec.job_id,
-            event: rec.event.to_string(),
-            source,
-        })?;
+        let line = rec
+            .seal(seq, &head.hash)
+            .map_err(|source| AuditError::Serialize {
+                path: self.path.clone(),
+                job: rec.job_id,
+                event: rec.event.to_string(),
+                source,
+            })?;
         // One write(2): O_APPEND places it atomically at the end; we hold the lock anyway.
         let res = (&self.file).write(&line);
         match res {
@@ -250,7 +256,9 @@ impl AuditLog {
             piece.extend_from_slice(&buf);
             buf = piece;
             if buf.last() != Some(&b'\n') {
-                return Err(bad("the log does not end with a newline (torn write)".into()));
+                return Err(bad(
+                    "the log does not end with a newline (torn write)".into()
+                ));
             }
             // search for the newline before the final one
             if let Some(i) = memrchr(b'\n', &buf[..buf.len() - 1]) {

@@ -165,7 +165,10 @@ pub mod ts {
 
     pub mod opt {
         use super::*;
-        pub fn serialize<S: Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+        pub fn serialize<S: Serializer>(
+            t: &Option<DateTime<Utc>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
             match t {
                 Some(t) => super::serialize(t, s),
                 None => s.serialize_none(),
@@ -224,11 +227,7 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<Resource>,
     /// On `job_end`: when the job started (for slice-hours).
-    #[serde(
-        default,
-        with = "ts::opt",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "ts::opt", skip_serializing_if = "Option::is_none")]
     pub started: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firewall_drops: Option<u64>,

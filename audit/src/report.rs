@@ -243,9 +243,9 @@ impl Aggregator {
                 if let Some(id) = r.job_id {
                     // lookup by borrowed parts without allocating when absent
                     if !self.pending.is_empty() {
-                        pend = self
-                            .pending
-                            .remove(&(r.cluster.to_string(), r.node.to_string(), id));
+                        pend =
+                            self.pending
+                                .remove(&(r.cluster.to_string(), r.node.to_string(), id));
                     }
                 }
             }
@@ -488,8 +488,16 @@ pub struct ReportArgs {
 /// Runs `tenancyctl report`.
 pub fn run_report(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let mut q = Query {
-        since: args.since.as_deref().map(|s| parse_bound(s, false)).transpose()?,
-        until: args.until.as_deref().map(|s| parse_bound(s, true)).transpose()?,
+        since: args
+            .since
+            .as_deref()
+            .map(|s| parse_bound(s, false))
+            .transpose()?,
+        until: args
+            .until
+            .as_deref()
+            .map(|s| parse_bound(s, true))
+            .transpose()?,
         tenants: args.tenant.clone(),
         users: args.user.clone(),
         nodes: args.node.clone(),
@@ -521,7 +529,7 @@ pub fn run_report(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let mut cb = |done: u64, total: u64| {
         if last.elapsed().as_millis() >= 500 || done == total {
             last = Instant::now();
-            let pct = if total > 0 { done * 100 / total } else { 100 };
+            let pct = (done * 100).checked_div(total).unwrap_or(100);
             let secs = started.elapsed().as_secs_f64().max(0.001);
             eprint!(
                 "\rreport: {} / {} MiB ({pct}%), {:.0} MiB/s   ",
@@ -604,7 +612,11 @@ fn round6(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
 
-fn write_table(out: &mut dyn Write, header: &[String], rows: &[Vec<String>]) -> std::io::Result<()> {
+fn write_table(
+    out: &mut dyn Write,
+    header: &[String],
+    rows: &[Vec<String>],
+) -> std::io::Result<()> {
     let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {

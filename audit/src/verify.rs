@@ -58,7 +58,13 @@ pub struct Finding {
 
 impl std::fmt::Display for Finding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}: node {}: ", self.file.display(), self.line, self.node)?;
+        write!(
+            f,
+            "{}:{}: node {}: ",
+            self.file.display(),
+            self.line,
+            self.node
+        )?;
         if let Some(s) = self.seq {
             write!(f, "seq {s}: ")?;
         }
@@ -326,7 +332,13 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
         let hash = match stored_hash {
             Ok(h) => h,
             Err((stored, computed)) => {
-                let f = mk(Some(seq), FindingKind::HashMismatch { stored: stored.clone(), computed });
+                let f = mk(
+                    Some(seq),
+                    FindingKind::HashMismatch {
+                        stored: stored.clone(),
+                        computed,
+                    },
+                );
                 st.push(f);
                 stored
             }
@@ -355,7 +367,13 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
                 st.push(f);
             }
         } else if seq > expected {
-            let f = mk(Some(seq), FindingKind::SeqGap { expected, found: seq });
+            let f = mk(
+                Some(seq),
+                FindingKind::SeqGap {
+                    expected,
+                    found: seq,
+                },
+            );
             if st.findings.len() < st.max {
                 st.gaps.push((st.findings.len(), expected, seq));
             }
@@ -371,7 +389,13 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
                 if let FindingKind::SeqGap { expected, found } = st.findings[i].kind {
                     st.findings[i].kind = FindingKind::Reordered { expected, found };
                 }
-                let f = mk(Some(seq), FindingKind::Reordered { expected, found: seq });
+                let f = mk(
+                    Some(seq),
+                    FindingKind::Reordered {
+                        expected,
+                        found: seq,
+                    },
+                );
                 st.push(f);
             } else {
                 let f = mk(Some(seq), FindingKind::Duplicate { seq });

@@ -5,20 +5,28 @@ use std::path::{Path, PathBuf};
 
 use tenancy_audit::record::{check_line_hash, LineHash};
 use tenancy_audit::{
-    anchor_line, send_anchor_to, verify_paths, AnchorSet, AuditError, AuditLog, Event, FindingKind, Outcome,
-    Record, Resource, ResourceAction, SyslogStatus, GENESIS,
+    anchor_line, send_anchor_to, verify_paths, AnchorSet, AuditError, AuditLog, Event, FindingKind,
+    Outcome, Record, Resource, ResourceAction, SyslogStatus, GENESIS,
 };
 
 fn rec(i: u64) -> Record {
-    Record::new("c1", "gpu001", "alice", 2001, Event::JobStart, Outcome::Success, "tenancy-prolog")
-        .job_id(i)
-        .tenant("acme")
-        .tier("gold")
-        .profile("1g.18gb")
-        .compute_slices(1)
-        .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
-        .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{i}")).detail("ci", 0))
-        .reason("line\nbreak \"quoted\" ünïcode")
+    Record::new(
+        "c1",
+        "gpu001",
+        "alice",
+        2001,
+        Event::JobStart,
+        Outcome::Success,
+        "tenancy-prolog",
+    )
+    .job_id(i)
+    .tenant("acme")
+    .tier("gold")
+    .profile("1g.18gb")
+    .compute_slices(1)
+    .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+    .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{i}")).detail("ci", 0))
+    .reason("line\nbreak \"quoted\" ünïcode")
 }
 
 fn make_log(dir: &Path, n: u64) -> PathBuf {
@@ -32,7 +40,11 @@ fn make_log(dir: &Path, n: u64) -> PathBuf {
 }
 
 fn lines(p: &Path) -> Vec<String> {
-    std::fs::read_to_string(p).unwrap().lines().map(str::to_string).collect()
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 fn write_lines(p: &Path, l: &[String]) {
@@ -59,7 +71,10 @@ fn append_fills_chain_and_round_trips() {
         // canonical form: line minus `,"hash":"…"` hashes to the stored hash
         let cut = l.rfind(",\"hash\":\"").unwrap();
         let canonical = format!("{}}}", &l[..cut]);
-        assert_eq!(tenancy_audit::record::canonical_hash(canonical.as_bytes()), r.hash);
+        assert_eq!(
+            tenancy_audit::record::canonical_hash(canonical.as_bytes()),
+            r.hash
+        );
         assert!(matches!(check_line_hash(l.as_bytes()), LineHash::Valid(_)));
         assert!(l.ends_with(&format!(",\"hash\":\"{}\"}}", r.hash)));
         assert_eq!(r.reason.as_deref(), Some("line\nbreak \"quoted\" ünïcode"));
@@ -78,14 +93,20 @@ fn append_fills_chain_and_round_trips() {
     assert!(serde_json::from_str::<Record>(&ls[0].replace("job_start", "Job Start")).is_err());
     // file mode 0640
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o640);
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
     assert!(verify(&p, &AnchorSet::default()).is_clean());
 }
 
 #[test]
 fn open_refuses_missing_dir_and_symlink() {
     let dir = tempfile::tempdir().unwrap();
-    assert!(matches!(AuditLog::open(dir.path().join("nope/x.log")), Err(AuditError::Open { .. })));
+    assert!(matches!(
+        AuditLog::open(dir.path().join("nope/x.log")),
+        Err(AuditError::Open { .. })
+    ));
     let target = dir.path().join("target");
     std::fs::write(&target, "").unwrap();
     std::os::unix::fs::symlink(&target, dir.path().join("link")).unwrap();
@@ -129,7 +150,10 @@ fn rehashed_edit_breaks_the_next_prev() {
     let mut r: Record = serde_json::from_str(&ls[3]).unwrap();
     r.user = "mallory".into();
     let prev = r.prev.clone();
-    ls[3] = String::from_utf8(r.seal(4, &prev).unwrap()).unwrap().trim_end().to_string();
+    ls[3] = String::from_utf8(r.seal(4, &prev).unwrap())
+        .unwrap()
+        .trim_end()
+        .to_string();
     write_lines(&p, &ls);
     let rep = verify(&p, &AnchorSet::default());
     let f = rep.first().unwrap();
@@ -148,7 +172,13 @@ fn deleted_record_detected() {
     assert_eq!(r.total_findings, 1, "{:?}", r.findings);
     let f = r.first().unwrap();
     assert_eq!((f.line, f.seq), (5, Some(6)));
-    assert_eq!(f.kind, FindingKind::SeqGap { expected: 5, found: 6 });
+    assert_eq!(
+        f.kind,
+        FindingKind::SeqGap {
+            expected: 5,
+            found: 6
+        }
+    );
 }
 
 #[test]
@@ -161,8 +191,20 @@ fn swapped_records_detected() {
     let r = verify(&p, &AnchorSet::default());
     let f = r.first().unwrap();
     assert_eq!((f.line, f.seq), (3, Some(4)));
-    assert_eq!(f.kind, FindingKind::Reordered { expected: 3, found: 4 });
-    assert_eq!(r.findings[1].kind, FindingKind::Reordered { expected: 5, found: 3 });
+    assert_eq!(
+        f.kind,
+        FindingKind::Reordered {
+            expected: 3,
+            found: 4
+        }
+    );
+    assert_eq!(
+        r.findings[1].kind,
+        FindingKind::Reordered {
+            expected: 5,
+            found: 3
+        }
+    );
     assert_eq!(r.findings[1].line, 4);
 }
 
@@ -187,24 +229,46 @@ fn cut_tail_detected_only_with_anchor() {
     let anchor_file = dir.path().join("anchors/anchors.log");
     std::fs::create_dir(dir.path().join("anchors")).unwrap();
     // no syslog socket here: status says so, the file still gets the anchor
-    let st = send_anchor_to(&dir.path().join("no-such-socket"), "gpu001", head.seq, &head.hash, Some(&anchor_file));
+    let st = send_anchor_to(
+        &dir.path().join("no-such-socket"),
+        "gpu001",
+        head.seq,
+        &head.hash,
+        Some(&anchor_file),
+    );
     assert!(matches!(st.syslog, SyslogStatus::Unavailable(_)));
     assert_eq!(st.file, Some(Ok(())));
     let mut ls = lines(&p);
     ls.truncate(7);
     write_lines(&p, &ls);
-    assert!(verify(&p, &AnchorSet::default()).is_clean(), "a chain alone cannot see a cut tail");
+    assert!(
+        verify(&p, &AnchorSet::default()).is_clean(),
+        "a chain alone cannot see a cut tail"
+    );
     let mut anchors = AnchorSet::default();
     // an older anchor first and a syslog-style line: the newest wins
-    let older = format!("Nov 29 18:50:00 gpu001 tenancy-audit[42]: {}\n", anchor_line("gpu001", 3, &"a".repeat(64)));
-    let mut f = std::fs::OpenOptions::new().append(true).open(&anchor_file).unwrap();
+    let older = format!(
+        "Nov 29 18:50:00 gpu001 tenancy-audit[42]: {}\n",
+        anchor_line("gpu001", 3, &"a".repeat(64))
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&anchor_file)
+        .unwrap();
     f.write_all(older.as_bytes()).unwrap();
     assert_eq!(anchors.read_file(&anchor_file).unwrap(), 2);
     let r = verify(&p, &anchors);
     assert_eq!(r.total_findings, 1, "{:?}", r.findings);
     let f = r.first().unwrap();
     assert_eq!((f.line, f.seq), (8, Some(8)));
-    assert!(matches!(f.kind, FindingKind::TruncatedTail { last_seq: 7, anchor_seq: 10, .. }));
+    assert!(matches!(
+        f.kind,
+        FindingKind::TruncatedTail {
+            last_seq: 7,
+            anchor_seq: 10,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -232,7 +296,14 @@ fn rewritten_chain_caught_by_anchor() {
     write_lines(&p, &out);
     assert!(verify(&p, &AnchorSet::default()).is_clean());
     let r = verify(&p, &anchors);
-    assert!(matches!(r.first().unwrap().kind, FindingKind::TruncatedTail { last_seq: 7, anchor_seq: 8, .. }));
+    assert!(matches!(
+        r.first().unwrap().kind,
+        FindingKind::TruncatedTail {
+            last_seq: 7,
+            anchor_seq: 8,
+            ..
+        }
+    ));
     // and with an anchor inside the surviving range the rewrite is a hash mismatch at that seq
     let mut a2 = AnchorSet::default();
     let orig5: Record = serde_json::from_str(&ls[4]).unwrap();
@@ -255,7 +326,14 @@ fn syslog_anchor_reaches_a_datagram_socket() {
     let n = sock.recv(&mut buf).unwrap();
     let msg = std::str::from_utf8(&buf[..n]).unwrap();
     assert!(msg.starts_with("<86>"), "{msg}");
-    assert!(msg.contains(&format!(" tenancy-audit[{}]: node=gpu001 seq=42 hash={}", std::process::id(), "b".repeat(64))), "{msg}");
+    assert!(
+        msg.contains(&format!(
+            " tenancy-audit[{}]: node=gpu001 seq=42 hash={}",
+            std::process::id(),
+            "b".repeat(64)
+        )),
+        "{msg}"
+    );
     assert_eq!(
         tenancy_audit::parse_anchor_line(msg),
         Some(("gpu001".to_string(), 42, "b".repeat(64)))
@@ -268,13 +346,24 @@ fn syslog_anchor_reaches_a_datagram_socket() {
 fn run_verify_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let p = make_log(dir.path(), 4);
-    let args = tenancy_audit::VerifyArgs { anchors: vec![], format: tenancy_audit::Format::Json, max_findings: 10, paths: vec![dir.path().to_path_buf()] };
-    assert_eq!(tenancy_audit::run_verify(args.clone()).unwrap(), std::process::ExitCode::SUCCESS);
+    let args = tenancy_audit::VerifyArgs {
+        anchors: vec![],
+        format: tenancy_audit::Format::Json,
+        max_findings: 10,
+        paths: vec![dir.path().to_path_buf()],
+    };
+    assert_eq!(
+        tenancy_audit::run_verify(args.clone()).unwrap(),
+        std::process::ExitCode::SUCCESS
+    );
     let mut ls = lines(&p);
     ls.pop();
     ls.remove(1);
     write_lines(&p, &ls);
-    assert_eq!(tenancy_audit::run_verify(args).unwrap(), std::process::ExitCode::from(1));
+    assert_eq!(
+        tenancy_audit::run_verify(args).unwrap(),
+        std::process::ExitCode::from(1)
+    );
 }
 
 const THREADS: usize = 32;
@@ -287,7 +376,10 @@ fn check_all_present(p: &Path, writers: &[String], per: usize) {
     let mut seen = std::collections::HashSet::new();
     for l in lines(p) {
         let rec: Record = serde_json::from_str(&l).unwrap();
-        assert!(seen.insert((rec.origin.clone(), rec.job_id)), "duplicate {l}");
+        assert!(
+            seen.insert((rec.origin.clone(), rec.job_id)),
+            "duplicate {l}"
+        );
     }
     for w in writers {
         for i in 0..per as u64 {
@@ -323,7 +415,9 @@ fn concurrent_threads_each_with_own_handle() {
 /// Child side of `concurrent_processes`: does nothing unless spawned with AUDIT_CHILD_LOG.
 #[test]
 fn child_appender() {
-    let Ok(p) = std::env::var("AUDIT_CHILD_LOG") else { return };
+    let Ok(p) = std::env::var("AUDIT_CHILD_LOG") else {
+        return;
+    };
     let name = std::env::var("AUDIT_CHILD_NAME").unwrap();
     let n: u64 = std::env::var("AUDIT_CHILD_N").unwrap().parse().unwrap();
     for i in 0..n {

@@ -31,9 +31,8 @@ pub fn enter(config: Option<&Path>, job: u64, pid: i32) -> Result<Vec<(String, S
     node_enter(&config, job, pid)
 }
 
-// Until tenancy-node's task::enter lands, the task is refused (fail closed).
-fn node_enter(_config: &Config, _job: u64, _pid: i32) -> Result<Vec<(String, String)>, String> {
-    Err("this build has no tenancy-node task entry yet (tenancy_node::task::enter)".to_string())
+fn node_enter(config: &Config, job: u64, pid: i32) -> Result<Vec<(String, String)>, String> {
+    tenancy_node::task::enter(config, job, pid).map(|env| env.vars)
 }
 
 fn one_line(s: &str) -> String {

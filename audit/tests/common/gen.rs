@@ -6,7 +6,12 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
 
 pub const TENANTS: [&str; 5] = ["acme", "globex", "initech", "umbrella", "hooli"];
-pub const PROFILES: [(&str, u32); 4] = [("1g.18gb", 1), ("2g.35gb", 2), ("3g.71gb", 3), ("7g.141gb", 7)];
+pub const PROFILES: [(&str, u32); 4] = [
+    ("1g.18gb", 1),
+    ("2g.35gb", 2),
+    ("3g.71gb", 3),
+    ("7g.141gb", 7),
+];
 pub const TIERS: [&str; 2] = ["gold", "standard"];
 
 /// What happened, independent of how it is logged.
@@ -22,9 +27,18 @@ pub enum Truth {
         end: Option<DateTime<Utc>>,
         drops: u64,
     },
-    Denied { tenant: String, time: DateTime<Utc> },
-    Rollback { tenant: String, time: DateTime<Utc> },
-    TeardownFailed { tenant: String, time: DateTime<Utc> },
+    Denied {
+        tenant: String,
+        time: DateTime<Utc>,
+    },
+    Rollback {
+        tenant: String,
+        time: DateTime<Utc>,
+    },
+    TeardownFailed {
+        tenant: String,
+        time: DateTime<Utc>,
+    },
 }
 
 struct Open {
@@ -69,13 +83,23 @@ pub fn generate(
                 let (pname, slices) = PROFILES[j.profile];
                 let drops = if rng.bool() { rng.u64(0..1000) } else { 0 };
                 let mut r = Record::new(
-                    "c1", &node, &j.user, j.uid, Event::JobEnd, Outcome::Success, "tenancy-epilog",
+                    "c1",
+                    &node,
+                    &j.user,
+                    j.uid,
+                    Event::JobEnd,
+                    Outcome::Success,
+                    "tenancy-epilog",
                 )
                 .time(clock)
                 .job_id(j.job_id)
                 .tenant(TENANTS[j.tenant])
                 .tier(TIERS[j.tenant % 2])
-                .resource(Resource::new("mig", ResourceAction::Removed, format!("gi-{}", j.job_id)));
+                .resource(Resource::new(
+                    "mig",
+                    ResourceAction::Removed,
+                    format!("gi-{}", j.job_id),
+                ));
                 // 75 %: job_end carries started/profile/slices; else the report must pair.
                 if rng.u32(0..4) != 0 {
                     r = r.started(j.start).profile(pname).compute_slices(slices);
@@ -96,16 +120,27 @@ pub fn generate(
                 });
                 if rng.u32(0..50) == 0 && (seq as usize) < records_per_node {
                     let mut r = Record::new(
-                        "c1", &node, &j.user, j.uid, Event::TeardownFailed, Outcome::Failure,
+                        "c1",
+                        &node,
+                        &j.user,
+                        j.uid,
+                        Event::TeardownFailed,
+                        Outcome::Failure,
                         "tenancy-epilog",
                     )
                     .time(clock)
                     .job_id(j.job_id)
                     .tenant(TENANTS[j.tenant])
                     .reason("nft table busy")
-                    .resource(Resource::new("network", ResourceAction::Failed, "tenancy-job").detail("errno", 16));
+                    .resource(
+                        Resource::new("network", ResourceAction::Failed, "tenancy-job")
+                            .detail("errno", 16),
+                    );
                     emit(&mut r, &mut seq, &mut prev);
-                    truth(Truth::TeardownFailed { tenant: TENANTS[j.tenant].into(), time: trunc(clock) });
+                    truth(Truth::TeardownFailed {
+                        tenant: TENANTS[j.tenant].into(),
+                        time: trunc(clock),
+                    });
                 }
                 continue;
             }
@@ -117,38 +152,94 @@ pub fn generate(
             let (pname, slices) = PROFILES[profile];
             let kind = rng.u32(0..100);
             if kind < 8 {
-                let mut r = Record::new("c1", &node, &user, uid, Event::JobDenied, Outcome::Denied, "tenancy-prolog")
-                    .time(clock)
-                    .job_id(job_id)
-                    .tenant(TENANTS[tenant])
-                    .profile(pname)
-                    .reason("quota exceeded");
+                let mut r = Record::new(
+                    "c1",
+                    &node,
+                    &user,
+                    uid,
+                    Event::JobDenied,
+                    Outcome::Denied,
+                    "tenancy-prolog",
+                )
+                .time(clock)
+                .job_id(job_id)
+                .tenant(TENANTS[tenant])
+                .profile(pname)
+                .reason("quota exceeded");
                 emit(&mut r, &mut seq, &mut prev);
-                truth(Truth::Denied { tenant: TENANTS[tenant].into(), time: trunc(clock) });
+                truth(Truth::Denied {
+                    tenant: TENANTS[tenant].into(),
+                    time: trunc(clock),
+                });
             } else if kind < 12 {
-                let mut r = Record::new("c1", &node, &user, uid, Event::Rollback, Outcome::Success, "tenancy-prolog")
-                    .time(clock)
-                    .job_id(job_id)
-                    .tenant(TENANTS[tenant])
-                    .reason("nft: failed to add rule")
-                    .resource(Resource::new("mig", ResourceAction::Removed, format!("gi-{job_id}")));
+                let mut r = Record::new(
+                    "c1",
+                    &node,
+                    &user,
+                    uid,
+                    Event::Rollback,
+                    Outcome::Success,
+                    "tenancy-prolog",
+                )
+                .time(clock)
+                .job_id(job_id)
+                .tenant(TENANTS[tenant])
+                .reason("nft: failed to add rule")
+                .resource(Resource::new(
+                    "mig",
+                    ResourceAction::Removed,
+                    format!("gi-{job_id}"),
+                ));
                 emit(&mut r, &mut seq, &mut prev);
-                truth(Truth::Rollback { tenant: TENANTS[tenant].into(), time: trunc(clock) });
+                truth(Truth::Rollback {
+                    tenant: TENANTS[tenant].into(),
+                    time: trunc(clock),
+                });
             } else {
-                let mut r = Record::new("c1", &node, &user, uid, Event::JobStart, Outcome::Success, "tenancy-prolog")
-                    .time(clock)
-                    .job_id(job_id)
-                    .tenant(TENANTS[tenant])
-                    .tier(TIERS[tenant % 2])
-                    .profile(pname)
-                    .compute_slices(slices)
-                    .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
-                    .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{job_id}")).detail("profile", pname))
-                    .resource(Resource::new("devices", ResourceAction::Made, format!("/sys/fs/cgroup/job_{job_id}")))
-                    .resource(Resource::new("scratch", ResourceAction::Made, format!("/scratch/{}/{job_id}", TENANTS[tenant])))
-                    .resource(Resource::new("network", ResourceAction::Made, format!("tenancy-{job_id}")));
+                let mut r = Record::new(
+                    "c1",
+                    &node,
+                    &user,
+                    uid,
+                    Event::JobStart,
+                    Outcome::Success,
+                    "tenancy-prolog",
+                )
+                .time(clock)
+                .job_id(job_id)
+                .tenant(TENANTS[tenant])
+                .tier(TIERS[tenant % 2])
+                .profile(pname)
+                .compute_slices(slices)
+                .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+                .resource(
+                    Resource::new("mig", ResourceAction::Made, format!("gi-{job_id}"))
+                        .detail("profile", pname),
+                )
+                .resource(Resource::new(
+                    "devices",
+                    ResourceAction::Made,
+                    format!("/sys/fs/cgroup/job_{job_id}"),
+                ))
+                .resource(Resource::new(
+                    "scratch",
+                    ResourceAction::Made,
+                    format!("/scratch/{}/{job_id}", TENANTS[tenant]),
+                ))
+                .resource(Resource::new(
+                    "network",
+                    ResourceAction::Made,
+                    format!("tenancy-{job_id}"),
+                ));
                 emit(&mut r, &mut seq, &mut prev);
-                open.push(Open { job_id, tenant, user: user.clone(), uid, profile, start: clock });
+                open.push(Open {
+                    job_id,
+                    tenant,
+                    user: user.clone(),
+                    uid,
+                    profile,
+                    start: clock,
+                });
             }
         }
         for j in open {

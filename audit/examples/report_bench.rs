@@ -1,0 +1,12 @@
+//! `tenancyctl report` as a stand-alone binary (for benchmarks): same arguments.
+use clap::Parser;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: tenancy_audit::ReportArgs,
+}
+
+fn main() -> anyhow::Result<std::process::ExitCode> {
+    tenancy_audit::run_report(Cli::parse().args)
+}
