@@ -221,7 +221,10 @@ pub fn start_listener(procs: &mut Procs, args: &str, cgroup: Option<&Path>, netn
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub enum Outcome {
     Ok,
+    /// TCP: the handshake never completed (SYN dropped); UDP: no answer.
     Timeout,
+    /// TCP connected but the echo never came back.
+    NoReply,
     Refused,
     Other(i32),
 }
@@ -236,6 +239,7 @@ pub fn client(args: &str, cgroup: Option<&Path>) -> Outcome {
         Some(0) => Outcome::Ok,
         Some(11) => Outcome::Timeout,
         Some(12) => Outcome::Refused,
+        Some(15) => Outcome::NoReply,
         c => Outcome::Other(c.unwrap_or(-1)),
     }
 }
@@ -288,8 +292,9 @@ pub fn probe_main(spec: &str) -> ! {
                 let mut buf = [0u8; 4];
                 match s.read_exact(&mut buf) {
                     Ok(()) if &buf == b"ping" => 0,
+                    // connected, but no answer: a different outcome from a refused handshake
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.kind() == std::io::ErrorKind::TimedOut => 11,
+                        || e.kind() == std::io::ErrorKind::TimedOut => 15,
                     _ => 13,
                 }
             }
