@@ -231,15 +231,16 @@ impl State {
             return Err(r);
         }
         let g = self.gpu(gpu)?;
-        let free = free_gi_placements(g, p);
         let start = match placement {
             Some((start, _)) => {
-                if !free.contains(&start) {
+                if !open_gi_placements(g, p).0.contains(&start) {
                     return Err(Ret::INSUFFICIENT_RESOURCES);
                 }
                 start
             }
-            None => *free.last().ok_or(Ret::INSUFFICIENT_RESOURCES)?,
+            None => *free_gi_placements(g, p)
+                .last()
+                .ok_or(Ret::INSUFFICIENT_RESOURCES)?,
         };
         let id = model::gi_id_for_placement(start, p.memory_slices);
         let serial = self.serial();
@@ -409,11 +410,26 @@ fn overlaps(a: u32, asz: u32, b: u32, bsz: u32) -> bool {
     a < b + bsz && b < a + asz
 }
 
-/// Placement starts of profile `p` that are free now and respect the profile's instance limit.
+/// Placement starts of profile `p` that are free now and respect the profile's instance limit,
+/// as the driver reports them (possible placements, remaining capacity, implicit creation).
 pub fn free_gi_placements(g: &GpuState, p: &GiProfile) -> Vec<u32> {
+    let (free, same) = open_gi_placements(g, p);
+    let room = p.instance_count.saturating_sub(same) as usize;
+    if free.len() > room {
+        // Same-profile placements are disjoint, so any `room` of them fit; keep the
+        // driver's preference order (highest start last).
+        free[free.len() - room..].to_vec()
+    } else {
+        free
+    }
+}
+
+/// Every placement start where a GI of `p` could be created now, with the number of GIs of `p`
+/// that exist. An explicit placement may use any of them (a `1g+me` GI fits at any 1g start).
+fn open_gi_placements(g: &GpuState, p: &GiProfile) -> (Vec<u32>, u32) {
     let same = g.gis.iter().filter(|x| x.profile_id == p.id).count() as u32;
     if same >= p.instance_count {
-        return Vec::new();
+        return (Vec::new(), same);
     }
     let used_compute: u32 = g
         .gis
@@ -422,7 +438,7 @@ pub fn free_gi_placements(g: &GpuState, p: &GiProfile) -> Vec<u32> {
         .map(|x| x.compute_slices)
         .sum();
     if used_compute + p.compute_slices > COMPUTE_SLICES {
-        return Vec::new();
+        return (Vec::new(), same);
     }
     let free: Vec<u32> = p
         .placements
@@ -435,14 +451,7 @@ pub fn free_gi_placements(g: &GpuState, p: &GiProfile) -> Vec<u32> {
                 .any(|x| overlaps(*s, p.memory_slices, x.start, x.size))
         })
         .collect();
-    let room = (p.instance_count - same) as usize;
-    if free.len() > room {
-        // Same-profile placements are disjoint, so any `room` of them fit; keep the
-        // driver's preference order (highest start last).
-        free[free.len() - room..].to_vec()
-    } else {
-        free
-    }
+    (free, same)
 }
 
 pub fn free_ci_placements(gi: &GiState, cp: &model::CiProfile) -> Vec<u32> {

@@ -84,7 +84,6 @@ proptest! {
 
 /// Real NVML places a 1g+me GI at any 1g start ({0..6}:1); the plan may put it anywhere.
 #[test]
-#[ignore = "nvml-shim bug: free_gi_placements truncates explicit placements to the highest start for +me"]
 fn plus_me_at_any_start() {
     let Some(sc) = Scenario::new(TWO_H200, None) else {
         return;

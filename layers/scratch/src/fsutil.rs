@@ -6,7 +6,10 @@ use rustix::io::Errno;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path};
 
-pub(crate) const DIR_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY).union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
+pub(crate) const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
 
 pub(crate) fn resolve_flags() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
@@ -29,10 +32,17 @@ pub(crate) fn describe_entry(dir: &OwnedFd, name: &str) -> String {
         Err(e) => format!("cannot stat: {e}"),
         Ok(st) => match FileType::from_raw_mode(st.st_mode) {
             FileType::Symlink => {
-                let target = rfs::readlinkat(dir, name, Vec::new()).map(|t| t.to_string_lossy().into_owned()).unwrap_or_else(|_| "?".into());
+                let target = rfs::readlinkat(dir, name, Vec::new())
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| "?".into());
                 format!("a symlink to {target:?}")
             }
-            FileType::Directory => format!("a directory owned by {}:{} mode {:04o}", st.st_uid, st.st_gid, st.st_mode & 0o7777),
+            FileType::Directory => format!(
+                "a directory owned by {}:{} mode {:04o}",
+                st.st_uid,
+                st.st_gid,
+                st.st_mode & 0o7777
+            ),
             ft => format!("a {ft:?} owned by {}:{}", st.st_uid, st.st_gid),
         },
     }
@@ -46,7 +56,8 @@ pub(crate) fn open_root(root: &Path) -> Result<OwnedFd> {
     if !root.is_absolute() {
         return Err(unsafe_path(root, "scratch root must be an absolute path"));
     }
-    let mut cur = rfs::open("/", DIR_FLAGS, Mode::empty()).map_err(|e| io_err("open", Path::new("/"), e))?;
+    let mut cur =
+        rfs::open("/", DIR_FLAGS, Mode::empty()).map_err(|e| io_err("open", Path::new("/"), e))?;
     let mut cur_path = std::path::PathBuf::from("/");
     let comps: Vec<Component> = root.components().collect();
     for (i, c) in comps.iter().enumerate() {
@@ -64,17 +75,32 @@ pub(crate) fn open_root(root: &Path) -> Result<OwnedFd> {
                 })?;
                 cur = next;
             }
-            _ => return Err(unsafe_path(root, "scratch root path must not contain . or ..")),
+            _ => {
+                return Err(unsafe_path(
+                    root,
+                    "scratch root path must not contain . or ..",
+                ))
+            }
         }
         let st = rfs::fstat(&cur).map_err(|e| io_err("fstat", &cur_path, e))?;
         let mode = st.st_mode & 0o7777;
-        let what = if last { "scratch root" } else { "ancestor of the scratch root" };
+        let what = if last {
+            "scratch root"
+        } else {
+            "ancestor of the scratch root"
+        };
         if st.st_uid != 0 {
-            return Err(unsafe_path(&cur_path, format!("{what} is owned by uid {}, expected root", st.st_uid)));
+            return Err(unsafe_path(
+                &cur_path,
+                format!("{what} is owned by uid {}, expected root", st.st_uid),
+            ));
         }
         let writable = mode & 0o022 != 0;
         if writable && (last || mode & 0o1000 == 0) {
-            return Err(unsafe_path(&cur_path, format!("{what} has mode {mode:04o}: group- or world-writable")));
+            return Err(unsafe_path(
+                &cur_path,
+                format!("{what} has mode {mode:04o}: group- or world-writable"),
+            ));
         }
     }
     Ok(cur)

@@ -17,9 +17,10 @@
 pub mod audit;
 mod fsutil;
 pub mod quota;
-pub use audit::{audit_paths, run_storage_audit, AuditArgs, Finding, Format, Report, Rule, TenantIds, TenantMap};
+pub use audit::{
+    audit_paths, run_storage_audit, AuditArgs, Finding, Format, Report, Rule, TenantIds, TenantMap,
+};
 mod wipe;
-
 
 pub use quota::{QuotaSpec, QuotaStatus};
 
@@ -88,8 +89,14 @@ pub enum Wiped {
 /// Result of [`retain`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Retained {
-    Moved { from: PathBuf, to: PathBuf, retained_at: u64 },
-    AlreadyGone { path: PathBuf },
+    Moved {
+        from: PathBuf,
+        to: PathBuf,
+        retained_at: u64,
+    },
+    AlreadyGone {
+        path: PathBuf,
+    },
 }
 
 /// One step of [`purge_retained`].
@@ -97,7 +104,15 @@ pub enum Retained {
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
     /// Removed (or, in a dry run, would remove) a retained job folder past retention.
-    Remove { path: PathBuf, tenant: String, job_id: u64, retained_at: u64, age_days: u64, dry_run: bool, entries: u64 },
+    Remove {
+        path: PathBuf,
+        tenant: String,
+        job_id: u64,
+        retained_at: u64,
+        age_days: u64,
+        dry_run: bool,
+        entries: u64,
+    },
     /// Left alone: something that is not ours or not safe to touch.
     Skip { path: PathBuf, reason: String },
 }
@@ -109,7 +124,11 @@ pub enum ScratchError {
     #[error("scratch layer: unsafe path {path}: {msg}; refusing to touch it (fix ownership/mode by hand or remove the entry, then retry)")]
     Unsafe { path: PathBuf, msg: String },
     #[error("scratch layer: {op} {path}: {source}")]
-    Io { op: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("scratch layer, job {job}: quota required but not applied: {msg}")]
     Quota { job: u64, msg: String },
 }
@@ -117,11 +136,18 @@ pub enum ScratchError {
 pub type Result<T> = std::result::Result<T, ScratchError>;
 
 pub(crate) fn io_err(op: &'static str, path: &Path, e: Errno) -> ScratchError {
-    ScratchError::Io { op, path: path.to_path_buf(), source: e.into() }
+    ScratchError::Io {
+        op,
+        path: path.to_path_buf(),
+        source: e.into(),
+    }
 }
 
 pub(crate) fn unsafe_path(path: &Path, msg: impl Into<String>) -> ScratchError {
-    ScratchError::Unsafe { path: path.to_path_buf(), msg: msg.into() }
+    ScratchError::Unsafe {
+        path: path.to_path_buf(),
+        msg: msg.into(),
+    }
 }
 
 /// Checks a tenant name: `[A-Za-z0-9_-]`, 1..=64, not starting with `-`.
@@ -129,18 +155,30 @@ pub fn validate_tenant_name(name: &str) -> std::result::Result<(), String> {
     if name.is_empty() || name.len() > 64 {
         return Err(format!("tenant name {name:?} must be 1..=64 characters"));
     }
-    if name.starts_with('-') || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
-        return Err(format!("tenant name {name:?} may only hold A-Z a-z 0-9 _ - and not start with -"));
+    if name.starts_with('-')
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "tenant name {name:?} may only hold A-Z a-z 0-9 _ - and not start with -"
+        ));
     }
     Ok(())
 }
 
 impl ScratchSpec {
     pub fn validate(&self) -> Result<()> {
-        let bad = |msg: String| ScratchError::InvalidSpec { job: self.job_id, msg };
+        let bad = |msg: String| ScratchError::InvalidSpec {
+            job: self.job_id,
+            msg,
+        };
         validate_tenant_name(&self.tenant).map_err(bad)?;
         if !self.root.is_absolute() {
-            return Err(bad(format!("scratch root {} is not an absolute path", self.root.display())));
+            return Err(bad(format!(
+                "scratch root {} is not an absolute path",
+                self.root.display()
+            )));
         }
         if self.mode & !0o2770 != 0 {
             return Err(bad(format!(
@@ -149,7 +187,10 @@ impl ScratchSpec {
             )));
         }
         if self.mode & 0o700 != 0o700 {
-            return Err(bad(format!("job folder mode {:o} must give the owner rwx", self.mode)));
+            return Err(bad(format!(
+                "job folder mode {:o} must give the owner rwx",
+                self.mode
+            )));
         }
         if self.uid == 0 {
             return Err(bad("job uid 0 (root) gets no scratch folder".into()));
@@ -173,23 +214,40 @@ fn check_tenant_owned(fd: &OwnedFd, path: &Path, gid: u32) -> Result<()> {
     let st = rfs::fstat(fd).map_err(|e| io_err("fstat", path, e))?;
     let mode = st.st_mode & 0o7777;
     if st.st_uid != 0 {
-        return Err(unsafe_path(path, format!("owned by uid {}, expected root", st.st_uid)));
+        return Err(unsafe_path(
+            path,
+            format!("owned by uid {}, expected root", st.st_uid),
+        ));
     }
     if st.st_gid != gid {
-        return Err(unsafe_path(path, format!("group is gid {}, expected tenant gid {gid}", st.st_gid)));
+        return Err(unsafe_path(
+            path,
+            format!("group is gid {}, expected tenant gid {gid}", st.st_gid),
+        ));
     }
     if mode & 0o022 != 0 {
-        return Err(unsafe_path(path, format!("mode {mode:04o} is group- or world-writable, expected {TENANT_DIR_MODE:04o}")));
+        return Err(unsafe_path(
+            path,
+            format!("mode {mode:04o} is group- or world-writable, expected {TENANT_DIR_MODE:04o}"),
+        ));
     }
     if mode & 0o007 != 0 {
-        return Err(unsafe_path(path, format!("mode {mode:04o} gives others access, expected {TENANT_DIR_MODE:04o}")));
+        return Err(unsafe_path(
+            path,
+            format!("mode {mode:04o} gives others access, expected {TENANT_DIR_MODE:04o}"),
+        ));
     }
     Ok(())
 }
 
 /// Opens (creating when missing) a root-owned, tenant-group folder `name` under `parent`.
 /// Returns the fd and whether it was created.
-fn open_or_make_tenant_owned(parent: &OwnedFd, parent_path: &Path, name: &str, gid: u32) -> Result<(OwnedFd, bool)> {
+fn open_or_make_tenant_owned(
+    parent: &OwnedFd,
+    parent_path: &Path,
+    name: &str,
+    gid: u32,
+) -> Result<(OwnedFd, bool)> {
     let path = parent_path.join(name);
     match open_beneath(parent, name) {
         Ok(fd) => {
@@ -201,15 +259,22 @@ fn open_or_make_tenant_owned(parent: &OwnedFd, parent_path: &Path, name: &str, g
                 Ok(()) => {}
                 Err(Errno::EXIST) => {
                     // Lost a race with another prolog: verify what is there now.
-                    let fd = open_beneath(parent, name).map_err(|e| open_error(parent, name, &path, e))?;
+                    let fd = open_beneath(parent, name)
+                        .map_err(|e| open_error(parent, name, &path, e))?;
                     check_tenant_owned(&fd, &path, gid)?;
                     return Ok((fd, false));
                 }
                 Err(e) => return Err(io_err("mkdirat", &path, e)),
             }
             let fd = open_beneath(parent, name).map_err(|e| io_err("open new folder", &path, e))?;
-            rfs::fchown(&fd, Some(rustix::fs::Uid::ROOT), Some(rfs::Gid::from_raw(gid))).map_err(|e| io_err("fchown", &path, e))?;
-            rfs::fchmod(&fd, Mode::from_raw_mode(TENANT_DIR_MODE)).map_err(|e| io_err("fchmod", &path, e))?;
+            rfs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::ROOT),
+                Some(rfs::Gid::from_raw(gid)),
+            )
+            .map_err(|e| io_err("fchown", &path, e))?;
+            rfs::fchmod(&fd, Mode::from_raw_mode(TENANT_DIR_MODE))
+                .map_err(|e| io_err("fchmod", &path, e))?;
             check_tenant_owned(&fd, &path, gid)?;
             Ok((fd, true))
         }
@@ -219,9 +284,13 @@ fn open_or_make_tenant_owned(parent: &OwnedFd, parent_path: &Path, name: &str, g
 
 fn open_error(parent: &OwnedFd, name: &str, path: &Path, e: Errno) -> ScratchError {
     match e {
-        Errno::LOOP | Errno::NOTDIR | Errno::XDEV => {
-            unsafe_path(path, format!("is not a plain directory ({})", describe_entry(parent, name)))
-        }
+        Errno::LOOP | Errno::NOTDIR | Errno::XDEV => unsafe_path(
+            path,
+            format!(
+                "is not a plain directory ({})",
+                describe_entry(parent, name)
+            ),
+        ),
         e => io_err("open", path, e),
     }
 }
@@ -232,23 +301,33 @@ pub fn create(spec: &ScratchSpec) -> Result<Created> {
     spec.validate()?;
     let root = open_root(&spec.root)?;
     // Quota support is decided before anything is written, so a required quota fails closed.
-    let quota_support = match &spec.quota {
-        Some(q) => Some(quota::probe(&root, &spec.root, q)),
-        None => None,
-    };
+    let quota_support = spec
+        .quota
+        .as_ref()
+        .map(|q| quota::probe(&root, &spec.root, q));
     if let (Some(q), Some(QuotaStatus::Unsupported { reason })) = (&spec.quota, &quota_support) {
         if q.required {
-            return Err(ScratchError::Quota { job: spec.job_id, msg: reason.clone() });
+            return Err(ScratchError::Quota {
+                job: spec.job_id,
+                msg: reason.clone(),
+            });
         }
     }
     let tenant_path = spec.tenant_dir();
-    let (tenant, created_tenant_dir) = open_or_make_tenant_owned(&root, &spec.root, &spec.tenant, spec.tenant_gid)?;
+    let (tenant, created_tenant_dir) =
+        open_or_make_tenant_owned(&root, &spec.root, &spec.tenant, spec.tenant_gid)?;
     let name = spec.job_name();
     let path = spec.job_dir();
     match rfs::statat(&tenant, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Err(Errno::NOENT) => {}
         Ok(_) => {
-            return Err(unsafe_path(&path, format!("already exists ({}); a job folder is never reused", describe_entry(&tenant, &name))));
+            return Err(unsafe_path(
+                &path,
+                format!(
+                    "already exists ({}); a job folder is never reused",
+                    describe_entry(&tenant, &name)
+                ),
+            ));
         }
         Err(e) => return Err(io_err("fstatat", &path, e)),
     }
@@ -257,7 +336,12 @@ pub fn create(spec: &ScratchSpec) -> Result<Created> {
         e => io_err("mkdirat", &path, e),
     })?;
     let fd = open_beneath(&tenant, &name).map_err(|e| io_err("open new job folder", &path, e))?;
-    rfs::fchown(&fd, Some(rfs::Uid::from_raw(spec.uid)), Some(rfs::Gid::from_raw(spec.gid))).map_err(|e| io_err("fchown", &path, e))?;
+    rfs::fchown(
+        &fd,
+        Some(rfs::Uid::from_raw(spec.uid)),
+        Some(rfs::Gid::from_raw(spec.gid)),
+    )
+    .map_err(|e| io_err("fchown", &path, e))?;
     // fchmod after fchown: chown clears setgid.
     rfs::fchmod(&fd, Mode::from_raw_mode(spec.mode)).map_err(|e| io_err("fchmod", &path, e))?;
     let quota = match (&spec.quota, quota_support) {
@@ -265,14 +349,25 @@ pub fn create(spec: &ScratchSpec) -> Result<Created> {
             Ok(s) => s,
             Err(msg) if q.required => {
                 let _ = wipe(spec);
-                return Err(ScratchError::Quota { job: spec.job_id, msg });
+                return Err(ScratchError::Quota {
+                    job: spec.job_id,
+                    msg,
+                });
             }
             Err(msg) => QuotaStatus::Failed { reason: msg },
         },
         (Some(_), Some(s)) => s,
         _ => QuotaStatus::NotRequested,
     };
-    Ok(Created { path, tenant_dir: tenant_path, created_tenant_dir, uid: spec.uid, gid: spec.gid, mode: spec.mode, quota })
+    Ok(Created {
+        path,
+        tenant_dir: tenant_path,
+        created_tenant_dir,
+        uid: spec.uid,
+        gid: spec.gid,
+        mode: spec.mode,
+        quota,
+    })
 }
 
 /// Opens root and the tenant folder for teardown; `None` when the tenant folder does not exist.
@@ -303,7 +398,9 @@ pub fn wipe(spec: &ScratchSpec) -> Result<Wiped> {
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Moves the job folder aside atomically to `<tenant>/.retained/job_<id>.<now_unix_secs>`.
@@ -317,18 +414,35 @@ pub fn retain(spec: &ScratchSpec, now: SystemTime) -> Result<Retained> {
     match rfs::statat(&tenant, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Err(Errno::NOENT) => return Ok(Retained::AlreadyGone { path: from }),
         Ok(st) if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::Directory => {
-            return Err(unsafe_path(&from, format!("is not a directory ({}); not retained", describe_entry(&tenant, &name))));
+            return Err(unsafe_path(
+                &from,
+                format!(
+                    "is not a directory ({}); not retained",
+                    describe_entry(&tenant, &name)
+                ),
+            ));
         }
         Ok(_) => {}
         Err(e) => return Err(io_err("fstatat", &from, e)),
     }
-    let (retained, _) = open_or_make_tenant_owned(&tenant, &spec.tenant_dir(), RETAINED_DIR, spec.tenant_gid)?;
+    let (retained, _) =
+        open_or_make_tenant_owned(&tenant, &spec.tenant_dir(), RETAINED_DIR, spec.tenant_gid)?;
     let ts = unix_secs(now);
     let new_name = format!("{name}.{ts}");
     let to = spec.tenant_dir().join(RETAINED_DIR).join(&new_name);
-    rfs::renameat_with(&tenant, name.as_str(), &retained, new_name.as_str(), rfs::RenameFlags::NOREPLACE)
-        .map_err(|e| io_err("renameat", &from, e))?;
-    Ok(Retained::Moved { from, to, retained_at: ts })
+    rfs::renameat_with(
+        &tenant,
+        name.as_str(),
+        &retained,
+        new_name.as_str(),
+        rfs::RenameFlags::NOREPLACE,
+    )
+    .map_err(|e| io_err("renameat", &from, e))?;
+    Ok(Retained::Moved {
+        from,
+        to,
+        retained_at: ts,
+    })
 }
 
 fn parse_retained(name: &str) -> Option<(u64, u64)> {
@@ -339,7 +453,12 @@ fn parse_retained(name: &str) -> Option<(u64, u64)> {
 
 /// Removes retained job folders older than `retain_days` under every tenant folder of `root`.
 /// Used by `tenancyctl reconcile`. Tenant folders that fail the safety checks are skipped.
-pub fn purge_retained(root: &Path, retain_days: u64, now: SystemTime, dry_run: bool) -> Result<Vec<Action>> {
+pub fn purge_retained(
+    root: &Path,
+    retain_days: u64,
+    now: SystemTime,
+    dry_run: bool,
+) -> Result<Vec<Action>> {
     let rootfd = open_root(root)?;
     let now = unix_secs(now);
     let mut actions = Vec::new();
@@ -347,7 +466,9 @@ pub fn purge_retained(root: &Path, retain_days: u64, now: SystemTime, dry_run: b
     let mut tenants: Vec<String> = Vec::new();
     for ent in dir {
         let ent = ent.map_err(|e| io_err("readdir", root, e))?;
-        let Ok(name) = ent.file_name().to_str() else { continue };
+        let Ok(name) = ent.file_name().to_str() else {
+            continue;
+        };
         if name == "." || name == ".." || validate_tenant_name(name).is_err() {
             continue;
         }
@@ -356,19 +477,29 @@ pub fn purge_retained(root: &Path, retain_days: u64, now: SystemTime, dry_run: b
     tenants.sort();
     for tenant in tenants {
         let tpath = root.join(&tenant);
-        let Ok(tfd) = open_beneath(&rootfd, &tenant) else { continue }; // not a directory
+        let Ok(tfd) = open_beneath(&rootfd, &tenant) else {
+            continue;
+        }; // not a directory
         let tst = rfs::fstat(&tfd).map_err(|e| io_err("fstat", &tpath, e))?;
         let rpath = tpath.join(RETAINED_DIR);
         let rfd = match open_beneath(&tfd, RETAINED_DIR) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => continue,
             Err(e) => {
-                actions.push(Action::Skip { path: rpath, reason: format!("cannot open safely: {e}") });
+                actions.push(Action::Skip {
+                    path: rpath,
+                    reason: format!("cannot open safely: {e}"),
+                });
                 continue;
             }
         };
-        if let Err(e) = check_tenant_owned(&tfd, &tpath, tst.st_gid).and_then(|_| check_tenant_owned(&rfd, &rpath, tst.st_gid)) {
-            actions.push(Action::Skip { path: rpath, reason: e.to_string() });
+        if let Err(e) = check_tenant_owned(&tfd, &tpath, tst.st_gid)
+            .and_then(|_| check_tenant_owned(&rfd, &rpath, tst.st_gid))
+        {
+            actions.push(Action::Skip {
+                path: rpath,
+                reason: e.to_string(),
+            });
             continue;
         }
         let mut names = Vec::new();
@@ -383,7 +514,10 @@ pub fn purge_retained(root: &Path, retain_days: u64, now: SystemTime, dry_run: b
         for n in names {
             let path = rpath.join(&n);
             let Some((job_id, retained_at)) = parse_retained(&n) else {
-                actions.push(Action::Skip { path, reason: "name is not job_<id>.<unix_secs>".into() });
+                actions.push(Action::Skip {
+                    path,
+                    reason: "name is not job_<id>.<unix_secs>".into(),
+                });
                 continue;
             };
             let age = now.saturating_sub(retained_at);
@@ -395,7 +529,15 @@ pub fn purge_retained(root: &Path, retain_days: u64, now: SystemTime, dry_run: b
             } else {
                 wipe::remove_entry(&rfd, &n, &path)?.unwrap_or(0)
             };
-            actions.push(Action::Remove { path, tenant: tenant.clone(), job_id, retained_at, age_days: age / 86_400, dry_run, entries });
+            actions.push(Action::Remove {
+                path,
+                tenant: tenant.clone(),
+                job_id,
+                retained_at,
+                age_days: age / 86_400,
+                dry_run,
+                entries,
+            });
         }
     }
     Ok(actions)

@@ -33,10 +33,18 @@ pub enum QuotaStatus {
     NotRequested,
     /// Probe result only: the filesystem accepts project quotas.
     Supported,
-    Applied { project_id: u32, block_hard_kib: u64, inode_hard: u64 },
-    Unsupported { reason: String },
+    Applied {
+        project_id: u32,
+        block_hard_kib: u64,
+        inode_hard: u64,
+    },
+    Unsupported {
+        reason: String,
+    },
     /// Supported but setting it failed (only when the quota is not `required`).
-    Failed { reason: String },
+    Failed {
+        reason: String,
+    },
 }
 
 const EXT4_SUPER_MAGIC: i64 = 0xEF53;
@@ -91,7 +99,12 @@ struct IfDqblk {
     valid: u32,
 }
 
-fn quotactl_fd(fd: &OwnedFd, cmd: libc::c_int, id: u32, addr: *mut libc::c_void) -> std::io::Result<()> {
+fn quotactl_fd(
+    fd: &OwnedFd,
+    cmd: libc::c_int,
+    id: u32,
+    addr: *mut libc::c_void,
+) -> std::io::Result<()> {
     // SAFETY: quotactl_fd reads/writes the struct `addr` points at, which the caller sizes for `cmd`.
     let r = unsafe { libc::syscall(libc::SYS_quotactl_fd, fd.as_raw_fd(), cmd, id, addr) };
     if r < 0 {
@@ -105,7 +118,11 @@ fn quotactl_fd(fd: &OwnedFd, cmd: libc::c_int, id: u32, addr: *mut libc::c_void)
 pub fn probe(root: &OwnedFd, root_path: &Path, _q: &QuotaSpec) -> QuotaStatus {
     let fs = match rfs::fstatfs(root) {
         Ok(s) => s,
-        Err(e) => return QuotaStatus::Unsupported { reason: format!("fstatfs {}: {e}", root_path.display()) },
+        Err(e) => {
+            return QuotaStatus::Unsupported {
+                reason: format!("fstatfs {}: {e}", root_path.display()),
+            }
+        }
     };
     let magic = fs.f_type as i64;
     match magic {
@@ -122,13 +139,26 @@ pub fn probe(root: &OwnedFd, root_path: &Path, _q: &QuotaSpec) -> QuotaStatus {
         }
     }
     let mut info = IfDqinfo::default();
-    match quotactl_fd(root, qcmd(Q_GETINFO, PRJQUOTA), 0, &mut info as *mut _ as *mut libc::c_void) {
+    match quotactl_fd(
+        root,
+        qcmd(Q_GETINFO, PRJQUOTA),
+        0,
+        &mut info as *mut _ as *mut libc::c_void,
+    ) {
         Ok(()) => QuotaStatus::Supported,
         Err(e) => QuotaStatus::Unsupported {
             reason: match e.raw_os_error() {
-                Some(libc::ENOSYS) => "the kernel has no quota support (quotactl_fd: ENOSYS, CONFIG_QUOTA off)".into(),
-                Some(libc::ESRCH) => format!("project quotas are not enabled on the filesystem of {} (mount with prjquota)", root_path.display()),
-                _ => format!("quotactl_fd(Q_GETINFO, PRJQUOTA) on {}: {e}", root_path.display()),
+                Some(libc::ENOSYS) => {
+                    "the kernel has no quota support (quotactl_fd: ENOSYS, CONFIG_QUOTA off)".into()
+                }
+                Some(libc::ESRCH) => format!(
+                    "project quotas are not enabled on the filesystem of {} (mount with prjquota)",
+                    root_path.display()
+                ),
+                _ => format!(
+                    "quotactl_fd(Q_GETINFO, PRJQUOTA) on {}: {e}",
+                    root_path.display()
+                ),
             },
         },
     }
@@ -138,22 +168,47 @@ fn set_projid(fd: &OwnedFd, projid: u32) -> Result<(), String> {
     let mut x = FsXattr::default();
     // SAFETY: the ioctls read/write one `struct fsxattr` (28 bytes, repr(C) above).
     if unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSGETXATTR, &mut x as *mut FsXattr) } < 0 {
-        return Err(format!("FS_IOC_FSGETXATTR: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "FS_IOC_FSGETXATTR: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     x.projid = projid;
     x.xflags |= FS_XFLAG_PROJINHERIT;
     if unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSSETXATTR, &x as *const FsXattr) } < 0 {
-        return Err(format!("FS_IOC_FSSETXATTR projid {projid}: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "FS_IOC_FSSETXATTR projid {projid}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(())
 }
 
 /// Tags the tenant and job folders with the project id and sets the project limits.
-pub(crate) fn apply(root: &OwnedFd, tenant: &OwnedFd, job: &OwnedFd, q: &QuotaSpec) -> Result<QuotaStatus, String> {
+pub(crate) fn apply(
+    root: &OwnedFd,
+    tenant: &OwnedFd,
+    job: &OwnedFd,
+    q: &QuotaSpec,
+) -> Result<QuotaStatus, String> {
     set_projid(tenant, q.project_id)?;
     set_projid(job, q.project_id)?;
-    let mut d = IfDqblk { bhardlimit: q.block_hard_kib, ihardlimit: q.inode_hard, valid: QIF_BLIMITS | QIF_ILIMITS, ..Default::default() };
-    quotactl_fd(root, qcmd(Q_SETQUOTA, PRJQUOTA), q.project_id, &mut d as *mut _ as *mut libc::c_void)
-        .map_err(|e| format!("quotactl_fd(Q_SETQUOTA, project {}): {e}", q.project_id))?;
-    Ok(QuotaStatus::Applied { project_id: q.project_id, block_hard_kib: q.block_hard_kib, inode_hard: q.inode_hard })
+    let mut d = IfDqblk {
+        bhardlimit: q.block_hard_kib,
+        ihardlimit: q.inode_hard,
+        valid: QIF_BLIMITS | QIF_ILIMITS,
+        ..Default::default()
+    };
+    quotactl_fd(
+        root,
+        qcmd(Q_SETQUOTA, PRJQUOTA),
+        q.project_id,
+        &mut d as *mut _ as *mut libc::c_void,
+    )
+    .map_err(|e| format!("quotactl_fd(Q_SETQUOTA, project {}): {e}", q.project_id))?;
+    Ok(QuotaStatus::Applied {
+        project_id: q.project_id,
+        block_hard_kib: q.block_hard_kib,
+        inode_hard: q.inode_hard,
+    })
 }

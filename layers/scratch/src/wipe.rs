@@ -50,31 +50,52 @@ pub(crate) fn remove_entry(parent: &OwnedFd, name: &str, path: &Path) -> Result<
         Ok(None) => return Ok(None),
         Err(e) => return Err(io_err("open", path, e)),
     };
-    let dev = rfs::fstat(&top).map_err(|e| io_err("fstat", path, e))?.st_dev;
-    let ctx = Ctx { top: &top, dev, removed: AtomicU64::new(0), seq: AtomicU64::new(0), path };
+    let dev = rfs::fstat(&top)
+        .map_err(|e| io_err("fstat", path, e))?
+        .st_dev;
+    let ctx = Ctx {
+        top: &top,
+        dev,
+        removed: AtomicU64::new(0),
+        seq: AtomicU64::new(0),
+        path,
+    };
     // A few rounds: deep folders moved up, or files a still-running process adds, need another pass.
     for _ in 0..1_000_000 {
         if clear_dir(&ctx, &top, 0)? == 0 {
             match rfs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
-                Ok(()) | Err(Errno::NOENT) => return Ok(Some(ctx.removed.load(Ordering::Relaxed) + 1)),
+                Ok(()) | Err(Errno::NOENT) => {
+                    return Ok(Some(ctx.removed.load(Ordering::Relaxed) + 1))
+                }
                 Err(Errno::NOTEMPTY) => continue,
                 Err(e) => return Err(io_err("rmdir", path, e)),
             }
         }
     }
-    Err(unsafe_path(path, "tree keeps growing while being removed; kill the job's processes first"))
+    Err(unsafe_path(
+        path,
+        "tree keeps growing while being removed; kill the job's processes first",
+    ))
 }
 
 /// Opens a subdirectory without following symlinks. `Ok(None)` when it is not there, or when it
 /// is not a directory any more (the caller then unlinks it as a file).
-fn open_dir<P: rustix::path::Arg + Copy>(dir: &OwnedFd, name: P) -> std::result::Result<Option<OwnedFd>, Errno> {
+fn open_dir<P: rustix::path::Arg + Copy>(
+    dir: &OwnedFd,
+    name: P,
+) -> std::result::Result<Option<OwnedFd>, Errno> {
     match rfs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
         Ok(fd) => Ok(Some(fd)),
         Err(Errno::NOENT) => Ok(None),
         Err(Errno::ACCESS) => {
             // A mode-000 folder and no CAP_DAC_OVERRIDE: O_PATH needs no permission on the folder
             // itself; chmod it through its /proc fd link (which names this very inode).
-            let p = rfs::openat(dir, name, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+            let p = rfs::openat(
+                dir,
+                name,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
             let link = format!("/proc/self/fd/{}", p.as_raw_fd());
             rfs::chmod(link.as_str(), Mode::from_raw_mode(0o700))?;
             rfs::openat(dir, name, DIR_FLAGS, Mode::empty()).map(Some)
@@ -96,7 +117,13 @@ fn unlink_file(ctx: &Ctx, dir: &OwnedFd, name: &CString) -> Result<()> {
                 tried_chmod = true;
                 let _ = rfs::fchmod(dir, Mode::from_raw_mode(0o700));
             }
-            Err(e) => return Err(io_err("unlinkat", &ctx.path.join(name.to_string_lossy().as_ref()), e)),
+            Err(e) => {
+                return Err(io_err(
+                    "unlinkat",
+                    &ctx.path.join(name.to_string_lossy().as_ref()),
+                    e,
+                ))
+            }
         }
     }
 }
@@ -132,7 +159,13 @@ fn clear_dir(ctx: &Ctx, dir: &OwnedFd, depth: usize) -> Result<u64> {
         if depth >= MAX_DEPTH {
             let n = ctx.seq.fetch_add(1, Ordering::Relaxed);
             let new = format!(".wipe-deep-{}-{n}", std::process::id());
-            return match rfs::renameat_with(dir, name.as_c_str(), ctx.top, new.as_str(), rfs::RenameFlags::NOREPLACE) {
+            return match rfs::renameat_with(
+                dir,
+                name.as_c_str(),
+                ctx.top,
+                new.as_str(),
+                rfs::RenameFlags::NOREPLACE,
+            ) {
                 Ok(()) | Err(Errno::NOENT) => Ok(()),
                 Err(e) => Err(io_err("renameat (flatten deep tree)", ctx.path, e)),
             };
@@ -143,7 +176,8 @@ fn clear_dir(ctx: &Ctx, dir: &OwnedFd, depth: usize) -> Result<u64> {
                 if st.st_dev != ctx.dev {
                     return Err(ScratchError::Unsafe {
                         path: ctx.path.join(name.to_string_lossy().as_ref()),
-                        msg: "is a mount point inside the tree being removed; unmount it first".into(),
+                        msg: "is a mount point inside the tree being removed; unmount it first"
+                            .into(),
                     });
                 }
                 clear_dir(ctx, &sub, depth + 1)?;
@@ -161,7 +195,11 @@ fn clear_dir(ctx: &Ctx, dir: &OwnedFd, depth: usize) -> Result<u64> {
             Ok(None) => Ok(()),
             // Swapped for a symlink or a file since readdir: remove the link itself.
             Err(Errno::LOOP) | Err(Errno::NOTDIR) => unlink_file(ctx, dir, name),
-            Err(e) => Err(io_err("open", &ctx.path.join(name.to_string_lossy().as_ref()), e)),
+            Err(e) => Err(io_err(
+                "open",
+                &ctx.path.join(name.to_string_lossy().as_ref()),
+                e,
+            )),
         }
     })?;
     Ok(seen)

@@ -22,10 +22,33 @@ impl Fixture {
         let (ua, ub) = (User::new("ua", &ga), User::new("ub", &gb));
         let t = Tree::new();
         let root = t.scratch_root();
-        create(&ScratchSpec { root: root.clone(), tenant: "ta".into(), tenant_gid: ga.gid, job_id: 1, uid: ua.uid, gid: ua.gid, mode: 0o700, quota: None }).unwrap();
-        create(&ScratchSpec { root: root.clone(), tenant: "tb".into(), tenant_gid: gb.gid, job_id: 2, uid: ub.uid, gid: ub.gid, mode: 0o700, quota: None }).unwrap();
+        create(&ScratchSpec {
+            root: root.clone(),
+            tenant: "ta".into(),
+            tenant_gid: ga.gid,
+            job_id: 1,
+            uid: ua.uid,
+            gid: ua.gid,
+            mode: 0o700,
+            quota: None,
+        })
+        .unwrap();
+        create(&ScratchSpec {
+            root: root.clone(),
+            tenant: "tb".into(),
+            tenant_gid: gb.gid,
+            job_id: 2,
+            uid: ub.uid,
+            gid: ub.gid,
+            mode: 0o700,
+            quota: None,
+        })
+        .unwrap();
         let j1 = root.join("ta/job_1");
-        for (p, mode) in [(j1.join("data.bin"), 0o644), (root.join("tb/job_2/f"), 0o644)] {
+        for (p, mode) in [
+            (j1.join("data.bin"), 0o644),
+            (root.join("tb/job_2/f"), 0o644),
+        ] {
             std::fs::write(&p, "secret").unwrap();
             chmod(&p, mode);
         }
@@ -37,7 +60,15 @@ impl Fixture {
         let mut map = TenantMap::new();
         map.insert("ta", [ga.gid], [ua.uid]);
         map.insert("tb", [gb.gid], [ub.uid]);
-        Fixture { t, root, ua, ub, ga, gb, map }
+        Fixture {
+            t,
+            root,
+            ua,
+            ub,
+            ga,
+            gb,
+            map,
+        }
     }
     fn j1(&self) -> PathBuf {
         self.root.join("ta/job_1")
@@ -53,7 +84,9 @@ impl Fixture {
 }
 
 fn has(r: &Report, rule: Rule, path: &Path, who: &str, perms: &str) -> bool {
-    r.findings.iter().any(|f| f.rule == rule && f.path == path && f.who == who && f.perms == perms)
+    r.findings
+        .iter()
+        .any(|f| f.rule == rule && f.path == path && f.who == who && f.perms == perms)
 }
 
 #[test]
@@ -65,10 +98,21 @@ fn clean_tree_has_no_findings() {
     let r = f.audit();
     assert!(r.findings.is_empty(), "{:#?}", r.findings);
     assert!(r.scanned >= 9, "{}", r.scanned);
-    assert!(!f.b_reads(&f.j1().join("data.bin")), "kernel ground truth: B cannot read");
-    let args = AuditArgs { paths: vec![f.root.clone()], format: Format::Json, threads: Some(2), no_progress: true };
+    assert!(
+        !f.b_reads(&f.j1().join("data.bin")),
+        "kernel ground truth: B cannot read"
+    );
+    let args = AuditArgs {
+        paths: vec![f.root.clone()],
+        format: Format::Json,
+        threads: Some(2),
+        no_progress: true,
+    };
     let code = run_storage_audit(&args, &f.map).unwrap();
-    assert_eq!(format!("{code:?}"), format!("{:?}", std::process::ExitCode::SUCCESS));
+    assert_eq!(
+        format!("{code:?}"),
+        format!("{:?}", std::process::ExitCode::SUCCESS)
+    );
     let _ = (&f.ga, &f.gb, &f.ua, &f.t);
 }
 
@@ -87,11 +131,27 @@ fn finds_world_readable_file_that_others_can_reach() {
     chmod(&f.root.join("ta"), 0o751);
     let r = f.audit();
     assert!(f.b_reads(&file), "kernel ground truth: B reads it");
-    assert!(has(&r, Rule::Exposed, &file, "others", "r--"), "{:#?}", r.findings);
-    assert!(has(&r, Rule::Exposed, &f.root.join("ta"), "others", "--x"), "{:#?}", r.findings);
-    let args = AuditArgs { paths: vec![f.root.clone()], format: Format::Csv, threads: None, no_progress: true };
+    assert!(
+        has(&r, Rule::Exposed, &file, "others", "r--"),
+        "{:#?}",
+        r.findings
+    );
+    assert!(
+        has(&r, Rule::Exposed, &f.root.join("ta"), "others", "--x"),
+        "{:#?}",
+        r.findings
+    );
+    let args = AuditArgs {
+        paths: vec![f.root.clone()],
+        format: Format::Csv,
+        threads: None,
+        no_progress: true,
+    };
     let code = run_storage_audit(&args, &f.map).unwrap();
-    assert_eq!(format!("{code:?}"), format!("{:?}", std::process::ExitCode::from(1)));
+    assert_eq!(
+        format!("{code:?}"),
+        format!("{:?}", std::process::ExitCode::from(1))
+    );
 }
 
 #[test]
@@ -105,13 +165,40 @@ fn finds_acl_granting_another_tenants_group() {
     setfacl(&["-m", &g, f.root.join("ta").to_str().unwrap()]);
     setfacl(&["-m", &g, f.j1().to_str().unwrap()]);
     setfacl(&["-m", &format!("g:{}:r", f.gb.name), file.to_str().unwrap()]);
-    setfacl(&["-d", "-m", &format!("g:{}:rx", f.gb.name), f.j1().join("sub").to_str().unwrap()]);
+    setfacl(&[
+        "-d",
+        "-m",
+        &format!("g:{}:rx", f.gb.name),
+        f.j1().join("sub").to_str().unwrap(),
+    ]);
     assert!(f.b_reads(&file), "kernel ground truth: the ACL lets B read");
     let r = f.audit();
-    assert!(has(&r, Rule::Exposed, &file, "tenant tb", "r--"), "{:#?}", r.findings);
-    assert!(has(&r, Rule::Exposed, &f.j1(), "tenant tb", "--x"), "{:#?}", r.findings);
-    assert!(has(&r, Rule::DefaultAclGrant, &f.j1().join("sub"), "tenant tb", "r-x"), "{:#?}", r.findings);
-    assert!(!r.findings.iter().any(|x| x.who == "others"), "{:#?}", r.findings);
+    assert!(
+        has(&r, Rule::Exposed, &file, "tenant tb", "r--"),
+        "{:#?}",
+        r.findings
+    );
+    assert!(
+        has(&r, Rule::Exposed, &f.j1(), "tenant tb", "--x"),
+        "{:#?}",
+        r.findings
+    );
+    assert!(
+        has(
+            &r,
+            Rule::DefaultAclGrant,
+            &f.j1().join("sub"),
+            "tenant tb",
+            "r-x"
+        ),
+        "{:#?}",
+        r.findings
+    );
+    assert!(
+        !r.findings.iter().any(|x| x.who == "others"),
+        "{:#?}",
+        r.findings
+    );
     // An empty mask does not shut B out on Linux: the kernel skips the ACL when the group-class
     // bits are 0 and B falls to the "other" bits (r--). The audit models that.
     setfacl(&["-m", "m::-", file.to_str().unwrap()]);
@@ -119,11 +206,27 @@ fn finds_acl_granting_another_tenants_group() {
     assert!(has(&f.audit(), Rule::Exposed, &file, "tenant tb", "r--"));
     // A mask of --- and no other bits: B is out, and so is the finding.
     chmod(&file, 0o600);
-    setfacl(&["-m", &format!("g:{}:r", f.gb.name), "-m", "m::-", file.to_str().unwrap()]);
+    setfacl(&[
+        "-m",
+        &format!("g:{}:r", f.gb.name),
+        "-m",
+        "m::-",
+        file.to_str().unwrap(),
+    ]);
     assert!(!f.b_reads(&file), "kernel: denied");
-    assert!(!f.audit().findings.iter().any(|x| x.path == file), "{:#?}", f.audit().findings);
+    assert!(
+        !f.audit().findings.iter().any(|x| x.path == file),
+        "{:#?}",
+        f.audit().findings
+    );
     // The mask caps a named entry when it is not empty: mask r-- with g:B:rw gives B only r--.
-    setfacl(&["-m", &format!("g:{}:rw", f.gb.name), "-m", "m::r", file.to_str().unwrap()]);
+    setfacl(&[
+        "-m",
+        &format!("g:{}:rw", f.gb.name),
+        "-m",
+        "m::r",
+        file.to_str().unwrap(),
+    ]);
     assert!(f.b_reads(&file));
     assert!(has(&f.audit(), Rule::Exposed, &file, "tenant tb", "r--"));
 }
@@ -144,17 +247,40 @@ fn finds_wrong_group_symlink_out_setid_and_world_writable() {
     std::fs::write(&tool, "").unwrap();
     chmod(&tool, 0o4755);
     let r = f.audit();
-    assert!(r.findings.iter().any(|x| x.rule == Rule::ForeignGroup && x.path == sub), "{:#?}", r.findings);
-    assert!(r.findings.iter().any(|x| x.rule == Rule::SymlinkOutOfTree && x.path == f.j1().join("escape")));
-    assert!(r.findings.iter().any(|x| x.rule == Rule::SymlinkOutOfTree && x.path == sub.join("sideways")));
-    assert!(r.findings.iter().any(|x| x.rule == Rule::SetId && x.path == tool));
+    assert!(
+        r.findings
+            .iter()
+            .any(|x| x.rule == Rule::ForeignGroup && x.path == sub),
+        "{:#?}",
+        r.findings
+    );
+    assert!(r
+        .findings
+        .iter()
+        .any(|x| x.rule == Rule::SymlinkOutOfTree && x.path == f.j1().join("escape")));
+    assert!(r
+        .findings
+        .iter()
+        .any(|x| x.rule == Rule::SymlinkOutOfTree && x.path == sub.join("sideways")));
+    assert!(r
+        .findings
+        .iter()
+        .any(|x| x.rule == Rule::SetId && x.path == tool));
     assert_eq!(r.findings.len(), 4, "{:#?}", r.findings);
     // a world-writable scratch root without sticky bit
     chmod(&f.root, 0o777);
     let r = f.audit();
-    assert!(has(&r, Rule::WorldWritableNoSticky, &f.root, "others", "rwx"), "{:#?}", r.findings);
+    assert!(
+        has(&r, Rule::WorldWritableNoSticky, &f.root, "others", "rwx"),
+        "{:#?}",
+        r.findings
+    );
     chmod(&f.root, 0o1777);
-    assert!(!f.audit().findings.iter().any(|x| x.rule == Rule::WorldWritableNoSticky));
+    assert!(!f
+        .audit()
+        .findings
+        .iter()
+        .any(|x| x.rule == Rule::WorldWritableNoSticky));
     // victim untouched, symlinks not followed
     assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
 }

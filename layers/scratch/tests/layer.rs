@@ -7,7 +7,16 @@ use std::time::{Duration, SystemTime};
 use tenancy_scratch::*;
 
 fn spec(root: &Path, tenant: &str, tgid: u32, job: u64, u: &User) -> ScratchSpec {
-    ScratchSpec { root: root.into(), tenant: tenant.into(), tenant_gid: tgid, job_id: job, uid: u.uid, gid: u.gid, mode: DEFAULT_JOB_MODE, quota: None }
+    ScratchSpec {
+        root: root.into(),
+        tenant: tenant.into(),
+        tenant_gid: tgid,
+        job_id: job,
+        uid: u.uid,
+        gid: u.gid,
+        mode: DEFAULT_JOB_MODE,
+        quota: None,
+    }
 }
 
 fn denied(out: &std::process::Output) -> bool {
@@ -20,7 +29,11 @@ fn other_tenant_cannot_list_or_read_job_folder() {
         return;
     }
     let (ga, gb) = (Group::new("a"), Group::new("b"));
-    let (ua, ua2, ub) = (User::new("ua", &ga), User::new("ux", &ga), User::new("ub", &gb));
+    let (ua, ua2, ub) = (
+        User::new("ua", &ga),
+        User::new("ux", &ga),
+        User::new("ub", &gb),
+    );
     let t = Tree::new();
     let root = t.scratch_root();
     let s = spec(&root, "ta", ga.gid, 101, &ua);
@@ -29,16 +42,27 @@ fn other_tenant_cannot_list_or_read_job_folder() {
     let tm = std::fs::metadata(&c.tenant_dir).unwrap();
     assert_eq!((tm.uid(), tm.gid(), tm.mode() & 0o7777), (0, ga.gid, 0o750));
     let jm = std::fs::metadata(&c.path).unwrap();
-    assert_eq!((jm.uid(), jm.gid(), jm.mode() & 0o7777), (ua.uid, ua.gid, 0o700));
+    assert_eq!(
+        (jm.uid(), jm.gid(), jm.mode() & 0o7777),
+        (ua.uid, ua.gid, 0o700)
+    );
     let secret = c.path.join("secret");
     std::fs::write(&secret, "weights").unwrap();
     chown(&secret, ua.uid, ua.gid);
     chmod(&secret, 0o644); // the user's umask 022: the folder mode must protect it
-    let (jp, sp, tp) = (c.path.to_str().unwrap(), secret.to_str().unwrap(), c.tenant_dir.to_str().unwrap());
+    let (jp, sp, tp) = (
+        c.path.to_str().unwrap(),
+        secret.to_str().unwrap(),
+        c.tenant_dir.to_str().unwrap(),
+    );
 
     // Positive control: the job user can list and read.
     let ok = ua.run("ls", &[jp]);
-    assert!(ok.status.success(), "job user must list its folder: {}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "job user must list its folder: {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     assert!(ua.run("cat", &[sp]).status.success());
     // Tenant B: cannot list the tenant folder, cannot list or read the job folder.
     assert!(denied(&ub.run("ls", &[tp])), "B lists A's tenant folder");
@@ -49,11 +73,19 @@ fn other_tenant_cannot_list_or_read_job_folder() {
     assert!(denied(&ua2.run("ls", &[jp])));
     // Nobody but root can create in the tenant folder (no planting next to job folders).
     let plant = c.tenant_dir.join("job_102");
-    assert!(denied(&ua.run("ln", &["-s", "/etc", plant.to_str().unwrap()])));
+    assert!(denied(
+        &ua.run("ln", &["-s", "/etc", plant.to_str().unwrap()])
+    ));
 
-    assert!(matches!(wipe(&s).unwrap(), Wiped::Removed { entries: 2, .. }));
+    assert!(matches!(
+        wipe(&s).unwrap(),
+        Wiped::Removed { entries: 2, .. }
+    ));
     assert!(!c.path.exists());
-    assert!(matches!(wipe(&s).unwrap(), Wiped::AlreadyGone { .. }), "wipe is idempotent");
+    assert!(
+        matches!(wipe(&s).unwrap(), Wiped::AlreadyGone { .. }),
+        "wipe is idempotent"
+    );
 }
 
 #[test]
@@ -76,7 +108,10 @@ fn refuses_symlinks_and_unsafe_tenant_folders_writing_nothing() {
     let e = create(&spec(&root, "ta", ga.gid, 1, &ua)).unwrap_err();
     assert!(matches!(e, ScratchError::Unsafe { .. }), "{e}");
     assert!(e.to_string().contains("symlink"), "{e}");
-    assert!(matches!(wipe(&spec(&root, "ta", ga.gid, 1, &ua)), Err(ScratchError::Unsafe { .. })));
+    assert!(matches!(
+        wipe(&spec(&root, "ta", ga.gid, 1, &ua)),
+        Err(ScratchError::Unsafe { .. })
+    ));
     assert_eq!(snapshot(&victim), before);
     std::fs::remove_file(root.join("ta")).unwrap();
 
@@ -84,10 +119,20 @@ fn refuses_symlinks_and_unsafe_tenant_folders_writing_nothing() {
     let good = create(&spec(&root, "ta", ga.gid, 2, &ua)).unwrap();
     std::os::unix::fs::symlink(&victim, good.tenant_dir.join("job_3")).unwrap();
     let e = create(&spec(&root, "ta", ga.gid, 3, &ua)).unwrap_err();
-    assert!(e.to_string().contains("already exists") && e.to_string().contains("symlink"), "{e}");
-    assert_eq!(snapshot(&victim), before, "create touched the symlink target");
+    assert!(
+        e.to_string().contains("already exists") && e.to_string().contains("symlink"),
+        "{e}"
+    );
+    assert_eq!(
+        snapshot(&victim),
+        before,
+        "create touched the symlink target"
+    );
     // wipe removes the link, not the target
-    assert!(matches!(wipe(&spec(&root, "ta", ga.gid, 3, &ua)).unwrap(), Wiped::Removed { entries: 1, .. }));
+    assert!(matches!(
+        wipe(&spec(&root, "ta", ga.gid, 3, &ua)).unwrap(),
+        Wiped::Removed { entries: 1, .. }
+    ));
     assert_eq!(snapshot(&victim), before);
     // 3. A plain file where the job folder goes.
     std::fs::write(good.tenant_dir.join("job_4"), "").unwrap();
@@ -95,9 +140,12 @@ fn refuses_symlinks_and_unsafe_tenant_folders_writing_nothing() {
 
     // 4. Tenant folder with wrong group / group-writable / world-accessible / wrong owner.
     let td = good.tenant_dir.clone();
-    for (uid, gid, mode, why) in
-        [(0, gb.gid, 0o750, "expected tenant gid"), (0, ga.gid, 0o770, "writable"), (0, ga.gid, 0o755, "others"), (ua.uid, ga.gid, 0o750, "expected root")]
-    {
+    for (uid, gid, mode, why) in [
+        (0, gb.gid, 0o750, "expected tenant gid"),
+        (0, ga.gid, 0o770, "writable"),
+        (0, ga.gid, 0o755, "others"),
+        (ua.uid, ga.gid, 0o750, "expected root"),
+    ] {
         chown(&td, uid, gid);
         chmod(&td, mode);
         let snap = snapshot(&td);
@@ -109,17 +157,26 @@ fn refuses_symlinks_and_unsafe_tenant_folders_writing_nothing() {
     chmod(&td, 0o750);
     // 5. Unsafe scratch root: group-writable, or a symlink.
     chmod(&root, 0o775);
-    assert!(create(&spec(&root, "ta", ga.gid, 6, &ua)).unwrap_err().to_string().contains("scratch root"));
+    assert!(create(&spec(&root, "ta", ga.gid, 6, &ua))
+        .unwrap_err()
+        .to_string()
+        .contains("scratch root"));
     chmod(&root, 0o755);
     let link = t.path().join("rootlink");
     std::os::unix::fs::symlink(&root, &link).unwrap();
     assert!(create(&spec(&link, "ta", ga.gid, 6, &ua)).is_err());
     // 6. Bad specs.
     let mut bad = spec(&root, "../etc", ga.gid, 7, &ua);
-    assert!(matches!(create(&bad), Err(ScratchError::InvalidSpec { .. })));
+    assert!(matches!(
+        create(&bad),
+        Err(ScratchError::InvalidSpec { .. })
+    ));
     bad.tenant = "ta".into();
     bad.mode = 0o755;
-    assert!(matches!(create(&bad), Err(ScratchError::InvalidSpec { .. })));
+    assert!(matches!(
+        create(&bad),
+        Err(ScratchError::InvalidSpec { .. })
+    ));
     assert!(!td.join("job_7").exists());
     assert_eq!(snapshot(&victim), before);
 }
@@ -175,10 +232,16 @@ fn wipe_never_follows_symlinks_and_removes_mode_000_and_deep_trees() {
         std::fs::write(j.join("wide").join(i.to_string()), "").unwrap();
     }
     let w = wipe(&s).unwrap();
-    let Wiped::Removed { entries, .. } = w else { panic!("{w:?}") };
+    let Wiped::Removed { entries, .. } = w else {
+        panic!("{w:?}")
+    };
     assert!(entries > 2200, "{entries}");
     assert!(!j.exists());
-    assert_eq!(snapshot(&victim), before, "wipe changed something outside the job folder");
+    assert_eq!(
+        snapshot(&victim),
+        before,
+        "wipe changed something outside the job folder"
+    );
     assert!(c.tenant_dir.exists(), "tenant folder stays");
     assert!(matches!(wipe(&s).unwrap(), Wiped::AlreadyGone { .. }));
 }
@@ -196,22 +259,56 @@ fn retain_then_purge_after_retention() {
     let c = create(&s).unwrap();
     std::fs::write(c.path.join("result"), "x").unwrap();
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    let Retained::Moved { to, retained_at, .. } = retain(&s, now).unwrap() else { panic!() };
+    let Retained::Moved {
+        to, retained_at, ..
+    } = retain(&s, now).unwrap()
+    else {
+        panic!()
+    };
     assert_eq!(retained_at, 1_700_000_000);
     assert_eq!(to, c.tenant_dir.join(".retained/job_42.1700000000"));
     assert!(!c.path.exists() && to.join("result").exists());
     let rm = std::fs::metadata(c.tenant_dir.join(".retained")).unwrap();
     assert_eq!((rm.uid(), rm.gid(), rm.mode() & 0o7777), (0, ga.gid, 0o750));
-    assert!(matches!(retain(&s, now).unwrap(), Retained::AlreadyGone { .. }));
+    assert!(matches!(
+        retain(&s, now).unwrap(),
+        Retained::AlreadyGone { .. }
+    ));
     // the same job id may run again after its folder was retained
     create(&s).unwrap();
-    assert!(purge_retained(&root, 7, now + Duration::from_secs(3 * 86_400), false).unwrap().is_empty());
+    assert!(
+        purge_retained(&root, 7, now + Duration::from_secs(3 * 86_400), false)
+            .unwrap()
+            .is_empty()
+    );
     let later = now + Duration::from_secs(8 * 86_400);
     let dry = purge_retained(&root, 7, later, true).unwrap();
-    assert!(matches!(&dry[..], [Action::Remove { job_id: 42, age_days: 8, dry_run: true, .. }]), "{dry:?}");
+    assert!(
+        matches!(
+            &dry[..],
+            [Action::Remove {
+                job_id: 42,
+                age_days: 8,
+                dry_run: true,
+                ..
+            }]
+        ),
+        "{dry:?}"
+    );
     assert!(to.exists());
     let done = purge_retained(&root, 7, later, false).unwrap();
-    assert!(matches!(&done[..], [Action::Remove { job_id: 42, dry_run: false, entries: 2, .. }]), "{done:?}");
+    assert!(
+        matches!(
+            &done[..],
+            [Action::Remove {
+                job_id: 42,
+                dry_run: false,
+                entries: 2,
+                ..
+            }]
+        ),
+        "{done:?}"
+    );
     assert!(!to.exists());
     assert!(c.path.exists(), "purge leaves live job folders alone");
     // a symlink planted in .retained is removed as a link only
@@ -234,20 +331,30 @@ fn project_quota_reports_unsupported_plainly() {
     let t = Tree::new();
     let root = t.scratch_root();
     let mut s = spec(&root, "ta", ga.gid, 5, &ua);
-    s.quota = Some(QuotaSpec { project_id: 7000 + std::process::id() % 1000, block_hard_kib: 1 << 20, inode_hard: 10_000, required: false });
+    s.quota = Some(QuotaSpec {
+        project_id: 7000 + std::process::id() % 1000,
+        block_hard_kib: 1 << 20,
+        inode_hard: 10_000,
+        required: false,
+    });
     let c = create(&s).unwrap();
     match &c.quota {
         QuotaStatus::Unsupported { reason } => {
             eprintln!("quota: {reason}");
             assert!(!reason.is_empty());
         }
-        QuotaStatus::Applied { .. } => eprintln!("quota applied (this kernel supports project quotas)"),
+        QuotaStatus::Applied { .. } => {
+            eprintln!("quota applied (this kernel supports project quotas)")
+        }
         other => panic!("unexpected quota status {other:?}"),
     }
     if let QuotaStatus::Unsupported { .. } = c.quota {
         // required: fail closed and write nothing
         let mut s2 = spec(&root, "tq", ga.gid, 6, &ua);
-        s2.quota = Some(QuotaSpec { required: true, ..s.quota.clone().unwrap() });
+        s2.quota = Some(QuotaSpec {
+            required: true,
+            ..s.quota.clone().unwrap()
+        });
         let e = create(&s2).unwrap_err();
         assert!(matches!(e, ScratchError::Quota { job: 6, .. }), "{e}");
         assert!(!root.join("tq").exists());

@@ -23,7 +23,7 @@ pub struct Acl {
 
 impl Acl {
     pub fn parse(buf: &[u8]) -> Result<Acl, String> {
-        if buf.len() < 4 || (buf.len() - 4) % 8 != 0 {
+        if buf.len() < 4 || buf.len() % 8 != 4 {
             return Err(format!("ACL xattr of {} bytes is not 4 + 8*n", buf.len()));
         }
         let version = u32::from_le_bytes(buf[0..4].try_into().unwrap());
@@ -66,14 +66,26 @@ mod tests {
     #[test]
     fn parses_entries_and_rejects_garbage() {
         let mut b = 2u32.to_le_bytes().to_vec();
-        for (tag, perm, id) in [(1u16, 7u16, u32::MAX), (8, 5, 5001), (16, 5, u32::MAX), (32, 0, u32::MAX)] {
+        for (tag, perm, id) in [
+            (1u16, 7u16, u32::MAX),
+            (8, 5, 5001),
+            (16, 5, u32::MAX),
+            (32, 0, u32::MAX),
+        ] {
             b.extend(tag.to_le_bytes());
             b.extend(perm.to_le_bytes());
             b.extend(id.to_le_bytes());
         }
         let a = Acl::parse(&b).unwrap();
         assert_eq!(a.entries.len(), 4);
-        assert_eq!(a.named(ACL_GROUP).next(), Some(&AclEntry { tag: ACL_GROUP, perm: 5, id: 5001 }));
+        assert_eq!(
+            a.named(ACL_GROUP).next(),
+            Some(&AclEntry {
+                tag: ACL_GROUP,
+                perm: 5,
+                id: 5001
+            })
+        );
         assert_eq!(a.mask(), 5);
         assert!(Acl::parse(&b[..7]).is_err());
         let mut v1 = b.clone();

@@ -48,7 +48,12 @@ impl TenantMap {
     pub fn new() -> Self {
         Self::default()
     }
-    pub fn insert(&mut self, name: impl Into<String>, gids: impl IntoIterator<Item = u32>, uids: impl IntoIterator<Item = u32>) -> &mut Self {
+    pub fn insert(
+        &mut self,
+        name: impl Into<String>,
+        gids: impl IntoIterator<Item = u32>,
+        uids: impl IntoIterator<Item = u32>,
+    ) -> &mut Self {
         let e = self.tenants.entry(name.into()).or_default();
         e.gids.extend(gids);
         e.uids.extend(uids);
@@ -145,19 +150,31 @@ struct Index {
 
 impl Index {
     fn new(map: &TenantMap) -> anyhow::Result<Index> {
-        let mut ix = Index { names: vec![], by_gid: HashMap::new(), by_uid: HashMap::new(), gids: vec![], uids: vec![] };
+        let mut ix = Index {
+            names: vec![],
+            by_gid: HashMap::new(),
+            by_uid: HashMap::new(),
+            gids: vec![],
+            uids: vec![],
+        };
         for (i, (name, ids)) in map.tenants.iter().enumerate() {
             ix.names.push(name.clone());
             ix.gids.push(ids.gids.clone());
             ix.uids.push(ids.uids.clone());
             for g in &ids.gids {
                 if let Some(o) = ix.by_gid.insert(*g, i) {
-                    bail!("gid {g} is mapped to two tenants ({} and {name}); fix the tenant config", map.tenants.keys().nth(o).unwrap());
+                    bail!(
+                        "gid {g} is mapped to two tenants ({} and {name}); fix the tenant config",
+                        map.tenants.keys().nth(o).unwrap()
+                    );
                 }
             }
             for u in &ids.uids {
                 if let Some(o) = ix.by_uid.insert(*u, i) {
-                    bail!("uid {u} is mapped to two tenants ({} and {name}); fix the tenant config", map.tenants.keys().nth(o).unwrap());
+                    bail!(
+                        "uid {u} is mapped to two tenants ({} and {name}); fix the tenant config",
+                        map.tenants.keys().nth(o).unwrap()
+                    );
                 }
             }
         }
@@ -184,10 +201,16 @@ fn access(ix: &Index, m: &Meta, who: Who) -> u8 {
     // so a named entry under an empty mask does not shut its group out of the "other" bits.
     let acl = if mode & 0o070 != 0 { m.acl } else { None };
     let m = &Meta { st: m.st, acl };
-    let other = m.acl.and_then(|a| a.get(ACL_OTHER)).unwrap_or((mode & 7) as u8);
+    let other = m
+        .acl
+        .and_then(|a| a.get(ACL_OTHER))
+        .unwrap_or((mode & 7) as u8);
     let Who::Tenant(t) = who else { return other };
     if ix.uids[t].contains(&m.st.st_uid) {
-        return m.acl.and_then(|a| a.get(ACL_USER_OBJ)).unwrap_or(((mode >> 6) & 7) as u8);
+        return m
+            .acl
+            .and_then(|a| a.get(ACL_USER_OBJ))
+            .unwrap_or(((mode >> 6) & 7) as u8);
     }
     if let Some(a) = m.acl {
         let mut named = None;
@@ -204,7 +227,10 @@ fn access(ix: &Index, m: &Meta, who: Who) -> u8 {
     let mut perms = 0u8;
     if ix.gids[t].contains(&m.st.st_gid) {
         matched = true;
-        perms |= m.acl.and_then(|a| a.get(ACL_GROUP_OBJ)).unwrap_or(((mode >> 3) & 7) as u8);
+        perms |= m
+            .acl
+            .and_then(|a| a.get(ACL_GROUP_OBJ))
+            .unwrap_or(((mode >> 3) & 7) as u8);
     }
     if let Some(a) = m.acl {
         for e in a.named(ACL_GROUP) {
@@ -236,10 +262,19 @@ struct Ctx {
 
 impl Ctx {
     fn top() -> Ctx {
-        Ctx { tenant: None, tree_root: None, reach_others: true, reach: vec![] }
+        Ctx {
+            tenant: None,
+            tree_root: None,
+            reach_others: true,
+            reach: vec![],
+        }
     }
     fn reach_of(&self, t: usize) -> bool {
-        self.reach.iter().find(|(i, _)| *i == t).map(|(_, r)| *r).unwrap_or(self.reach_others)
+        self.reach
+            .iter()
+            .find(|(i, _)| *i == t)
+            .map(|(_, r)| *r)
+            .unwrap_or(self.reach_others)
     }
 }
 
@@ -314,7 +349,14 @@ fn check_entry(
     }
     let tname = tenant.map(|t| ix.names[t].clone());
     let mut push = |rule: Rule, who: String, perms: String, detail: String| {
-        out.push(Finding { rule, path: path.to_path_buf(), tenant: tname.clone(), who, perms, detail });
+        out.push(Finding {
+            rule,
+            path: path.to_path_buf(),
+            tenant: tname.clone(),
+            who,
+            perms,
+            detail,
+        });
     };
     let mentioned = tenants_mentioned(ix, st, acl);
     let meta = Meta { st, acl };
@@ -324,14 +366,26 @@ fn check_entry(
             let base = path.parent().unwrap_or(Path::new("/"));
             let resolved = normalize(&base.join(target));
             if !resolved.starts_with(root.as_path()) {
-                push(Rule::SymlinkOutOfTree, String::new(), String::new(), format!("-> {} (tree {})", target.display(), root.display()));
+                push(
+                    Rule::SymlinkOutOfTree,
+                    String::new(),
+                    String::new(),
+                    format!("-> {} (tree {})", target.display(), root.display()),
+                );
             }
         }
         return None;
     }
     if let Some(t) = tenant {
         let mut whos = vec![Who::Others];
-        whos.extend(mentioned.iter().copied().chain(ctx.reach.iter().map(|(i, _)| *i)).filter(|&i| i != t).map(Who::Tenant));
+        whos.extend(
+            mentioned
+                .iter()
+                .copied()
+                .chain(ctx.reach.iter().map(|(i, _)| *i))
+                .filter(|&i| i != t)
+                .map(Who::Tenant),
+        );
         whos.dedup();
         let mut seen = Vec::new();
         for w in whos {
@@ -345,18 +399,37 @@ fn check_entry(
             };
             let p = access(ix, &meta, w);
             if reach && p != 0 {
-                let how = if acl.is_some() { format!("mode {mode:04o} + ACL") } else { format!("mode {mode:04o}") };
-                push(Rule::Exposed, who_name(ix, w), perm_str(p), format!("{how}, owner {}:{}", st.st_uid, st.st_gid));
+                let how = if acl.is_some() {
+                    format!("mode {mode:04o} + ACL")
+                } else {
+                    format!("mode {mode:04o}")
+                };
+                push(
+                    Rule::Exposed,
+                    who_name(ix, w),
+                    perm_str(p),
+                    format!("{how}, owner {}:{}", st.st_uid, st.st_gid),
+                );
             }
         }
         if let Some(&g) = ix.by_gid.get(&st.st_gid) {
             if g != t {
-                push(Rule::ForeignGroup, who_name(ix, Who::Tenant(g)), String::new(), format!("group {} belongs to tenant {}", st.st_gid, ix.names[g]));
+                push(
+                    Rule::ForeignGroup,
+                    who_name(ix, Who::Tenant(g)),
+                    String::new(),
+                    format!("group {} belongs to tenant {}", st.st_gid, ix.names[g]),
+                );
             }
         }
         if let Some(&u) = ix.by_uid.get(&st.st_uid) {
             if u != t {
-                push(Rule::ForeignOwner, who_name(ix, Who::Tenant(u)), String::new(), format!("owner {} belongs to tenant {}", st.st_uid, ix.names[u]));
+                push(
+                    Rule::ForeignOwner,
+                    who_name(ix, Who::Tenant(u)),
+                    String::new(),
+                    format!("owner {} belongs to tenant {}", st.st_uid, ix.names[u]),
+                );
             }
         }
         if let Some(d) = default_acl {
@@ -368,41 +441,125 @@ fn check_entry(
                 };
                 if let Some(&o) = owner {
                     if o != t && e.perm != 0 {
-                        push(Rule::DefaultAclGrant, who_name(ix, Who::Tenant(o)), perm_str(e.perm), format!("default:{kind}:{}:{}", e.id, perm_str(e.perm)));
+                        push(
+                            Rule::DefaultAclGrant,
+                            who_name(ix, Who::Tenant(o)),
+                            perm_str(e.perm),
+                            format!("default:{kind}:{}:{}", e.id, perm_str(e.perm)),
+                        );
                     }
                 }
             }
         }
     }
     if is_dir && mode & 0o002 != 0 && mode & 0o1000 == 0 && ctx.reach_others {
-        push(Rule::WorldWritableNoSticky, "others".into(), perm_str((mode & 7) as u8), format!("mode {mode:04o}"));
+        push(
+            Rule::WorldWritableNoSticky,
+            "others".into(),
+            perm_str((mode & 7) as u8),
+            format!("mode {mode:04o}"),
+        );
     }
     if ft == FileType::RegularFile && mode & 0o6000 != 0 {
-        let kind = if mode & 0o4000 != 0 { "setuid" } else { "setgid" };
-        push(Rule::SetId, String::new(), String::new(), format!("{kind} mode {mode:04o}, owner {}:{}", st.st_uid, st.st_gid));
+        let kind = if mode & 0o4000 != 0 {
+            "setuid"
+        } else {
+            "setgid"
+        };
+        push(
+            Rule::SetId,
+            String::new(),
+            String::new(),
+            format!("{kind} mode {mode:04o}, owner {}:{}", st.st_uid, st.st_gid),
+        );
     }
     if !is_dir {
         return None;
     }
     let x = |w| access(ix, &meta, w) & 1 != 0;
     let mut reach = Vec::new();
-    for i in ctx.reach.iter().map(|(i, _)| *i).chain(mentioned.iter().copied()) {
+    for i in ctx
+        .reach
+        .iter()
+        .map(|(i, _)| *i)
+        .chain(mentioned.iter().copied())
+    {
         if reach.iter().any(|(j, _)| *j == i) {
             continue;
         }
         reach.push((i, ctx.reach_of(i) && x(Who::Tenant(i))));
     }
-    Some(Ctx { tenant, tree_root, reach_others: ctx.reach_others && x(Who::Others), reach })
+    Some(Ctx {
+        tenant,
+        tree_root,
+        reach_others: ctx.reach_others && x(Who::Others),
+        reach,
+    })
+}
+
+static NO_GETXATTRAT: AtomicBool = AtomicBool::new(false);
+
+/// `getxattrat(dirfd, name, AT_SYMLINK_NOFOLLOW, ...)` (Linux >= 6.13); ENOSYS on older kernels.
+fn getxattrat(dir: &OwnedFd, name: &CStr, attr: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    #[repr(C)]
+    struct XattrArgs {
+        value: u64,
+        size: u32,
+        flags: u32,
+    }
+    let mut args = XattrArgs {
+        value: buf.as_mut_ptr() as u64,
+        size: buf.len() as u32,
+        flags: 0,
+    };
+    // SAFETY: the kernel writes at most `size` bytes to `value`, a live buffer; args is repr(C)
+    // struct xattr_args, passed with its size.
+    let r = unsafe {
+        libc::syscall(
+            464, // __NR_getxattrat (same number on all architectures)
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            attr.as_ptr(),
+            &mut args as *mut XattrArgs,
+            std::mem::size_of::<XattrArgs>(),
+        )
+    };
+    if r < 0 {
+        Err(Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ))
+    } else {
+        Ok(r as usize)
+    }
 }
 
 fn read_acl_at(dir: &OwnedFd, name: &CStr, which: &str) -> Result<Option<Acl>, String> {
+    if !NO_GETXATTRAT.load(Ordering::Relaxed) {
+        let attr = if which == ACCESS_XATTR {
+            c"system.posix_acl_access"
+        } else {
+            c"system.posix_acl_default"
+        };
+        match read_acl(|buf| getxattrat(dir, name, attr, buf), which) {
+            Err(e) if e.contains(&Errno::NOSYS.to_string()) => {
+                NO_GETXATTRAT.store(true, Ordering::Relaxed)
+            }
+            r => return r,
+        }
+    }
     let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
     p.extend_from_slice(name.to_bytes());
     let p = std::ffi::OsStr::from_bytes(&p);
     read_acl(|buf| rfs::lgetxattr(Path::new(p), which, buf), which)
 }
 
-fn read_acl(get: impl Fn(&mut [u8]) -> Result<usize, Errno>, which: &str) -> Result<Option<Acl>, String> {
+fn read_acl(
+    get: impl Fn(&mut [u8]) -> Result<usize, Errno>,
+    which: &str,
+) -> Result<Option<Acl>, String> {
     let mut buf = [0u8; 1024];
     match get(&mut buf) {
         Ok(n) => Acl::parse(&buf[..n]).map(Some),
@@ -432,13 +589,23 @@ struct Walker<'a> {
 
 impl Walker<'_> {
     fn err(&self, path: &Path, msg: impl std::fmt::Display) {
-        self.errors.lock().unwrap().push(format!("{}: {msg}", path.display()));
+        self.errors
+            .lock()
+            .unwrap()
+            .push(format!("{}: {msg}", path.display()));
     }
 
     fn walk_dir<'s>(&'s self, scope: &rayon::Scope<'s>, rel: PathBuf, ctx: Ctx) {
         let path = self.root_path.join(&rel);
-        let rel_arg: &Path = if rel.as_os_str().is_empty() { Path::new(".") } else { &rel };
-        let flags = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV;
+        let rel_arg: &Path = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            &rel
+        };
+        let flags = ResolveFlags::BENEATH
+            | ResolveFlags::NO_SYMLINKS
+            | ResolveFlags::NO_MAGICLINKS
+            | ResolveFlags::NO_XDEV;
         let dir = match rfs::openat2(&self.root_fd, rel_arg, DIR_FLAGS, Mode::empty(), flags) {
             Ok(d) => d,
             Err(e) => return self.err(&path, format!("open: {e} (not audited)")),
@@ -473,7 +640,9 @@ impl Walker<'_> {
             let ft = FileType::from_raw_mode(st.st_mode);
             let (mut acl, mut dacl, mut target) = (None, None, None);
             if ft == FileType::Symlink {
-                target = rfs::readlinkat(&dir, name, Vec::new()).ok().map(|t| PathBuf::from(std::ffi::OsStr::from_bytes(t.to_bytes())));
+                target = rfs::readlinkat(&dir, name, Vec::new())
+                    .ok()
+                    .map(|t| PathBuf::from(std::ffi::OsStr::from_bytes(t.to_bytes())));
             } else {
                 match read_acl_at(&dir, name, ACCESS_XATTR) {
                     Ok(a) => acl = a,
@@ -487,8 +656,18 @@ impl Walker<'_> {
                 }
             }
             let before = local.len();
-            let child = check_entry(self.ix, &ctx, &cpath, &st, acl.as_ref(), dacl.as_ref(), target.as_deref(), &mut local);
-            self.nfound.fetch_add((local.len() - before) as u64, Ordering::Relaxed);
+            let child = check_entry(
+                self.ix,
+                &ctx,
+                &cpath,
+                &st,
+                acl.as_ref(),
+                dacl.as_ref(),
+                target.as_deref(),
+                &mut local,
+            );
+            self.nfound
+                .fetch_add((local.len() - before) as u64, Ordering::Relaxed);
             if let Some(child) = child {
                 if st.st_dev == self.dev {
                     let crel = rel.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
@@ -507,13 +686,18 @@ fn ancestor_ctx(ix: &Index, path: &Path) -> Ctx {
     let mut ctx = Ctx::top();
     let mut sink = Vec::new();
     let mut cur = PathBuf::from("/");
-    let ancestors: Vec<_> = path.parent().map(|p| p.components().collect()).unwrap_or_default();
+    let ancestors: Vec<_> = path
+        .parent()
+        .map(|p| p.components().collect())
+        .unwrap_or_default();
     for c in ancestors {
         if let Component::Normal(n) = c {
             cur.push(n);
         }
         let Ok(st) = rfs::lstat(&cur) else { break };
-        let acl = read_acl(|b| rfs::lgetxattr(&cur, ACCESS_XATTR, b), ACCESS_XATTR).ok().flatten();
+        let acl = read_acl(|b| rfs::lgetxattr(&cur, ACCESS_XATTR, b), ACCESS_XATTR)
+            .ok()
+            .flatten();
         if let Some(next) = check_entry(ix, &ctx, &cur, &st, acl.as_ref(), None, None, &mut sink) {
             ctx = next;
         }
@@ -522,7 +706,12 @@ fn ancestor_ctx(ix: &Index, path: &Path) -> Ctx {
 }
 
 /// Audits `paths`; the library entry behind [`run_storage_audit`].
-pub fn audit_paths(paths: &[PathBuf], map: &TenantMap, threads: Option<usize>, progress: bool) -> anyhow::Result<Report> {
+pub fn audit_paths(
+    paths: &[PathBuf],
+    map: &TenantMap,
+    threads: Option<usize>,
+    progress: bool,
+) -> anyhow::Result<Report> {
     let ix = Index::new(map)?;
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(n) = threads {
@@ -538,7 +727,12 @@ pub fn audit_paths(paths: &[PathBuf], map: &TenantMap, threads: Option<usize>, p
             ts.spawn(|| {
                 let mut err = std::io::stderr();
                 while !done.load(Ordering::Relaxed) {
-                    let _ = write!(err, "\rstorage-audit: {} entries scanned, {} findings", scanned.load(Ordering::Relaxed), nfound.load(Ordering::Relaxed));
+                    let _ = write!(
+                        err,
+                        "\rstorage-audit: {} entries scanned, {} findings",
+                        scanned.load(Ordering::Relaxed),
+                        nfound.load(Ordering::Relaxed)
+                    );
                     let _ = err.flush();
                     std::thread::sleep(std::time::Duration::from_millis(200));
                 }
@@ -547,20 +741,43 @@ pub fn audit_paths(paths: &[PathBuf], map: &TenantMap, threads: Option<usize>, p
         }
         let r = (|| {
             for p in paths {
-                let abs = if p.is_absolute() { p.clone() } else { std::env::current_dir()?.join(p) };
+                let abs = if p.is_absolute() {
+                    p.clone()
+                } else {
+                    std::env::current_dir()?.join(p)
+                };
                 let abs = normalize(&abs);
-                let st = rfs::lstat(&abs).with_context(|| format!("storage-audit: cannot stat {}", abs.display()))?;
+                let st = rfs::lstat(&abs)
+                    .with_context(|| format!("storage-audit: cannot stat {}", abs.display()))?;
                 if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-                    bail!("storage-audit: {} is not a directory (symlinks are not followed)", abs.display());
+                    bail!(
+                        "storage-audit: {} is not a directory (symlinks are not followed)",
+                        abs.display()
+                    );
                 }
-                let fd = rfs::open(&abs, DIR_FLAGS, Mode::empty()).with_context(|| format!("storage-audit: cannot open {}", abs.display()))?;
+                let fd = rfs::open(&abs, DIR_FLAGS, Mode::empty())
+                    .with_context(|| format!("storage-audit: cannot open {}", abs.display()))?;
                 let st = rfs::fstat(&fd)?;
                 let pctx = ancestor_ctx(&ix, &abs);
-                let acl = read_acl(|b| rfs::fgetxattr(&fd, ACCESS_XATTR, b), ACCESS_XATTR).ok().flatten();
-                let dacl = read_acl(|b| rfs::fgetxattr(&fd, DEFAULT_XATTR, b), DEFAULT_XATTR).ok().flatten();
+                let acl = read_acl(|b| rfs::fgetxattr(&fd, ACCESS_XATTR, b), ACCESS_XATTR)
+                    .ok()
+                    .flatten();
+                let dacl = read_acl(|b| rfs::fgetxattr(&fd, DEFAULT_XATTR, b), DEFAULT_XATTR)
+                    .ok()
+                    .flatten();
                 let mut top = Vec::new();
                 scanned.fetch_add(1, Ordering::Relaxed);
-                let ctx = check_entry(&ix, &pctx, &abs, &st, acl.as_ref(), dacl.as_ref(), None, &mut top).expect("a directory");
+                let ctx = check_entry(
+                    &ix,
+                    &pctx,
+                    &abs,
+                    &st,
+                    acl.as_ref(),
+                    dacl.as_ref(),
+                    None,
+                    &mut top,
+                )
+                .expect("a directory");
                 let w = Walker {
                     ix: &ix,
                     root_fd: fd,
@@ -581,7 +798,9 @@ pub fn audit_paths(paths: &[PathBuf], map: &TenantMap, threads: Option<usize>, p
         r
     })?;
     report.scanned = scanned.load(Ordering::Relaxed);
-    report.findings.sort_by(|a, b| (&a.path, a.rule, &a.who).cmp(&(&b.path, b.rule, &b.who)));
+    report
+        .findings
+        .sort_by(|a, b| (&a.path, a.rule, &a.who).cmp(&(&b.path, b.rule, &b.who)));
     report.errors.sort();
     Ok(report)
 }
@@ -596,7 +815,14 @@ fn write_report(report: &Report, format: Format, out: &mut dyn Write) -> anyhow:
             let mut w = csv::Writer::from_writer(out);
             w.write_record(["rule", "tenant", "who", "perms", "path", "detail"])?;
             for f in &report.findings {
-                w.write_record([f.rule.name(), f.tenant.as_deref().unwrap_or(""), &f.who, &f.perms, &f.path.to_string_lossy(), &f.detail])?;
+                w.write_record([
+                    f.rule.name(),
+                    f.tenant.as_deref().unwrap_or(""),
+                    &f.who,
+                    &f.perms,
+                    &f.path.to_string_lossy(),
+                    &f.detail,
+                ])?;
             }
             w.flush()?;
         }
@@ -605,7 +831,14 @@ fn write_report(report: &Report, format: Format, out: &mut dyn Write) -> anyhow:
                 .findings
                 .iter()
                 .map(|f| {
-                    [f.rule.name().into(), f.tenant.clone().unwrap_or_else(|| "-".into()), f.who.clone(), f.perms.clone(), f.path.display().to_string(), f.detail.clone()]
+                    [
+                        f.rule.name().into(),
+                        f.tenant.clone().unwrap_or_else(|| "-".into()),
+                        f.who.clone(),
+                        f.perms.clone(),
+                        f.path.display().to_string(),
+                        f.detail.clone(),
+                    ]
                 })
                 .collect();
             let head = ["RULE", "TENANT", "WHO", "PERMS", "PATH", "DETAIL"];
@@ -632,7 +865,13 @@ fn write_report(report: &Report, format: Format, out: &mut dyn Write) -> anyhow:
                     line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]], out)?;
                 }
             }
-            writeln!(out, "{} entries scanned, {} findings, {} errors", report.scanned, report.findings.len(), report.errors.len())?;
+            writeln!(
+                out,
+                "{} entries scanned, {} findings, {} errors",
+                report.scanned,
+                report.findings.len(),
+                report.errors.len()
+            )?;
         }
     }
     Ok(())

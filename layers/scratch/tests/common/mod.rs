@@ -20,20 +20,36 @@ pub fn need_root(what: &str) -> bool {
 }
 
 fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn id_of(flag: &str, name: &str) -> u32 {
     let out = Command::new("id").args([flag, name]).output().unwrap();
-    assert!(out.status.success(), "id {flag} {name}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "id {flag} {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 fn unique(tag: &str) -> String {
-    format!("ts{}{}{}", std::process::id(), tag, SEQ.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "ts{}{}{}",
+        std::process::id(),
+        tag,
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A group made for the test; removed on drop.
@@ -45,7 +61,10 @@ impl Group {
     pub fn new(tag: &str) -> Group {
         let name = unique(tag);
         run("groupadd", &[&name]);
-        let out = Command::new("getent").args(["group", &name]).output().unwrap();
+        let out = Command::new("getent")
+            .args(["group", &name])
+            .output()
+            .unwrap();
         let line = String::from_utf8_lossy(&out.stdout).to_string();
         let gid = line.split(':').nth(2).unwrap().parse().unwrap();
         Group { name, gid }
@@ -66,25 +85,48 @@ pub struct User {
 impl User {
     pub fn new(tag: &str, group: &Group) -> User {
         let name = unique(tag);
-        run("useradd", &["-M", "-N", "-g", &group.name, "-s", "/usr/sbin/nologin", &name]);
+        run(
+            "useradd",
+            &[
+                "-M",
+                "-N",
+                "-g",
+                &group.name,
+                "-s",
+                "/usr/sbin/nologin",
+                &name,
+            ],
+        );
         let uid = id_of("-u", &name);
         let gid = id_of("-g", &name);
         User { name, uid, gid }
     }
     /// Supplementary gids from NSS, as a login would get them.
     pub fn gids(&self) -> Vec<u32> {
-        let out = Command::new("id").args(["-G", &self.name]).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).split_whitespace().map(|g| g.parse().unwrap()).collect()
+        let out = Command::new("id")
+            .args(["-G", &self.name])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(|g| g.parse().unwrap())
+            .collect()
     }
     /// Runs `cmd args` as this user (its uid, primary gid and NSS groups).
     pub fn run(&self, cmd: &str, args: &[&str]) -> Output {
         let (uid, gid, groups) = (self.uid, self.gid, self.gids());
         let mut c = Command::new(cmd);
-        c.args(args).env_clear().env("PATH", "/usr/bin:/bin").env("LC_ALL", "C");
+        c.args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("LC_ALL", "C");
         // SAFETY: only async-signal-safe libc calls between fork and exec.
         unsafe {
             c.pre_exec(move || {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -105,7 +147,10 @@ pub struct Tree {
 }
 impl Tree {
     pub fn new() -> Tree {
-        let dir = tempfile::Builder::new().prefix("scratch-test").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("scratch-test")
+            .tempdir()
+            .unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         Tree { dir }
     }
