@@ -4,6 +4,7 @@
 //! crash_prolog prolog [--crash-at N]   # SIGKILL itself at boundary number N (1-based)
 //! crash_prolog epilog                  # exactly what `tenancy-epilog` runs
 //! crash_prolog firewall-apply          # what `tenancyctl firewall apply` does, for this config
+//! crash_prolog driver-load             # starts NVML once, as loading the driver at boot would
 //! ```
 //!
 //! The config comes from `TENANCY_CONFIG`, the job from the Slurm variables, as for the
@@ -17,7 +18,7 @@ use tenancy_config::Config;
 use tenancy_node::{layers, run, Boundary, JobContext, Spine};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: crash_prolog prolog [--crash-at N] | epilog | firewall-apply");
+    eprintln!("usage: crash_prolog prolog [--crash-at N] | epilog | firewall-apply | driver-load");
     ExitCode::from(2)
 }
 
@@ -26,12 +27,31 @@ fn main() -> ExitCode {
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["epilog"] => run::epilog(),
         ["firewall-apply"] => firewall_apply(),
+        ["driver-load"] => driver_load(),
         ["prolog"] => prolog(None),
         ["prolog", "--crash-at", n] => match n.parse::<u32>() {
             Ok(n) if n > 0 => prolog(Some(n)),
             _ => usage(),
         },
         _ => usage(),
+    }
+}
+
+/// The NVML stand-in lays out device nodes, /proc/devices and mig-minors when NVML starts.
+fn driver_load() -> ExitCode {
+    let loaded = Config::load(None).map_err(|e| e.to_string()).and_then(|c| {
+        if let Some(f) = &c.cluster.nvml_shim_fixture {
+            std::env::set_var("NVML_SHIM_FIXTURE", f);
+        }
+        let mig = tenancy_mig::Mig::open(c.cluster.nvml_library.as_deref()).map_err(|e| e.to_string())?;
+        mig.gpus().map(|_| ()).map_err(|e| e.to_string())
+    });
+    match loaded {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("crash_prolog: driver-load: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

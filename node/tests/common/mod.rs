@@ -196,6 +196,9 @@ groups = ["{b}"]
             node: "node1".into(),
             netns,
         };
+        // The driver is loaded at boot: /proc/devices and mig-minors exist before any job.
+        let out = w.run(&["driver-load"], &[]);
+        assert!(out.status.success(), "driver load: {}", text(&out));
         // `tenancyctl firewall apply`: tenant cgroups and the table, before any job.
         let out = w.run(&["firewall-apply"], &[]);
         assert!(out.status.success(), "firewall apply: {}", text(&out));
