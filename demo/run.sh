@@ -1,22 +1,53 @@
 #!/bin/sh
-# slurm-tenancy demo: a local single-node Slurm cluster with the plugin, prolog/epilog and the
-# NVML stand-in installed; jobs of two tenants side by side; refusals; the admin report.
-# Run as root on a scratch Debian/Ubuntu machine or container:  sudo demo/run.sh
+# slurm-tenancy demo: a local single-node Slurm cluster with the SPANK plugin, tenancy-prolog/
+# -epilog and the NVML stand-in installed; jobs of two tenants side by side, what each got, what
+# was refused, attacks of one tenant's job on the other's that fail, the audit report and its
+# verification; then everything is shut down and removed.
+#
+# Run as root on a scratch Debian 12 machine or container, from a clone:  sudo ./demo/run.sh
+# (It installs Debian packages, starts Slurm daemons, creates users and nftables rules.)
 set -eu
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
-    echo "demo/run.sh: run as root (it installs packages, starts Slurm and creates users)" >&2
+    echo "demo/run.sh: run as root: sudo ./demo/run.sh (it starts Slurm and creates users)" >&2
     exit 1
 fi
-need=""
-for p in slurm-wlm slurmctld slurmd libslurm-dev munge nftables iproute2 acl jq libclang-dev; do
-    dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
-done
-if [ -n "$need" ]; then
-    echo "Installing:$need"
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $need
+
+# Rust >= 1.80: on PATH, in the invoking user's or root's ~/.cargo (sudo resets PATH).
+user_home=""
+if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+    user_home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
 fi
+cargo=""
+for c in "$(command -v cargo 2>/dev/null || true)" "${user_home:+$user_home/.cargo/bin/cargo}" \
+         "${HOME:-/root}/.cargo/bin/cargo" /root/.cargo/bin/cargo; do
+    if [ -n "$c" ] && [ -x "$c" ]; then cargo=$c; break; fi
+done
+if [ -n "$cargo" ]; then
+    PATH="$(dirname "$cargo"):$PATH"
+    export PATH
+fi
+
+./scripts/install-deps
+cargo=$(command -v cargo || true)
+if [ -z "$cargo" ]; then
+    echo "demo/run.sh: no Rust toolchain; install one with https://rustup.rs (Rust >= 1.80), then rerun" >&2
+    exit 1
+fi
+minor=$("$cargo" --version | sed -n 's/^cargo 1\.\([0-9][0-9]*\).*/\1/p')
+if [ -z "$minor" ] || [ "$minor" -lt 80 ]; then
+    echo "demo/run.sh: $("$cargo" --version) is too old (Rust >= 1.80 needed): install rustup from https://rustup.rs, then rerun" >&2
+    exit 1
+fi
+
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-cargo build --release --workspace
-exec "$CARGO_TARGET_DIR/release/tenancy-demo" "$@"
+set -- --release -p tenancy-prolog -p tenancy-epilog -p tenancyctl -p spank-tenancy -p nvml-shim -p tenancy-e2e
+echo "Building slurm-tenancy (release; the first build takes a few minutes) ..."
+if [ -n "$user_home" ] && [ "${cargo#"$user_home"/}" != "$cargo" ]; then
+    # The invoking user's toolchain builds in their clone, so target/ stays theirs.
+    runuser -u "$SUDO_USER" -- env HOME="$user_home" PATH="$PATH" \
+        CARGO_TARGET_DIR="$CARGO_TARGET_DIR" "$cargo" build "$@"
+else
+    "$cargo" build "$@"
+fi
+exec "$CARGO_TARGET_DIR/release/tenancy-demo"

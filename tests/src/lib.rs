@@ -345,6 +345,25 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
+    /// The node's drain/down reason as `scontrol show node` prints it (without Slurm's
+    /// `[user@time]` suffix); empty when it has none.
+    pub fn node_reason(&self) -> Result<String> {
+        let mut c = self.cmd("scontrol");
+        c.args(["show", "node", &self.node]);
+        let out = self.run(c)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // `   Reason=text with spaces [root@2026-01-01T00:00:00]` on a line of its own.
+        let reason = text
+            .lines()
+            .find_map(|l| l.trim_start().strip_prefix("Reason="))
+            .unwrap_or("");
+        let reason = match reason.rfind(" [") {
+            Some(i) if reason.ends_with(']') => &reason[..i],
+            _ => reason,
+        };
+        Ok(reason.trim().to_string())
+    }
+
     pub fn wait_node_state(&self, want: &[&str], timeout: Duration) -> Result<String> {
         let t = Instant::now();
         loop {
@@ -548,6 +567,19 @@ pub fn parse_kv(text: &str) -> BTreeMap<String, String> {
     for word in text.split_whitespace() {
         if let Some((k, v)) = word.split_once('=') {
             m.entry(k.to_string()).or_insert_with(|| v.to_string());
+        }
+    }
+    m
+}
+
+/// `key=value` lines (as the e2e probe prints them); the first occurrence of a key wins.
+pub fn probe_kv(text: &str) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            if !k.contains(' ') {
+                m.entry(k.to_string()).or_insert_with(|| v.to_string());
+            }
         }
     }
     m

@@ -3,10 +3,12 @@
 //! groups and users. Shared by the e2e tests and the demo.
 
 use crate::{artifact, Cluster, ClusterOptions, TestUser, Users};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 /// Names made for one run (unique when the plain names are taken).
 pub struct Tenants {
@@ -66,6 +68,13 @@ pub struct StackPaths {
     pub nvml_library: PathBuf,
     pub nvml_fixture: PathBuf,
     pub nvml_state: PathBuf,
+    /// Device nodes the NVML stand-in lays out (nvidia0.., nvidiactl, nvidia-caps/).
+    pub dev_dir: PathBuf,
+    /// The stand-in's /proc/driver/nvidia-caps/mig-minors and /proc/devices.
+    pub mig_minors: PathBuf,
+    pub proc_devices: PathBuf,
+    /// Binaries the jobs run (readable by every user).
+    pub bin_dir: PathBuf,
 }
 
 impl StackPaths {
@@ -78,6 +87,10 @@ impl StackPaths {
             nvml_library: root.join("lib/libnvidia-ml.so.1"),
             nvml_fixture: root.join("nvml/fixture.toml"),
             nvml_state: root.join("nvml/state.json"),
+            dev_dir: root.join("dev"),
+            mig_minors: root.join("nvml/mig-minors"),
+            proc_devices: root.join("nvml/proc-devices"),
+            bin_dir: root.join("bin"),
         }
     }
 }
@@ -93,6 +106,10 @@ audit_log = "{audit}"
 scratch_root = "{scratch}"
 nvml_library = "{nvml}"
 nvml_shim_fixture = "{fixture}"
+
+[node]
+proc_devices = "{proc_devices}"
+mig_minors = "{mig_minors}"
 
 [tiers.internal]
 mig_profiles = ["1g.18gb", "2g.35gb", "3g.71gb"]
@@ -127,39 +144,227 @@ infrastructure = ["127.0.0.1/32:1-65535/tcp"]
         scratch = p.scratch_root.display(),
         nvml = p.nvml_library.display(),
         fixture = p.nvml_fixture.display(),
+        proc_devices = p.proc_devices.display(),
+        mig_minors = p.mig_minors.display(),
         ag = t.acme_group,
         gg = t.globex_group,
     )
 }
 
-/// Two H200s with MIG mode on, state kept in the stack folder.
+/// Two H200s with MIG mode on; state, device nodes and driver files kept in the stack folder.
 pub fn nvml_fixture(p: &StackPaths) -> String {
     format!(
-        "state = \"{}\"\n\n[[gpus]]\nmodel = \"H200-141GB\"\n\n[[gpus]]\nmodel = \"H200-141GB\"\n",
-        p.nvml_state.display()
+        "state = \"{}\"\ndev_dir = \"{}\"\nmig_minors = \"{}\"\nproc_devices = \"{}\"\n\n\
+         [[gpus]]\nmodel = \"H200-141GB\"\n\n[[gpus]]\nmodel = \"H200-141GB\"\n",
+        p.nvml_state.display(),
+        p.dev_dir.display(),
+        p.mig_minors.display(),
+        p.proc_devices.display(),
     )
 }
 
-/// Starts the cluster with the whole product installed from this build's artifacts.
-pub fn start(root: &Path, tenants: &Tenants) -> Result<(Cluster, StackPaths)> {
-    let p = StackPaths::under(root);
-    for d in [&p.state_dir, &p.scratch_root] {
-        fs::create_dir_all(d)?;
+/// The product's nft table and cgroup subtree (fixed names: `tenancyctl firewall apply` uses
+/// them on a real node too).
+const NFT_TABLE: &str = "tenancy";
+const CGROUP_SUBTREE: &str = "/sys/fs/cgroup/unified/tenancy";
+
+/// A local cluster with the whole product installed from this build's artifacts. Dropping it
+/// stops the cluster (jobs first, so epilogs run) and removes the firewall table it loaded.
+pub struct Stack {
+    pub cluster: Cluster,
+    pub paths: StackPaths,
+    /// The config file the cluster uses (next to slurm.conf).
+    pub config: PathBuf,
+    /// Whether this build has the per-tenant firewall and the stack loaded it.
+    pub firewall: bool,
+    tenant_names: Vec<String>,
+    stopped: bool,
+}
+
+/// Copies a built binary where every job user can run it.
+fn install_bin(name: &str, dir: &Path) -> Result<PathBuf> {
+    let src = artifact(name)?;
+    let dest = dir.join(name);
+    fs::copy(&src, &dest).with_context(|| format!("copy {}", src.display()))?;
+    fs::set_permissions(&dest, fs::Permissions::from_mode(0o755))?;
+    Ok(dest)
+}
+
+impl Stack {
+    /// Starts the cluster with the plugin, prolog/epilog, NVML stand-in (device nodes laid out)
+    /// and, when this build has it, the per-tenant firewall loaded.
+    pub fn start(root: &Path, tenants: &Tenants) -> Result<Stack> {
+        let p = StackPaths::under(root);
+        for d in [&p.state_dir, &p.scratch_root, &p.bin_dir] {
+            fs::create_dir_all(d)?;
+        }
+        for f in [&p.audit_log, &p.nvml_library, &p.nvml_fixture] {
+            fs::create_dir_all(f.parent().expect("parent"))?;
+        }
+        for d in [root, &p.scratch_root, &p.bin_dir] {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
+        }
+        let shim = artifact("libnvidia_ml.so")?;
+        fs::copy(&shim, &p.nvml_library).with_context(|| format!("copy {}", shim.display()))?;
+        fs::write(&p.nvml_fixture, nvml_fixture(&p))?;
+        for b in ["tenancy-e2e-probe", "nvml-shim-ctl", "tenancyctl"] {
+            install_bin(b, &p.bin_dir)?;
+        }
+        let cluster = Cluster::start(ClusterOptions {
+            prolog: Some(artifact("tenancy-prolog")?),
+            epilog: Some(artifact("tenancy-epilog")?),
+            spank_plugin: Some(artifact("libspank_tenancy.so")?),
+            tenancy_toml: Some(tenancy_toml(&p, tenants)),
+            extra_conf: vec![],
+        })?;
+        let config = cluster.path("etc/tenancy.toml");
+        let mut stack = Stack {
+            cluster,
+            paths: p,
+            config,
+            firewall: false,
+            tenant_names: vec!["acme".into(), "globex".into()],
+            stopped: false,
+        };
+        let o = stack.shim_ctl(&["layout"])?;
+        if !o.status.success() {
+            bail!(
+                "nvml-shim-ctl layout: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        // The firewall must be loaded before the first job (the prolog adds jobs to it).
+        let mut help = stack.tenancyctl();
+        help.args(["firewall", "--help"]);
+        if stack.cluster.run(help)?.status.success() {
+            let mut apply = stack.tenancyctl();
+            apply.args(["firewall", "apply"]);
+            let o = stack.cluster.run(apply)?;
+            if !o.status.success() {
+                bail!(
+                    "tenancyctl firewall apply: {}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+            stack.firewall = true;
+        }
+        Ok(stack)
     }
-    for f in [&p.audit_log, &p.nvml_library, &p.nvml_fixture] {
-        fs::create_dir_all(f.parent().expect("parent"))?;
+
+    /// A built binary installed for the jobs (readable and executable by every user).
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.paths.bin_dir.join(name)
     }
-    fs::set_permissions(root, fs::Permissions::from_mode(0o755))?;
-    fs::set_permissions(&p.scratch_root, fs::Permissions::from_mode(0o755))?;
-    let shim = artifact("libnvidia_ml.so")?;
-    fs::copy(&shim, &p.nvml_library).with_context(|| format!("copy {}", shim.display()))?;
-    fs::write(&p.nvml_fixture, nvml_fixture(&p))?;
-    let cluster = Cluster::start(ClusterOptions {
-        prolog: Some(artifact("tenancy-prolog")?),
-        epilog: Some(artifact("tenancy-epilog")?),
-        spank_plugin: Some(artifact("libspank_tenancy.so")?),
-        tenancy_toml: Some(tenancy_toml(&p, tenants)),
-        extra_conf: vec![],
-    })?;
-    Ok((cluster, p))
+
+    /// `tenancyctl --config <this stack's config>` as root.
+    pub fn tenancyctl(&self) -> Command {
+        let mut c = self.cluster.cmd(self.bin("tenancyctl"));
+        c.arg("--config").arg(&self.config);
+        c
+    }
+
+    /// Runs `nvml-shim-ctl ARGS` on this stack's stand-in state.
+    pub fn shim_ctl(&self, args: &[&str]) -> Result<Output> {
+        let mut c = self.cluster.cmd(self.bin("nvml-shim-ctl"));
+        c.env("NVML_SHIM_FIXTURE", &self.paths.nvml_fixture)
+            .args(args);
+        self.cluster.run(c)
+    }
+
+    /// MIG compute instances the stand-in holds now (rows of `nvml-shim-ctl list` with a
+    /// MIG UUID), and GPU instances without a compute instance.
+    pub fn shim_instances(&self) -> Result<Vec<Value>> {
+        let o = self.shim_ctl(&["list", "--format", "json"])?;
+        if !o.status.success() {
+            bail!("nvml-shim-ctl list: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        let rows: Vec<Value> = serde_json::from_slice(&o.stdout).with_context(|| {
+            format!("nvml-shim-ctl list: {}", String::from_utf8_lossy(&o.stdout))
+        })?;
+        Ok(rows
+            .into_iter()
+            .filter(|r| {
+                r.get("gi")
+                    .and_then(Value::as_str)
+                    .is_some_and(|g| g != "-")
+            })
+            .collect())
+    }
+
+    /// The job's journal on this node, if the prolog left one.
+    pub fn journal(&self, job: u64) -> Result<Option<Value>> {
+        let path = self.paths.state_dir.join(format!("job_{job}.json"));
+        match fs::read(&path) {
+            Ok(b) => Ok(Some(
+                serde_json::from_slice(&b)
+                    .with_context(|| format!("journal {}", path.display()))?,
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+        }
+    }
+
+    /// The `made` value of `layer` in the job's journal.
+    pub fn made(&self, job: u64, layer: &str) -> Result<Option<Value>> {
+        Ok(self.journal(job)?.and_then(|j| {
+            j.get("steps")?
+                .as_array()?
+                .iter()
+                .find(|s| s.get("layer").and_then(Value::as_str) == Some(layer))?
+                .get("made")
+                .cloned()
+        }))
+    }
+
+    /// Every audit record so far.
+    pub fn audit_records(&self) -> Result<Vec<Value>> {
+        let text = match fs::read_to_string(&self.paths.audit_log) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).context("read the audit log"),
+        };
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).with_context(|| format!("audit line {l:?}")))
+            .collect()
+    }
+
+    /// Audit events recorded for `job`, in order (`job_start`, `job_end`, `rollback`...).
+    pub fn audit_events(&self, job: u64) -> Result<Vec<String>> {
+        Ok(self
+            .audit_records()?
+            .iter()
+            .filter(|r| r.get("job_id").and_then(Value::as_u64) == Some(job))
+            .filter_map(|r| r.get("event").and_then(Value::as_str).map(String::from))
+            .collect())
+    }
+
+    /// Stops the cluster (jobs first, so their epilogs run), then unloads what the stack
+    /// loaded: the firewall table and the tenant cgroups left empty. Idempotent.
+    pub fn stop(&mut self) -> Result<()> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.stopped = true;
+        let r = self.cluster.stop();
+        if self.firewall {
+            let _ = Command::new("nft")
+                .args(["delete", "table", "inet", NFT_TABLE])
+                .output();
+            for t in &self.tenant_names {
+                let _ = fs::remove_dir(Path::new(CGROUP_SUBTREE).join(t));
+            }
+            let _ = fs::remove_dir(CGROUP_SUBTREE);
+        }
+        r
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("tenancy-e2e: {e}");
+        }
+    }
 }

@@ -135,14 +135,12 @@ fn num_after(s: &str, prefix: &str) -> Option<u32> {
 }
 
 fn parse_cap_name(n: &str) -> Option<(u32, u32, Option<u32>)> {
-    let parts: Vec<&str> = n.split('/').collect();
-    match parts.as_slice() {
-        [g, gi, "access"] => Some((num_after(g, "gpu")?, num_after(gi, "gi")?, None)),
-        [g, gi, ci, "access"] => Some((
-            num_after(g, "gpu")?,
-            num_after(gi, "gi")?,
-            Some(num_after(ci, "ci")?),
-        )),
+    let mut it = n.split('/');
+    let gpu = num_after(it.next()?, "gpu")?;
+    let gi = num_after(it.next()?, "gi")?;
+    match (it.next()?, it.next(), it.next()) {
+        ("access", None, None) => Some((gpu, gi, None)),
+        (ci, Some("access"), None) => Some((gpu, gi, Some(num_after(ci, "ci")?))),
         _ => None,
     }
 }

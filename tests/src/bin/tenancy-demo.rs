@@ -1,52 +1,162 @@
 //! The demo a new user runs first (demo/run.sh builds and calls it): a local Slurm cluster with
 //! slurm-tenancy installed, jobs of two tenants side by side, what each job got, what was
-//! refused, `tenancyctl report`, then everything shut down.
+//! refused, attacks of one tenant's job on the other's that fail, `tenancyctl report` and
+//! `tenancyctl audit verify`, then everything shut down.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
 use std::fs;
-use std::process::ExitCode;
-use std::time::Duration;
-use tenancy_e2e::{artifact, stack, submitted_id, Cluster, TestUser, Users};
-
-const JOB: &str = r#"#!/bin/sh
-echo "job $SLURM_JOB_ID of $USER on $(hostname -s)"
-echo "  tenant                 = ${TENANCY_TENANT:-<none>}"
-echo "  CUDA_VISIBLE_DEVICES   = ${CUDA_VISIBLE_DEVICES:-<none>}"
-echo "  NVIDIA_VISIBLE_DEVICES = ${NVIDIA_VISIBLE_DEVICES:-<none>}"
-echo "  TMPDIR                 = ${TMPDIR:-<none>}"
-echo "  TENANCY_SCRATCH        = ${TENANCY_SCRATCH:-<none>}"
-echo "hello" > "$TENANCY_SCRATCH/result.txt" && echo "  wrote $TENANCY_SCRATCH/result.txt"
-sleep 3
-"#;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Output};
+use std::time::{Duration, Instant};
+use tenancy_e2e::stack::{Stack, Tenants};
+use tenancy_e2e::{probe_kv, submitted_id, TestUser, Users};
 
 fn say(s: &str) {
     println!("\n=== {s}");
 }
 
-fn submit(cluster: &Cluster, user: &TestUser, args: &[&str]) -> Result<Option<u64>> {
-    let script = cluster.user_dir(user).join("job.sh");
-    fs::write(&script, JOB)?;
-    let shown = format!("{} $ sbatch {} job.sh", user.name, args.join(" "));
-    let mut c = cluster.cmd_as(user, "sbatch");
-    c.args(args).arg(&script);
-    let o = cluster.run(c)?;
-    println!("{shown}");
-    print!("{}", String::from_utf8_lossy(&o.stdout));
-    for l in String::from_utf8_lossy(&o.stderr).lines() {
-        if l.contains("tenancy:") {
-            println!("{l}");
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Prints a command's output indented.
+fn show(o: &Output) {
+    for l in text(&o.stdout).lines().chain(text(&o.stderr).lines()) {
+        println!("    {l}");
+    }
+}
+
+struct Demo {
+    stack: Stack,
+    t: Tenants,
+    release: PathBuf,
+}
+
+impl Demo {
+    fn probe(&self) -> String {
+        self.stack.bin("tenancy-e2e-probe").display().to_string()
+    }
+
+    /// Submits the demo job as `user`; prints the command line and what sbatch said.
+    fn submit(&self, user: &TestUser, args: &[&str], port: u16) -> Result<Option<u64>> {
+        let dir = self.stack.cluster.user_dir(user);
+        let script = dir.join("job.sh");
+        let p = self.probe();
+        fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\n{p} env\n{p} write \"$TMPDIR/secret.txt\" \"$USER's data\"\n{p} serve {port} {}\n",
+                self.release.display()
+            ),
+        )?;
+        println!("{} $ sbatch {} job.sh", user.name, args.join(" "));
+        let mut c = self.stack.cluster.cmd_as(user, "sbatch");
+        c.args(args)
+            .arg("-o")
+            .arg(dir.join("slurm-%j.out"))
+            .arg(&script);
+        let o = self.stack.cluster.run(c)?;
+        if o.status.success() {
+            print!("    {}", text(&o.stdout));
+            Ok(Some(submitted_id(&o)?))
+        } else {
+            // Slurm adds two generic lines after the plugin's own; the plugin's says why.
+            let err = text(&o.stderr);
+            let ours: Vec<&str> = err.lines().filter(|l| l.contains("tenancy:")).collect();
+            for l in if ours.is_empty() {
+                err.lines().collect()
+            } else {
+                ours
+            } {
+                println!("    {l}");
+            }
+            println!(
+                "    (exit {}, no job created)",
+                o.status.code().unwrap_or(-1)
+            );
+            Ok(None)
         }
     }
-    if o.status.success() {
-        Ok(Some(submitted_id(&o)?))
-    } else {
-        Ok(None)
+
+    fn output(&self, user: &TestUser, id: u64) -> PathBuf {
+        self.stack
+            .cluster
+            .user_dir(user)
+            .join(format!("slurm-{id}.out"))
+    }
+
+    /// Waits until the job reports what it got and listens; returns its report.
+    fn report(&self, user: &TestUser, id: u64) -> Result<BTreeMap<String, String>> {
+        let out = self.output(user, id);
+        let t = Instant::now();
+        loop {
+            let s = fs::read_to_string(&out).unwrap_or_default();
+            if s.lines().any(|l| l.starts_with("listening=")) {
+                return Ok(probe_kv(&s));
+            }
+            let info = self.stack.cluster.job_info(id)?;
+            let state = info.get("JobState").cloned().unwrap_or_default();
+            if !matches!(state.as_str(), "PENDING" | "CONFIGURING" | "RUNNING") {
+                bail!(
+                    "job {id} ended ({state}, reason {}) before it started its work: {s}",
+                    info.get("Reason").cloned().unwrap_or_default()
+                );
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("job {id} did not start within 60 s ({state}): {s}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Runs the probe in a new step of `job` as `user`, shows the command, returns the value.
+    fn attack(&self, user: &TestUser, job: u64, args: &[&str], key: &str) -> Result<String> {
+        println!(
+            "{} $ srun --jobid={job} --overlap tenancy-e2e-probe {}",
+            user.name,
+            args.join(" ")
+        );
+        let mut c = self.stack.cluster.cmd_as(user, "srun");
+        c.arg(format!("--jobid={job}"))
+            .args(["--overlap", "-n1"])
+            .arg(self.probe())
+            .args(args);
+        let o = self.stack.cluster.run(c)?;
+        let v = probe_kv(&text(&o.stdout))
+            .get(key)
+            .cloned()
+            .with_context(|| format!("no answer from the step: {}", text(&o.stderr)))?;
+        Ok(v)
+    }
+}
+
+fn outcome(v: &str, refused: bool) -> &'static str {
+    match (v, refused) {
+        (v, true) if v.starts_with("ok") => "SUCCEEDED (isolation broken!)",
+        (_, true) => "refused, as it must be",
+        (v, false) if v.starts_with("ok") => "works",
+        _ => "FAILED (unexpected)",
+    }
+}
+
+fn describe(errno: &str) -> String {
+    match errno {
+        "EACCES" => "EACCES (Permission denied)".into(),
+        "EPERM" => "EPERM (Operation not permitted)".into(),
+        "ENXIO" => "ENXIO (no driver behind the stand-in's node)".into(),
+        "timeout" => "timed out (dropped by the firewall)".into(),
+        other => other.into(),
     }
 }
 
 fn main() -> ExitCode {
     match run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(broken) => {
+            eprintln!("tenancy-demo: {broken} isolation check(s) did not hold");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("tenancy-demo: {e:#}");
             ExitCode::FAILURE
@@ -54,71 +164,195 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<()> {
+/// Returns the number of isolation checks that did not hold.
+fn run() -> Result<u32> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("the demo starts Slurm daemons and creates users: run it as root (sudo demo/run.sh)");
+        bail!(
+            "the demo starts Slurm daemons and creates users: run it as root (sudo ./demo/run.sh)"
+        );
     }
     let mut users = Users::new();
-    let t = stack::Tenants::create(&mut users)?;
+    let t = Tenants::create(&mut users)?;
     let root = tempfile::Builder::new().prefix("tenancy-demo-").tempdir()?;
     say("Starting a local Slurm cluster with slurm-tenancy installed");
-    let (cluster, paths) = stack::start(root.path(), &t)?;
-    println!("slurm.conf: {}", cluster.conf.display());
-    println!("node {} is {}", cluster.node, cluster.node_state()?);
+    let stack = Stack::start(root.path(), &t)?;
+    println!("slurm.conf:   {}", stack.cluster.conf.display());
+    println!("tenancy.toml: {}", stack.config.display());
+    println!(
+        "GPUs:         two H200-141GB with MIG on (NVML stand-in {})",
+        stack.paths.nvml_library.display()
+    );
+    println!(
+        "tenants:      acme (tier internal: scratch wiped at job end), globex (tier regulated: own GPU, scratch retained)"
+    );
+    println!(
+        "firewall:     {}",
+        if stack.firewall {
+            "per-tenant nftables table loaded"
+        } else {
+            "not in this build"
+        }
+    );
+    println!(
+        "node {} is {}",
+        stack.cluster.node,
+        stack.cluster.node_state()?
+    );
+    let release = stack.cluster.path("jobs/release-demo");
+    let demo = Demo { stack, t, release };
+    let d = &demo;
+    let s = &d.stack;
+    let mut broken = 0u32;
 
-    say("Jobs of two tenants");
-    let a = submit(&cluster, &t.acme1, &["--tenant=acme", "--mig=1g.18gb"])?;
-    let g = submit(&cluster, &t.globex1, &["--tenant=globex", "--mig=3g.71gb"])?;
+    say("Submitting one job per tenant (they run side by side on the node)");
+    let a_port = free_port()?;
+    let g_port = free_port()?;
+    let a = d.submit(&d.t.acme1, &["--tenant=acme", "--mig=1g.18gb"], a_port)?;
+    let g = d.submit(&d.t.globex1, &["--tenant=globex", "--mig=3g.71gb"], g_port)?;
+    let (Some(a), Some(g)) = (a, g) else {
+        bail!("an accepted submit failed; see above");
+    };
 
     say("Refused at submit time (no job is created)");
-    submit(&cluster, &t.acme1, &["--tenant=globex", "--mig=1g.18gb"])?;
-    submit(&cluster, &t.outsider, &["--mig=1g.18gb"])?;
-    submit(&cluster, &t.acme1, &["--tenant=acme", "--mig=7g.141gb"])?;
-    submit(&cluster, &t.both, &["--mig=1g.18gb"])?;
+    d.submit(&d.t.acme1, &["--tenant=globex", "--mig=1g.18gb"], 0)?;
+    d.submit(&d.t.outsider, &["--mig=1g.18gb"], 0)?;
+    d.submit(&d.t.acme1, &["--tenant=acme", "--mig=7g.141gb"], 0)?;
+    d.submit(&d.t.both, &["--mig=1g.18gb"], 0)?;
 
-    say("What each job got");
-    for (user, id) in [(&t.acme1, a), (&t.globex1, g)] {
-        let Some(id) = id else { continue };
-        let info = cluster.wait_job_done(id, Duration::from_secs(60))?;
+    say("What each job got (as the job itself sees it)");
+    let ak = d.report(&d.t.acme1, a)?;
+    let gk = d.report(&d.t.globex1, g)?;
+    for (id, user, k) in [(a, &d.t.acme1, &ak), (g, &d.t.globex1, &gk)] {
+        println!("job {id} of {}:", user.name);
+        println!("    tenant                 {}", k["TENANCY_TENANT"]);
+        println!("    CUDA_VISIBLE_DEVICES   {}", k["CUDA_VISIBLE_DEVICES"]);
+        println!("    TMPDIR                 {}", k["TMPDIR"]);
+        let get = |key: &str| k.get(key).map(String::as_str).unwrap_or("?");
+        println!(
+            "    TMPDIR owner, mode     uid {} (the job's user: uid {}), mode {}, writable: {}",
+            get("tmpdir_owner"),
+            k["uid"],
+            get("tmpdir_mode"),
+            get("tmpdir_writable")
+        );
+    }
+    println!("\nThe MIG instances on the GPUs now (nvml-shim-ctl list):");
+    show(&s.shim_ctl(&["list"])?);
+
+    say("Attacks by globex's job on acme's job (both running)");
+    let secret = format!("{}/secret.txt", ak["TMPDIR"]);
+    let v = d.attack(&d.t.acme1, a, &["read", &secret], "read")?;
+    println!("    acme reads its own file: {} ({v})", outcome(&v, false));
+    let v = d.attack(&d.t.globex1, g, &["read", &secret], "read")?;
+    println!(
+        "    globex reads acme's scratch: {} -> {}",
+        describe(&v),
+        outcome(&v, true)
+    );
+    broken += u32::from(v.starts_with("ok"));
+
+    match s.made(g, "devices")? {
+        Some(_) => {
+            let minors = s
+                .shim_instances()?
+                .into_iter()
+                .find(|r| r["mig_uuid"].as_str() == Some(ak["CUDA_VISIBLE_DEVICES"].as_str()))
+                .and_then(|r| r["cap_minors"].as_str().map(String::from))
+                .unwrap_or_default();
+            if let Some(m) = minors.split(',').next_back().filter(|m| !m.is_empty()) {
+                let node = s.paths.dev_dir.join(format!("nvidia-caps/nvidia-cap{m}"));
+                let node = node.display().to_string();
+                let v = d.attack(&d.t.globex1, g, &["open", &node], "open")?;
+                println!(
+                    "    globex opens acme's MIG device node: {} -> {}",
+                    describe(&v),
+                    outcome(&v, true)
+                );
+                broken += u32::from(v != "EPERM");
+            }
+        }
+        None => println!("    (device allowlist not in this build: device attack skipped)"),
+    }
+    match s.made(g, "network")? {
+        Some(_) => {
+            let target = format!("127.0.0.1:{a_port}");
+            let v = d.attack(&d.t.globex1, g, &["connect", &target, "2000"], "connect")?;
+            println!(
+                "    globex connects to acme's port {a_port}: {} -> {}",
+                describe(&v),
+                outcome(&v, true)
+            );
+            broken += u32::from(v.starts_with("ok"));
+        }
+        None => println!("    (firewall not in this build: port attack skipped)"),
+    }
+    if s.firewall {
+        println!("\nDrops counted per tenant (tenancyctl firewall show):");
+        let mut c = s.tenancyctl();
+        c.args(["firewall", "show"]);
+        show(&s.cluster.run(c)?);
+    }
+
+    say("Jobs end: slices destroyed, scratch wiped (acme) or retained (globex)");
+    fs::write(&d.release, "")?;
+    for id in [a, g] {
+        let info = s.cluster.wait_job_done(id, Duration::from_secs(60))?;
         println!(
             "job {id}: {} (exit {})",
             info["JobState"],
             info.get("ExitCode").map(String::as_str).unwrap_or("?")
         );
-        let out = cluster.user_dir(user).join(format!("slurm-{id}.out"));
-        print!(
-            "{}",
-            fs::read_to_string(&out)
-                .unwrap_or_else(|e| format!("  (no output {}: {e})\n", out.display()))
-        );
-        if let Some(reason) = info.get("Reason").filter(|r| r.as_str() != "None") {
-            println!("  reason: {reason}");
-        }
     }
-    println!("node {} is {}", cluster.node, cluster.node_state()?);
+    let t0 = Instant::now();
+    while (s.journal(a)?.is_some() || s.journal(g)?.is_some())
+        && t0.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left = s.shim_instances()?.len();
+    println!("MIG instances left on the GPUs: {left}");
+    for (k, name) in [(&ak, "acme"), (&gk, "globex")] {
+        let p = Path::new(&k["TMPDIR"]);
+        println!(
+            "{name} scratch {}: {}",
+            p.display(),
+            if p.exists() { "still there" } else { "gone" }
+        );
+    }
+    let retained = s.paths.scratch_root.join("globex/.retained");
+    for e in fs::read_dir(&retained).into_iter().flatten().flatten() {
+        println!("  retained: {}", e.path().display());
+    }
+    println!("node {} is {}", s.cluster.node, s.cluster.node_state()?);
 
-    say("tenancyctl report");
-    let mut c = cluster.cmd(artifact("tenancyctl")?);
-    c.arg("report");
-    let o = cluster.run(c)?;
-    print!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let mut c = cluster.cmd(artifact("tenancyctl")?);
-    c.args(["audit", "verify"]);
-    let o = cluster.run(c)?;
-    print!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let _ = paths;
+    let audit = s.paths.audit_log.display().to_string();
+    say(&format!("tenancyctl report --by tenant {audit}"));
+    let mut c = s.tenancyctl();
+    c.args(["report", "--by", "tenant", &audit]);
+    show(&s.cluster.run(c)?);
+    say(&format!("tenancyctl audit verify {audit}"));
+    let mut c = s.tenancyctl();
+    c.args(["audit", "verify", &audit]);
+    let o = s.cluster.run(c)?;
+    show(&o);
+    println!("    (exit {})", o.status.code().unwrap_or(-1));
+    if !o.status.success() {
+        broken += 1;
+    }
 
     say("Shutting the cluster down");
-    drop(cluster);
+    drop(demo);
     drop(users);
-    println!("done");
-    Ok(())
+    drop(root);
+    println!("done: daemons stopped, users and temp folders removed");
+    if broken == 0 {
+        println!("every isolation check held");
+    }
+    Ok(broken)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("0.0.0.0:0")?
+        .local_addr()?
+        .port())
 }

@@ -1,0 +1,406 @@
+//! Harness of the reliability tests: a node world with real users and groups, the NVML shim,
+//! the real layers (MIG through the shim, v2 BPF device programs on product cgroups, scratch),
+//! and the `crash_prolog` example as the prolog/epilog process.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use tenancy_audit::{verify_paths, AnchorSet, Record};
+
+/// True when the test may go on; otherwise says why it skips (panics under CI).
+pub fn need_root(what: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("needs root: {what}");
+    }
+    eprintln!("SKIP (needs root): {what}");
+    false
+}
+
+fn target_dir() -> PathBuf {
+    // target/<profile>/deps/<test-binary>
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// The nvml-shim library (`cargo build -p nvml-shim` with the same target dir), or None: skip.
+pub fn shim_lib() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TENANCY_NVML_SHIM") {
+        return Some(PathBuf::from(p));
+    }
+    let p = target_dir().join("libnvidia_ml.so");
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "nvml-shim library not found at {}: run `cargo build -p nvml-shim` first",
+            p.display()
+        );
+    }
+    eprintln!(
+        "SKIP (needs nvml-shim): {} missing; run `cargo build -p nvml-shim` with the same \
+         CARGO_TARGET_DIR",
+        p.display()
+    );
+    None
+}
+
+/// The crash_prolog example, built by `cargo test`.
+pub fn driver() -> PathBuf {
+    let p = target_dir().join("examples").join("crash_prolog");
+    assert!(
+        p.exists(),
+        "{} missing: run the tests with `cargo test -p tenancy-node` (it builds examples)",
+        p.display()
+    );
+    p
+}
+
+fn run_quiet(cmd: &str, args: &[&str]) -> bool {
+    // useradd/groupadd take /etc/passwd locks: other tests may hold them for a moment.
+    for _ in 0..50 {
+        let out = Command::new(cmd).args(args).output().unwrap();
+        if out.status.success() {
+            return true;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !err.contains("lock") {
+            eprintln!("{cmd} {args:?}: {err}");
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A user of one tenant: name, uid, gid (the tenant's group is the primary group).
+#[derive(Debug, Clone)]
+pub struct User {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Everything a test's node needs, removed on drop (users, groups, leftover cgroups).
+pub struct World {
+    pub tmp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub config_path: PathBuf,
+    pub config: tenancy_config::Config,
+    pub tenants: Vec<String>,
+    pub users: Vec<User>,
+    pub shim: PathBuf,
+    pub node: String,
+    /// The network namespace the prologs and epilogs run in: the product's nft table is
+    /// loaded there, not in the host's namespace other tests share.
+    pub netns: String,
+}
+
+pub const CGROUP2: &str = "/sys/fs/cgroup/unified";
+
+impl World {
+    /// `gpus` H200s in the shim; two tenants (one user each) on the `internal` tier.
+    /// `audit_log` replaces the default audit log path when given.
+    pub fn new(gpus: usize, audit_log: Option<&Path>) -> Option<World> {
+        let shim = shim_lib()?;
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("rl{}x{n}", std::process::id());
+        let tmp = tempfile::Builder::new().prefix(&tag).tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let tenants = vec![format!("{tag}a"), format!("{tag}b")];
+        let mut users = Vec::new();
+        for t in &tenants {
+            let uname = format!("{t}u");
+            assert!(run_quiet("groupadd", &[t]), "groupadd {t}");
+            assert!(
+                run_quiet(
+                    "useradd",
+                    &["-M", "-N", "-g", t, "-s", "/usr/sbin/nologin", &uname]
+                ),
+                "useradd {uname}"
+            );
+            let id = |flag: &str| -> u32 {
+                let out = Command::new("id").args([flag, &uname]).output().unwrap();
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+            };
+            users.push(User {
+                uid: id("-u"),
+                gid: id("-g"),
+                name: uname,
+            });
+        }
+        std::fs::create_dir(root.join("scratch")).unwrap();
+        let mut fixture = format!(
+            "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\n\
+             mig_minors = \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n",
+            r = root.display()
+        );
+        for _ in 0..gpus {
+            fixture.push_str("[[gpus]]\nmodel = \"H200-141GB\"\n");
+        }
+        std::fs::write(root.join("fixture.toml"), fixture).unwrap();
+        let audit = audit_log
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| root.join("audit.jsonl"));
+        let toml = format!(
+            r#"[cluster]
+name = "rel"
+state_dir = "{r}/state"
+audit_log = "{audit}"
+scratch_root = "{r}/scratch"
+nvml_library = "{shim}"
+nvml_shim_fixture = "{r}/fixture.toml"
+[node]
+proc_devices = "{r}/proc-devices"
+mig_minors = "{r}/mig-minors"
+[tiers.internal]
+mig_profiles = ["1g.18gb", "3g.71gb"]
+[tiers.keeper]
+mig_profiles = ["1g.18gb"]
+scratch_on_exit = "retain"
+retain_days = 1
+[tenants.{a}]
+tier = "internal"
+groups = ["{a}"]
+[tenants.{b}]
+tier = "internal"
+groups = ["{b}"]
+"#,
+            r = root.display(),
+            audit = audit.display(),
+            shim = shim.display(),
+            a = tenants[0],
+            b = tenants[1],
+        );
+        let config_path = root.join("tenancy.toml");
+        std::fs::write(&config_path, &toml).unwrap();
+        let config = tenancy_config::Config::parse(&toml, &config_path).unwrap();
+        let netns = tag.clone();
+        assert!(run_quiet("ip", &["netns", "add", &netns]), "ip netns add {netns}");
+        let w = World {
+            tmp,
+            root,
+            config_path,
+            config,
+            tenants,
+            users,
+            shim,
+            node: "node1".into(),
+            netns,
+        };
+        // The driver is loaded at boot: /proc/devices and mig-minors exist before any job.
+        let out = w.run(&["driver-load"], &[]);
+        assert!(out.status.success(), "driver load: {}", text(&out));
+        // `tenancyctl firewall apply`: tenant cgroups and the table, before any job.
+        let out = w.run(&["firewall-apply"], &[]);
+        assert!(out.status.success(), "firewall apply: {}", text(&out));
+        Some(w)
+    }
+
+    /// The product's nft table in the world's namespace, as `nft list` prints it.
+    pub fn nft_table(&self) -> String {
+        let out = Command::new("/usr/bin/nsenter")
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .args(["/usr/sbin/nft", "list", "table", "inet", "tenancy"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nft list: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The Slurm variables of a job of tenant `t` (0 or 1), with `profile` as `--mig`.
+    pub fn job_env(&self, job: u64, t: usize, profile: Option<&str>) -> Vec<(OsString, OsString)> {
+        let u = &self.users[t];
+        let mut v: Vec<(OsString, OsString)> = vec![
+            ("SLURM_JOB_ID".into(), job.to_string().into()),
+            ("SLURM_JOB_UID".into(), u.uid.to_string().into()),
+            ("SLURM_JOB_GID".into(), u.gid.to_string().into()),
+            ("SLURM_JOB_USER".into(), u.name.clone().into()),
+            ("SLURMD_NODENAME".into(), self.node.clone().into()),
+            ("SLURM_CLUSTER_NAME".into(), "rel".into()),
+            ("SPANK_TENANCY_TENANT".into(), self.tenants[t].clone().into()),
+        ];
+        if let Some(p) = profile {
+            v.push(("SPANK_TENANCY_MIG".into(), p.into()));
+        }
+        v
+    }
+
+    /// Runs the driver (`prolog [--crash-at N]` or `epilog`) with exactly this environment.
+    pub fn run(&self, args: &[&str], env: &[(OsString, OsString)]) -> Output {
+        Command::new("/usr/bin/nsenter")
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .arg(driver())
+            .args(args)
+            .env_clear()
+            .envs(env.iter().cloned())
+            .env("TENANCY_CONFIG", &self.config_path)
+            .output()
+            .unwrap()
+    }
+
+    pub fn journal_path(&self, job: u64) -> PathBuf {
+        self.root.join("state").join(format!("job_{job}.json"))
+    }
+
+    pub fn journals(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.root.join("state")) else {
+            return vec![];
+        };
+        let mut v: Vec<String> = rd
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("job_") || n.ends_with(".tmp"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub fn cgroup(&self, t: usize, job: u64) -> PathBuf {
+        Path::new(CGROUP2)
+            .join("tenancy")
+            .join(&self.tenants[t])
+            .join(format!("job_{job}"))
+    }
+
+    /// Job cgroups of this world's tenants that still exist.
+    pub fn cgroups(&self) -> Vec<PathBuf> {
+        let mut v = Vec::new();
+        for t in &self.tenants {
+            let dir = Path::new(CGROUP2).join("tenancy").join(t);
+            if let Ok(rd) = std::fs::read_dir(&dir) {
+                for e in rd.flatten() {
+                    if e.file_type().map(|f| f.is_dir()).unwrap_or(false) {
+                        v.push(e.path());
+                    }
+                }
+            }
+        }
+        v.sort();
+        v
+    }
+
+    pub fn scratch_dir(&self, t: usize, job: u64) -> PathBuf {
+        self.root
+            .join("scratch")
+            .join(&self.tenants[t])
+            .join(format!("job_{job}"))
+    }
+
+    /// Every job folder left under the scratch root (retained folders excluded).
+    pub fn scratch_jobs(&self) -> Vec<PathBuf> {
+        let mut v = Vec::new();
+        for t in &self.tenants {
+            if let Ok(rd) = std::fs::read_dir(self.root.join("scratch").join(t)) {
+                for e in rd.flatten() {
+                    if e.file_name().to_string_lossy().starts_with("job_") {
+                        v.push(e.path());
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The shim's state file.
+    pub fn shim_state(&self) -> Value {
+        match std::fs::read_to_string(self.root.join("shim-state.json")) {
+            Ok(t) => serde_json::from_str(&t).unwrap(),
+            Err(_) => serde_json::json!({"gpus": []}),
+        }
+    }
+
+    /// (gpu index, gi id, start, size) of every GPU instance the shim holds.
+    pub fn gis(&self) -> Vec<(usize, u64, u64, u64)> {
+        let s = self.shim_state();
+        let mut out = Vec::new();
+        for (i, g) in s["gpus"].as_array().unwrap().iter().enumerate() {
+            for gi in g["gis"].as_array().unwrap() {
+                out.push((
+                    i,
+                    gi["id"].as_u64().unwrap(),
+                    gi["start"].as_u64().unwrap(),
+                    gi["size"].as_u64().unwrap(),
+                ));
+            }
+        }
+        out
+    }
+
+    pub fn audit_path(&self) -> PathBuf {
+        self.config.cluster.audit_log.clone()
+    }
+
+    pub fn records(&self) -> Vec<Record> {
+        let Ok(text) = std::fs::read_to_string(self.audit_path()) else {
+            return vec![];
+        };
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad record {l}: {e}")))
+            .collect()
+    }
+
+    pub fn chain_is_valid(&self) -> bool {
+        let r = verify_paths(&[self.audit_path()], &AnchorSet::default(), 10).unwrap();
+        if !r.is_clean() {
+            eprintln!("verify: {r:?}");
+        }
+        r.is_clean()
+    }
+
+    /// Asserts the node holds nothing of any job of this world.
+    pub fn assert_nothing_left(&self, when: &str) {
+        assert_eq!(self.gis(), vec![], "{when}: MIG instances left in the shim");
+        assert_eq!(self.cgroups(), Vec::<PathBuf>::new(), "{when}: cgroups left");
+        assert_eq!(
+            self.scratch_jobs(),
+            Vec::<PathBuf>::new(),
+            "{when}: scratch folders left"
+        );
+        assert_eq!(self.journals(), Vec::<String>::new(), "{when}: journals left");
+        // The firewall is static per tenant: nothing of a job may be in it.
+        let table = self.nft_table();
+        assert!(!table.contains("job_"), "{when}: a job is in the firewall: {table}");
+        for t in &self.tenants {
+            assert!(
+                Path::new(CGROUP2).join("tenancy").join(t).is_dir(),
+                "{when}: tenant cgroup {t} removed (its rules would no longer match)"
+            );
+        }
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Leftover cgroups (a failed test): deepest first.
+        for cg in self.cgroups() {
+            let _ = std::fs::remove_dir(cg);
+        }
+        for t in &self.tenants {
+            let _ = std::fs::remove_dir(Path::new(CGROUP2).join("tenancy").join(t));
+        }
+        run_quiet("ip", &["netns", "del", &self.netns]);
+        for u in &self.users {
+            run_quiet("userdel", &[&u.name]);
+        }
+        for t in &self.tenants {
+            run_quiet("groupdel", &[t]);
+        }
+    }
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

@@ -1,0 +1,124 @@
+//! The prolog is killed (SIGKILL) at every durable boundary, with the real layers: MIG slice in
+//! the NVML shim, v2 BPF device program on a product cgroup, the job's cgroup under the tenant's
+//! nftables rules (in a network namespace of the test), scratch folder. The epilog (the
+//! code `tenancy-epilog` runs) must then leave nothing: no GPU instance, no cgroup, no scratch
+//! folder, no journal, and the audit log must say the job ended, in a valid chain. A requeued
+//! prolog of the same job must clean the dead attempt up before it builds anew.
+
+mod common;
+
+use common::{need_root, text, World};
+use std::os::unix::process::ExitStatusExt;
+use tenancy_audit::Event;
+
+/// Boundaries a full prolog reports, in order (from a run without a crash).
+fn boundaries(w: &World, job: u64) -> Vec<String> {
+    let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    let seen: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("boundary "))
+        .map(|l| l.split_once(' ').unwrap().1.to_string())
+        .collect();
+    // Every layer is intended (journaled) before it is made; the last boundary is all-made.
+    assert_eq!(seen.last().map(String::as_str), Some("all-made"), "{seen:?}");
+    for layer in ["mig", "devices", "network", "scratch"] {
+        let i = seen.iter().position(|s| *s == format!("intended {layer}"));
+        let m = seen.iter().position(|s| *s == format!("made {layer}"));
+        assert!(
+            matches!((i, m), (Some(i), Some(m)) if i + 1 == m),
+            "{layer}: {seen:?}"
+        );
+    }
+    // The job really holds its resources.
+    assert_eq!(w.gis().len(), 1);
+    assert!(w.cgroup(0, job).is_dir());
+    assert!(w.scratch_dir(0, job).is_dir());
+    assert!(w.journal_path(job).exists());
+    seen
+}
+
+fn crash_at(w: &World, job: u64, n: usize, want: &str) {
+    let out = w.run(
+        &["prolog", "--crash-at", &n.to_string()],
+        &w.job_env(job, 0, Some("1g.18gb")),
+    );
+    assert_eq!(out.status.signal(), Some(9), "not killed: {}", text(&out));
+    let last = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(last, format!("boundary {n} {want}"));
+    // Every boundary comes after the first journal write: the epilog has something to undo.
+    assert!(
+        w.journal_path(job).exists(),
+        "crash at {want}: no journal"
+    );
+    // After "made X", X really exists (so the epilog below really removes something).
+    match want {
+        "made mig" => assert_eq!(w.gis().len(), 1),
+        "made devices" | "made network" => assert!(w.cgroup(0, job).is_dir()),
+        "made scratch" | "all-made" => assert!(w.scratch_dir(0, job).is_dir()),
+        _ => {}
+    }
+}
+
+#[test]
+fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return;
+    }
+    let Some(w) = World::new(2, None) else { return };
+    let seen = boundaries(&w, 100);
+    let out = w.run(&["epilog"], &w.job_env(100, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    w.assert_nothing_left("after a normal job");
+
+    for (i, want) in seen.iter().enumerate() {
+        let n = i + 1;
+        // Crash, then the epilog Slurm runs after a failed prolog.
+        let job = 200 + n as u64;
+        crash_at(&w, job, n, want);
+        let out = w.run(&["epilog"], &w.job_env(job, 0, Some("1g.18gb")));
+        assert!(out.status.success(), "epilog after crash at {want}: {}", text(&out));
+        w.assert_nothing_left(&format!("epilog after a crash at {want}"));
+
+        // Crash, then the job is requeued on the same node: the new prolog removes the dead
+        // attempt's resources before it builds, and the epilog leaves nothing.
+        let job = 300 + n as u64;
+        crash_at(&w, job, n, want);
+        let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
+        assert!(out.status.success(), "requeue after crash at {want}: {}", text(&out));
+        assert_eq!(w.gis().len(), 1, "requeue after crash at {want}: one slice");
+        let out = w.run(&["epilog"], &w.job_env(job, 0, Some("1g.18gb")));
+        assert!(out.status.success(), "{}", text(&out));
+        w.assert_nothing_left(&format!("requeue after a crash at {want}"));
+    }
+
+    // The audit log tells each story: a crashed prolog wrote nothing, the epilog's job_end
+    // names what it removed; a requeued job starts once and ends once.
+    let recs = w.records();
+    for (i, want) in seen.iter().enumerate() {
+        let n = (i + 1) as u64;
+        let of = |job: u64| -> Vec<&tenancy_audit::Record> {
+            recs.iter().filter(|r| r.job_id == Some(job)).collect()
+        };
+        let crashed = of(200 + n);
+        assert_eq!(crashed.len(), 1, "crash at {want}: {crashed:?}");
+        assert_eq!(crashed[0].event, Event::JobEnd, "crash at {want}");
+        assert!(
+            !crashed[0].resources.is_empty(),
+            "crash at {want}: job_end names nothing removed"
+        );
+        assert_eq!(crashed[0].origin, "tenancy-epilog");
+        let requeued: Vec<Event> = of(300 + n).iter().map(|r| r.event.clone()).collect();
+        assert_eq!(requeued, [Event::JobStart, Event::JobEnd], "crash at {want}");
+    }
+    assert!(w.chain_is_valid(), "audit chain broken");
+    eprintln!(
+        "crash test: {} boundaries x 2 (epilog, requeue) = {} killed prologs",
+        seen.len(),
+        2 * seen.len()
+    );
+}

@@ -1,0 +1,633 @@
+//! The whole product on a real local Slurm cluster (plugin, tenancy-prolog/-epilog, NVML
+//! stand-in): what jobs get, what a job of another tenant cannot do to them while both run,
+//! what is left after they end, and a prolog failure. Needs root; skips loudly otherwise.
+//!
+//! Attacks whose layer this build does not configure (device allowlist, firewall) print
+//! `SKIP (layer not configured)` and are checked as soon as the layer is in the job's journal.
+
+use serde_json::Value;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tenancy_e2e::stack::{Stack, Tenants};
+use tenancy_e2e::{probe_kv, require_root, submitted_id, TestUser, Users};
+
+/// Users are created by name: scenarios of this binary run one after the other.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A running stack with its tenants and a temp root, torn down in the right order.
+struct Env {
+    stack: Stack,
+    t: Tenants,
+    _users: Users,
+    _root: tempfile::TempDir,
+}
+
+fn env() -> Env {
+    let mut users = Users::new();
+    let t = Tenants::create(&mut users).expect("users");
+    let root = tempfile::Builder::new()
+        .prefix("tenancy-e2e-stack-")
+        .tempdir()
+        .unwrap();
+    let stack = Stack::start(root.path(), &t).expect("stack");
+    Env {
+        stack,
+        t,
+        _users: users,
+        _root: root,
+    }
+}
+
+impl Env {
+    fn probe(&self) -> String {
+        self.stack.bin("tenancy-e2e-probe").display().to_string()
+    }
+
+    /// The job folder of `user` with a job script; returns (script, output file).
+    fn script(&self, user: &TestUser, name: &str, body: &str) -> (PathBuf, PathBuf) {
+        let dir = self.stack.cluster.user_dir(user);
+        let script = dir.join(format!("{name}.sh"));
+        fs::write(&script, format!("#!/bin/sh\n{body}")).unwrap();
+        (script, dir.join(format!("{name}.out")))
+    }
+
+    fn sbatch(&self, user: &TestUser, args: &[&str], script: &Path, out: &Path) -> (u64, f64) {
+        let mut c = self.stack.cluster.cmd_as(user, "sbatch");
+        c.args(args).arg("-o").arg(out).arg(script);
+        let t = now();
+        let o = self.stack.cluster.run(c).unwrap();
+        assert!(
+            o.status.success(),
+            "sbatch {args:?} as {}: {}",
+            user.name,
+            text(&o.stderr)
+        );
+        (submitted_id(&o).unwrap(), t)
+    }
+
+    /// `srun --jobid=JOB --overlap PROBE ARGS` as `user`: a new step inside a running job.
+    fn step(&self, user: &TestUser, job: u64, args: &[&str]) -> Output {
+        let mut c = self.stack.cluster.cmd_as(user, "srun");
+        c.arg(format!("--jobid={job}"))
+            .args(["--overlap", "-n1", "-N1"])
+            .arg(self.probe())
+            .args(args);
+        self.stack.cluster.run(c).unwrap()
+    }
+
+    /// Runs the probe in a new step of `job` and returns the value it printed for `key`.
+    fn step_says(&self, user: &TestUser, job: u64, args: &[&str], key: &str) -> String {
+        let o = self.step(user, job, args);
+        let kv = probe_kv(&text(&o.stdout));
+        kv.get(key).cloned().unwrap_or_else(|| {
+            panic!(
+                "step of job {job} as {} ({args:?}) printed no {key}: stdout {:?} stderr {:?}",
+                user.name,
+                text(&o.stdout),
+                text(&o.stderr)
+            )
+        })
+    }
+
+    fn ctl(&self, args: &[&str]) -> Output {
+        let mut c = self.stack.tenancyctl();
+        c.args(args);
+        self.stack.cluster.run(c).unwrap()
+    }
+}
+
+/// Waits until `path` holds a line starting with `prefix`; returns the whole file.
+fn wait_output(path: &Path, prefix: &str, timeout: Duration) -> String {
+    let t = Instant::now();
+    loop {
+        let s = fs::read_to_string(path).unwrap_or_default();
+        if s.lines().any(|l| l.starts_with(prefix)) {
+            return s;
+        }
+        assert!(
+            t.elapsed() < timeout,
+            "no {prefix:?} in {} after {timeout:?}: {s:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every cgroup a layer asked the task to join shows up in the task's /proc/self/cgroup
+/// (joined before exec, and not moved out again by Slurm's own plugins).
+fn assert_joined(stack: &Stack, job: u64, probe_out: &str) {
+    let journal = stack.journal(job).unwrap().expect("journal while running");
+    let lines: Vec<&str> = probe_out
+        .lines()
+        .filter_map(|l| l.strip_prefix("cgroup="))
+        .collect();
+    for step in journal["steps"].as_array().unwrap() {
+        let Some(paths) = step["made"].get("join_cgroups").and_then(Value::as_array) else {
+            continue;
+        };
+        for p in paths.iter().filter_map(Value::as_str) {
+            let rel = p
+                .strip_prefix("/sys/fs/cgroup/")
+                .unwrap_or_else(|| panic!("join_cgroups path {p} is not under /sys/fs/cgroup"));
+            let (ctrl, path) = rel.split_once('/').unwrap_or((rel, ""));
+            let want = format!("/{path}");
+            let ok = lines.iter().any(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, ctrls, cg) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+                let ctrl_ok = if ctrl == "unified" {
+                    ctrls.is_empty()
+                } else {
+                    ctrls.split(',').any(|c| c == ctrl)
+                };
+                ctrl_ok && (cg == want || cg.starts_with(&format!("{want}/")))
+            });
+            assert!(
+                ok,
+                "job {job}: layer {} asked tasks to join {p}, but the task is in {lines:?}",
+                step["layer"]
+            );
+        }
+    }
+}
+
+/// The MIG slice `uuid` as the stand-in lists it: (gpu index, cap minors).
+fn slice_row(stack: &Stack, uuid: &str) -> Option<(u32, Vec<u32>)> {
+    stack.shim_instances().unwrap().iter().find_map(|r| {
+        (r["mig_uuid"].as_str() == Some(uuid)).then(|| {
+            let gpu = r["gpu"].as_str().unwrap().parse().unwrap();
+            let minors = r["cap_minors"]
+                .as_str()
+                .unwrap()
+                .split(',')
+                .map(|m| m.parse().unwrap())
+                .collect();
+            (gpu, minors)
+        })
+    })
+}
+
+fn skip(what: &str, layer: &str) {
+    eprintln!("SKIP (layer not configured: {layer} not in the job's journal): {what}");
+}
+
+#[test]
+fn two_tenants_side_by_side_isolated_and_cleaned_up() {
+    if !require_root("two_tenants_side_by_side_isolated_and_cleaned_up") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let s = &e.stack;
+    let probe = e.probe();
+    let release = s.cluster.path("jobs/release-side-by-side");
+    let port = std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+
+    // acme's job: reports what it got, leaves a secret in its scratch, listens on a port.
+    let (a_script, a_out) = e.script(
+        &e.t.acme1,
+        "a",
+        &format!(
+            "{probe} env\n{probe} write \"$TMPDIR/secret\" acme-secret\n{probe} serve {port} {}\n",
+            release.display()
+        ),
+    );
+    let (g_script, g_out) = e.script(
+        &e.t.globex1,
+        "g",
+        &format!("{probe} envwait {}\n", release.display()),
+    );
+    let (a, a_sub) = e.sbatch(
+        &e.t.acme1,
+        &["--tenant=acme", "--mig=1g.18gb"],
+        &a_script,
+        &a_out,
+    );
+    let (g, g_sub) = e.sbatch(
+        &e.t.globex1,
+        &["--tenant=globex", "--mig=3g.71gb"],
+        &g_script,
+        &g_out,
+    );
+    let a_text = wait_output(&a_out, "listening=", Duration::from_secs(60));
+    let g_text = wait_output(&g_out, "uid=", Duration::from_secs(60));
+    let (ak, gk) = (probe_kv(&a_text), probe_kv(&g_text));
+    for (id, k, sub) in [(a, &ak, a_sub), (g, &gk, g_sub)] {
+        let started: f64 = k["started_at"].parse().unwrap();
+        eprintln!(
+            "job {id}: submit to user code {:.0} ms",
+            (started - sub) * 1000.0
+        );
+    }
+
+    // What each job got: its tenant, a MIG slice the stand-in really holds, its scratch.
+    for (id, k, user, tenant) in [
+        (a, &ak, &e.t.acme1, "acme"),
+        (g, &gk, &e.t.globex1, "globex"),
+    ] {
+        assert_eq!(k["TENANCY_TENANT"], tenant, "job {id}: {k:?}");
+        let uuid = &k["CUDA_VISIBLE_DEVICES"];
+        assert!(uuid.starts_with("MIG-"), "job {id}: {k:?}");
+        assert_eq!(&k["NVIDIA_VISIBLE_DEVICES"], uuid);
+        assert!(
+            slice_row(s, uuid).is_some(),
+            "job {id}: {uuid} not in the stand-in's state: {:?}",
+            s.shim_instances().unwrap()
+        );
+        let tmp = &k["TMPDIR"];
+        assert_eq!(
+            Path::new(tmp),
+            s.paths.scratch_root.join(tenant).join(format!("job_{id}")),
+            "job {id}"
+        );
+        assert_eq!(k["TENANCY_SCRATCH"], *tmp);
+        assert_eq!(k["uid"], user.uid.to_string());
+        assert_eq!(
+            k["tmpdir_owner"],
+            user.uid.to_string(),
+            "job {id}: TMPDIR owner"
+        );
+        assert_eq!(k["tmpdir_writable"], "yes", "job {id}");
+        assert!(s.journal(id).unwrap().is_some(), "job {id}: no journal");
+    }
+    assert_ne!(ak["CUDA_VISIBLE_DEVICES"], gk["CUDA_VISIBLE_DEVICES"]);
+    assert_joined(s, a, &a_text);
+    assert_joined(s, g, &g_text);
+
+    // srun steps inside the jobs go through the same task entry.
+    let step_tenant = e.step_says(&e.t.globex1, g, &["env"], "TENANCY_TENANT");
+    assert_eq!(step_tenant, "globex");
+    let o = e.step(&e.t.globex1, g, &["env"]);
+    let sk = probe_kv(&text(&o.stdout));
+    assert_eq!(sk["CUDA_VISIBLE_DEVICES"], gk["CUDA_VISIBLE_DEVICES"]);
+    assert_joined(s, g, &text(&o.stdout));
+
+    // Scratch: acme's own step reads its secret (control); globex's job cannot.
+    let secret = format!("{}/secret", ak["TMPDIR"]);
+    assert_eq!(
+        e.step_says(&e.t.acme1, a, &["read", &secret], "read"),
+        "ok acme-secret"
+    );
+    let attack = e.step_says(&e.t.globex1, g, &["read", &secret], "read");
+    assert_eq!(attack, "EACCES", "globex read acme's scratch: {attack}");
+    let listing = e.step_says(
+        &e.t.globex1,
+        g,
+        &["write", &format!("{}/planted", ak["TMPDIR"]), "x"],
+        "write",
+    );
+    assert_eq!(listing, "EACCES", "globex wrote into acme's scratch");
+
+    // Devices: globex's job cannot open acme's MIG device nodes (EPERM from the device
+    // allowlist, not from file modes: the same node opened outside any job gives ENXIO, as a
+    // node without a driver does).
+    if s.made(g, "devices").unwrap().is_some() {
+        let (a_gpu, a_minors) = slice_row(s, &ak["CUDA_VISIBLE_DEVICES"]).unwrap();
+        let (g_gpu, g_minors) = slice_row(s, &gk["CUDA_VISIBLE_DEVICES"]).unwrap();
+        let caps = s.paths.dev_dir.join("nvidia-caps");
+        let mut targets: Vec<PathBuf> = a_minors
+            .iter()
+            .map(|m| caps.join(format!("nvidia-cap{m}")))
+            .collect();
+        if a_gpu != g_gpu {
+            targets.push(s.paths.dev_dir.join(format!("nvidia{a_gpu}")));
+        }
+        for t in &targets {
+            let t = t.display().to_string();
+            let outside = Command::new(&probe).args(["open", &t]).output().unwrap();
+            let outside = probe_kv(&text(&outside.stdout));
+            assert_ne!(outside["open"], "EPERM", "control: {t}");
+            assert_ne!(outside["open"], "ENOENT", "control: {t}");
+            let r = e.step_says(&e.t.globex1, g, &["open", &t], "open");
+            assert_eq!(r, "EPERM", "globex opened acme's device {t}: {r}");
+        }
+        // Its own slice's nodes pass the allowlist (ENXIO: no driver behind them).
+        for m in g_minors {
+            let t = caps.join(format!("nvidia-cap{m}")).display().to_string();
+            let r = e.step_says(&e.t.globex1, g, &["open", &t], "open");
+            assert_ne!(r, "EPERM", "globex denied its own device {t}");
+        }
+    } else {
+        skip("globex cannot open acme's device nodes", "devices");
+    }
+
+    // Network: acme's listener answers a process outside any job (control) and acme's own
+    // job, but not globex's job.
+    let target = format!("127.0.0.1:{port}");
+    let ctl = Command::new(&probe)
+        .args(["connect", &target, "2000"])
+        .output()
+        .unwrap();
+    assert!(
+        probe_kv(&text(&ctl.stdout))["connect"].starts_with("ok"),
+        "control connect: {}",
+        text(&ctl.stdout)
+    );
+    if s.made(g, "network").unwrap().is_some() {
+        assert!(
+            s.firewall,
+            "network layer in the journal but no firewall loaded"
+        );
+        let own = e.step_says(&e.t.acme1, a, &["connect", &target, "2000"], "connect");
+        assert!(own.starts_with("ok"), "acme's own job: {own}");
+        let r = e.step_says(&e.t.globex1, g, &["connect", &target, "2000"], "connect");
+        assert!(
+            !r.starts_with("ok"),
+            "globex's job reached acme's port {port}: {r}"
+        );
+        eprintln!("globex -> acme:{port}: {r}");
+    } else {
+        skip("globex cannot reach acme's listening port", "network");
+    }
+
+    // End both jobs; everything they had is gone (globex's tier keeps its scratch aside).
+    fs::write(&release, "").unwrap();
+    for id in [a, g] {
+        let info = s
+            .cluster
+            .wait_job_done(id, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
+    }
+    wait_for(Duration::from_secs(30), "epilogs finish", || {
+        s.journal(a).unwrap().is_none() && s.journal(g).unwrap().is_none()
+    });
+    assert_eq!(
+        s.shim_instances().unwrap(),
+        Vec::<Value>::new(),
+        "MIG instances left"
+    );
+    assert!(!Path::new(&ak["TMPDIR"]).exists(), "acme scratch not wiped");
+    assert!(
+        !Path::new(&gk["TMPDIR"]).exists(),
+        "globex scratch not moved"
+    );
+    let retained = s.paths.scratch_root.join("globex/.retained");
+    let kept: Vec<String> = fs::read_dir(&retained)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        kept.iter().any(|n| n.starts_with(&format!("job_{g}."))),
+        "no job_{g}.* in {}: {kept:?}",
+        retained.display()
+    );
+    assert!(
+        !s.paths.scratch_root.join("acme/.retained").exists()
+            || fs::read_dir(s.paths.scratch_root.join("acme/.retained"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "acme's tier wipes, yet something was retained"
+    );
+    for id in [a, g] {
+        let ev = s.audit_events(id).unwrap();
+        assert!(
+            ev.contains(&"job_start".to_string()) && ev.contains(&"job_end".to_string()),
+            "job {id}: audit events {ev:?}"
+        );
+    }
+    let v = e.ctl(&["audit", "verify", s.paths.audit_log.to_str().unwrap()]);
+    assert!(
+        v.status.success(),
+        "audit verify: {}{}",
+        text(&v.stdout),
+        text(&v.stderr)
+    );
+}
+
+fn wait_for(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Spawns an interactive client (srun/salloc) whose task holds until `release` exists.
+fn spawn_held(e: &Env, user: &TestUser, client: &str, args: &[&str]) -> Child {
+    let mut c = e.stack.cluster.cmd_as(user, client);
+    c.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// While the job of an interactive client runs: its slice is in the stand-in and its journal
+/// on disk; after release: both gone. Returns the task's report.
+fn held_job_checks(e: &Env, child: Child, release: &Path, tenant: &str) {
+    let s = &e.stack;
+    let t = Instant::now();
+    let job = loop {
+        let mut q = s.cluster.cmd("squeue");
+        q.args(["-h", "-t", "R", "-o", "%i"]);
+        let out = text(&s.cluster.run(q).unwrap().stdout);
+        if let Some(id) = out
+            .split_whitespace()
+            .next()
+            .and_then(|w| w.parse::<u64>().ok())
+        {
+            if s.made(id, "scratch").unwrap().is_some() {
+                break id;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no running job");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    wait_for(Duration::from_secs(30), "the slice appears", || {
+        !s.shim_instances().unwrap().is_empty()
+    });
+    let uuid = s.made(job, "mig").unwrap().expect("mig made")["mig_uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(slice_row(s, &uuid).is_some());
+    fs::write(release, "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}: {}", tenant, text(&out.stderr));
+    let k = probe_kv(&text(&out.stdout));
+    assert_eq!(k["TENANCY_TENANT"], tenant, "{k:?}");
+    assert_eq!(k["CUDA_VISIBLE_DEVICES"], uuid);
+    assert_eq!(
+        Path::new(&k["TMPDIR"]),
+        s.paths.scratch_root.join(tenant).join(format!("job_{job}"))
+    );
+    assert_eq!(k["tmpdir_writable"], "yes");
+    assert_eq!(k["tmpdir_owner"], k["uid"]);
+    s.cluster
+        .wait_job_done(job, Duration::from_secs(30))
+        .unwrap();
+    wait_for(Duration::from_secs(30), "epilog cleans up", || {
+        s.journal(job).unwrap().is_none() && s.shim_instances().unwrap().is_empty()
+    });
+    let ev = s.audit_events(job).unwrap();
+    assert!(ev.contains(&"job_start".to_string()) && ev.contains(&"job_end".to_string()));
+}
+
+#[test]
+fn srun_and_salloc_jobs_get_their_slice_and_scratch() {
+    if !require_root("srun_and_salloc_jobs_get_their_slice_and_scratch") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let probe = e.probe();
+
+    let release = e.stack.cluster.path("jobs/release-srun");
+    let child = spawn_held(
+        &e,
+        &e.t.acme1,
+        "srun",
+        &[
+            "--tenant=acme",
+            "--mig=2g.35gb",
+            "-n1",
+            &probe,
+            "envwait",
+            release.to_str().unwrap(),
+        ],
+    );
+    held_job_checks(&e, child, &release, "acme");
+
+    // salloc runs its command on the submit host; the srun inside is a step of the
+    // allocation and gets the allocation's isolation.
+    let release = e.stack.cluster.path("jobs/release-salloc");
+    let child = spawn_held(
+        &e,
+        &e.t.globex1,
+        "salloc",
+        &[
+            "--tenant=globex",
+            "--mig=3g.71gb",
+            "srun",
+            "-n1",
+            &probe,
+            "envwait",
+            release.to_str().unwrap(),
+        ],
+    );
+    held_job_checks(&e, child, &release, "globex");
+}
+
+#[test]
+fn prolog_failure_rolls_back_requeues_holds_and_drains() {
+    if !require_root("prolog_failure_rolls_back_requeues_holds_and_drains") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let s = &e.stack;
+    let probe = e.probe();
+    let o = s.shim_ctl(&["arm", "ci-create", "UNKNOWN"]).unwrap();
+    assert!(o.status.success(), "arm: {}", text(&o.stderr));
+
+    let (script, out) = e.script(&e.t.acme1, "fail", &format!("{probe} env\n"));
+    let (id, _) = e.sbatch(
+        &e.t.acme1,
+        &["--tenant=acme", "--mig=1g.18gb"],
+        &script,
+        &out,
+    );
+    let info = s
+        .cluster
+        .wait_job(id, &["PENDING"], Duration::from_secs(60))
+        .and_then(|_| {
+            let t = Instant::now();
+            loop {
+                let i = s.cluster.job_info(id)?;
+                if i["Reason"].contains("held") || t.elapsed() > Duration::from_secs(60) {
+                    return Ok(i);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+        .unwrap();
+    assert_eq!(info["JobState"], "PENDING", "{info:?}");
+    assert_eq!(info["Reason"], "launch_failed_requeued_held", "{info:?}");
+    assert!(!out.exists() || !fs::read_to_string(&out).unwrap().contains("uid="));
+
+    // The node is drained, and says by whom and why.
+    let state = s
+        .cluster
+        .wait_node_state(&["drain"], Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(state, "drain");
+    let reason = s.cluster.node_reason().unwrap();
+    eprintln!("drain reason: {reason}");
+    assert!(
+        reason.starts_with("tenancy:") && reason.contains(&format!("job {id}")),
+        "the drain reason should name the product and the job, got {reason:?}"
+    );
+
+    // Nothing left behind: no instance (the GI made before the CI failed is gone too), no
+    // journal, no scratch; the rollback is audited and the chain verifies.
+    assert_eq!(s.shim_instances().unwrap(), Vec::<Value>::new());
+    assert!(s.journal(id).unwrap().is_none(), "journal left");
+    assert!(
+        !s.paths
+            .scratch_root
+            .join("acme")
+            .join(format!("job_{id}"))
+            .exists(),
+        "scratch left"
+    );
+    let ev = s.audit_events(id).unwrap();
+    assert!(ev.contains(&"rollback".to_string()), "audit events {ev:?}");
+    assert!(
+        !ev.contains(&"job_start".to_string()),
+        "audit events {ev:?}"
+    );
+    let v = e.ctl(&["audit", "verify", s.paths.audit_log.to_str().unwrap()]);
+    assert!(v.status.success(), "{}{}", text(&v.stdout), text(&v.stderr));
+
+    // The admin resumes the node and releases the job: it now runs with its slice.
+    let o = s.shim_ctl(&["disarm"]).unwrap();
+    assert!(o.status.success());
+    let mut c = s.cluster.cmd("scontrol");
+    c.args([
+        "update",
+        &format!("nodename={}", s.cluster.node),
+        "state=resume",
+    ]);
+    assert!(s.cluster.run(c).unwrap().status.success());
+    let mut c = s.cluster.cmd("scontrol");
+    c.args(["release", &id.to_string()]);
+    assert!(s.cluster.run(c).unwrap().status.success());
+    // Slurm delays a requeued job's eligibility (about 2 min); the admin can start it now.
+    let mut c = s.cluster.cmd("scontrol");
+    c.args(["update", &format!("jobid={id}"), "starttime=now"]);
+    assert!(s.cluster.run(c).unwrap().status.success());
+    let info = s
+        .cluster
+        .wait_job_done(id, Duration::from_secs(120))
+        .unwrap();
+    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+    let k = probe_kv(&fs::read_to_string(&out).unwrap());
+    assert!(k["CUDA_VISIBLE_DEVICES"].starts_with("MIG-"), "{k:?}");
+    assert_eq!(s.cluster.node_state().unwrap(), "idle");
+    let md = fs::metadata(s.paths.scratch_root.join("acme")).unwrap();
+    assert_eq!(md.uid(), 0);
+}
