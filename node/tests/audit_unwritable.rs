@@ -85,7 +85,10 @@ fn fails_closed(w: &World, job: u64, why: &str) {
     let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
     assert_eq!(out.status.code(), Some(1), "{why}: {}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("audit"), "{why}: the message must name the audit log: {err}");
+    assert!(
+        err.contains("audit"),
+        "{why}: the message must name the audit log: {err}"
+    );
     assert!(err.contains("rolled back"), "{why}: {err}");
     w.assert_nothing_left(why);
 }

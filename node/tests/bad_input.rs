@@ -273,9 +273,14 @@ fn hostile_env() -> impl Strategy<Value = Vec<(OsString, OsString)>> {
     hostile_env_of(VARS)
 }
 
-fn hostile_env_of(vars: &'static [&'static str]) -> impl Strategy<Value = Vec<(OsString, OsString)>> {
+fn hostile_env_of(
+    vars: &'static [&'static str],
+) -> impl Strategy<Value = Vec<(OsString, OsString)>> {
     proptest::collection::vec(
-        (0..vars.len(), proptest::option::weighted(0.9, hostile_value())),
+        (
+            0..vars.len(),
+            proptest::option::weighted(0.9, hostile_value()),
+        ),
         1..5,
     )
     .prop_map(move |changes| {
@@ -314,7 +319,10 @@ fn job_environment_parser_survives_garbage_and_names_the_variable() {
             Ok(c) => {
                 assert!(c.job_id > 0);
                 assert!(c.user.len() <= 128 && !c.user.contains('/'));
-                for v in [&c.requested_tenant, &c.requested_profile].into_iter().flatten() {
+                for v in [&c.requested_tenant, &c.requested_profile]
+                    .into_iter()
+                    .flatten()
+                {
                     assert!(v.len() <= 4096 && !v.chars().any(char::is_control));
                 }
             }
@@ -423,7 +431,11 @@ fn hostile_prologs(
                 assert_eq!(last.outcome, Outcome::Denied);
                 assert!(end.message.len() < 10_000);
                 if !parsed_ok {
-                    assert!(last.reason.as_deref().unwrap().contains("bad job environment"));
+                    assert!(last
+                        .reason
+                        .as_deref()
+                        .unwrap()
+                        .contains("bad job environment"));
                 }
                 let state = config.cluster.state_dir.read_dir().unwrap();
                 let journals = state
@@ -446,8 +458,12 @@ fn a_prolog_with_a_hostile_environment_makes_nothing_and_records_a_denial() {
 #[test]
 fn denials_of_hostile_environments_keep_the_audit_chain_valid() {
     let (_tmp, config) = hostile_prologs("prolog/hostile-env-chain", cases(150), VARS_BUT_NODE);
-    let report = verify_paths(&[config.cluster.audit_log.clone()], &AnchorSet::default(), 5)
-        .unwrap();
+    let report = verify_paths(
+        std::slice::from_ref(&config.cluster.audit_log),
+        &AnchorSet::default(),
+        5,
+    )
+    .unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
 
@@ -471,8 +487,12 @@ fn a_denial_without_a_node_name_keeps_the_audit_chain_valid() {
     let mut env = good_env(6);
     env.retain(|(k, _)| k != "SLURMD_NODENAME");
     prolog(env);
-    let report = verify_paths(&[config.cluster.audit_log.clone()], &AnchorSet::default(), 5)
-        .unwrap();
+    let report = verify_paths(
+        std::slice::from_ref(&config.cluster.audit_log),
+        &AnchorSet::default(),
+        5,
+    )
+    .unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
 
@@ -540,9 +560,14 @@ fn spank_option_values_never_resolve_to_anything_but_a_configured_tenant_and_pro
 fn sample_log(dir: &Path) -> Vec<u8> {
     let path = dir.join("seed.jsonl");
     let mut log = AuditLog::open(&path).unwrap().with_fsync(false);
-    for (i, ev) in [Event::JobStart, Event::JobEnd, Event::JobDenied, Event::JobStart]
-        .into_iter()
-        .enumerate()
+    for (i, ev) in [
+        Event::JobStart,
+        Event::JobEnd,
+        Event::JobDenied,
+        Event::JobStart,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let mut r = Record::new("c", "node1", "alice", 1001, ev, Outcome::Success, "test")
             .job_id(10 + i as u64)
@@ -588,7 +613,9 @@ fn log_edit() -> impl Strategy<Value = LogEdit> {
 
 fn apply_log_edit(bytes: &mut Vec<u8>, e: &LogEdit) {
     let split = |b: &Vec<u8>| -> Vec<Vec<u8>> {
-        b.split_inclusive(|&c| c == b'\n').map(<[u8]>::to_vec).collect()
+        b.split_inclusive(|&c| c == b'\n')
+            .map(<[u8]>::to_vec)
+            .collect()
     };
     match e {
         LogEdit::Flip(a, x) => {
@@ -636,9 +663,11 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
     let seed = sample_log(tmp.path());
     let path: PathBuf = tmp.path().join("node1.jsonl");
     std::fs::write(&path, &seed).unwrap();
-    assert!(verify_paths(&[path.clone()], &AnchorSet::default(), 5)
-        .unwrap()
-        .is_clean());
+    assert!(
+        verify_paths(std::slice::from_ref(&path), &AnchorSet::default(), 5)
+            .unwrap()
+            .is_clean()
+    );
     let undetected = RefCell::new(Vec::<String>::new());
     let feed_report = |bytes: &[u8]| {
         let mut agg = tenancy_audit::report::Aggregator::new(Default::default());
@@ -657,18 +686,17 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
                 apply_log_edit(&mut bytes, e);
             }
             std::fs::write(&path, &bytes).unwrap();
-            let r = verify_paths(&[path.clone()], &AnchorSet::default(), 5);
+            let r = verify_paths(std::slice::from_ref(&path), &AnchorSet::default(), 5);
             feed_report(&bytes);
             // Anything but the original bytes, or a clean cut at a line end (which only an
             // anchor can reveal), must be reported.
-            let clean_cut = seed.starts_with(&bytes)
-                && (bytes.is_empty() || bytes.ends_with(b"\n"));
+            let clean_cut =
+                seed.starts_with(&bytes) && (bytes.is_empty() || bytes.ends_with(b"\n"));
             if bytes != seed && !clean_cut {
                 match r {
-                    Ok(rep) if rep.is_clean() => undetected.borrow_mut().push(format!(
-                        "{edits:?}: {}",
-                        String::from_utf8_lossy(&bytes)
-                    )),
+                    Ok(rep) if rep.is_clean() => undetected
+                        .borrow_mut()
+                        .push(format!("{edits:?}: {}", String::from_utf8_lossy(&bytes))),
                     _ => {}
                 }
             }
@@ -691,7 +719,7 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
         |lines: Vec<Vec<u8>>| {
             let bytes = lines.join(&b'\n');
             std::fs::write(&path, &bytes).unwrap();
-            let _ = verify_paths(&[path.clone()], &AnchorSet::default(), 5);
+            let _ = verify_paths(std::slice::from_ref(&path), &AnchorSet::default(), 5);
             feed_report(&bytes);
         },
     );

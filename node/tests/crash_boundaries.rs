@@ -21,7 +21,11 @@ fn boundaries(w: &World, job: u64) -> Vec<String> {
         .map(|l| l.split_once(' ').unwrap().1.to_string())
         .collect();
     // Every layer is intended (journaled) before it is made; the last boundary is all-made.
-    assert_eq!(seen.last().map(String::as_str), Some("all-made"), "{seen:?}");
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("all-made"),
+        "{seen:?}"
+    );
     for layer in ["mig", "devices", "network", "scratch"] {
         let i = seen.iter().position(|s| *s == format!("intended {layer}"));
         let m = seen.iter().position(|s| *s == format!("made {layer}"));
@@ -51,10 +55,7 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
         .to_string();
     assert_eq!(last, format!("boundary {n} {want}"));
     // Every boundary comes after the first journal write: the epilog has something to undo.
-    assert!(
-        w.journal_path(job).exists(),
-        "crash at {want}: no journal"
-    );
+    assert!(w.journal_path(job).exists(), "crash at {want}: no journal");
     // After "made X", X really exists (so the epilog below really removes something).
     match want {
         "made mig" => assert_eq!(w.gis().len(), 1),
@@ -81,7 +82,11 @@ fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
         let job = 200 + n as u64;
         crash_at(&w, job, n, want);
         let out = w.run(&["epilog"], &w.job_env(job, 0, Some("1g.18gb")));
-        assert!(out.status.success(), "epilog after crash at {want}: {}", text(&out));
+        assert!(
+            out.status.success(),
+            "epilog after crash at {want}: {}",
+            text(&out)
+        );
         w.assert_nothing_left(&format!("epilog after a crash at {want}"));
 
         // Crash, then the job is requeued on the same node: the new prolog removes the dead
@@ -89,7 +94,11 @@ fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
         let job = 300 + n as u64;
         crash_at(&w, job, n, want);
         let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
-        assert!(out.status.success(), "requeue after crash at {want}: {}", text(&out));
+        assert!(
+            out.status.success(),
+            "requeue after crash at {want}: {}",
+            text(&out)
+        );
         assert_eq!(w.gis().len(), 1, "requeue after crash at {want}: one slice");
         let out = w.run(&["epilog"], &w.job_env(job, 0, Some("1g.18gb")));
         assert!(out.status.success(), "{}", text(&out));
@@ -113,7 +122,11 @@ fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
         );
         assert_eq!(crashed[0].origin, "tenancy-epilog");
         let requeued: Vec<Event> = of(300 + n).iter().map(|r| r.event.clone()).collect();
-        assert_eq!(requeued, [Event::JobStart, Event::JobEnd], "crash at {want}");
+        assert_eq!(
+            requeued,
+            [Event::JobStart, Event::JobEnd],
+            "crash at {want}"
+        );
     }
     assert!(w.chain_is_valid(), "audit chain broken");
     eprintln!(

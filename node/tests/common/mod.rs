@@ -184,7 +184,10 @@ groups = ["{b}"]
         std::fs::write(&config_path, &toml).unwrap();
         let config = tenancy_config::Config::parse(&toml, &config_path).unwrap();
         let netns = tag.clone();
-        assert!(run_quiet("ip", &["netns", "add", &netns]), "ip netns add {netns}");
+        assert!(
+            run_quiet("ip", &["netns", "add", &netns]),
+            "ip netns add {netns}"
+        );
         let w = World {
             tmp,
             root,
@@ -226,7 +229,10 @@ groups = ["{b}"]
             ("SLURM_JOB_USER".into(), u.name.clone().into()),
             ("SLURMD_NODENAME".into(), self.node.clone().into()),
             ("SLURM_CLUSTER_NAME".into(), "rel".into()),
-            ("SPANK_TENANCY_TENANT".into(), self.tenants[t].clone().into()),
+            (
+                "SPANK_TENANCY_TENANT".into(),
+                self.tenants[t].clone().into(),
+            ),
         ];
         if let Some(p) = profile {
             v.push(("SPANK_TENANCY_MIG".into(), p.into()));
@@ -358,16 +364,27 @@ groups = ["{b}"]
     /// Asserts the node holds nothing of any job of this world.
     pub fn assert_nothing_left(&self, when: &str) {
         assert_eq!(self.gis(), vec![], "{when}: MIG instances left in the shim");
-        assert_eq!(self.cgroups(), Vec::<PathBuf>::new(), "{when}: cgroups left");
+        assert_eq!(
+            self.cgroups(),
+            Vec::<PathBuf>::new(),
+            "{when}: cgroups left"
+        );
         assert_eq!(
             self.scratch_jobs(),
             Vec::<PathBuf>::new(),
             "{when}: scratch folders left"
         );
-        assert_eq!(self.journals(), Vec::<String>::new(), "{when}: journals left");
+        assert_eq!(
+            self.journals(),
+            Vec::<String>::new(),
+            "{when}: journals left"
+        );
         // The firewall is static per tenant: nothing of a job may be in it.
         let table = self.nft_table();
-        assert!(!table.contains("job_"), "{when}: a job is in the firewall: {table}");
+        assert!(
+            !table.contains("job_"),
+            "{when}: a job is in the firewall: {table}"
+        );
         for t in &self.tenants {
             assert!(
                 Path::new(CGROUP2).join("tenancy").join(t).is_dir(),
