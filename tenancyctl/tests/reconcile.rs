@@ -432,6 +432,66 @@ groups = ["{b}"]
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to reconcile"));
 
+    // An orphan cgroup that still holds a process: reconcile does not kill what it cannot
+    // attribute; it fails loudly (exit 1), audits the failure, and succeeds once it is empty.
+    let busy = Path::new(CGROUP2)
+        .join("tenancy")
+        .join(&tenants[0])
+        .join("job_78");
+    let rec = tenancy_devices::setup(&tenancy_devices::JobDeviceParams {
+        job_id: 78,
+        ..params.clone()
+    })
+    .unwrap();
+    assert_eq!(rec.cgroup_dir, busy);
+    let mut sleeper = Command::new("/bin/sleep").arg("60").spawn().unwrap();
+    std::fs::write(busy.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    let out = run(&[
+        "--apply",
+        "--format",
+        "json",
+        "--running-jobs-from",
+        running_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let r = rows(&out);
+    assert_eq!(r.len(), 1, "{r:?}");
+    let action = r[0]["action"].as_str().unwrap();
+    assert!(
+        action.starts_with("failed: ") && action.contains("processes are still in the cgroup"),
+        "{action}"
+    );
+    assert!(busy.is_dir());
+    let last: Record = serde_json::from_str(
+        std::fs::read_to_string(&config.cluster.audit_log)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (last.event, last.outcome, last.job_id),
+        (Event::Reconcile, Outcome::Failure, Some(78))
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let out = run(&[
+        "--apply",
+        "--format",
+        "csv",
+        "--running-jobs-from",
+        running_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        csv.starts_with("kind,job,tenant,resource,finding,action\n"),
+        "{csv}"
+    );
+    assert!(csv.contains(",78,") && csv.contains(",removed"), "{csv}");
+    assert!(!busy.exists());
+
     // The live job ends normally.
     let end = Spine::new(&config, layers::for_node(&config), "tenancy-epilog")
         .unwrap()
