@@ -427,8 +427,16 @@ groups = ["{b}"]
     .unwrap()
     .is_clean());
 
-    // A second run finds nothing; table output says so.
-    let out = run(&["--apply", "--running-jobs-from", running_arg]);
+    // A second run finds nothing; table output says so. Slurm is asked through --squeue: a
+    // stand-in that checks its arguments and names job 12.
+    let squeue = root.join("squeue");
+    std::fs::write(
+        &squeue,
+        "#!/bin/sh\n[ \"$*\" = \"-h -o %A -w node1\" ] || { echo \"bad args: $*\" >&2; exit 1; }\necho 12\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&squeue, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = run(&["--apply", "--squeue", squeue.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to reconcile"));
 
