@@ -46,7 +46,8 @@ pub struct ReconcileArgs {
     /// line, instead of asking squeue
     #[arg(long, value_name = "FILE")]
     pub running_jobs_from: Option<PathBuf>,
-    /// Only look at these tenants' cgroups and scratch folders (repeatable; default: all)
+    /// Only look at these tenants' cgroups and scratch job folders (repeatable; default: all).
+    /// Retained folders past retention are purged for every tenant regardless.
     #[arg(long = "tenant", value_name = "NAME")]
     pub tenants: Vec<String>,
 }
@@ -559,9 +560,6 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
                         dry_run,
                         ..
                     } => {
-                        if !cx.wanted(&tenant) {
-                            continue;
-                        }
                         let mut row = Row::new(
                             "retained",
                             path.display().to_string(),
