@@ -43,7 +43,8 @@ fn driver_load() -> ExitCode {
         if let Some(f) = &c.cluster.nvml_shim_fixture {
             std::env::set_var("NVML_SHIM_FIXTURE", f);
         }
-        let mig = tenancy_mig::Mig::open(c.cluster.nvml_library.as_deref()).map_err(|e| e.to_string())?;
+        let mig =
+            tenancy_mig::Mig::open(c.cluster.nvml_library.as_deref()).map_err(|e| e.to_string())?;
         mig.gpus().map(|_| ()).map_err(|e| e.to_string())
     });
     match loaded {

@@ -120,10 +120,13 @@ impl<'c> Spine<'c> {
                     .job_id
                     .map_or("unknown job".to_string(), |j| format!("job {j}"));
                 let reason = format!("{job}: bad job environment: {e}");
+                // The record goes into this node's chain: without SLURMD_NODENAME, name the
+                // node as the kernel does (short host name), so `audit verify` keeps one node.
+                let node = e.node.clone().unwrap_or_else(short_hostname);
                 let mut rec = self.record(
                     e.user.as_deref().unwrap_or("unknown"),
                     e.uid.unwrap_or(u32::MAX),
-                    e.node.as_deref().unwrap_or("unknown"),
+                    &node,
                     Event::JobDenied,
                     Outcome::Denied,
                 );
@@ -579,4 +582,11 @@ impl<'c> Spine<'c> {
             rec.gpu = m.get("gpu_uuid").and_then(Value::as_str).map(String::from);
         }
     }
+}
+
+/// This machine's host name up to the first dot, as Slurm names nodes by default.
+fn short_hostname() -> String {
+    let uname = rustix::system::uname();
+    let name = uname.nodename().to_string_lossy();
+    name.split('.').next().unwrap_or("localhost").to_string()
 }
