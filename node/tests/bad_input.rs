@@ -459,7 +459,7 @@ fn a_prolog_with_a_hostile_environment_makes_nothing_and_records_a_denial() {
 fn denials_of_hostile_environments_keep_the_audit_chain_valid() {
     let (_tmp, config) = hostile_prologs("prolog/hostile-env-chain", cases(150), VARS_BUT_NODE);
     let report = verify_paths(
-        &[config.cluster.audit_log.clone()],
+        std::slice::from_ref(&config.cluster.audit_log),
         &AnchorSet::default(),
         5,
     )
@@ -488,7 +488,7 @@ fn a_denial_without_a_node_name_keeps_the_audit_chain_valid() {
     env.retain(|(k, _)| k != "SLURMD_NODENAME");
     prolog(env);
     let report = verify_paths(
-        &[config.cluster.audit_log.clone()],
+        std::slice::from_ref(&config.cluster.audit_log),
         &AnchorSet::default(),
         5,
     )
@@ -663,9 +663,11 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
     let seed = sample_log(tmp.path());
     let path: PathBuf = tmp.path().join("node1.jsonl");
     std::fs::write(&path, &seed).unwrap();
-    assert!(verify_paths(&[path.clone()], &AnchorSet::default(), 5)
-        .unwrap()
-        .is_clean());
+    assert!(
+        verify_paths(std::slice::from_ref(&path), &AnchorSet::default(), 5)
+            .unwrap()
+            .is_clean()
+    );
     let undetected = RefCell::new(Vec::<String>::new());
     let feed_report = |bytes: &[u8]| {
         let mut agg = tenancy_audit::report::Aggregator::new(Default::default());
@@ -684,7 +686,7 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
                 apply_log_edit(&mut bytes, e);
             }
             std::fs::write(&path, &bytes).unwrap();
-            let r = verify_paths(&[path.clone()], &AnchorSet::default(), 5);
+            let r = verify_paths(std::slice::from_ref(&path), &AnchorSet::default(), 5);
             feed_report(&bytes);
             // Anything but the original bytes, or a clean cut at a line end (which only an
             // anchor can reveal), must be reported.
@@ -717,7 +719,7 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
         |lines: Vec<Vec<u8>>| {
             let bytes = lines.join(&b'\n');
             std::fs::write(&path, &bytes).unwrap();
-            let _ = verify_paths(&[path.clone()], &AnchorSet::default(), 5);
+            let _ = verify_paths(std::slice::from_ref(&path), &AnchorSet::default(), 5);
             feed_report(&bytes);
         },
     );

@@ -3,6 +3,7 @@
 mod check;
 mod doctor;
 mod output;
+mod reconcile;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -35,6 +36,9 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Accounting report over one or many audit logs
     Report(tenancy_audit::ReportArgs),
+    /// Tear down journals of jobs Slurm no longer runs and find product resources no journal
+    /// owns (dry run unless --apply; exit 1 when something is left)
+    Reconcile(reconcile::ReconcileArgs),
     /// Audit log integrity
     Audit {
         #[command(subcommand)]
@@ -92,6 +96,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         },
         Command::Doctor(args) => doctor::run(&load(config)?, &args),
+        Command::Reconcile(args) => reconcile::run(&load(config)?, args),
         Command::Report(args) => tenancy_audit::run_report(args),
         Command::Audit {
             command: AuditCommand::Verify(args),

@@ -273,6 +273,9 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
         assert!(s.journal(id).unwrap().is_some(), "job {id}: no journal");
     }
     assert_ne!(ak["CUDA_VISIBLE_DEVICES"], gk["CUDA_VISIBLE_DEVICES"]);
+    for l in a_text.lines().filter(|l| l.starts_with("cgroup=")) {
+        eprintln!("job {a} batch task: {l}");
+    }
     assert_joined(s, a, &a_text);
     assert_joined(s, g, &g_text);
 

@@ -60,16 +60,24 @@ fn cluster_comes_up_runs_a_job_and_goes_down() {
         "--output",
         out_file.to_str().unwrap(),
         "--wrap",
-        "echo hello-from-slurm",
+        "echo hello-from-slurm; /bin/date +%s.%N",
     ]);
+    let submitted = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     let out = cluster.run(c).unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let id = submitted_id(&out).unwrap();
     let info = cluster.wait_job_done(id, Duration::from_secs(30)).unwrap();
     assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
-    assert_eq!(
-        fs::read_to_string(&out_file).unwrap().trim(),
-        "hello-from-slurm"
+    let text = fs::read_to_string(&out_file).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("hello-from-slurm"));
+    let started: f64 = lines.next().unwrap().parse().unwrap();
+    eprintln!(
+        "baseline (plain Slurm, no product): submit to user code {:.0} ms",
+        (started - submitted) * 1000.0
     );
 
     let conf = cluster.conf.clone();

@@ -7,9 +7,7 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use tenancy_network::{
-    add_job, apply, counters, remove_job, Dest, Error, FirewallSpec, TenantNet,
-};
+use tenancy_network::{add_job, apply, counters, remove_job, Dest, Error, FirewallSpec, TenantNet};
 
 /// Probe entry point: this binary re-executed with TNW_PROBE set acts as a listener/client.
 #[test]
@@ -57,7 +55,18 @@ fn tenants_are_isolated_and_egress_is_filtered() {
     let node = Netns::new("tnwn");
     let remote = Netns::new("tnwr");
     let (v0, v1) = (unique("tv"), unique("tv"));
-    node.ip(&["link", "add", &v0, "type", "veth", "peer", "name", &v1, "netns", &remote.name]);
+    node.ip(&[
+        "link",
+        "add",
+        &v0,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &v1,
+        "netns",
+        &remote.name,
+    ]);
     node.ip(&["addr", "add", "10.77.0.1/24", "dev", &v0]);
     node.ip(&["link", "set", &v0, "up"]);
     node.ip(&["route", "add", "10.77.0.0/16", "dev", &v0]);
@@ -88,7 +97,9 @@ fn tenants_are_isolated_and_egress_is_filtered() {
         let a1 = add_job(&spec, "a", 11).unwrap();
         let a2 = add_job(&spec, "a", 12).unwrap();
         let b1 = add_job(&spec, "b", 21).unwrap();
-        assert!(a1.cgroup_path.ends_with(format!("{}/a/job_11", spec.cgroup.subtree)));
+        assert!(a1
+            .cgroup_path
+            .ends_with(format!("{}/a/job_11", spec.cgroup.subtree)));
         // Idempotent add.
         assert_eq!(add_job(&spec, "a", 11).unwrap(), a1);
 
@@ -137,7 +148,11 @@ fn tenants_are_isolated_and_egress_is_filtered() {
                 failures.push(format!("{name}: {args}: got {got:?}, want {want:?}"));
             }
         }
-        assert!(failures.is_empty(), "policy violations:\n{}", failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "policy violations:\n{}",
+            failures.join("\n")
+        );
         // Attempts are counted for the tenant that made them.
         let (da, db) = (drops(&spec, "a"), drops(&spec, "b"));
         assert!(da >= 5, "drop_a = {da}");
@@ -146,16 +161,32 @@ fn tenants_are_isolated_and_egress_is_filtered() {
         // Save and reload: `nft list ruleset` output loads back and still enforces.
         let saved = nft(&["list", "ruleset"]);
         nft(&["delete", "table", "inet", "tenancy"]);
-        assert_eq!(client("tcp 127.0.0.1:5001", b), Ok, "control: no table, b reaches a");
+        assert_eq!(
+            client("tcp 127.0.0.1:5001", b),
+            Ok,
+            "control: no table, b reaches a"
+        );
         let mut child = Command::new("nft")
             .args(["-f", "-"])
             .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(saved.as_bytes()).unwrap();
-        assert!(child.wait().unwrap().success(), "reload of saved ruleset failed");
-        assert_eq!(client("tcp 127.0.0.1:5001", b), Timeout, "after reload b->a");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(saved.as_bytes())
+            .unwrap();
+        assert!(
+            child.wait().unwrap().success(),
+            "reload of saved ruleset failed"
+        );
+        assert_eq!(
+            client("tcp 127.0.0.1:5001", b),
+            Timeout,
+            "after reload b->a"
+        );
         assert_eq!(client("tcp 127.0.0.1:5001", a), Ok, "after reload a->a");
 
         // Teardown with listeners still running: remove_job kills them and removes the dirs.
@@ -199,7 +230,11 @@ fn add_job_fails_closed_when_table_missing_or_tenant_recreated() {
         std::fs::remove_dir(spec.cgroup.tenant_dir("b")).unwrap();
         std::fs::create_dir(spec.cgroup.tenant_dir("b")).unwrap();
         let e = add_job(&spec, "b", 3).unwrap_err();
-        assert!(e.to_string().contains("created after the firewall was loaded"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("created after the firewall was loaded"),
+            "{e}"
+        );
         assert!(!spec.cgroup.job_dir("b", 3).exists());
         apply(&spec).unwrap();
         add_job(&spec, "b", 3).unwrap();

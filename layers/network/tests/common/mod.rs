@@ -149,12 +149,19 @@ pub const JOB_UID: u32 = 65534;
 /// Command that runs this test binary in probe mode `args` (e.g. "tcp-listen 0.0.0.0:5001").
 /// `cgroup`: the probe moves itself into that cgroup before exec (as a job task would).
 /// `netns`: run through `nsenter --net=` instead of inheriting the thread's namespace.
-pub fn probe_cmd(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>, uid: Option<u32>) -> Command {
+pub fn probe_cmd(
+    args: &str,
+    cgroup: Option<&Path>,
+    netns: Option<&Netns>,
+    uid: Option<u32>,
+) -> Command {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = match netns {
         Some(ns) => {
             let mut c = Command::new("nsenter");
-            c.arg(format!("--net={}", ns.path().display())).arg("--").arg(exe);
+            c.arg(format!("--net={}", ns.path().display()))
+                .arg("--")
+                .arg(exe);
             c
         }
         None => Command::new(exe),
@@ -293,8 +300,12 @@ pub fn probe_main(spec: &str) -> ! {
                 match s.read_exact(&mut buf) {
                     Ok(()) if &buf == b"ping" => 0,
                     // connected, but no answer: a different outcome from a refused handshake
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.kind() == std::io::ErrorKind::TimedOut => 15,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::WouldBlock
+                            || e.kind() == std::io::ErrorKind::TimedOut =>
+                    {
+                        15
+                    }
                     _ => 13,
                 }
             }
@@ -322,8 +333,12 @@ pub fn probe_main(spec: &str) -> ! {
                     let mut buf = [0u8; 8];
                     match u.recv_from(&mut buf) {
                         Ok((4, _)) if &buf[..4] == b"ping" => 0,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                            || e.kind() == std::io::ErrorKind::TimedOut => 11,
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::WouldBlock
+                                || e.kind() == std::io::ErrorKind::TimedOut =>
+                        {
+                            11
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => 12,
                         _ => 13,
                     }

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Times prolog+epilog pairs per job (wall clock and the child's CPU time from wait4's rusage).
+
+Used by bench/job-path.sh; stdlib only. Modes:
+  pair  N jobs, each variant's prolog then epilog, variants interleaved job by job
+  fill  N prologs without epilogs (non-MIG jobs), then the prolog+epilog of one more job per
+        variant, repeated; all fill jobs are torn down at the end
+"""
+import argparse, json, os, statistics, sys, time
+
+# The binaries' one-line reports go to slurmd's log; here they are dropped (errors still show).
+QUIET = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+
+def run(argv, env):
+    t0 = time.perf_counter_ns()
+    pid = os.posix_spawn(argv[0], argv, env, file_actions=QUIET)
+    _, status, ru = os.wait4(pid, 0)
+    wall = (time.perf_counter_ns() - t0) / 1e6
+    rc = os.waitstatus_to_exitcode(status)
+    return rc, wall, (ru.ru_utime + ru.ru_stime) * 1000.0
+
+def pct(xs, p):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k); hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+class Variant:
+    def __init__(self, name, prolog, epilog, env):
+        self.name, self.prolog, self.epilog, self.env = name, prolog, epilog, env
+        self.rows = []  # (prolog_wall, prolog_cpu, epilog_wall, epilog_cpu)
+
+    def job_env(self, job):
+        e = dict(self.env); e["SLURM_JOB_ID"] = str(job); return e
+
+    def prolog_only(self, job):
+        rc, w, c = run([self.prolog], self.job_env(job))
+        if rc != 0:
+            sys.exit(f"{self.name}: prolog of job {job} exited {rc}")
+        return w, c
+
+    def epilog_only(self, job):
+        rc, w, c = run([self.epilog], self.job_env(job))
+        if rc != 0:
+            sys.exit(f"{self.name}: epilog of job {job} exited {rc}")
+        return w, c
+
+    def one(self, job):
+        pw, pc = self.prolog_only(job)
+        ew, ec = self.epilog_only(job)
+        self.rows.append((pw, pc, ew, ec))
+
+def summary(rows):
+    cols = {"prolog_wall": [r[0] for r in rows], "prolog_cpu": [r[1] for r in rows],
+            "epilog_wall": [r[2] for r in rows], "epilog_cpu": [r[3] for r in rows],
+            "total_wall": [r[0] + r[2] for r in rows], "total_cpu": [r[1] + r[3] for r in rows]}
+    return {k: {"median": statistics.median(v), "p99": pct(v, 99), "n": len(v)} for k, v in cols.items()}
+
+def variants(a):
+    node = os.uname().nodename.split(".")[0]
+    base = {"SLURM_JOB_UID": str(a.uid), "SLURM_JOB_GID": str(a.gid), "SLURM_JOB_USER": a.user,
+            "SLURMD_NODENAME": node, "SPANK_TENANCY_TENANT": a.tenant}
+    prod = dict(base, TENANCY_CONFIG=a.config)
+    out = {}
+    out["product+mig"] = Variant("product+mig", a.prolog, a.epilog, dict(prod, SPANK_TENANCY_MIG=a.mig))
+    out["product"] = Variant("product", a.prolog, a.epilog, prod)
+    out["baseline-sh"] = Variant("baseline-sh", a.base_prolog, a.base_epilog,
+                                 dict(base, BASE_DIR=a.base_dir))
+    return out
+
+def table(results):
+    print(f"{'variant':<14} {'n':>4} {'what':<7} {'wall med':>9} {'wall p99':>9} {'cpu med':>8} {'cpu p99':>8}  (ms)")
+    for name, s in results.items():
+        for part in ("prolog", "epilog", "total"):
+            w, c = s[part + "_wall"], s[part + "_cpu"]
+            print(f"{name:<14} {w['n']:>4} {part:<7} {w['median']:>9.2f} {w['p99']:>9.2f} {c['median']:>8.2f} {c['p99']:>8.2f}")
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["pair", "fill"])
+    p.add_argument("--jobs", type=int, default=200)
+    p.add_argument("--fill", type=int, nargs="+", default=[0, 999])
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--first-job", type=int, default=7_100_000)
+    p.add_argument("--variants", default="product+mig,product,baseline-sh")
+    p.add_argument("--config", required=True)
+    p.add_argument("--prolog", required=True); p.add_argument("--epilog", required=True)
+    p.add_argument("--base-prolog", required=True); p.add_argument("--base-epilog", required=True)
+    p.add_argument("--base-dir", required=True)
+    p.add_argument("--uid", type=int, required=True); p.add_argument("--gid", type=int, required=True)
+    p.add_argument("--user", required=True); p.add_argument("--tenant", required=True)
+    p.add_argument("--mig", default="1g.18gb")
+    p.add_argument("--json")
+    a = p.parse_args()
+    vs = variants(a)
+    chosen = [vs[n] for n in a.variants.split(",")]
+    job = a.first_job
+    report = {"mode": a.mode, "host": os.uname().nodename, "load_before": os.getloadavg()}
+    if a.mode == "pair":
+        for _ in range(a.jobs):
+            for v in chosen:
+                v.one(job); job += 1
+        report["results"] = {v.name: summary(v.rows) for v in chosen}
+        table(report["results"])
+    else:
+        filler = vs["product"]
+        filled = []
+        report["results"] = {}
+        for n in sorted(a.fill):
+            while len(filled) < n:
+                filler.prolog_only(job); filled.append(job); job += 1
+            for v in chosen:
+                v.rows = []
+            for _ in range(a.repeat):
+                for v in chosen:
+                    v.one(job); job += 1
+            for v in chosen:
+                report["results"][f"{v.name}@N={n}"] = summary(v.rows)
+            print(f"-- with {n} jobs running on the node")
+            table({f"{v.name}": report["results"][f"{v.name}@N={n}"] for v in chosen})
+        for j in filled:
+            filler.epilog_only(j)
+        med = lambda k: report["results"][k]["prolog_wall"]["median"]
+        lo, hi = min(a.fill), max(a.fill)
+        for v in chosen:
+            r = med(f"{v.name}@N={hi}") / med(f"{v.name}@N={lo}")
+            report["results"][f"{v.name}:ratio"] = r
+            print(f"{v.name}: prolog median at N={hi} / N={lo} = {r:.2f}x (goal <= 1.2x)")
+    report["load_after"] = os.getloadavg()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+if __name__ == "__main__":
+    main()

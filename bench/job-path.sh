@@ -1,0 +1,81 @@
+#!/bin/sh
+# Benchmark of the per-job path: tenancy-prolog + tenancy-epilog (MIG through nvml-shim, devices,
+# network, scratch, audit) side by side with a plain shell prolog/epilog (bench/baseline/).
+# Run as root on a node with cgroup2, nftables and a user in a group (default acme1/acme):
+#   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancyctl -p nvml-shim
+#   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
+# Env: BIN (folder of the built binaries, default target/release), BENCH_DIR (/tmp/tenancy-bench),
+#   JOBS (200), FILL ("0 999"), REPEAT (30), MODES ("pair fill"), BENCH_USER (acme1),
+#   BENCH_TENANT (acme; its group is the user's primary group), FIRST_JOB (7100000).
+# It loads the product's nft table `inet tenancy` (tenancyctl firewall apply) and a baseline table
+# `inet tenancy_base`; the baseline table and cgroups are removed at the end.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
+BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
+JOBS=${JOBS:-200}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; MODES=${MODES:-"pair fill"}
+BENCH_USER=${BENCH_USER:-acme1}; BENCH_TENANT=${BENCH_TENANT:-acme}; FIRST_JOB=${FIRST_JOB:-7100000}
+uid=$(id -u "$BENCH_USER"); gid=$(id -g "$BENCH_USER"); group=$(id -gn "$BENCH_USER")
+for b in tenancy-prolog tenancy-epilog tenancyctl libnvidia_ml.so; do
+  [ -e "$BIN/$b" ] || { echo "missing $BIN/$b: build in release first (see the top of $0)" >&2; exit 2; }
+done
+mkdir -p "$BENCH_DIR/scratch" "$BENCH_DIR/base/scratch"
+chmod 755 "$BENCH_DIR/scratch"
+cat > "$BENCH_DIR/fixture.toml" <<EOT
+state = "$BENCH_DIR/shim-state.json"
+dev_dir = "$BENCH_DIR/dev"
+mig_minors = "$BENCH_DIR/mig-minors"
+proc_devices = "$BENCH_DIR/proc-devices"
+[[gpus]]
+model = "H200-141GB"
+[[gpus]]
+model = "H200-141GB"
+EOT
+cat > "$BENCH_DIR/tenancy.toml" <<EOT
+[cluster]
+name = "bench"
+state_dir = "$BENCH_DIR/state"
+audit_log = "$BENCH_DIR/audit.jsonl"
+scratch_root = "$BENCH_DIR/scratch"
+nvml_library = "$BIN/libnvidia_ml.so"
+nvml_shim_fixture = "$BENCH_DIR/fixture.toml"
+[node]
+proc_devices = "$BENCH_DIR/proc-devices"
+mig_minors = "$BENCH_DIR/mig-minors"
+[tiers.internal]
+mig_profiles = ["1g.18gb", "3g.71gb"]
+[tenants.$BENCH_TENANT]
+tier = "internal"
+groups = ["$group"]
+EOT
+"$BIN/tenancyctl" --config "$BENCH_DIR/tenancy.toml" firewall apply >/dev/null
+# Baseline: one set of job cgroups, filled and emptied by the shell scripts.
+mkdir -p "/sys/fs/cgroup/unified/tenancy-base/$BENCH_TENANT" "/sys/fs/cgroup/devices/tenancy-base/$BENCH_TENANT"
+nft delete table inet tenancy_base 2>/dev/null || true
+nft -f - <<EOT
+table inet tenancy_base {
+  set jobs { typeof socket cgroupv2 level 3; }
+  chain out { type filter hook output priority 0; policy accept; socket cgroupv2 level 3 @jobs counter accept; }
+}
+EOT
+cleanup() {
+  nft delete table inet tenancy_base 2>/dev/null || true
+  rmdir "/sys/fs/cgroup/unified/tenancy-base/$BENCH_TENANT" /sys/fs/cgroup/unified/tenancy-base \
+    "/sys/fs/cgroup/devices/tenancy-base/$BENCH_TENANT" /sys/fs/cgroup/devices/tenancy-base 2>/dev/null || true
+}
+trap cleanup EXIT
+set -- --config "$BENCH_DIR/tenancy.toml" --prolog "$BIN/tenancy-prolog" --epilog "$BIN/tenancy-epilog" \
+  --base-prolog "$here/baseline/prolog.sh" --base-epilog "$here/baseline/epilog.sh" \
+  --base-dir "$BENCH_DIR/base" --uid "$uid" --gid "$gid" --user "$BENCH_USER" --tenant "$BENCH_TENANT"
+echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /proc/loadavg); BIN=$BIN"
+for m in $MODES; do
+  case $m in
+    pair) echo "## pair: $JOBS jobs per variant, interleaved"
+          python3 "$here/driver.py" pair --jobs "$JOBS" --first-job "$FIRST_JOB" --json "$BENCH_DIR/pair.json" "$@" ;;
+    fill) echo "## fill: prolog of the next job with N jobs running (N in $FILL), $REPEAT times each"
+          # shellcheck disable=SC2086
+          python3 "$here/driver.py" fill --fill $FILL --repeat "$REPEAT" --first-job $((FIRST_JOB + 100000)) \
+            --variants product+mig,product --json "$BENCH_DIR/fill.json" "$@" ;;
+  esac
+done

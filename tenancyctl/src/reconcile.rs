@@ -1,0 +1,709 @@
+//! `tenancyctl reconcile [--apply]`: brings a node back to "every product resource belongs to a
+//! job Slurm runs".
+//!
+//! 1. Journals of jobs Slurm no longer runs (asked with `squeue -h -o %A -w <node>` by absolute
+//!    path) are torn down through the layers, exactly as the epilog would, in reverse order.
+//!    When Slurm cannot be asked, no journal is touched, and the output says so.
+//! 2. Product resources no journal owns are found: MIG GPU instances (NVML), product cgroups
+//!    `<cgroup root>/tenancy/<tenant>/job_<id>` (cgroup2 and v1 devices), scratch job folders,
+//!    and retained scratch folders past retention.
+//!
+//! Without `--apply` nothing changes (dry run). Everything runs under the node lock the prolog
+//! takes, so no placement decision happens meanwhile, and Slurm is asked after the lock is held,
+//! so a journal written by a prolog is always older than the answer. Every action is recorded in
+//! the audit log (event `reconcile`).
+//!
+//! Exit status: 0 when the node is clean (or everything found was removed), 1 when something is
+//! left (dry-run findings, failures, or a source that could not be checked).
+
+use anyhow::Context;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::SystemTime;
+use tenancy_audit::{AuditLog, Event, Format, Outcome, Record, Resource, ResourceAction};
+use tenancy_config::{Config, Identity};
+use tenancy_node::{layers, Journal, JournalDir, Layer, StepState};
+
+use crate::output::Rows;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReconcileArgs {
+    /// Remove what is found (default: dry run, report only)
+    #[arg(long)]
+    pub apply: bool,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// This node's Slurm name (default: the host's short name)
+    #[arg(long)]
+    pub node: Option<String>,
+    /// squeue to ask which jobs run on the node (absolute path)
+    #[arg(long, default_value = "/usr/bin/squeue", value_name = "PATH")]
+    pub squeue: PathBuf,
+    /// For tests and recovery without Slurm: the ids of the jobs that run on the node, one per
+    /// line, instead of asking squeue
+    #[arg(long, value_name = "FILE")]
+    pub running_jobs_from: Option<PathBuf>,
+    /// Only look at these tenants' cgroups and scratch job folders (repeatable; default: all).
+    /// Retained folders past retention are purged for every tenant regardless.
+    #[arg(long = "tenant", value_name = "NAME")]
+    pub tenants: Vec<String>,
+}
+
+/// One finding and what was (or would be) done about it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Row {
+    /// journal, mig, cgroup, scratch, retained, slurm, nvml, audit
+    pub kind: String,
+    pub job_id: Option<u64>,
+    pub tenant: Option<String>,
+    pub resource: String,
+    pub finding: String,
+    /// `would remove`, `removed`, `failed: ...`, `left: ...`, `none`
+    pub action: String,
+    #[serde(skip)]
+    pub left: bool,
+}
+
+impl Row {
+    fn new(kind: &str, resource: impl Into<String>, finding: impl Into<String>) -> Row {
+        Row {
+            kind: kind.into(),
+            job_id: None,
+            tenant: None,
+            resource: resource.into(),
+            finding: finding.into(),
+            action: "none".into(),
+            left: false,
+        }
+    }
+    fn job(mut self, job: u64) -> Row {
+        self.job_id = Some(job);
+        self
+    }
+    fn tenant(mut self, t: &str) -> Row {
+        self.tenant = Some(t.to_string());
+        self
+    }
+    /// Left as it is, with the reason: makes the exit status 1.
+    fn left(mut self, why: impl Into<String>) -> Row {
+        self.action = format!("left: {}", why.into());
+        self.left = true;
+        self
+    }
+}
+
+/// Which jobs Slurm runs on the node, or why it could not be asked.
+fn running_jobs(args: &ReconcileArgs, node: &str) -> Result<BTreeSet<u64>, String> {
+    let text = match &args.running_jobs_from {
+        Some(file) => std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?,
+        None => {
+            if !args.squeue.is_absolute() {
+                return Err(format!(
+                    "--squeue {} is not an absolute path",
+                    args.squeue.display()
+                ));
+            }
+            let out = Command::new(&args.squeue)
+                .args(["-h", "-o", "%A", "-w", node])
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", args.squeue.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{} -h -o %A -w {node} failed ({}): {}",
+                    args.squeue.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            String::from_utf8(out.stdout).map_err(|_| "squeue printed non-UTF-8".to_string())?
+        }
+    };
+    let mut ids = BTreeSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let l = line.trim();
+        if l.is_empty() {
+            continue;
+        }
+        ids.insert(
+            l.parse::<u64>()
+                .map_err(|_| format!("line {}: '{l}' is not a job id", i + 1))?,
+        );
+    }
+    Ok(ids)
+}
+
+fn short_hostname() -> anyhow::Result<String> {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("cannot read the host name; pass --node")?;
+    Ok(h.trim().split('.').next().unwrap_or_default().to_string())
+}
+
+/// Who runs reconcile, for the audit records.
+fn operator() -> (String, u32) {
+    // /proc/self belongs to the effective uid.
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap_or(u32::MAX);
+    let user = Identity::from_uid(uid)
+        .map(|i| i.user)
+        .unwrap_or_else(|_| format!("uid{uid}"));
+    (user, uid)
+}
+
+struct Ctx<'c> {
+    config: &'c Config,
+    node: String,
+    apply: bool,
+    user: String,
+    uid: u32,
+    tenants: Vec<String>,
+    rows: Vec<Row>,
+}
+
+impl Ctx<'_> {
+    fn wanted(&self, tenant: &str) -> bool {
+        self.tenants.is_empty() || self.tenants.iter().any(|t| t == tenant)
+    }
+
+    /// Records one action; a failed append is reported as a row of its own.
+    fn audit(&mut self, row: &Row, ok: bool) {
+        let mut rec = Record::new(
+            self.config.cluster.name.clone(),
+            self.node.clone(),
+            self.user.clone(),
+            self.uid,
+            Event::Reconcile,
+            if ok {
+                Outcome::Success
+            } else {
+                Outcome::Failure
+            },
+            "tenancyctl",
+        )
+        .resource(Resource::new(
+            row.kind.clone(),
+            ResourceAction::Removed,
+            row.resource.clone(),
+        ))
+        .reason(format!("{}; {}", row.finding, row.action));
+        if let Some(j) = row.job_id {
+            rec = rec.job_id(j);
+        }
+        if let Some(t) = &row.tenant {
+            rec = rec.tenant(t.clone());
+        }
+        let res =
+            AuditLog::open(&self.config.cluster.audit_log).and_then(|mut l| l.append(&mut rec));
+        if let Err(e) = res {
+            self.rows.push(
+                Row::new(
+                    "audit",
+                    self.config.cluster.audit_log.display().to_string(),
+                    format!(
+                        "the reconcile record of {} {} was not written: {e}",
+                        row.kind, row.resource
+                    ),
+                )
+                .left("fix the audit log, the action itself is done"),
+            );
+        }
+    }
+
+    /// Applies `undo` when --apply, and fills the row's action; audits what was done.
+    fn act(&mut self, mut row: Row, undo: impl FnOnce() -> Result<(), String>) {
+        if !self.apply {
+            row.action = "would remove".into();
+            row.left = true;
+            self.rows.push(row);
+            return;
+        }
+        let ok = match undo() {
+            Ok(()) => {
+                row.action = "removed".into();
+                true
+            }
+            Err(e) => {
+                row.action = format!("failed: {e}");
+                row.left = true;
+                false
+            }
+        };
+        self.audit(&row, ok);
+        self.rows.push(row);
+    }
+}
+
+/// Tears one journal down as the epilog would: steps in reverse, journal removed when
+/// everything is gone, kept with what is left otherwise.
+fn teardown_journal(
+    layers: &mut [Box<dyn Layer>],
+    journals: &JournalDir,
+    mut journal: Journal,
+) -> Result<(), String> {
+    let mut failures = Vec::new();
+    for idx in (0..journal.steps.len()).rev() {
+        let step = &journal.steps[idx];
+        if step.state == StepState::Undone {
+            continue;
+        }
+        let Some(layer) = layers.iter_mut().find(|l| l.name() == step.layer) else {
+            failures.push(format!(
+                "layer {}: this build does not know the layer; tear it down by hand",
+                step.layer
+            ));
+            continue;
+        };
+        match layer.undo(&step.intent, step.made.as_ref()) {
+            Ok(()) => journal.steps[idx].state = StepState::Undone,
+            Err(e) => failures.push(format!("layer {}: {}", step.layer, e.0)),
+        }
+    }
+    let saved = if failures.is_empty() {
+        journals.remove(journal.job_id)
+    } else {
+        journals.save(&journal)
+    };
+    if let Err(e) = saved {
+        failures.push(format!(
+            "journal {}: {e}",
+            journals.journal_path(journal.job_id).display()
+        ));
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+/// What the live journals hold, to tell owned resources from orphans.
+#[derive(Default)]
+struct Owned {
+    /// (gpu uuid, gi id) of made slices.
+    gis: BTreeSet<(String, u32)>,
+    /// (gpu uuid, placement start) of intended, not yet made, slices.
+    placements: BTreeSet<(String, u32)>,
+    cgroups: BTreeSet<PathBuf>,
+    /// (tenant, job id) of scratch folders.
+    scratch: BTreeSet<(String, u64)>,
+}
+
+fn owned_by(journals: &[Journal]) -> Owned {
+    let mut o = Owned::default();
+    for j in journals {
+        for s in &j.steps {
+            let made = s.made.as_ref();
+            match s.layer.as_str() {
+                "mig" => {
+                    let uuid =
+                        |v: &Value| v.get("gpu_uuid").and_then(Value::as_str).map(String::from);
+                    if let Some(m) = made {
+                        if let (Some(u), Some(gi)) =
+                            (uuid(m), m.get("gi_id").and_then(Value::as_u64))
+                        {
+                            o.gis.insert((u, gi as u32));
+                        }
+                    }
+                    if let (Some(u), Some(start)) = (
+                        uuid(&s.intent),
+                        s.intent.get("placement_start").and_then(Value::as_u64),
+                    ) {
+                        o.placements.insert((u, start as u32));
+                    }
+                }
+                "devices" => {
+                    if let Some(d) = made
+                        .and_then(|m| m.get("cgroup_dir"))
+                        .and_then(Value::as_str)
+                    {
+                        o.cgroups.insert(PathBuf::from(d));
+                    }
+                    if let Ok(p) =
+                        serde_json::from_value::<tenancy_devices::JobDeviceParams>(s.intent.clone())
+                    {
+                        match &p.target {
+                            tenancy_devices::Target::Owned { root, .. } => {
+                                if let Ok(d) =
+                                    tenancy_devices::job::owned_dir(root, &p.tenant, p.job_id)
+                                {
+                                    o.cgroups.insert(d);
+                                }
+                            }
+                            tenancy_devices::Target::Existing { dir, .. } => {
+                                o.cgroups.insert(dir.clone());
+                            }
+                        }
+                    }
+                }
+                "network" => {
+                    if let Some(d) = made
+                        .and_then(|m| m.get("cgroup_path"))
+                        .and_then(Value::as_str)
+                    {
+                        o.cgroups.insert(PathBuf::from(d));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Scratch folders are named by tenant and job: the journal's own say so.
+        if j.steps.iter().any(|s| s.layer == "scratch") {
+            o.scratch.insert((j.tenant.clone(), j.job_id));
+        }
+    }
+    o
+}
+
+fn mig_orphans(cx: &mut Ctx, owned: &Owned) {
+    if cx.config.cluster.nvml_library.is_none() && !Path::new("/dev/nvidiactl").exists() {
+        // A node without the NVIDIA driver holds no MIG instance.
+        return;
+    }
+    if let Some(fixture) = &cx.config.cluster.nvml_shim_fixture {
+        std::env::set_var("NVML_SHIM_FIXTURE", fixture);
+    }
+    let mig = match tenancy_mig::Mig::open(cx.config.cluster.nvml_library.as_deref()) {
+        Ok(m) => m,
+        Err(e) => {
+            let row = Row::new("nvml", "NVML", format!("cannot open NVML: {e}"))
+                .left("MIG instances not checked");
+            cx.rows.push(row);
+            return;
+        }
+    };
+    let gpus = match mig.instances() {
+        Ok(g) => g,
+        Err(e) => {
+            let row = Row::new("nvml", "NVML", format!("cannot list MIG instances: {e}"))
+                .left("MIG instances not checked");
+            cx.rows.push(row);
+            return;
+        }
+    };
+    for g in gpus {
+        for gi in &g.instances {
+            let key = (g.uuid.clone(), gi.gi_id);
+            if owned.gis.contains(&key) || owned.placements.contains(&(g.uuid.clone(), gi.start)) {
+                continue;
+            }
+            let row = Row::new(
+                "mig",
+                format!(
+                    "{} gi {} (placement {}:{})",
+                    g.uuid, gi.gi_id, gi.start, gi.size
+                ),
+                "GPU instance no journal references",
+            );
+            let (index, gi_id) = (g.index, gi.gi_id);
+            let mig = &mig;
+            cx.act(row, || {
+                mig.destroy_gi(index, gi_id)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            });
+        }
+    }
+}
+
+fn job_id_of(name: &str) -> Option<u64> {
+    name.strip_prefix("job_")?.parse().ok()
+}
+
+fn subdirs(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(String, PathBuf)> = rd
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+        .collect();
+    v.sort();
+    v
+}
+
+fn cgroup_orphans(cx: &mut Ctx, owned: &Owned) {
+    let layout = match tenancy_devices::CgroupLayout::detect() {
+        Ok(l) => l,
+        Err(e) => {
+            cx.rows.push(
+                Row::new(
+                    "cgroup",
+                    "/proc/self/mountinfo",
+                    format!("cannot detect cgroups: {e}"),
+                )
+                .left("cgroups not checked"),
+            );
+            return;
+        }
+    };
+    let roots = [
+        (layout.v2_root.clone(), tenancy_devices::Backend::V2),
+        (layout.v1_devices.clone(), tenancy_devices::Backend::V1),
+    ];
+    for (root, backend) in roots {
+        let Some(root) = root else { continue };
+        let product = root.join(tenancy_devices::job::PRODUCT_DIR);
+        for (tenant, tdir) in subdirs(&product) {
+            if !cx.wanted(&tenant) {
+                continue;
+            }
+            for (name, dir) in subdirs(&tdir) {
+                let Some(job) = job_id_of(&name) else {
+                    continue;
+                };
+                if owned.cgroups.contains(&dir) {
+                    continue;
+                }
+                let row = Row::new(
+                    "cgroup",
+                    dir.display().to_string(),
+                    "product cgroup no journal owns",
+                )
+                .job(job)
+                .tenant(&tenant);
+                let record = tenancy_devices::DevicesRecord {
+                    job_id: job,
+                    backend,
+                    cgroup_dir: dir.clone(),
+                    owned: true,
+                    policy: tenancy_devices::DevicePolicy {
+                        allow: Vec::new(),
+                        deny_majors: Vec::new(),
+                    },
+                    v1: None,
+                    v2: None,
+                };
+                cx.act(row, || {
+                    tenancy_devices::teardown(&record)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                });
+            }
+        }
+    }
+}
+
+fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
+    let root = cx.config.cluster.scratch_root.clone();
+    if !root.is_dir() {
+        return;
+    }
+    for (tenant, tdir) in subdirs(&root) {
+        if !cx.wanted(&tenant) || tenancy_scratch::validate_tenant_name(&tenant).is_err() {
+            continue;
+        }
+        let gid = match std::fs::symlink_metadata(&tdir) {
+            Ok(m) => std::os::unix::fs::MetadataExt::gid(&m),
+            Err(_) => continue,
+        };
+        for (name, dir) in subdirs(&tdir) {
+            let Some(job) = job_id_of(&name) else {
+                continue;
+            };
+            if owned.scratch.contains(&(tenant.clone(), job)) {
+                continue;
+            }
+            let row = Row::new(
+                "scratch",
+                dir.display().to_string(),
+                "job folder no journal owns",
+            )
+            .job(job)
+            .tenant(&tenant);
+            let spec = tenancy_scratch::ScratchSpec {
+                root: root.clone(),
+                tenant: tenant.clone(),
+                tenant_gid: gid,
+                job_id: job,
+                uid: 65534,
+                gid: 65534,
+                mode: tenancy_scratch::DEFAULT_JOB_MODE,
+                quota: None,
+            };
+            cx.act(row, || {
+                tenancy_scratch::wipe(&spec)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            });
+        }
+    }
+    // Retained folders: the longest retention of any tier, so no tenant loses data early.
+    let days = cx
+        .config
+        .tiers
+        .values()
+        .map(|t| u64::from(t.retain_days))
+        .max()
+        .unwrap_or(0);
+    match tenancy_scratch::purge_retained(&root, days, SystemTime::now(), !cx.apply) {
+        Err(e) => cx.rows.push(
+            Row::new(
+                "retained",
+                root.display().to_string(),
+                format!("cannot purge: {e}"),
+            )
+            .left("retained folders not checked"),
+        ),
+        Ok(actions) => {
+            for a in actions {
+                match a {
+                    tenancy_scratch::Action::Remove {
+                        path,
+                        tenant,
+                        job_id,
+                        age_days,
+                        dry_run,
+                        ..
+                    } => {
+                        let mut row = Row::new(
+                            "retained",
+                            path.display().to_string(),
+                            format!("retained {age_days} day(s), past {days}"),
+                        )
+                        .job(job_id)
+                        .tenant(&tenant);
+                        if dry_run {
+                            row.action = "would remove".into();
+                            row.left = true;
+                        } else {
+                            row.action = "removed".into();
+                            cx.audit(&row, true);
+                        }
+                        cx.rows.push(row);
+                    }
+                    tenancy_scratch::Action::Skip { path, reason } => {
+                        cx.rows.push(
+                            Row::new("retained", path.display().to_string(), reason)
+                                .left("not ours or unsafe"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs reconcile on this node with `config`.
+pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+    let node = match &args.node {
+        Some(n) => n.clone(),
+        None => short_hostname()?,
+    };
+    let journals = JournalDir::open(&config.cluster.state_dir)
+        .with_context(|| format!("state_dir {}", config.cluster.state_dir.display()))?;
+    // No prolog decides or makes anything while reconcile looks.
+    let _lock = journals
+        .lock_node()
+        .with_context(|| format!("cannot take the node lock in {}", journals.path().display()))?;
+    let (user, uid) = operator();
+    let mut cx = Ctx {
+        config,
+        node: node.clone(),
+        apply: args.apply,
+        user,
+        uid,
+        tenants: args.tenants.clone(),
+        rows: Vec::new(),
+    };
+    // Slurm is asked after the lock is held: every journal on disk is older than its answer.
+    let running = running_jobs(&args, &node);
+    let mut live = Vec::new();
+    let mut dead = Vec::new();
+    for id in journals.job_ids().context("cannot list the journals")? {
+        match journals.load(id) {
+            Ok(Some(j)) => match &running {
+                Ok(r) if !r.contains(&id) => dead.push(j),
+                _ => live.push(j),
+            },
+            Ok(None) => {}
+            Err(e) => cx.rows.push(
+                Row::new(
+                    "journal",
+                    journals.journal_path(id).display().to_string(),
+                    format!("unreadable: {e}"),
+                )
+                .job(id)
+                .left("inspect it; its resources are treated as owned"),
+            ),
+        }
+    }
+    if let Err(why) = &running {
+        cx.rows.push(
+            Row::new(
+                "slurm",
+                args.squeue.display().to_string(),
+                format!("Slurm cannot be asked: {why}"),
+            )
+            .left(format!(
+                "{} journal(s) not checked, none touched",
+                live.len()
+            )),
+        );
+    }
+    let mut node_layers = layers::for_node(config);
+    for j in dead {
+        let row = Row::new(
+            "journal",
+            journals.journal_path(j.job_id).display().to_string(),
+            format!(
+                "Slurm no longer runs the job ({} step(s): {})",
+                j.steps.len(),
+                j.steps
+                    .iter()
+                    .map(|s| s.layer.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+        .job(j.job_id)
+        .tenant(&j.tenant);
+        let journals = &journals;
+        let layers = &mut node_layers;
+        cx.act(row, move || teardown_journal(layers, journals, j));
+    }
+    // Orphans are judged against the journals that remain (live ones and failed teardowns).
+    let mut remaining = live;
+    for id in journals.job_ids().unwrap_or_default() {
+        if let Ok(Some(j)) = journals.load(id) {
+            if !remaining.iter().any(|r| r.job_id == id) {
+                remaining.push(j);
+            }
+        }
+    }
+    // In a dry run the dead journals still exist: their resources are reported with them, not
+    // a second time as orphans.
+    let owned = owned_by(&remaining);
+    mig_orphans(&mut cx, &owned);
+    cgroup_orphans(&mut cx, &owned);
+    scratch_orphans(&mut cx, &owned);
+
+    let left = cx.rows.iter().any(|r| r.left);
+    Rows {
+        headers: &["kind", "job", "tenant", "resource", "finding", "action"],
+        rows: &cx.rows,
+        cells: |r: &Row| {
+            vec![
+                r.kind.clone(),
+                r.job_id.map(|j| j.to_string()).unwrap_or_default(),
+                r.tenant.clone().unwrap_or_default(),
+                r.resource.clone(),
+                r.finding.clone(),
+                r.action.clone(),
+            ]
+        },
+    }
+    .print(args.format)?;
+    if cx.rows.is_empty() && args.format == Format::Table {
+        println!("node {node}: nothing to reconcile");
+    }
+    Ok(if left {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,522 @@
+//! `tenancyctl reconcile` on a node with real leftovers: a journal of a job Slurm no longer runs
+//! (made by the real prolog), a live job's journal, an orphan MIG instance in the NVML shim, an
+//! orphan product cgroup with a BPF device program, an orphan scratch folder and a retained
+//! folder past retention. Dry run changes nothing; --apply removes exactly the orphans and the
+//! dead job, keeps the live job, and audits every action; without Slurm no journal is touched.
+//!
+//! The test runs in its own network namespace (this thread only), where the product's nft table
+//! is loaded, so the host's firewall is never touched.
+
+use serde_json::Value;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
+use tenancy_audit::{verify_paths, AnchorSet, Event, Outcome, Record};
+use tenancy_config::Config;
+use tenancy_node::{layers, JobContext, Spine};
+
+const CGROUP2: &str = "/sys/fs/cgroup/unified";
+
+fn need_root() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("needs root");
+    }
+    eprintln!("SKIP (needs root): reconcile with real cgroups, users, nft");
+    false
+}
+
+fn shim_lib() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TENANCY_NVML_SHIM") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent()?.parent()?.join("libnvidia_ml.so");
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "{} missing: run `cargo build -p nvml-shim` first",
+            p.display()
+        );
+    }
+    eprintln!("SKIP (needs nvml-shim): {} missing", p.display());
+    None
+}
+
+fn sh(cmd: &str, args: &[&str]) {
+    for _ in 0..50 {
+        let out = Command::new(cmd).args(args).output().unwrap();
+        if out.status.success() {
+            return;
+        }
+        if !String::from_utf8_lossy(&out.stderr).contains("lock") {
+            panic!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{cmd} {args:?}: lock busy");
+}
+
+struct Guard {
+    tenants: Vec<String>,
+    users: Vec<String>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        for t in &self.tenants {
+            let tdir = Path::new(CGROUP2).join("tenancy").join(t);
+            if let Ok(rd) = std::fs::read_dir(&tdir) {
+                for e in rd.flatten() {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            let _ = std::fs::remove_dir(tdir);
+        }
+        for u in &self.users {
+            let _ = Command::new("userdel").arg(u).status();
+        }
+        for t in &self.tenants {
+            let _ = Command::new("groupdel").arg(t).status();
+        }
+    }
+}
+
+fn id(flag: &str, user: &str) -> u32 {
+    let out = Command::new("id").args([flag, user]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn reconcile(config: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
+        .arg("--config")
+        .arg(config)
+        .arg("reconcile")
+        .args(["--node", "node1"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn rows(out: &Output) -> Vec<Value> {
+    serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn kinds(rows: &[Value]) -> Vec<(String, Option<u64>, String)> {
+    let mut v: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap().to_string(),
+                r["job_id"].as_u64(),
+                r["action"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn gis(root: &Path) -> usize {
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("shim-state.json")).unwrap())
+            .unwrap();
+    s["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["gis"].as_array().unwrap().len())
+        .sum()
+}
+
+#[test]
+fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
+    if !need_root() {
+        return;
+    }
+    let Some(shim) = shim_lib() else { return };
+    // This thread (and what it spawns) gets a network namespace of its own.
+    // SAFETY: only the network namespace of this thread changes; no file descriptor table,
+    // filesystem or memory state is unshared.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }.unwrap();
+
+    let tag = format!("rc{}", std::process::id());
+    let tmp = tempfile::Builder::new().prefix(&tag).tempdir().unwrap();
+    let root = tmp.path();
+    let tenants = vec![format!("{tag}a"), format!("{tag}b")];
+    let users: Vec<String> = tenants.iter().map(|t| format!("{t}u")).collect();
+    let _guard = Guard {
+        tenants: tenants.clone(),
+        users: users.clone(),
+    };
+    for (t, u) in tenants.iter().zip(&users) {
+        sh("groupadd", &[t]);
+        sh(
+            "useradd",
+            &["-M", "-N", "-g", t, "-s", "/usr/sbin/nologin", u],
+        );
+    }
+    std::fs::create_dir(root.join("scratch")).unwrap();
+    std::fs::write(
+        root.join("fixture.toml"),
+        format!(
+            "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\nmig_minors = \
+             \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n[[gpus]]\nmodel = \
+             \"H200-141GB\"\n[[gpus]]\nmodel = \"H200-141GB\"\n",
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    let text = format!(
+        r#"[cluster]
+name = "rel"
+state_dir = "{r}/state"
+audit_log = "{r}/audit.jsonl"
+scratch_root = "{r}/scratch"
+nvml_library = "{shim}"
+nvml_shim_fixture = "{r}/fixture.toml"
+[node]
+proc_devices = "{r}/proc-devices"
+mig_minors = "{r}/mig-minors"
+[tiers.internal]
+mig_profiles = ["1g.18gb"]
+[tiers.keeper]
+mig_profiles = ["1g.18gb"]
+scratch_on_exit = "retain"
+retain_days = 2
+[tenants.{a}]
+tier = "internal"
+groups = ["{a}"]
+[tenants.{b}]
+tier = "keeper"
+groups = ["{b}"]
+"#,
+        r = root.display(),
+        shim = shim.display(),
+        a = tenants[0],
+        b = tenants[1],
+    );
+    let cfg_path = root.join("tenancy.toml");
+    std::fs::write(&cfg_path, &text).unwrap();
+    let config = Config::parse(&text, &cfg_path).unwrap();
+    tenancy_network::apply(&layers::network::firewall_spec(&config).unwrap()).unwrap();
+
+    // Two jobs through the real prolog: 11 (Slurm no longer runs it) and 12 (still running).
+    let prolog = |job: u64, t: usize| {
+        let vars: Vec<(OsString, OsString)> = [
+            ("SLURM_JOB_ID", job.to_string()),
+            ("SLURM_JOB_UID", id("-u", &users[t]).to_string()),
+            ("SLURM_JOB_GID", id("-g", &users[t]).to_string()),
+            ("SLURM_JOB_USER", users[t].clone()),
+            ("SLURMD_NODENAME", "node1".into()),
+            ("SPANK_TENANCY_TENANT", tenants[t].clone()),
+            ("SPANK_TENANCY_MIG", "1g.18gb".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+        let mut spine = Spine::new(&config, layers::for_node(&config), "tenancy-prolog").unwrap();
+        let end = spine.prolog(JobContext::from_vars(vars));
+        assert_eq!(end.code, 0, "{}", end.message);
+    };
+    prolog(11, 0);
+    prolog(12, 1);
+    assert_eq!(gis(root), 2);
+
+    // Orphans no journal owns.
+    let mig = tenancy_mig::Mig::open(Some(&shim)).unwrap();
+    let intent = mig
+        .choose(
+            &tenancy_mig::Request {
+                profile: Some("1g.18gb".into()),
+                slot: None,
+                tenant: tenants[0].clone(),
+                share_gpu: true,
+            },
+            &[],
+        )
+        .unwrap();
+    mig.create(&intent).unwrap();
+    drop(mig);
+    assert_eq!(gis(root), 3);
+    let orphan_cg = Path::new(CGROUP2)
+        .join("tenancy")
+        .join(&tenants[0])
+        .join("job_77");
+    let params = tenancy_devices::JobDeviceParams {
+        job_id: 77,
+        tenant: tenants[0].clone(),
+        slices: vec![],
+        extra: vec![],
+        driver: tenancy_devices::DriverPaths {
+            proc_devices: config.node.proc_devices.clone(),
+            mig_minors: config.node.mig_minors.clone(),
+        },
+        target: tenancy_devices::Target::Owned {
+            root: CGROUP2.into(),
+            backend: tenancy_devices::Backend::V2,
+        },
+    };
+    let rec = tenancy_devices::setup(&params).unwrap();
+    assert!(rec.v2.is_some() && orphan_cg.is_dir());
+    let gid_a = id("-g", &users[0]);
+    let spec = |job: u64, t: usize| tenancy_scratch::ScratchSpec {
+        root: root.join("scratch"),
+        tenant: tenants[t].clone(),
+        tenant_gid: id("-g", &users[t]),
+        job_id: job,
+        uid: id("-u", &users[t]),
+        gid: id("-g", &users[t]),
+        mode: 0o700,
+        quota: None,
+    };
+    tenancy_scratch::create(&spec(88, 0)).unwrap();
+    std::fs::write(spec(88, 0).job_dir().join("data"), b"left behind").unwrap();
+    let _ = gid_a;
+    // Retained 10 days ago (past the 2 days), and 1 day ago (kept).
+    tenancy_scratch::create(&spec(98, 1)).unwrap();
+    tenancy_scratch::retain(
+        &spec(98, 1),
+        SystemTime::now() - Duration::from_secs(10 * 86_400),
+    )
+    .unwrap();
+    tenancy_scratch::create(&spec(99, 1)).unwrap();
+    tenancy_scratch::retain(
+        &spec(99, 1),
+        SystemTime::now() - Duration::from_secs(86_400),
+    )
+    .unwrap();
+
+    let running = root.join("running");
+    std::fs::write(&running, "12\n").unwrap();
+    let running_arg = running.to_str().unwrap();
+    let only = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        for t in &tenants {
+            v.push("--tenant".into());
+            v.push(t.clone());
+        }
+        v
+    };
+    let run = |args: &[&str]| {
+        let a = only(args);
+        reconcile(&cfg_path, &a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    // Dry run: everything is found, nothing changes, exit 1 (something is left).
+    let out = run(&["--format", "json", "--running-jobs-from", running_arg]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let found = kinds(&rows(&out));
+    let w = "would remove".to_string();
+    assert_eq!(
+        found,
+        vec![
+            ("cgroup".into(), Some(77), w.clone()),
+            ("journal".into(), Some(11), w.clone()),
+            ("mig".into(), None, w.clone()),
+            ("retained".into(), Some(98), w.clone()),
+            ("scratch".into(), Some(88), w.clone()),
+        ],
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(gis(root), 3);
+    assert!(orphan_cg.is_dir() && spec(88, 0).job_dir().is_dir());
+    assert!(root.join("state/job_11.json").exists());
+    let audit_len = |p: &Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let before = audit_len(&config.cluster.audit_log);
+
+    // Without Slurm: no journal is touched, and the output says so; orphans are still judged
+    // against every journal (so job 11's resources are not orphans).
+    let out = run(&["--format", "json", "--squeue", "/nonexistent/squeue"]);
+    assert_eq!(out.status.code(), Some(1));
+    let r = rows(&out);
+    let slurm: Vec<&Value> = r.iter().filter(|r| r["kind"] == "slurm").collect();
+    assert_eq!(slurm.len(), 1, "{r:?}");
+    assert!(slurm[0]["finding"]
+        .as_str()
+        .unwrap()
+        .contains("Slurm cannot be asked"));
+    assert!(slurm[0]["action"]
+        .as_str()
+        .unwrap()
+        .contains("2 journal(s) not checked, none touched"));
+    assert!(r.iter().all(|r| r["kind"] != "journal"));
+
+    // Apply.
+    let out = run(&[
+        "--apply",
+        "--format",
+        "json",
+        "--running-jobs-from",
+        running_arg,
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = kinds(&rows(&out));
+    assert!(done.iter().all(|(_, _, a)| a == "removed"), "{done:?}");
+    assert_eq!(done.len(), 5);
+    // Left: job 12's slice, cgroup, scratch and journal; the young retained folder.
+    assert_eq!(gis(root), 1);
+    assert!(!orphan_cg.exists());
+    assert!(!Path::new(CGROUP2)
+        .join("tenancy")
+        .join(&tenants[0])
+        .join("job_11")
+        .exists());
+    assert!(Path::new(CGROUP2)
+        .join("tenancy")
+        .join(&tenants[1])
+        .join("job_12")
+        .is_dir());
+    assert!(!spec(88, 0).job_dir().exists());
+    assert!(!spec(11, 0).job_dir().exists());
+    assert!(spec(12, 1).job_dir().is_dir());
+    assert!(!root.join("state/job_11.json").exists());
+    assert!(root.join("state/job_12.json").exists());
+    let retained: Vec<String> = std::fs::read_dir(spec(99, 1).tenant_dir().join(".retained"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(retained.len(), 1);
+    assert!(retained[0].starts_with("job_99."), "{retained:?}");
+
+    // Every action is audited, in a valid chain.
+    let recs: Vec<Record> = std::fs::read_to_string(&config.cluster.audit_log)
+        .unwrap()
+        .lines()
+        .skip(before)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 5, "{recs:?}");
+    assert!(recs.iter().all(|r| r.event == Event::Reconcile
+        && r.outcome == Outcome::Success
+        && r.origin == "tenancyctl"));
+    assert!(recs.iter().any(|r| r.job_id == Some(11)));
+    assert!(verify_paths(
+        std::slice::from_ref(&config.cluster.audit_log),
+        &AnchorSet::default(),
+        5
+    )
+    .unwrap()
+    .is_clean());
+
+    // A second run finds nothing; table output says so. Slurm is asked through --squeue: a
+    // stand-in that checks its arguments and names job 12.
+    let squeue = root.join("squeue");
+    std::fs::write(
+        &squeue,
+        "#!/bin/sh\n[ \"$*\" = \"-h -o %A -w node1\" ] || { echo \"bad args: $*\" >&2; exit 1; }\necho 12\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&squeue, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = run(&["--apply", "--squeue", squeue.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to reconcile"));
+
+    // An orphan cgroup that still holds a process: reconcile does not kill what it cannot
+    // attribute; it fails loudly (exit 1), audits the failure, and succeeds once it is empty.
+    let busy = Path::new(CGROUP2)
+        .join("tenancy")
+        .join(&tenants[0])
+        .join("job_78");
+    let rec = tenancy_devices::setup(&tenancy_devices::JobDeviceParams {
+        job_id: 78,
+        ..params.clone()
+    })
+    .unwrap();
+    assert_eq!(rec.cgroup_dir, busy);
+    let mut sleeper = Command::new("/bin/sleep").arg("60").spawn().unwrap();
+    std::fs::write(busy.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    let out = run(&[
+        "--apply",
+        "--format",
+        "json",
+        "--running-jobs-from",
+        running_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let r = rows(&out);
+    assert_eq!(r.len(), 1, "{r:?}");
+    let action = r[0]["action"].as_str().unwrap();
+    assert!(
+        action.starts_with("failed: ") && action.contains("processes are still in the cgroup"),
+        "{action}"
+    );
+    assert!(busy.is_dir());
+    let last: Record = serde_json::from_str(
+        std::fs::read_to_string(&config.cluster.audit_log)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (last.event, last.outcome, last.job_id),
+        (Event::Reconcile, Outcome::Failure, Some(78))
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let out = run(&[
+        "--apply",
+        "--format",
+        "csv",
+        "--running-jobs-from",
+        running_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        csv.starts_with("kind,job,tenant,resource,finding,action\n"),
+        "{csv}"
+    );
+    assert!(csv.contains(",78,") && csv.contains(",removed"), "{csv}");
+    assert!(!busy.exists());
+
+    // The live job ends normally.
+    let end = Spine::new(&config, layers::for_node(&config), "tenancy-epilog")
+        .unwrap()
+        .epilog(
+            &JobContext::from_vars(
+                [
+                    ("SLURM_JOB_ID", "12".to_string()),
+                    ("SLURM_JOB_UID", id("-u", &users[1]).to_string()),
+                    ("SLURM_JOB_GID", id("-g", &users[1]).to_string()),
+                    ("SLURM_JOB_USER", users[1].clone()),
+                    ("SLURMD_NODENAME", "node1".into()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+            )
+            .unwrap(),
+        );
+    assert_eq!(end.code, 0, "{}", end.message);
+    assert_eq!(gis(root), 0);
+}
