@@ -173,3 +173,55 @@ fn the_epilog_tears_down_and_exits_zero_when_the_audit_log_cannot_be_written() {
     assert!(of(602).starts_with(&[Event::JobStart]));
     assert!(w.chain_is_valid());
 }
+
+/// The log's filesystem fills up in the middle of a record: the write is short, the audit log
+/// cuts the partial line off again, the prolog rolls the job back, and the chain stays valid.
+#[test]
+fn a_record_cut_short_by_a_full_filesystem_is_undone_and_the_job_rolled_back() {
+    if !need_root("mount tmpfs, real users, product cgroups") {
+        return;
+    }
+    let Some((w, fs)) = world_with_tmpfs_log() else {
+        return;
+    };
+    let log = w.audit_path();
+    let len = || std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    // Run jobs until the log's last page has some room, but less than a job_start needs: the
+    // next job_start then fits only partly once no page is free.
+    let mut job = 800;
+    let start_len = loop {
+        job += 1;
+        assert!(job < 830, "never found a page with a partial record's room");
+        let env = w.job_env(job, 0, Some("1g.18gb"));
+        let before = len();
+        let out = w.run(&["prolog"], &env);
+        assert!(out.status.success(), "{}", text(&out));
+        let start_len = len() - before;
+        let out = w.run(&["epilog"], &env);
+        assert!(out.status.success(), "{}", text(&out));
+        let room = (4096 - len() % 4096) % 4096;
+        if room > 64 && room + 64 < start_len {
+            break start_len;
+        }
+    };
+    fs.fill();
+    let before = len();
+    job += 1;
+    let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("short write"),
+        "expected a short write of {start_len} bytes: {err}"
+    );
+    assert_eq!(len(), before, "the partial record was not cut off");
+    w.assert_nothing_left("short write of job_start");
+    fs.unfill();
+    assert!(w.chain_is_valid());
+    // And the log goes on.
+    job += 1;
+    let env = w.job_env(job, 1, Some("1g.18gb"));
+    assert!(w.run(&["prolog"], &env).status.success());
+    assert!(w.run(&["epilog"], &env).status.success());
+    assert!(w.chain_is_valid());
+}

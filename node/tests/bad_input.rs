@@ -3,7 +3,7 @@
 //! panic; errors must locate or name what is wrong; a bad job environment must make nothing and
 //! leave a job_denied record. Each property counts its inputs and prints count and time.
 //!
-//! `PROPTEST_CASES` scales every property (default: the counts below).
+//! `TENANCY_FUZZ_SCALE=N` multiplies every campaign's input count (default: the counts below).
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestRunner};
@@ -18,12 +18,14 @@ use tenancy_audit::{verify_paths, AnchorSet, AuditLog, Event, Outcome, Record};
 use tenancy_config::{Config, ConfigError, Identity};
 use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine};
 
+/// `default` inputs, times `TENANCY_FUZZ_SCALE` (a longer campaign: `TENANCY_FUZZ_SCALE=10`).
 fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
+    let scale = std::env::var("TENANCY_FUZZ_SCALE")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
-        .map(|n| n.max(default / 10).min(default * 100))
-        .unwrap_or(default)
+        .unwrap_or(1)
+        .clamp(1, 1000);
+    default.saturating_mul(scale)
 }
 
 /// Runs `test` over `cases` inputs of `strategy`, fails with the shrunk input, reports figures.
