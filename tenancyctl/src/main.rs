@@ -110,12 +110,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Mig(mut args) => {
-            if args.nvml_library.is_none() {
-                if let Ok(c) = load(config) {
+            if let Ok(c) = load(config) {
+                if args.nvml_library.is_none() {
                     args.nvml_library = c.cluster.nvml_library.clone();
                     if let Some(f) = &c.cluster.nvml_shim_fixture {
                         std::env::set_var("NVML_SHIM_FIXTURE", f);
                     }
+                }
+                if !c.mig_plan.is_empty() {
+                    args.config_plan = Some(tenancy_mig::NodePlan {
+                        models: c.mig_plan.clone(),
+                        gpus: Default::default(),
+                    });
                 }
             }
             tenancy_mig::cli::run(args)

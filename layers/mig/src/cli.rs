@@ -23,6 +23,9 @@ pub struct MigArgs {
     pub nvml_library: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
     pub format: Format,
+    /// The plan of the admin config (`[mig.plan]`), used when `--plan` is not given.
+    #[arg(skip)]
+    pub config_plan: Option<NodePlan>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -31,9 +34,9 @@ pub enum MigCmd {
     Instances,
     /// Print the plan's slots and the slurm.conf Gres= value and gres.conf lines for a node.
     SlurmLines {
-        /// Plan file (JSON or TOML, NodePlan format).
+        /// Plan file (JSON or TOML, NodePlan format); default: `[mig.plan]` of the config.
         #[arg(long)]
-        plan: PathBuf,
+        plan: Option<PathBuf>,
         /// Node name for the NodeName= of the gres.conf lines.
         #[arg(long)]
         node: String,
@@ -102,7 +105,13 @@ pub fn run(args: MigArgs) -> anyhow::Result<ExitCode> {
             }
         }
         MigCmd::SlurmLines { plan, node, gpus } => {
-            let plan = load_plan(&plan)?;
+            let plan = match (plan, args.config_plan) {
+                (Some(path), _) => load_plan(&path)?,
+                (None, Some(p)) => p,
+                (None, None) => {
+                    anyhow::bail!("mig: no plan: pass --plan FILE or set [mig.plan] in the config")
+                }
+            };
             let gpus: Vec<PlanGpu> = match gpus {
                 Some(p) => serde_json::from_str(&std::fs::read_to_string(&p)?)?,
                 None => Mig::open(args.nvml_library.as_deref())?.plan_gpus(true)?,
