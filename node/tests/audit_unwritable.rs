@@ -16,10 +16,17 @@ use tenancy_audit::Event;
 /// A tmpfs mounted for the test; unmounted on drop.
 struct Tmpfs {
     dir: PathBuf,
+    /// Holds the mount point; removed after the unmount in `drop`.
+    _base: tempfile::TempDir,
 }
 
 impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let base = tempfile::Builder::new()
+            .prefix("rl-auditfs")
+            .tempdir()
+            .unwrap();
+        let dir = &base.path().join("fs");
         std::fs::create_dir_all(dir).unwrap();
         let opts = format!("size={size},mode=0700");
         let st = Command::new("mount")
@@ -30,6 +37,7 @@ impl Tmpfs {
         assert!(st.success(), "mount tmpfs on {}", dir.display());
         Tmpfs {
             dir: dir.to_path_buf(),
+            _base: base,
         }
     }
 
@@ -71,12 +79,7 @@ impl Drop for Tmpfs {
 }
 
 fn world_with_tmpfs_log() -> Option<(World, Tmpfs)> {
-    let base = tempfile::Builder::new()
-        .prefix("rl-auditfs")
-        .tempdir()
-        .unwrap()
-        .keep();
-    let fs = Tmpfs::mount(&base.join("fs"), "256k");
+    let fs = Tmpfs::mount("256k");
     let w = World::new(2, Some(&fs.dir.join("audit.jsonl")))?;
     Some((w, fs))
 }
