@@ -9,7 +9,7 @@ mod common;
 
 use common::{need_root, text, World};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use tenancy_audit::Event;
 
