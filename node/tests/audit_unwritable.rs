@@ -9,17 +9,24 @@ mod common;
 
 use common::{need_root, text, World};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use tenancy_audit::Event;
 
 /// A tmpfs mounted for the test; unmounted on drop.
 struct Tmpfs {
     dir: PathBuf,
+    /// Holds the mount point; removed after the unmount in `drop`.
+    _base: tempfile::TempDir,
 }
 
 impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let base = tempfile::Builder::new()
+            .prefix("rl-auditfs")
+            .tempdir()
+            .unwrap();
+        let dir = &base.path().join("fs");
         std::fs::create_dir_all(dir).unwrap();
         let opts = format!("size={size},mode=0700");
         let st = Command::new("mount")
@@ -30,6 +37,7 @@ impl Tmpfs {
         assert!(st.success(), "mount tmpfs on {}", dir.display());
         Tmpfs {
             dir: dir.to_path_buf(),
+            _base: base,
         }
     }
 
@@ -71,12 +79,7 @@ impl Drop for Tmpfs {
 }
 
 fn world_with_tmpfs_log() -> Option<(World, Tmpfs)> {
-    let base = tempfile::Builder::new()
-        .prefix("rl-auditfs")
-        .tempdir()
-        .unwrap()
-        .keep();
-    let fs = Tmpfs::mount(&base.join("fs"), "256k");
+    let fs = Tmpfs::mount("256k");
     let w = World::new(2, Some(&fs.dir.join("audit.jsonl")))?;
     Some((w, fs))
 }
@@ -171,5 +174,61 @@ fn the_epilog_tears_down_and_exits_zero_when_the_audit_log_cannot_be_written() {
     };
     assert_eq!(of(601), [Event::JobStart]);
     assert!(of(602).starts_with(&[Event::JobStart]));
+    assert!(w.chain_is_valid());
+}
+
+/// The log's filesystem fills up in the middle of a record: the write is short, the audit log
+/// cuts the partial line off again, the prolog rolls the job back, and the chain stays valid.
+#[test]
+fn a_record_cut_short_by_a_full_filesystem_is_undone_and_the_job_rolled_back() {
+    if !need_root("mount tmpfs, real users, product cgroups") {
+        return;
+    }
+    let Some((w, fs)) = world_with_tmpfs_log() else {
+        return;
+    };
+    let log = w.audit_path();
+    let len = || std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    // One job, to learn a job_start's size.
+    let mut job = 801;
+    let env = w.job_env(job, 0, Some("1g.18gb"));
+    let before = len();
+    let out = w.run(&["prolog"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    let start_len = len() - before;
+    let out = w.run(&["epilog"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    // Denials (short records) until the log's last page has some room, but less than a
+    // job_start needs: the next job_start then fits only partly once no page is free.
+    loop {
+        let room = (4096 - len() % 4096) % 4096;
+        eprintln!("log {} bytes, job_start {start_len}, room {room}", len());
+        if room > 64 && room + 64 < start_len {
+            break;
+        }
+        job += 1;
+        assert!(job < 840, "never found a page with a partial record's room");
+        let out = w.run(&["prolog"], &w.job_env(job, 0, Some("9g.999gb")));
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    }
+    fs.fill();
+    let before = len();
+    job += 1;
+    let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("short write"),
+        "expected a short write of {start_len} bytes: {err}"
+    );
+    assert_eq!(len(), before, "the partial record was not cut off");
+    w.assert_nothing_left("short write of job_start");
+    fs.unfill();
+    assert!(w.chain_is_valid());
+    // And the log goes on.
+    job += 1;
+    let env = w.job_env(job, 1, Some("1g.18gb"));
+    assert!(w.run(&["prolog"], &env).status.success());
+    assert!(w.run(&["epilog"], &env).status.success());
     assert!(w.chain_is_valid());
 }

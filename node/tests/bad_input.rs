@@ -3,7 +3,7 @@
 //! panic; errors must locate or name what is wrong; a bad job environment must make nothing and
 //! leave a job_denied record. Each property counts its inputs and prints count and time.
 //!
-//! `PROPTEST_CASES` scales every property (default: the counts below).
+//! `TENANCY_FUZZ_SCALE=N` multiplies every campaign's input count (default: the counts below).
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestRunner};
@@ -18,12 +18,14 @@ use tenancy_audit::{verify_paths, AnchorSet, AuditLog, Event, Outcome, Record};
 use tenancy_config::{Config, ConfigError, Identity};
 use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine};
 
+/// `default` inputs, times `TENANCY_FUZZ_SCALE` (a longer campaign: `TENANCY_FUZZ_SCALE=10`).
 fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
+    let scale = std::env::var("TENANCY_FUZZ_SCALE")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
-        .map(|n| n.max(default / 10).min(default * 100))
-        .unwrap_or(default)
+        .unwrap_or(1)
+        .clamp(1, 1000);
+    default.saturating_mul(scale)
 }
 
 /// Runs `test` over `cases` inputs of `strategy`, fails with the shrunk input, reports figures.
@@ -295,7 +297,8 @@ fn hostile_env_of(
     })
 }
 
-/// Every variable but the node name (see the ignored test below for why).
+/// Every variable but the node name: a hostile but well-formed SLURMD_NODENAME names another
+/// node, and its denial lands in that node's chain (slurmd always sets the variable itself).
 const VARS_BUT_NODE: &[&str] = &[
     "SLURM_JOB_ID",
     "SLURM_JOB_UID",
@@ -467,26 +470,30 @@ fn denials_of_hostile_environments_keep_the_audit_chain_valid() {
     assert!(report.is_clean(), "{report:?}");
 }
 
-/// A denial whose SLURMD_NODENAME is missing or malformed is recorded with node "unknown" (or
-/// the malformed-but-plain value), in this node's log: `audit verify` then reports a node
-/// mismatch and a sequence gap for a log nobody tampered with. Fix in the spine: record the
-/// host's own name when the variable is unusable (see the reliability report).
+/// A denial whose SLURMD_NODENAME is missing goes into this node's chain under the host's short
+/// name (as slurmd names the node by default), so `audit verify` sees one node and no gap.
 #[test]
-#[ignore = "spine records node 'unknown' for a denial without SLURMD_NODENAME; un-ignore after the fix"]
 fn a_denial_without_a_node_name_keeps_the_audit_chain_valid() {
     let tmp = tempfile::tempdir().unwrap();
     let config = test_config(tmp.path());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim().split('.').next().unwrap().to_string();
     let prolog = |env: Vec<(OsString, OsString)>| {
         let layers: Vec<Box<dyn Layer>> = vec![Box::new(Tripwire(Rc::default()))];
         let mut spine = Spine::new(&config, layers, "tenancy-prolog").unwrap();
         spine.prolog(JobContext::from_vars(env))
     };
     let mut env = good_env(5);
+    env.retain(|(k, _)| k != "SLURMD_NODENAME");
+    env.push(("SLURMD_NODENAME".into(), host.clone().into()));
     env.push(("SPANK_TENANCY_MIG".into(), "bogus".into()));
-    prolog(env);
+    assert_eq!(prolog(env).code, 1);
     let mut env = good_env(6);
     env.retain(|(k, _)| k != "SLURMD_NODENAME");
-    prolog(env);
+    assert_eq!(prolog(env).code, 1);
+    let recs = audit_lines(&config.cluster.audit_log);
+    assert_eq!(recs.len(), 2);
+    assert!(recs.iter().all(|r| r.node == host), "{recs:?}");
     let report = verify_paths(
         std::slice::from_ref(&config.cluster.audit_log),
         &AnchorSet::default(),
