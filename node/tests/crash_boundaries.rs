@@ -135,3 +135,54 @@ fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
         2 * seen.len()
     );
 }
+
+/// The epilog is killed at moments spread over its run (SIGKILL, no hook: anywhere in the
+/// teardown); the next epilog finishes the job: teardown is idempotent from any point, and the
+/// audit log stays whole.
+#[test]
+fn an_epilog_killed_at_any_moment_is_finished_by_the_next_one() {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return;
+    }
+    let Some(w) = World::new(2, None) else { return };
+    // How long a whole epilog takes here.
+    let env = w.job_env(400, 1, Some("1g.18gb"));
+    assert!(w.run(&["prolog"], &env).status.success());
+    let t0 = std::time::Instant::now();
+    assert!(w.run(&["epilog"], &env).status.success());
+    let full = t0.elapsed();
+    const TRIES: u32 = 12;
+    let mut interrupted = 0;
+    for k in 0..TRIES {
+        let job = 401 + u64::from(k);
+        let env = w.job_env(job, (k % 2) as usize, Some("1g.18gb"));
+        let out = w.run(&["prolog"], &env);
+        assert!(out.status.success(), "{}", text(&out));
+        let mut child = w
+            .command(&["epilog"], &env)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(full * k / TRIES);
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        if status.signal() == Some(9) {
+            interrupted += 1;
+        }
+        let out = w.run(&["epilog"], &env);
+        assert!(
+            out.status.success(),
+            "epilog after a kill at {:?}: {}",
+            full * k / TRIES,
+            text(&out)
+        );
+        w.assert_nothing_left(&format!("epilog killed after {:?}", full * k / TRIES));
+    }
+    assert!(
+        interrupted > 0,
+        "no epilog was interrupted (full run {full:?})"
+    );
+    assert!(w.chain_is_valid(), "audit chain broken");
+    eprintln!("epilog kills: {interrupted} of {TRIES} interrupted (full epilog {full:?})");
+}

@@ -242,15 +242,19 @@ groups = ["{b}"]
 
     /// Runs the driver (`prolog [--crash-at N]` or `epilog`) with exactly this environment.
     pub fn run(&self, args: &[&str], env: &[(OsString, OsString)]) -> Output {
-        Command::new("/usr/bin/nsenter")
-            .arg(format!("--net=/run/netns/{}", self.netns))
+        self.command(args, env).output().unwrap()
+    }
+
+    /// The driver as a command (nsenter execs it: the child's pid is the driver's).
+    pub fn command(&self, args: &[&str], env: &[(OsString, OsString)]) -> Command {
+        let mut c = Command::new("/usr/bin/nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.netns))
             .arg(driver())
             .args(args)
             .env_clear()
             .envs(env.iter().cloned())
-            .env("TENANCY_CONFIG", &self.config_path)
-            .output()
-            .unwrap()
+            .env("TENANCY_CONFIG", &self.config_path);
+        c
     }
 
     pub fn journal_path(&self, job: u64) -> PathBuf {
