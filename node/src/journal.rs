@@ -64,6 +64,43 @@ impl Journal {
     }
 }
 
+/// One running job as placement decisions see it: an entry of the node's occupancy index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Occupant {
+    pub job_id: u64,
+    pub tenant: String,
+    pub tier: String,
+    pub share_gpu: bool,
+    pub share_node: bool,
+    /// The physical GPU of the job's MIG slice, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_uuid: Option<String>,
+}
+
+impl Occupant {
+    /// What a journal says about its job's occupancy.
+    pub fn of(journal: &Journal) -> Occupant {
+        let gpu_uuid = journal
+            .steps
+            .iter()
+            .find(|s| s.layer == "mig")
+            .and_then(|s| s.made.as_ref().or(Some(&s.intent)))
+            .and_then(|v| v.get("gpu_uuid"))
+            .and_then(Value::as_str)
+            .map(String::from);
+        Occupant {
+            job_id: journal.job_id,
+            tenant: journal.tenant.clone(),
+            tier: journal.tier.clone(),
+            share_gpu: journal.share_gpu,
+            share_node: journal.share_node,
+            gpu_uuid,
+        }
+    }
+}
+
+const OCCUPANCY: &str = "occupancy.json";
+
 /// The folder of journals on this node.
 #[derive(Debug, Clone)]
 pub struct JournalDir {
@@ -149,6 +186,7 @@ impl JournalDir {
     pub fn job_ids(&self) -> io::Result<Vec<u64>> {
         let mut ids = Vec::new();
         for entry in fs::read_dir(&self.dir)? {
+            // (occupancy.json and dot files are not journals: the name filter below skips them)
             let name = entry?.file_name();
             let Some(name) = name.to_str() else { continue };
             if let Some(id) = name
@@ -174,6 +212,50 @@ impl JournalDir {
             }
         }
         Ok(out)
+    }
+
+    /// The jobs on this node, other than `job_id`, from the occupancy index: one file read
+    /// instead of one per journal, so a job's start costs the same on a full node. The index
+    /// is rebuilt from the journals when it is missing or unreadable. Call under the node lock.
+    pub fn occupants(&self, job_id: u64) -> io::Result<Vec<Occupant>> {
+        let all = match fs::read(self.dir.join(OCCUPANCY)) {
+            Ok(bytes) => match serde_json::from_slice::<Vec<Occupant>>(&bytes) {
+                Ok(v) => v,
+                Err(_) => self.rebuild_occupancy()?,
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self.rebuild_occupancy()?,
+            Err(e) => return Err(e),
+        };
+        Ok(all.into_iter().filter(|o| o.job_id != job_id).collect())
+    }
+
+    fn rebuild_occupancy(&self) -> io::Result<Vec<Occupant>> {
+        let all: Vec<Occupant> = self.others(0)?.iter().map(Occupant::of).collect();
+        self.write_occupancy(&all)?;
+        Ok(all)
+    }
+
+    /// Sets (`Some`) or removes (`None`) the job's entry. Call under the node lock.
+    pub fn set_occupant(&self, job_id: u64, entry: Option<Occupant>) -> io::Result<()> {
+        let mut all = self.occupants(job_id)?;
+        all.extend(entry);
+        self.write_occupancy(&all)
+    }
+
+    fn write_occupancy(&self, all: &[Occupant]) -> io::Result<()> {
+        let tmp = self.dir.join(".occupancy.json.tmp");
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)?;
+        f.write_all(&serde_json::to_vec(all).map_err(io::Error::other)?)?;
+        // No fsync: the index is derived from the journals (which are durable); after a crash
+        // a stale or lost entry is rebuilt by `tenancyctl reconcile`, and a stale one only
+        // refuses sharing (fail closed).
+        fs::rename(&tmp, self.dir.join(OCCUPANCY))
     }
 
     /// Takes the node-wide lock (released on drop) that serialises placement decisions.
@@ -243,6 +325,46 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert!(names.iter().all(|n| !n.to_string_lossy().ends_with(".tmp")));
+    }
+
+    #[test]
+    fn occupancy_index_follows_jobs_and_is_rebuilt_when_lost() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut a = sample(1);
+        a.steps = vec![Step {
+            layer: "mig".into(),
+            state: StepState::Made,
+            intent: serde_json::json!({"gpu_uuid": "GPU-a"}),
+            made: Some(serde_json::json!({"gpu_uuid": "GPU-a", "gi_id": 7})),
+        }];
+        dir.save(&a).unwrap();
+        // No index yet: rebuilt from the journals.
+        let occ = dir.occupants(99).unwrap();
+        assert_eq!(occ, vec![Occupant::of(&a)]);
+        assert_eq!(occ[0].gpu_uuid.as_deref(), Some("GPU-a"));
+        let b = sample(2);
+        dir.save(&b).unwrap();
+        dir.set_occupant(2, Some(Occupant::of(&b))).unwrap();
+        let ids: Vec<u64> = dir
+            .occupants(99)
+            .unwrap()
+            .iter()
+            .map(|o| o.job_id)
+            .collect();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(
+            dir.occupants(1).unwrap().len(),
+            1,
+            "a job does not see itself"
+        );
+        dir.set_occupant(1, None).unwrap();
+        assert_eq!(dir.occupants(99).unwrap(), vec![Occupant::of(&b)]);
+        // A damaged index is rebuilt from the journals (both still exist).
+        fs::write(dir.path().join(OCCUPANCY), b"{oops").unwrap();
+        assert_eq!(dir.occupants(99).unwrap().len(), 2);
+        // The index is not mistaken for a journal.
+        assert_eq!(dir.job_ids().unwrap(), vec![1, 2]);
     }
 
     #[test]

@@ -11,6 +11,6 @@ pub mod spine;
 pub mod task;
 
 pub use context::{EnvError, JobContext};
-pub use journal::{Journal, JournalDir, Step, StepState};
+pub use journal::{Journal, JournalDir, Occupant, Step, StepState};
 pub use layer::{JobPlan, Layer, LayerError, LayerResult};
 pub use spine::{Boundary, Ending, Spine};

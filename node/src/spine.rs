@@ -3,7 +3,7 @@
 //! fails closed. The epilog undoes in reverse from the journal. Both append audit records.
 
 use crate::context::{EnvError, JobContext};
-use crate::journal::{Journal, JournalDir, Step, StepState, VERSION};
+use crate::journal::{Journal, JournalDir, Occupant, Step, StepState, VERSION};
 use crate::layer::{JobPlan, Layer, LayerError};
 use chrono::Utc;
 use serde_json::Value;
@@ -267,9 +267,9 @@ impl<'c> Spine<'c> {
     /// share_node: a tenant whose tier forbids sharing the node is alone on it, and nobody joins
     /// a node such a tenant holds. Decided under the node lock from the other journals.
     fn check_node_sharing(&self, plan: &JobPlan) -> Result<(), String> {
-        for other in self.journals.others(plan.job_id).map_err(|e| {
+        for other in self.journals.occupants(plan.job_id).map_err(|e| {
             format!(
-                "cannot read the journals in {}: {e}",
+                "cannot read the occupancy index in {}: {e}",
                 self.journals.path().display()
             )
         })? {
@@ -341,6 +341,14 @@ impl<'c> Spine<'c> {
                 self.journals.path().display()
             )
         })?;
+        self.journals
+            .set_occupant(job, Some(Occupant::of(journal)))
+            .map_err(|e| {
+                format!(
+                    "job {job}: cannot update the occupancy index in {}: {e}",
+                    self.journals.path().display()
+                )
+            })?;
         self.boundary(Boundary::AllMade);
         Ok(())
     }
@@ -440,6 +448,12 @@ impl<'c> Spine<'c> {
         } else {
             self.journals.save(&journal)
         };
+        // What is left is owned by no running job: placement sees leftovers through NVML.
+        let unlisted = self
+            .journals
+            .lock_node()
+            .and_then(|_lock| self.journals.set_occupant(journal.job_id, None));
+        let saved = saved.and(unlisted);
         if let Err(e) = saved {
             failures.push(format!(
                 "job {}: journal {}: {e}",

@@ -32,26 +32,20 @@ impl MigLayer {
         Ok(self.nvml.as_ref().expect("just opened"))
     }
 
-    /// Which tenants hold which GPUs, from the other jobs' journals.
+    /// Which tenants hold which GPUs, from the node's occupancy index.
     fn occupants(&self, job_id: u64) -> LayerResult<Vec<Occupant>> {
-        let mut out = Vec::new();
-        for other in self.journals.others(job_id)? {
-            let slice = other
-                .steps
-                .iter()
-                .find(|s| s.layer == "mig")
-                .and_then(|s| s.made.as_ref().or(Some(&s.intent)))
-                .and_then(|v| v.get("gpu_uuid"))
-                .and_then(Value::as_str);
-            if let Some(uuid) = slice {
-                out.push(Occupant {
-                    gpu_uuid: uuid.to_string(),
-                    tenant: other.tenant.clone(),
-                    share_gpu: other.share_gpu,
-                });
-            }
-        }
-        Ok(out)
+        Ok(self
+            .journals
+            .occupants(job_id)?
+            .into_iter()
+            .filter_map(|o| {
+                Some(Occupant {
+                    gpu_uuid: o.gpu_uuid?,
+                    tenant: o.tenant,
+                    share_gpu: o.share_gpu,
+                })
+            })
+            .collect())
     }
 }
 
