@@ -5,6 +5,7 @@
 use crate::context::{EnvError, JobContext};
 use crate::journal::{Journal, JournalDir, Occupant, Step, StepState, VERSION};
 use crate::layer::{JobPlan, Layer, LayerError};
+use crate::layers::network;
 use chrono::Utc;
 use serde_json::Value;
 use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
@@ -520,6 +521,12 @@ impl<'c> Spine<'c> {
             journal.started,
         );
         let mig = journal.made_by("mig").cloned();
+        let firewall_table = steps
+            .iter()
+            .find(|s| s.layer == "network")
+            .and_then(|s| s.intent.get("table_name"))
+            .and_then(Value::as_str)
+            .map(String::from);
         let failures = self.undo_all(journal, ctx);
         let (event, outcome) = if failures.is_empty() {
             (Event::JobEnd, Outcome::Success)
@@ -545,6 +552,12 @@ impl<'c> Spine<'c> {
         }
         for step in steps.iter().rev() {
             rec = rec.resource(self.resource(step, ResourceAction::Removed));
+        }
+        if let Some(table) = &firewall_table {
+            let tenant = rec.tenant.clone().unwrap_or_default();
+            if let Some(n) = network::drops_since_last_report(&self.journals, table, &tenant) {
+                rec = rec.firewall_drops(n);
+            }
         }
         if !failures.is_empty() {
             rec = rec.reason(failures.join("; "));

@@ -348,6 +348,18 @@ pub fn remove_job(spec: &FirewallSpec, tenant: &str, job_id: u64) -> Result<()> 
     }
 }
 
+/// Packets dropped so far for `tenant` (its `drop_<tenant>` counter), read over netlink
+/// without spawning `nft`; `None` when the table or counter is not loaded.
+pub fn tenant_drops(table: &str, tenant: &str) -> Result<Option<u64>> {
+    nl::counter(table, &counter_name(tenant))
+        .map(|c| c.map(|(packets, _)| packets))
+        .map_err(|e| {
+            Error::Invalid(format!(
+                "cannot read the drop counter of tenant {tenant:?}: {e}"
+            ))
+        })
+}
+
 /// Per-tenant drop counters.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantCounter {

@@ -1,7 +1,9 @@
 //! One netlink query to nf_tables, without spawning `nft`: does the product's table hold a
 //! counter object of this name? Used on the job path (see `check_loaded`).
 
-use rustix::net::{netlink, recv, send, socket_with, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+use rustix::net::{
+    netlink, recv, send, socket_with, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType,
+};
 use std::io;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -15,6 +17,10 @@ const NFTA_OBJ_TABLE: u16 = 1;
 const NFTA_OBJ_NAME: u16 = 2;
 const NFTA_OBJ_TYPE: u16 = 3;
 const NFT_OBJECT_COUNTER: u32 = 1;
+const NFTA_OBJ_DATA: u16 = 4;
+const NFTA_COUNTER_BYTES: u16 = 1;
+const NFTA_COUNTER_PACKETS: u16 = 2;
+const NLA_TYPE_MASK: u16 = 0x3fff;
 
 fn attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
     let len = 4 + payload.len();
@@ -26,7 +32,10 @@ fn attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
 
 fn cstr(s: &str) -> io::Result<Vec<u8>> {
     if s.is_empty() || s.len() > 255 || s.bytes().any(|b| b == 0) {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad nft name {s:?}")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad nft name {s:?}"),
+        ));
     }
     let mut v = s.as_bytes().to_vec();
     v.push(0);
@@ -36,6 +45,33 @@ fn cstr(s: &str) -> io::Result<Vec<u8>> {
 /// `Ok(true)`: table `inet <table>` has counter `<name>`; `Ok(false)`: it does not (or the
 /// table is missing); `Err`: the question could not be asked.
 pub(crate) fn counter_exists(table: &str, name: &str) -> io::Result<bool> {
+    counter(table, name).map(|c| c.is_some())
+}
+
+/// Walks netlink attributes: (type, payload) pairs.
+fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if buf.len() < 4 {
+            return None;
+        }
+        let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
+        let kind = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > buf.len() {
+            return None;
+        }
+        let payload = &buf[4..len];
+        buf = buf.get((len + 3) & !3usize..).unwrap_or(&[]);
+        Some((kind, payload))
+    })
+}
+
+fn be64(p: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(p.get(..8)?.try_into().ok()?))
+}
+
+/// The (packets, bytes) of counter `<name>` in table `inet <table>`, `None` when it is not
+/// there: one netlink request, no process.
+pub(crate) fn counter(table: &str, name: &str) -> io::Result<Option<(u64, u64)>> {
     let fd = socket_with(
         AddressFamily::NETLINK,
         SocketType::RAW,
@@ -62,17 +98,33 @@ pub(crate) fn counter_exists(table: &str, name: &str) -> io::Result<bool> {
     }
     let kind = u16::from_ne_bytes([buf[4], buf[5]]);
     if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWOBJ {
-        return Ok(true);
+        // nlmsghdr (16) + nfgenmsg (4), then the object's attributes.
+        let total = (u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize).min(n);
+        let data = attrs(buf.get(20..total).unwrap_or(&[]))
+            .find(|(k, _)| *k == NFTA_OBJ_DATA)
+            .map(|(_, d)| d)
+            .unwrap_or(&[]);
+        let (mut packets, mut bytes) = (0, 0);
+        for (k, p) in attrs(data) {
+            match k {
+                NFTA_COUNTER_PACKETS => packets = be64(p).unwrap_or(0),
+                NFTA_COUNTER_BYTES => bytes = be64(p).unwrap_or(0),
+                _ => {}
+            }
+        }
+        return Ok(Some((packets, bytes)));
     }
     if kind == NLMSG_ERROR && n >= 20 {
         let errno = i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]);
         return match -errno {
             0 => Err(io::Error::other("netlink acknowledged without an answer")),
-            e if e == rustix::io::Errno::NOENT.raw_os_error() => Ok(false),
+            e if e == rustix::io::Errno::NOENT.raw_os_error() => Ok(None),
             e => Err(io::Error::from_raw_os_error(e)),
         };
     }
-    Err(io::Error::other(format!("unexpected netlink reply type {kind}")))
+    Err(io::Error::other(format!(
+        "unexpected netlink reply type {kind}"
+    )))
 }
 
 #[cfg(test)]
@@ -82,8 +134,16 @@ mod tests {
     use std::process::{Command, Stdio};
 
     fn nft(script: &str) -> bool {
-        let mut c = Command::new("nft").args(["-f", "-"]).stdin(Stdio::piped()).spawn().unwrap();
-        c.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        let mut c = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
         c.wait().unwrap().success()
     }
 
@@ -105,10 +165,21 @@ mod tests {
         }
         assert!(!counter_exists(&table, "drop_x").unwrap(), "no table yet");
         let _guard = Drop_(table.clone());
-        assert!(nft(&format!("table inet {table} {{\n counter drop_x {{\n }}\n}}\n")));
+        assert!(nft(&format!(
+            "table inet {table} {{\n counter drop_x {{\n }}\n}}\n"
+        )));
         assert!(counter_exists(&table, "drop_x").unwrap());
         assert!(!counter_exists(&table, "drop_y").unwrap());
+        assert_eq!(super::counter(&table, "drop_x").unwrap(), Some((0, 0)));
+        assert!(nft(&format!("reset counter inet {table} drop_x\n")));
+        assert!(nft(&format!(
+            "delete counter inet {table} drop_x\nadd counter inet {table} drop_x {{ packets 7 bytes 420 }}\n"
+        )));
+        assert_eq!(super::counter(&table, "drop_x").unwrap(), Some((7, 420)));
         assert!(nft(&format!("delete counter inet {table} drop_x\n")));
-        assert!(!counter_exists(&table, "drop_x").unwrap(), "deleted counter is seen as gone");
+        assert!(
+            !counter_exists(&table, "drop_x").unwrap(),
+            "deleted counter is seen as gone"
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! `tenancy/<tenant>/job_<id>`; the per-tenant nftables rules are static (loaded by
 //! `tenancyctl firewall apply`), so starting a job is one mkdir and never touches the ruleset.
 
-use crate::journal::Journal;
+use crate::journal::{Journal, JournalDir};
 use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -128,4 +128,24 @@ mod tests {
             assert!((1..=65_535).contains(&super::tenant_mark(n)));
         }
     }
+}
+
+/// Drops of `tenant` since the last job end on this node reported them: the tenant's nft
+/// counter minus what earlier `job_end` records already carried (kept in
+/// `state_dir/firewall-drops.json`, under the node lock). Summed over the audit log this is
+/// the counter's total, without double counting jobs that ran side by side.
+pub fn drops_since_last_report(journals: &JournalDir, table: &str, tenant: &str) -> Option<u64> {
+    let now = tenancy_network::tenant_drops(table, tenant).ok()??;
+    let _lock = journals.lock_node().ok()?;
+    let path = journals.path().join("firewall-drops.json");
+    let mut seen: std::collections::BTreeMap<String, u64> = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let last = seen.insert(tenant.to_string(), now).unwrap_or(0);
+    let tmp = journals.path().join(".firewall-drops.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&seen).ok()?).ok()?;
+    std::fs::rename(&tmp, &path).ok()?;
+    // A smaller value means the table was reloaded and counts from zero again.
+    Some(if now >= last { now - last } else { now })
 }
