@@ -9,6 +9,70 @@ use crate::spine::{Ending, Spine};
 use std::process::ExitCode;
 use tenancy_config::Config;
 
+/// Drains this node with `message` as the reason before a failing prolog exits, so that
+/// `sinfo -R` names the product, the job and the cause instead of Slurm's bare "Prolog error"
+/// (slurmctld keeps a reason already set when it drains the node for the failed prolog).
+/// Best effort: the non-zero exit drains the node anyway.
+fn drain_with_reason(message: &str) {
+    let Some(node) = std::env::var_os("SLURMD_NODENAME").filter(|n| !n.is_empty()) else {
+        return;
+    };
+    let node = node.to_string_lossy();
+    // One line; scontrol takes it as one argument (no shell), Slurm shows it verbatim.
+    let mut reason: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    if reason.len() > 400 {
+        let mut cut = 400;
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        reason.truncate(cut);
+    }
+    // slurmd gives the prolog no PATH but does give SLURM_CONF, which scontrol reads.
+    let child = std::process::Command::new("/usr/bin/scontrol")
+        .arg("update")
+        .arg(format!("nodename={node}"))
+        .arg("state=drain")
+        .arg(format!("reason={reason}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tenancy: cannot run /usr/bin/scontrol to set the drain reason: {e}");
+            return;
+        }
+    };
+    // Never let a hung slurmctld hold the prolog past Slurm's own timeouts.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) if st.success() => return,
+            Ok(Some(st)) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                eprintln!(
+                    "tenancy: scontrol could not set the drain reason ({st}): {}",
+                    err.trim()
+                );
+                return;
+            }
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                eprintln!("tenancy: scontrol did not set the drain reason within 10 s");
+                return;
+            }
+        }
+    }
+}
+
 fn finish(end: Ending) -> ExitCode {
     if end.code == 0 {
         println!("{}", end.message);
@@ -19,47 +83,61 @@ fn finish(end: Ending) -> ExitCode {
     }
 }
 
-fn load(origin: &str) -> Result<Config, ExitCode> {
-    Config::load(None).map_err(|e| {
-        eprintln!("tenancy: {origin}: cannot load the config, failing closed: {e}");
-        ExitCode::FAILURE
+fn load(origin: &str) -> Result<Config, Ending> {
+    Config::load(None).map_err(|e| Ending {
+        code: 1,
+        message: format!("tenancy: {origin}: cannot load the config, failing closed: {e}"),
     })
+}
+
+/// Slurm drains the node when the prolog or epilog fails; say why, then exit.
+fn finish_or_drain(end: Ending) -> ExitCode {
+    if end.code != 0 {
+        drain_with_reason(&end.message);
+    }
+    finish(end)
 }
 
 /// Runs the prolog for the job in this process's environment.
 pub fn prolog() -> ExitCode {
     let config = match load("tenancy-prolog") {
         Ok(c) => c,
-        Err(code) => return code,
+        Err(end) => return finish_or_drain(end),
     };
     let ctx = JobContext::from_process_env();
-    match Spine::new(&config, layers::for_node(&config), "tenancy-prolog") {
-        Ok(mut spine) => finish(spine.prolog(ctx)),
-        Err(e) => finish(Ending {
-            code: 1,
-            message: format!("tenancy: tenancy-prolog: {e}; failing closed"),
-        }),
-    }
+    finish_or_drain(
+        match Spine::new(&config, layers::for_node(&config), "tenancy-prolog") {
+            Ok(mut spine) => spine.prolog(ctx),
+            Err(e) => Ending {
+                code: 1,
+                message: format!("tenancy: tenancy-prolog: {e}; failing closed"),
+            },
+        },
+    )
 }
 
 /// Runs the epilog for the job in this process's environment.
 pub fn epilog() -> ExitCode {
     let config = match load("tenancy-epilog") {
         Ok(c) => c,
-        Err(code) => return code,
+        Err(end) => return finish_or_drain(end),
     };
     let ctx = match JobContext::from_process_env() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("tenancy: tenancy-epilog: cannot identify the job: {e}");
-            return ExitCode::FAILURE;
+            return finish_or_drain(Ending {
+                code: 1,
+                message: format!("tenancy: tenancy-epilog: cannot identify the job: {e}"),
+            })
         }
     };
-    match Spine::new(&config, layers::for_node(&config), "tenancy-epilog") {
-        Ok(mut spine) => finish(spine.epilog(&ctx)),
-        Err(e) => finish(Ending {
-            code: 1,
-            message: format!("tenancy: tenancy-epilog: job {}: {e}", ctx.job_id),
-        }),
-    }
+    finish_or_drain(
+        match Spine::new(&config, layers::for_node(&config), "tenancy-epilog") {
+            Ok(mut spine) => spine.epilog(&ctx),
+            Err(e) => Ending {
+                code: 1,
+                message: format!("tenancy: tenancy-epilog: job {}: {e}", ctx.job_id),
+            },
+        },
+    )
 }

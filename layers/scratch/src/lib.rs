@@ -373,6 +373,11 @@ pub fn create(spec: &ScratchSpec) -> Result<Created> {
 /// Opens root and the tenant folder for teardown; `None` when the tenant folder does not exist.
 fn open_tenant_existing(spec: &ScratchSpec) -> Result<Option<OwnedFd>> {
     spec.validate()?;
+    // A scratch root that is gone holds no job folder: teardown stays idempotent.
+    if matches!(std::fs::symlink_metadata(&spec.root), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    {
+        return Ok(None);
+    }
     let root = open_root(&spec.root)?;
     let path = spec.tenant_dir();
     match open_beneath(&root, &spec.tenant) {
