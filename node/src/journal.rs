@@ -151,8 +151,9 @@ impl JournalDir {
         })
     }
 
-    /// Replaces the job's journal atomically and durably.
-    pub fn save(&self, journal: &Journal) -> io::Result<()> {
+    /// Replaces the job's journal atomically; `durable` also fsyncs the file and the folder
+    /// (needed before anything the journal announces is made).
+    pub fn save(&self, journal: &Journal, durable: bool) -> io::Result<()> {
         let path = self.journal_path(journal.job_id);
         let tmp = self.dir.join(format!(".job_{}.json.tmp", journal.job_id));
         let bytes = serde_json::to_vec(journal).map_err(io::Error::other)?;
@@ -164,9 +165,14 @@ impl JournalDir {
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)?;
         f.write_all(&bytes)?;
-        f.sync_data()?;
+        if durable {
+            f.sync_data()?;
+        }
         fs::rename(&tmp, &path)?;
-        self.sync_dir()
+        if durable {
+            self.sync_dir()?;
+        }
+        Ok(())
     }
 
     /// Removes the job's journal (already gone is fine).
@@ -311,8 +317,8 @@ mod tests {
         let dir = JournalDir::open(&tmp.path().join("state")).unwrap();
         assert_eq!(dir.load(7).unwrap(), None);
         let j = sample(7);
-        dir.save(&j).unwrap();
-        dir.save(&sample(8)).unwrap();
+        dir.save(&j, true).unwrap();
+        dir.save(&sample(8), true).unwrap();
         assert_eq!(dir.load(7).unwrap(), Some(j));
         assert_eq!(dir.job_ids().unwrap(), vec![7, 8]);
         assert_eq!(dir.others(7).unwrap().len(), 1);
@@ -338,13 +344,13 @@ mod tests {
             intent: serde_json::json!({"gpu_uuid": "GPU-a"}),
             made: Some(serde_json::json!({"gpu_uuid": "GPU-a", "gi_id": 7})),
         }];
-        dir.save(&a).unwrap();
+        dir.save(&a, true).unwrap();
         // No index yet: rebuilt from the journals.
         let occ = dir.occupants(99).unwrap();
         assert_eq!(occ, vec![Occupant::of(&a)]);
         assert_eq!(occ[0].gpu_uuid.as_deref(), Some("GPU-a"));
         let b = sample(2);
-        dir.save(&b).unwrap();
+        dir.save(&b, true).unwrap();
         dir.set_occupant(2, Some(Occupant::of(&b))).unwrap();
         let ids: Vec<u64> = dir
             .occupants(99)

@@ -42,6 +42,12 @@ pub trait Layer {
     /// The name recorded in journals and audit records.
     fn name(&self) -> &'static str;
 
+    /// Layers whose made value this layer's `intend` reads (the device layer needs the MIG
+    /// slice): the spine journals this intent only after those are made.
+    fn needs_made_of(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Decides what to make. `Ok(None)`: the layer has nothing to do for this job.
     /// `journal` holds the earlier layers' results (the device layer reads the MIG slice).
     fn intend(&mut self, plan: &JobPlan, journal: &Journal) -> LayerResult<Option<Value>>;

@@ -294,8 +294,11 @@ impl<'c> Spine<'c> {
         Ok(())
     }
 
-    /// Makes every layer in order; each intent is journaled before it is made. Saving the
-    /// previous layer's result and the next intent is one journal write.
+    /// Makes every layer in order; each intent is journaled (durably) before it is made.
+    /// Intents are journaled in batches: consecutive layers whose intents need no result of a
+    /// layer of the same batch share one durable write (with MIG first, a job costs two: the
+    /// MIG intent, then the MIG slice with every other intent). Results need no fsync: every
+    /// layer can undo from its intent alone, so the last write only informs the task entry.
     fn make_all(&mut self, plan: &JobPlan, journal: &mut Journal) -> Result<(), String> {
         let job = plan.job_id;
         let _lock = self.journals.lock_node().map_err(|e| {
@@ -306,37 +309,64 @@ impl<'c> Spine<'c> {
         })?;
         self.check_node_sharing(plan)
             .map_err(|e| format!("job {job}: layer node: {e}"))?;
-        for i in 0..self.layers.len() {
-            let name = self.layers[i].name();
-            let intent = match self.layers[i].intend(plan, journal) {
-                Ok(Some(intent)) => intent,
-                Ok(None) => continue,
-                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
-            };
-            journal.steps.push(Step {
-                layer: name.to_string(),
-                state: StepState::Intended,
-                intent: intent.clone(),
-                made: None,
-            });
-            self.journals.save(journal).map_err(|e| {
+        let mut next = 0;
+        while next < self.layers.len() {
+            let first_step = journal.steps.len();
+            let mut batch: Vec<usize> = Vec::new();
+            while next < self.layers.len() {
+                let needs = self.layers[next].needs_made_of();
+                if batch
+                    .iter()
+                    .any(|&b| needs.contains(&self.layers[b].name()))
+                {
+                    break;
+                }
+                let name = self.layers[next].name();
+                match self.layers[next].intend(plan, journal) {
+                    Ok(Some(intent)) => {
+                        journal.steps.push(Step {
+                            layer: name.to_string(),
+                            state: StepState::Intended,
+                            intent,
+                            made: None,
+                        });
+                        batch.push(next);
+                    }
+                    Ok(None) => {}
+                    Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
+                }
+                next += 1;
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            self.journals.save(journal, true).map_err(|e| {
                 format!(
-                    "job {job}: layer {name}: cannot journal the intent in {}: {e}",
+                    "job {job}: cannot journal the intents of {} in {}: {e}",
+                    self.layer_names(&batch),
                     self.journals.path().display()
                 )
             })?;
-            self.boundary(Boundary::Intended(name));
-            match self.layers[i].make(&intent, journal) {
-                Ok(made) => {
-                    self.boundary(Boundary::Made(name));
-                    let step = journal.steps.last_mut().expect("just pushed");
-                    step.made = Some(made);
-                    step.state = StepState::Made;
+            for (k, &li) in batch.iter().enumerate() {
+                let name = self.layers[li].name();
+                let step = first_step + k;
+                self.boundary(Boundary::Intended(name));
+                let intent = journal.steps[step].intent.clone();
+                match self.layers[li].make(&intent, journal) {
+                    Ok(made) => {
+                        self.boundary(Boundary::Made(name));
+                        journal.steps[step].made = Some(made);
+                        journal.steps[step].state = StepState::Made;
+                    }
+                    Err(LayerError(e)) => {
+                        // Later intents of the batch were never acted on: nothing to undo.
+                        journal.steps.truncate(step + 1);
+                        return Err(format!("job {job}: layer {name}: {e}"));
+                    }
                 }
-                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
             }
         }
-        self.journals.save(journal).map_err(|e| {
+        self.journals.save(journal, false).map_err(|e| {
             format!(
                 "job {job}: cannot journal the result in {}: {e}",
                 self.journals.path().display()
@@ -352,6 +382,13 @@ impl<'c> Spine<'c> {
             })?;
         self.boundary(Boundary::AllMade);
         Ok(())
+    }
+
+    fn layer_names(&self, idx: &[usize]) -> String {
+        idx.iter()
+            .map(|&i| self.layers[i].name())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn roll_back(
@@ -447,7 +484,7 @@ impl<'c> Spine<'c> {
         let saved = if failures.is_empty() {
             self.journals.remove(journal.job_id)
         } else {
-            self.journals.save(&journal)
+            self.journals.save(&journal, true)
         };
         // What is left is owned by no running job: placement sees leftovers through NVML.
         let unlisted = self

@@ -210,9 +210,12 @@ fn a_failing_layer_undoes_the_earlier_ones_in_reverse_and_fails_closed() {
     assert_eq!(
         calls,
         [
+            // Independent layers are intended (one journal write), then made in order; the
+            // third was never acted on.
             "intend first",
-            "make first",
             "intend second",
+            "intend third",
+            "make first",
             "make second",
             // The failed layer is undone too: its intent was journaled, it may have half-made.
             "undo second made=false",
@@ -322,7 +325,7 @@ fn epilog_after_a_crashed_prolog_undoes_intended_steps() {
     j.steps.truncate(2);
     j.steps[1].state = StepState::Intended;
     j.steps[1].made = None;
-    dir.save(&j).unwrap();
+    dir.save(&j, true).unwrap();
     std::fs::remove_file(w.root.join("made/third-9")).unwrap();
     w.calls.borrow_mut().clear();
     let end = w.spine(None, "tenancy-epilog").epilog(&ctx("9").unwrap());

@@ -265,7 +265,7 @@ fn teardown_journal(
     let saved = if failures.is_empty() {
         journals.remove(journal.job_id)
     } else {
-        journals.save(&journal)
+        journals.save(&journal, true)
     };
     if let Err(e) = saved {
         failures.push(format!(

@@ -30,6 +30,10 @@ impl Layer for Devices {
         "devices"
     }
 
+    fn needs_made_of(&self) -> &'static [&'static str] {
+        &["mig"]
+    }
+
     fn intend(&mut self, plan: &JobPlan, journal: &Journal) -> LayerResult<Option<Value>> {
         let slices = match journal.made_by("mig") {
             None => Vec::new(),
