@@ -118,18 +118,6 @@ impl Layer for Network {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn tenant_marks_are_stable_and_in_range() {
-        assert_eq!(super::tenant_mark("acme"), super::tenant_mark("acme"));
-        assert_ne!(super::tenant_mark("acme"), super::tenant_mark("globex"));
-        for n in ["a", "acme", "globex", &"z".repeat(32)] {
-            assert!((1..=65_535).contains(&super::tenant_mark(n)));
-        }
-    }
-}
-
 /// Drops of `tenant` since the last job end on this node reported them: the tenant's nft
 /// counter minus what earlier `job_end` records already carried (kept in
 /// `state_dir/firewall-drops.json`, under the node lock). Summed over the audit log this is
@@ -148,4 +136,16 @@ pub fn drops_since_last_report(journals: &JournalDir, table: &str, tenant: &str)
     std::fs::rename(&tmp, &path).ok()?;
     // A smaller value means the table was reloaded and counts from zero again.
     Some(if now >= last { now - last } else { now })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tenant_marks_are_stable_and_in_range() {
+        assert_eq!(super::tenant_mark("acme"), super::tenant_mark("acme"));
+        assert_ne!(super::tenant_mark("acme"), super::tenant_mark("globex"));
+        for n in ["a", "acme", "globex", &"z".repeat(32)] {
+            assert!((1..=65_535).contains(&super::tenant_mark(n)));
+        }
+    }
 }
