@@ -97,7 +97,10 @@ fn forty_prolog_epilog_pairs_at_once_place_each_slice_once_and_keep_one_chain() 
     w.assert_nothing_left("after round 1");
 
     // Round 2: each job's prolog and epilog back to back, all jobs at once (churn: slices are
-    // freed and taken while others decide).
+    // freed and taken while others decide). An epilog that destroys a GI outside the node lock
+    // shifts NVML's MIG device indexes under a prolog looking its new slice up ("no MIG device
+    // for GI n CI 0 among 7 MIG device slots"): the prolog fails and the node would drain. The
+    // spine must tear down under the node lock (Spine::undo_all takes it).
     let jobs2: Vec<u64> = jobs.iter().map(|j| j + 1000).collect();
     let ww = w.clone();
     all_at_once(&jobs2, move |job| {

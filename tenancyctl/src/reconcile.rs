@@ -267,6 +267,9 @@ fn teardown_journal(
     } else {
         journals.save(&journal, true)
     };
+    // A job Slurm no longer runs occupies nothing: placement sees leftovers through NVML.
+    // (reconcile holds the node lock.)
+    let saved = saved.and(journals.set_occupant(journal.job_id, None));
     if let Err(e) = saved {
         failures.push(format!(
             "journal {}: {e}",

@@ -400,6 +400,13 @@ groups = ["{b}"]
     assert!(spec(12, 1).job_dir().is_dir());
     assert!(!root.join("state/job_11.json").exists());
     assert!(root.join("state/job_12.json").exists());
+    // The occupancy index placement reads lists only the live job.
+    let index = tenancy_node::JournalDir::open(&config.cluster.state_dir)
+        .unwrap()
+        .occupants(0)
+        .unwrap();
+    let ids: Vec<u64> = index.iter().map(|o| o.job_id).collect();
+    assert_eq!(ids, [12], "{index:?}");
     let retained: Vec<String> = std::fs::read_dir(spec(99, 1).tenant_dir().join(".retained"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
