@@ -462,6 +462,18 @@ impl<'c> Spine<'c> {
     /// when everything is gone, and otherwise kept holding only what is left.
     fn undo_all(&mut self, mut journal: Journal, ctx: &JobContext) -> Vec<String> {
         let mut failures = Vec::new();
+        // Teardown runs under the node lock, as make_all does: a GI destroyed meanwhile shifts
+        // NVML's MIG device indexes under a prolog's slice lookup (tests/concurrency.rs).
+        let _lock = match self.journals.lock_node() {
+            Ok(l) => l,
+            Err(e) => {
+                return vec![format!(
+                    "job {}: cannot take the node lock in {}: {e}",
+                    journal.job_id,
+                    self.journals.path().display()
+                )]
+            }
+        };
         for idx in (0..journal.steps.len()).rev() {
             let step = &journal.steps[idx];
             if step.state == StepState::Undone {
@@ -487,10 +499,7 @@ impl<'c> Spine<'c> {
             self.journals.save(&journal, true)
         };
         // What is left is owned by no running job: placement sees leftovers through NVML.
-        let unlisted = self
-            .journals
-            .lock_node()
-            .and_then(|_lock| self.journals.set_occupant(journal.job_id, None));
+        let unlisted = self.journals.set_occupant(journal.job_id, None);
         let saved = saved.and(unlisted);
         if let Err(e) = saved {
             failures.push(format!(
