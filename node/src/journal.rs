@@ -128,6 +128,13 @@ impl JournalDir {
         })
     }
 
+    /// The folder at `dir`, without touching the filesystem (the spine opens and creates it).
+    pub fn at(dir: &Path) -> JournalDir {
+        JournalDir {
+            dir: dir.to_path_buf(),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.dir
     }

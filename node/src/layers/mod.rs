@@ -18,19 +18,16 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer>> {
         // Only the NVML stand-in reads this; slurmd gives the prolog no environment to carry it.
         std::env::set_var("NVML_SHIM_FIXTURE", fixture);
     }
-    let journals = JournalDir::open(&config.cluster.state_dir);
     let mut layers: Vec<Box<dyn Layer>> = Vec::new();
-    if let Ok(journals) = journals {
-        layers.push(Box::new(mig::MigLayer {
-            library: config.cluster.nvml_library.clone(),
-            plan: NodePlan {
-                models: config.mig_plan.clone(),
-                gpus: Default::default(),
-            },
-            journals,
-            nvml: None,
-        }));
-    }
+    layers.push(Box::new(mig::MigLayer {
+        library: config.cluster.nvml_library.clone(),
+        plan: NodePlan {
+            models: config.mig_plan.clone(),
+            gpus: Default::default(),
+        },
+        journals: JournalDir::at(&config.cluster.state_dir),
+        nvml: None,
+    }));
     layers.push(Box::new(devices::Devices {
         driver: tenancy_devices::DriverPaths {
             proc_devices: config.node.proc_devices.clone(),
