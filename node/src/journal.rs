@@ -161,9 +161,14 @@ impl JournalDir {
     /// Replaces the job's journal atomically; `durable` also fsyncs the file and the folder
     /// (needed before anything the journal announces is made).
     pub fn save(&self, journal: &Journal, durable: bool) -> io::Result<()> {
-        let path = self.journal_path(journal.job_id);
-        let tmp = self.dir.join(format!(".job_{}.json.tmp", journal.job_id));
         let bytes = serde_json::to_vec(journal).map_err(io::Error::other)?;
+        self.replace_file(&format!("job_{}.json", journal.job_id), &bytes, durable)
+    }
+
+    /// Replaces `name` in the folder atomically (temporary file, rename; never through a
+    /// symlink); `durable` also fsyncs the file and the folder.
+    pub(crate) fn replace_file(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+        let tmp = self.dir.join(format!(".{name}.tmp"));
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -171,11 +176,11 @@ impl JournalDir {
             .mode(0o600)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)?;
-        f.write_all(&bytes)?;
+        f.write_all(bytes)?;
         if durable {
             f.sync_data()?;
         }
-        fs::rename(&tmp, &path)?;
+        fs::rename(&tmp, self.dir.join(name))?;
         if durable {
             self.sync_dir()?;
         }
@@ -256,19 +261,11 @@ impl JournalDir {
     }
 
     fn write_occupancy(&self, all: &[Occupant]) -> io::Result<()> {
-        let tmp = self.dir.join(".occupancy.json.tmp");
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&tmp)?;
-        f.write_all(&serde_json::to_vec(all).map_err(io::Error::other)?)?;
         // No fsync: the index is derived from the journals (which are durable); after a crash
         // a stale or lost entry is rebuilt by `tenancyctl reconcile`, and a stale one only
         // refuses sharing (fail closed).
-        fs::rename(&tmp, self.dir.join(OCCUPANCY))
+        let bytes = serde_json::to_vec(all).map_err(io::Error::other)?;
+        self.replace_file(OCCUPANCY, &bytes, false)
     }
 
     /// Takes the node-wide lock (released on drop) that serialises placement decisions.

@@ -131,9 +131,13 @@ pub fn drops_since_last_report(journals: &JournalDir, table: &str, tenant: &str)
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
     let last = seen.insert(tenant.to_string(), now).unwrap_or(0);
-    let tmp = journals.path().join(".firewall-drops.json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&seen).ok()?).ok()?;
-    std::fs::rename(&tmp, &path).ok()?;
+    journals
+        .replace_file(
+            "firewall-drops.json",
+            &serde_json::to_vec(&seen).ok()?,
+            false,
+        )
+        .ok()?;
     // A smaller value means the table was reloaded and counts from zero again.
     Some(if now >= last { now - last } else { now })
 }
