@@ -25,7 +25,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
 mod args;
-mod backend;
+pub mod backend;
 
 pub use args::{account_from_cmdline, parse_plugin_args, PluginArgs};
 
