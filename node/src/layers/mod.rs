@@ -18,29 +18,29 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer>> {
         // Only the NVML stand-in reads this; slurmd gives the prolog no environment to carry it.
         std::env::set_var("NVML_SHIM_FIXTURE", fixture);
     }
-    let mut layers: Vec<Box<dyn Layer>> = Vec::new();
-    layers.push(Box::new(mig::MigLayer {
-        library: config.cluster.nvml_library.clone(),
-        plan: NodePlan {
-            models: config.mig_plan.clone(),
-            gpus: Default::default(),
-        },
-        journals: JournalDir::at(&config.cluster.state_dir),
-        nvml: None,
-    }));
-    layers.push(Box::new(devices::Devices {
-        driver: tenancy_devices::DriverPaths {
-            proc_devices: config.node.proc_devices.clone(),
-            mig_minors: config.node.mig_minors.clone(),
-        },
-        target: None,
-    }));
-    layers.push(Box::new(network::Network {
-        spec: None,
-        config: config.clone(),
-    }));
-    layers.push(Box::new(scratch::Scratch {
-        root: config.cluster.scratch_root.clone(),
-    }));
-    layers
+    vec![
+        Box::new(mig::MigLayer {
+            library: config.cluster.nvml_library.clone(),
+            plan: NodePlan {
+                models: config.mig_plan.clone(),
+                gpus: Default::default(),
+            },
+            journals: JournalDir::at(&config.cluster.state_dir),
+            nvml: None,
+        }),
+        Box::new(devices::Devices {
+            driver: tenancy_devices::DriverPaths {
+                proc_devices: config.node.proc_devices.clone(),
+                mig_minors: config.node.mig_minors.clone(),
+            },
+            target: None,
+        }),
+        Box::new(network::Network {
+            spec: None,
+            config: config.clone(),
+        }),
+        Box::new(scratch::Scratch {
+            root: config.cluster.scratch_root.clone(),
+        }),
+    ]
 }
