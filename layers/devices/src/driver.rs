@@ -251,6 +251,15 @@ impl DriverInfo {
     /// Hot path: load, keeping only the capability entries of `slices` (the file has thousands
     /// of lines; all are validated, few are stored).
     pub fn load_for(paths: &DriverPaths, slices: &[crate::policy::SliceRef]) -> Result<Self> {
+        if slices.is_empty() {
+            // A job without a slice is denied every NVIDIA device by major: no minor is needed,
+            // so the (4,000-line) mig-minors table is not read on its path.
+            let majors = NvidiaMajors::parse(&read(&paths.proc_devices)?, &paths.proc_devices)?;
+            return Ok(DriverInfo {
+                majors,
+                mig: MigMinors::default(),
+            });
+        }
         let keep = |gpu: u32, gi: u32, ci: Option<u32>| {
             slices.iter().any(|s| {
                 s.gpu_minor == gpu && s.gi_id == gi && (ci.is_none() || ci == Some(s.ci_id))
