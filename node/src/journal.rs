@@ -99,7 +99,60 @@ impl Occupant {
     }
 }
 
-const OCCUPANCY: &str = "occupancy.json";
+/// The occupancy index: an append-only log of `+ job tenant tier share_gpu share_node gpu`
+/// and `- job` lines (names are validated: no spaces), compacted when mostly tombstones.
+/// Adding or removing a job is one append; reading it is a split per line, no JSON.
+const OCCUPANCY: &str = "occupancy";
+
+impl Occupant {
+    fn line(&self) -> String {
+        format!(
+            "+ {} {} {} {} {} {}\n",
+            self.job_id,
+            self.tenant,
+            self.tier,
+            u8::from(self.share_gpu),
+            u8::from(self.share_node),
+            self.gpu_uuid.as_deref().unwrap_or("-")
+        )
+    }
+}
+
+/// Folds the index into its live entries; `None` when a line is damaged (then it is rebuilt).
+fn parse_occupancy(text: &str) -> Option<(Vec<Occupant>, usize)> {
+    let mut live: std::collections::BTreeMap<u64, Occupant> = std::collections::BTreeMap::new();
+    let mut lines = 0;
+    for line in text.lines() {
+        lines += 1;
+        let f: Vec<&str> = line.split(' ').collect();
+        match f.as_slice() {
+            ["+", job, tenant, tier, gpu_ok, node_ok, gpu] => {
+                let job_id: u64 = job.parse().ok()?;
+                let flag = |v: &str| match v {
+                    "0" => Some(false),
+                    "1" => Some(true),
+                    _ => None,
+                };
+                live.insert(
+                    job_id,
+                    Occupant {
+                        job_id,
+                        tenant: tenant.to_string(),
+                        tier: tier.to_string(),
+                        share_gpu: flag(gpu_ok)?,
+                        share_node: flag(node_ok)?,
+                        gpu_uuid: (*gpu != "-").then(|| gpu.to_string()),
+                    },
+                );
+            }
+            ["-", job] => {
+                live.remove(&job.parse().ok()?);
+            }
+            _ => return None,
+        }
+    }
+    Some((live.into_values().collect(), lines))
+}
 
 /// The folder of journals on this node.
 #[derive(Debug, Clone)]
@@ -204,7 +257,7 @@ impl JournalDir {
     pub fn job_ids(&self) -> io::Result<Vec<u64>> {
         let mut ids = Vec::new();
         for entry in fs::read_dir(&self.dir)? {
-            // (occupancy.json and dot files are not journals: the name filter below skips them)
+            // (the occupancy index and dot files are not journals: the name filter skips them)
             let name = entry?.file_name();
             let Some(name) = name.to_str() else { continue };
             if let Some(id) = name
@@ -236,36 +289,62 @@ impl JournalDir {
     /// instead of one per journal, so a job's start costs the same on a full node. The index
     /// is rebuilt from the journals when it is missing or unreadable. Call under the node lock.
     pub fn occupants(&self, job_id: u64) -> io::Result<Vec<Occupant>> {
-        let all = match fs::read(self.dir.join(OCCUPANCY)) {
-            Ok(bytes) => match serde_json::from_slice::<Vec<Occupant>>(&bytes) {
-                Ok(v) => v,
-                Err(_) => self.rebuild_occupancy()?,
-            },
-            Err(e) if e.kind() == io::ErrorKind::NotFound => self.rebuild_occupancy()?,
-            Err(e) => return Err(e),
-        };
-        Ok(all.into_iter().filter(|o| o.job_id != job_id).collect())
+        Ok(self
+            .occupancy()?
+            .0
+            .into_iter()
+            .filter(|o| o.job_id != job_id)
+            .collect())
     }
 
-    fn rebuild_occupancy(&self) -> io::Result<Vec<Occupant>> {
+    /// Live entries and the number of lines they were folded from.
+    fn occupancy(&self) -> io::Result<(Vec<Occupant>, usize)> {
+        match fs::read_to_string(self.dir.join(OCCUPANCY)) {
+            Ok(text) => match parse_occupancy(&text) {
+                Some(v) => Ok(v),
+                None => self.rebuild_occupancy(),
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self.rebuild_occupancy(),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => self.rebuild_occupancy(),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn rebuild_occupancy(&self) -> io::Result<(Vec<Occupant>, usize)> {
         let all: Vec<Occupant> = self.others(0)?.iter().map(Occupant::of).collect();
         self.write_occupancy(&all)?;
-        Ok(all)
+        let n = all.len();
+        Ok((all, n))
     }
 
-    /// Sets (`Some`) or removes (`None`) the job's entry. Call under the node lock.
+    /// Sets (`Some`) or removes (`None`) the job's entry: one append. Call under the node lock.
     pub fn set_occupant(&self, job_id: u64, entry: Option<Occupant>) -> io::Result<()> {
-        let mut all = self.occupants(job_id)?;
-        all.extend(entry);
-        self.write_occupancy(&all)
+        // Read first: a missing or damaged index is rebuilt before it is appended to.
+        let (live, lines) = self.occupancy()?;
+        let line = match &entry {
+            Some(e) => e.line(),
+            None if live.iter().any(|o| o.job_id == job_id) => format!("- {job_id}\n"),
+            None => return Ok(()),
+        };
+        if lines > 2 * live.len() + 64 {
+            let mut all: Vec<Occupant> = live.into_iter().filter(|o| o.job_id != job_id).collect();
+            all.extend(entry);
+            return self.write_occupancy(&all);
+        }
+        let mut f = OpenOptions::new()
+            .append(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(self.dir.join(OCCUPANCY))?;
+        // One write in O_APPEND: a line is whole or absent.
+        f.write_all(line.as_bytes())
     }
 
     fn write_occupancy(&self, all: &[Occupant]) -> io::Result<()> {
         // No fsync: the index is derived from the journals (which are durable); after a crash
         // a stale or lost entry is rebuilt by `tenancyctl reconcile`, and a stale one only
         // refuses sharing (fail closed).
-        let bytes = serde_json::to_vec(all).map_err(io::Error::other)?;
-        self.replace_file(OCCUPANCY, &bytes, false)
+        let text: String = all.iter().map(Occupant::line).collect();
+        self.replace_file(OCCUPANCY, text.as_bytes(), false)
     }
 
     /// Takes the node-wide lock (released on drop) that serialises placement decisions.
@@ -371,7 +450,18 @@ mod tests {
         dir.set_occupant(1, None).unwrap();
         assert_eq!(dir.occupants(99).unwrap(), vec![Occupant::of(&b)]);
         // A damaged index is rebuilt from the journals (both still exist).
-        fs::write(dir.path().join(OCCUPANCY), b"{oops").unwrap();
+        fs::write(dir.path().join(OCCUPANCY), b"+ 1 acme\n").unwrap();
+        assert_eq!(dir.occupants(99).unwrap().len(), 2);
+        // Appends are compacted once tombstones dominate: the file stays O(live jobs).
+        for _ in 0..200 {
+            dir.set_occupant(3, Some(Occupant::of(&sample(3)))).unwrap();
+            dir.set_occupant(3, None).unwrap();
+        }
+        let lines = fs::read_to_string(dir.path().join(OCCUPANCY))
+            .unwrap()
+            .lines()
+            .count();
+        assert!(lines <= 2 * 2 + 64 + 2, "{lines} lines for 2 live jobs");
         assert_eq!(dir.occupants(99).unwrap().len(), 2);
         // The index is not mistaken for a journal.
         assert_eq!(dir.job_ids().unwrap(), vec![1, 2]);
