@@ -319,18 +319,30 @@ impl JournalDir {
 
     /// Sets (`Some`) or removes (`None`) the job's entry: one append. Call under the node lock.
     pub fn set_occupant(&self, job_id: u64, entry: Option<Occupant>) -> io::Result<()> {
-        // Read first: a missing or damaged index is rebuilt before it is appended to.
+        if let Some(e) = &entry {
+            // A start is a bare append (the index is compacted on removals); a missing index is
+            // rebuilt from the journals, this job's included.
+            return match OpenOptions::new()
+                .append(true)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                .open(self.dir.join(OCCUPANCY))
+            {
+                Ok(mut f) => f.write_all(e.line().as_bytes()),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    self.rebuild_occupancy().map(|_| ())
+                }
+                Err(err) => Err(err),
+            };
+        }
         let (live, lines) = self.occupancy()?;
-        let line = match &entry {
-            Some(e) => e.line(),
-            None if live.iter().any(|o| o.job_id == job_id) => format!("- {job_id}\n"),
-            None => return Ok(()),
-        };
+        if !live.iter().any(|o| o.job_id == job_id) {
+            return Ok(());
+        }
         if lines > 2 * live.len() + 64 {
-            let mut all: Vec<Occupant> = live.into_iter().filter(|o| o.job_id != job_id).collect();
-            all.extend(entry);
+            let all: Vec<Occupant> = live.into_iter().filter(|o| o.job_id != job_id).collect();
             return self.write_occupancy(&all);
         }
+        let line = format!("- {job_id}\n");
         let mut f = OpenOptions::new()
             .append(true)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)

@@ -24,6 +24,8 @@ pub struct JobPlan {
     pub profile: Option<String>,
     /// Slots slurmctld allocated (GPU GRES indexes), when the node's GRES describe MIG slots.
     pub gres_gpus: Option<Vec<u32>>,
+    /// The other jobs on the node (occupancy index, read under the node lock).
+    pub others: Vec<crate::journal::Occupant>,
 }
 
 /// A layer's failure: the message names the value and what to do; the spine adds job and layer.

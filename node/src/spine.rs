@@ -141,7 +141,7 @@ impl<'c> Spine<'c> {
                 };
             }
         };
-        let plan = match self.decide(&ctx) {
+        let mut plan = match self.decide(&ctx) {
             Ok(plan) => plan,
             Err(d) => return self.deny(&ctx, d),
         };
@@ -181,7 +181,7 @@ impl<'c> Spine<'c> {
             started: Utc::now(),
             steps: Vec::new(),
         };
-        match self.make_all(&plan, &mut journal) {
+        match self.make_all(&mut plan, &mut journal) {
             Ok(()) => {}
             Err(reason) => return self.roll_back(&ctx, &plan, journal, reason),
         }
@@ -262,18 +262,14 @@ impl<'c> Spine<'c> {
             tier,
             profile: resolved.profile,
             gres_gpus: ctx.gres_gpus.clone(),
+            others: Vec::new(),
         })
     }
 
     /// share_node: a tenant whose tier forbids sharing the node is alone on it, and nobody joins
-    /// a node such a tenant holds. Decided under the node lock from the other journals.
-    fn check_node_sharing(&self, plan: &JobPlan) -> Result<(), String> {
-        for other in self.journals.occupants(plan.job_id).map_err(|e| {
-            format!(
-                "cannot read the occupancy index in {}: {e}",
-                self.journals.path().display()
-            )
-        })? {
+    /// a node such a tenant holds. Decided under the node lock from the occupancy index.
+    fn check_node_sharing(plan: &JobPlan) -> Result<(), String> {
+        for other in &plan.others {
             if other.tenant == plan.tenant {
                 continue;
             }
@@ -299,7 +295,7 @@ impl<'c> Spine<'c> {
     /// layer of the same batch share one durable write (with MIG first, a job costs two: the
     /// MIG intent, then the MIG slice with every other intent). Results need no fsync: every
     /// layer can undo from its intent alone, so the last write only informs the task entry.
-    fn make_all(&mut self, plan: &JobPlan, journal: &mut Journal) -> Result<(), String> {
+    fn make_all(&mut self, plan: &mut JobPlan, journal: &mut Journal) -> Result<(), String> {
         let job = plan.job_id;
         let _lock = self.journals.lock_node().map_err(|e| {
             format!(
@@ -307,8 +303,15 @@ impl<'c> Spine<'c> {
                 self.journals.path().display()
             )
         })?;
-        self.check_node_sharing(plan)
-            .map_err(|e| format!("job {job}: layer node: {e}"))?;
+        // Read once under the lock; the tier rules here and in the MIG layer use it.
+        plan.others = self.journals.occupants(job).map_err(|e| {
+            format!(
+                "job {job}: layer node: cannot read the occupancy index in {}: {e}",
+                self.journals.path().display()
+            )
+        })?;
+        let plan = &*plan;
+        Self::check_node_sharing(plan).map_err(|e| format!("job {job}: layer node: {e}"))?;
         let mut next = 0;
         while next < self.layers.len() {
             let first_step = journal.steps.len();

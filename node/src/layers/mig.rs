@@ -5,7 +5,7 @@
 //! journals. When slurmctld allocated a plan slot (GPU GRES, SLURM_JOB_GPUS), exactly that slot
 //! is created, so Slurm's accounting and the placement always agree.
 
-use crate::journal::{Journal, JournalDir};
+use crate::journal::Journal;
 use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -14,7 +14,6 @@ use tenancy_mig::{Mig, MigIntent, MigSlice, NodePlan, Occupant, Request};
 pub struct MigLayer {
     pub library: Option<PathBuf>,
     pub plan: NodePlan,
-    pub journals: JournalDir,
     /// Opened on first use: jobs without a slice never load NVML.
     pub nvml: Option<Mig>,
 }
@@ -31,22 +30,6 @@ impl MigLayer {
         }
         Ok(self.nvml.as_ref().expect("just opened"))
     }
-
-    /// Which tenants hold which GPUs, from the node's occupancy index.
-    fn occupants(&self, job_id: u64) -> LayerResult<Vec<Occupant>> {
-        Ok(self
-            .journals
-            .occupants(job_id)?
-            .into_iter()
-            .filter_map(|o| {
-                Some(Occupant {
-                    gpu_uuid: o.gpu_uuid?,
-                    tenant: o.tenant,
-                    share_gpu: o.share_gpu,
-                })
-            })
-            .collect())
-    }
 }
 
 impl Layer for MigLayer {
@@ -58,7 +41,18 @@ impl Layer for MigLayer {
         let Some(profile) = plan.profile.clone() else {
             return Ok(None);
         };
-        let occupants = self.occupants(plan.job_id)?;
+        // Which tenants hold which GPUs, from the node's occupancy index.
+        let occupants: Vec<Occupant> = plan
+            .others
+            .iter()
+            .filter_map(|o| {
+                Some(Occupant {
+                    gpu_uuid: o.gpu_uuid.clone()?,
+                    tenant: o.tenant.clone(),
+                    share_gpu: o.share_gpu,
+                })
+            })
+            .collect();
         let request = Request {
             profile: Some(profile),
             slot: plan.gres_gpus.as_ref().and_then(|g| g.first().copied()),

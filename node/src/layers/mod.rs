@@ -7,7 +7,6 @@ mod mig;
 pub mod network;
 mod scratch;
 
-use crate::journal::JournalDir;
 use crate::layer::Layer;
 use tenancy_config::Config;
 use tenancy_mig::NodePlan;
@@ -25,7 +24,6 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer>> {
                 models: config.mig_plan.clone(),
                 gpus: Default::default(),
             },
-            journals: JournalDir::at(&config.cluster.state_dir),
             nvml: None,
         }),
         Box::new(devices::Devices {
