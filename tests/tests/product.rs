@@ -561,7 +561,10 @@ fn prolog_failure_rolls_back_requeues_holds_and_drains() {
             let t = Instant::now();
             loop {
                 let i = s.cluster.job_info(id)?;
-                if i["Reason"].contains("held") || t.elapsed() > Duration::from_secs(60) {
+                // The job passes through COMPLETING (its epilog runs) before it is PENDING
+                // again, already with the held reason: wait for both.
+                let held = i["Reason"].contains("held") && i["JobState"] == "PENDING";
+                if held || t.elapsed() > Duration::from_secs(60) {
                     return Ok(i);
                 }
                 std::thread::sleep(Duration::from_millis(200));
