@@ -74,6 +74,7 @@ fn root_owned_dir(path: &Path, what: &str, out: &mut Vec<Row>) {
 pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     root_owned_dir(&config.cluster.scratch_root, "scratch.root", &mut rows);
+    root_owned_dir(&config.cluster.state_dir, "state.dir", &mut rows);
     if let Some(dir) = config.cluster.audit_log.parent() {
         root_owned_dir(dir, "audit.dir", &mut rows);
     }
