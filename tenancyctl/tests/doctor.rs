@@ -1,0 +1,64 @@
+//! `tenancyctl doctor` flags a node that could not isolate jobs.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+#[test]
+fn a_world_writable_scratch_root_fails_the_doctor() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let scratch = root.join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let config = root.join("tenancy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[cluster]
+name = "t"
+state_dir = "{r}/state"
+audit_log = "{r}/audit.jsonl"
+scratch_root = "{r}/scratch"
+nvml_library = "{r}/no-such-libnvidia-ml.so.1"
+[tiers.internal]
+[tenants.acme]
+tier = "internal"
+groups = ["root"]
+"#,
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
+        .args(["doctor", "--format", "json", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let scratch_row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "scratch.root")
+        .expect("a scratch.root row");
+    assert_eq!(scratch_row["severity"], "error", "{scratch_row}");
+    assert!(scratch_row["remedy"]
+        .as_str()
+        .unwrap()
+        .contains("chmod go-w"));
+    // No NVML: reported, not fatal by itself (jobs asking for --mig are refused).
+    let nvml = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "nvml.load");
+    assert_eq!(nvml.map(|r| r["severity"].clone()), Some("warn".into()));
+}
