@@ -147,7 +147,24 @@ impl<'c> Spine<'c> {
         };
         // A journal left by a prolog that died (and whose epilog never ran) is torn down first:
         // a requeued job must not inherit, or leak, an earlier attempt's resources.
-        if let Ok(Some(stale)) = self.journals.load(ctx.job_id) {
+        let stale = match self.journals.load(ctx.job_id) {
+            Ok(stale) => stale,
+            // Overwriting a journal that cannot be read would orphan what it records.
+            Err(e) => {
+                return self.deny(
+                    &ctx,
+                    Denial {
+                        event: Event::TeardownFailed,
+                        reason: format!(
+                            "job {}: an earlier attempt's journal cannot be read: {e}; inspect it, \
+                             then run `tenancyctl reconcile --apply` on {}",
+                            ctx.job_id, ctx.node
+                        ),
+                    },
+                )
+            }
+        };
+        if let Some(stale) = stale {
             let failures = self.undo_all(stale, &ctx);
             if !failures.is_empty() {
                 return self.deny(

@@ -369,3 +369,21 @@ fn unwritable_audit_log_fails_the_prolog_closed() {
         "job resources left without a record"
     );
 }
+
+#[test]
+fn an_unreadable_earlier_journal_fails_the_prolog_instead_of_being_overwritten() {
+    let w = World::new();
+    let dir = tenancy_node::JournalDir::open(&w.config.cluster.state_dir).unwrap();
+    std::fs::write(dir.journal_path(13), b"{torn").unwrap();
+    let end = w.spine(None, "tenancy-prolog").prolog(ctx("13"));
+    assert_eq!(end.code, 1);
+    assert!(end.message.contains("cannot be read"), "{}", end.message);
+    assert!(
+        w.calls.borrow().is_empty(),
+        "a layer ran: {:?}",
+        w.calls.borrow()
+    );
+    assert_eq!(std::fs::read(dir.journal_path(13)).unwrap(), b"{torn");
+    let recs = w.records();
+    assert_eq!(recs.last().unwrap().event, Event::TeardownFailed);
+}
