@@ -105,6 +105,16 @@ macro_rules! raw {
     }};
 }
 
+/// `raw!` for calls where any return code but SUCCESS is an error naming the call.
+macro_rules! checked {
+    ($self:ident, $at:expr, $op:literal, $f:ident $(, $arg:expr)* ) => {{
+        let rc = raw!($self, $at, $op, $f $(, $arg)*)?;
+        if rc != SUCCESS {
+            return Err(nvml_err($at.clone(), $op, rc));
+        }
+    }};
+}
+
 fn cstr(buf: &[std::os::raw::c_char]) -> String {
     // SAFETY-free: copy bytes up to the first NUL.
     let bytes: Vec<u8> = buf
@@ -292,7 +302,7 @@ impl Mig {
         // SAFETY: plain-old-data C struct.
         let mut info: b::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
         info.version = std::mem::size_of::<b::nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
-        let rc = raw!(
+        checked!(
             self,
             at,
             "nvmlDeviceGetGpuInstanceProfileInfoV",
@@ -300,14 +310,7 @@ impl Mig {
             dev,
             index,
             &mut info
-        )?;
-        if rc != SUCCESS {
-            return Err(nvml_err(
-                at.clone(),
-                "nvmlDeviceGetGpuInstanceProfileInfoV",
-                rc,
-            ));
-        }
+        );
         Ok(info)
     }
 
@@ -343,17 +346,14 @@ impl Mig {
     fn gi_info(&self, gi: b::nvmlGpuInstance_t, at: &At) -> Result<b::nvmlGpuInstanceInfo_t> {
         // SAFETY: POD.
         let mut info: b::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
-        let rc = raw!(
+        checked!(
             self,
             at,
             "nvmlGpuInstanceGetInfo",
             nvmlGpuInstanceGetInfo,
             gi,
             &mut info
-        )?;
-        if rc != SUCCESS {
-            return Err(nvml_err(at.clone(), "nvmlGpuInstanceGetInfo", rc));
-        }
+        );
         Ok(info)
     }
 
@@ -428,17 +428,14 @@ impl Mig {
             for &ci in buf.iter().take((count as usize).min(16)) {
                 // SAFETY: POD.
                 let mut ci_info: b::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
-                let rc = raw!(
+                checked!(
                     self,
                     at,
                     "nvmlComputeInstanceGetInfo_v2",
                     nvmlComputeInstanceGetInfo_v2,
                     ci,
                     &mut ci_info
-                )?;
-                if rc != SUCCESS {
-                    return Err(nvml_err(at.clone(), "nvmlComputeInstanceGetInfo_v2", rc));
-                }
+                );
                 out.push((ci, ci_info.id));
             }
         }
@@ -605,7 +602,7 @@ impl Mig {
             size: intent.placement_size,
         };
         let mut gi: b::nvmlGpuInstance_t = std::ptr::null_mut();
-        let rc = raw!(
+        checked!(
             self,
             at,
             "nvmlDeviceCreateGpuInstanceWithPlacement",
@@ -614,10 +611,7 @@ impl Mig {
             pinfo.id,
             &placement,
             &mut gi
-        )?;
-        if rc != SUCCESS {
-            return Err(nvml_err(at, "nvmlDeviceCreateGpuInstanceWithPlacement", rc));
-        }
+        );
         let gi_info = match self.gi_info(gi, &at) {
             Ok(i) => i,
             Err(e) => return Err(self.undo_gi(gi, &at, e)),
@@ -742,17 +736,14 @@ impl Mig {
 
     fn mig_uuid(&self, dev: b::nvmlDevice_t, gi_id: u32, ci_id: u32, at: &At) -> Result<String> {
         let mut max: u32 = 0;
-        let rc = raw!(
+        checked!(
             self,
             at,
             "nvmlDeviceGetMaxMigDeviceCount",
             nvmlDeviceGetMaxMigDeviceCount,
             dev,
             &mut max
-        )?;
-        if rc != SUCCESS {
-            return Err(nvml_err(at.clone(), "nvmlDeviceGetMaxMigDeviceCount", rc));
-        }
+        );
         for i in 0..max {
             let mut mig: b::nvmlDevice_t = std::ptr::null_mut();
             let rc = raw!(
@@ -775,32 +766,26 @@ impl Mig {
                 ));
             }
             let (mut g, mut c) = (u32::MAX, u32::MAX);
-            let rc = raw!(
+            checked!(
                 self,
                 at,
                 "nvmlDeviceGetGpuInstanceId",
                 nvmlDeviceGetGpuInstanceId,
                 mig,
                 &mut g
-            )?;
-            if rc != SUCCESS {
-                return Err(nvml_err(at.clone(), "nvmlDeviceGetGpuInstanceId", rc));
-            }
-            let rc = raw!(
+            );
+            checked!(
                 self,
                 at,
                 "nvmlDeviceGetComputeInstanceId",
                 nvmlDeviceGetComputeInstanceId,
                 mig,
                 &mut c
-            )?;
-            if rc != SUCCESS {
-                return Err(nvml_err(at.clone(), "nvmlDeviceGetComputeInstanceId", rc));
-            }
+            );
             if g == gi_id && c == ci_id {
                 let mut buf =
                     [0 as std::os::raw::c_char; b::NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
-                let rc = raw!(
+                checked!(
                     self,
                     at,
                     "nvmlDeviceGetUUID",
@@ -808,10 +793,7 @@ impl Mig {
                     mig,
                     buf.as_mut_ptr(),
                     buf.len() as u32
-                )?;
-                if rc != SUCCESS {
-                    return Err(nvml_err(at.clone(), "nvmlDeviceGetUUID", rc));
-                }
+                );
                 let u = cstr(&buf);
                 if !u.starts_with("MIG-") {
                     return Err(MigError::Other {
