@@ -2,11 +2,16 @@
 //! made, recorded after. Teardown (epilog, reconcile) works from the journal alone, so every
 //! intent holds everything needed to find and undo its resource even if the config changed.
 //!
-//! Writes are atomic: a temporary file, fsync, rename over the journal, fsync of the folder.
+//! Writes are atomic: a temporary file, then a rename over the journal. Intents, which must be
+//! on disk before anything they announce is made, also fsync the file and the folder; the
+//! final result (needed only while the node is up: every layer undoes from its intent alone)
+//! is swapped in with RENAME_EXCHANGE, which leaves it in the page cache.
 
 use chrono::{DateTime, Utc};
+use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -64,9 +69,11 @@ impl Journal {
     }
 }
 
-/// One running job as placement decisions see it: an entry of the node's occupancy index.
+/// Running jobs as placement decisions see them: one job, or (as [`JournalDir::occupants`]
+/// gives them) every job of one description: same tenant, tier, rules and GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Occupant {
+    /// The job, or the lowest job id of the group (named in refusals).
     pub job_id: u64,
     pub tenant: String,
     pub tier: String,
@@ -75,6 +82,8 @@ pub struct Occupant {
     /// The physical GPU of the job's MIG slice, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_uuid: Option<String>,
+    /// How many running jobs this entry stands for.
+    pub jobs: u32,
 }
 
 impl Occupant {
@@ -95,14 +104,20 @@ impl Occupant {
             share_gpu: journal.share_gpu,
             share_node: journal.share_node,
             gpu_uuid,
+            jobs: 1,
         }
     }
 }
 
 /// The occupancy index: an append-only log of `+ job tenant tier share_gpu share_node gpu`
 /// and `- job` lines (names are validated: no spaces), compacted when mostly tombstones.
-/// Adding or removing a job is one append; reading it is a split per line, no JSON.
+/// Adding or removing a job is one append; reading it (once per prolog) is a split per line,
+/// no JSON, and what placement gets is one entry per distinct description, not per job.
 const OCCUPANCY: &str = "occupancy";
+
+/// Appends are checked for compaction each time the index grows past a multiple of this many
+/// bytes, so the epilog reads the whole index only once every hundred or so jobs.
+const COMPACT_STEP: u64 = 4096;
 
 impl Occupant {
     fn line(&self) -> String {
@@ -118,40 +133,58 @@ impl Occupant {
     }
 }
 
-/// Folds the index into its live entries; `None` when a line is damaged (then it is rebuilt).
-fn parse_occupancy(text: &str) -> Option<(Vec<Occupant>, usize)> {
-    let mut live: std::collections::BTreeMap<u64, Occupant> = std::collections::BTreeMap::new();
+/// Folds the index into its live jobs, each with the rest of its line (`tenant tier share_gpu
+/// share_node gpu`), and counts the lines; `None` when a line is damaged (then it is rebuilt).
+fn fold_occupancy(text: &str) -> Option<(HashMap<u64, &str>, usize)> {
+    let mut live = HashMap::new();
     let mut lines = 0;
     for line in text.lines() {
         lines += 1;
-        let f: Vec<&str> = line.split(' ').collect();
-        match f.as_slice() {
-            ["+", job, tenant, tier, gpu_ok, node_ok, gpu] => {
-                let job_id: u64 = job.parse().ok()?;
-                let flag = |v: &str| match v {
-                    "0" => Some(false),
-                    "1" => Some(true),
-                    _ => None,
-                };
-                live.insert(
-                    job_id,
-                    Occupant {
-                        job_id,
-                        tenant: tenant.to_string(),
-                        tier: tier.to_string(),
-                        share_gpu: flag(gpu_ok)?,
-                        share_node: flag(node_ok)?,
-                        gpu_uuid: (*gpu != "-").then(|| gpu.to_string()),
-                    },
-                );
-            }
-            ["-", job] => {
-                live.remove(&job.parse().ok()?);
-            }
-            _ => return None,
+        if let Some(rest) = line.strip_prefix("+ ") {
+            let (job, desc) = rest.split_once(' ')?;
+            live.insert(job.parse().ok()?, desc);
+        } else {
+            live.remove(&line.strip_prefix("- ")?.parse().ok()?);
         }
     }
-    Some((live.into_values().collect(), lines))
+    Some((live, lines))
+}
+
+/// The live jobs other than `exclude`, one entry per distinct description (only those few are
+/// parsed into strings); `None` when the index is damaged.
+fn group_occupancy(text: &str, exclude: u64) -> Option<Vec<Occupant>> {
+    let (live, _) = fold_occupancy(text)?;
+    let mut groups: HashMap<&str, (u64, u32)> = HashMap::new();
+    for (job, desc) in live {
+        if job != exclude {
+            let g = groups.entry(desc).or_insert((job, 0));
+            g.0 = g.0.min(job);
+            g.1 += 1;
+        }
+    }
+    let flag = |v: &str| match v {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(groups.len());
+    for (desc, (job_id, jobs)) in groups {
+        let f: Vec<&str> = desc.split(' ').collect();
+        let [tenant, tier, gpu_ok, node_ok, gpu] = f.as_slice() else {
+            return None;
+        };
+        out.push(Occupant {
+            job_id,
+            tenant: tenant.to_string(),
+            tier: tier.to_string(),
+            share_gpu: flag(gpu_ok)?,
+            share_node: flag(node_ok)?,
+            gpu_uuid: (*gpu != "-").then(|| gpu.to_string()),
+            jobs,
+        });
+    }
+    out.sort_by_key(|o| o.job_id);
+    Some(out)
 }
 
 /// The folder of journals on this node.
@@ -230,20 +263,40 @@ impl JournalDir {
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)?;
         f.write_all(bytes)?;
+        let path = self.dir.join(name);
         if durable {
             f.sync_data()?;
+            fs::rename(&tmp, &path)?;
+            return self.sync_dir();
         }
-        fs::rename(&tmp, self.dir.join(name))?;
-        if durable {
-            self.sync_dir()?;
+        // Not durable: swap the new file in, then unlink the old one. A plain rename over a
+        // file makes ext4 (auto_da_alloc) start writing the new data out at once, and the
+        // epilog's unlink of the journal would then wait for that write; after an exchange the
+        // new data stays in the page cache, and the old file, already on disk, goes for free.
+        let cwd = rustix::fs::CWD;
+        match rustix::fs::renameat_with(cwd, &tmp, cwd, &path, rustix::fs::RenameFlags::EXCHANGE) {
+            // A leftover is harmless: the next write truncates it, `remove` deletes it.
+            Ok(()) => {
+                let _ = fs::remove_file(&tmp);
+                Ok(())
+            }
+            // No file to exchange with yet, or a filesystem without RENAME_EXCHANGE.
+            Err(Errno::NOENT | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                fs::rename(&tmp, &path)
+            }
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 
-    /// Removes the job's journal (already gone is fine).
+    /// Removes the job's journal (already gone is fine), and a temporary copy a crash between
+    /// [`Self::replace_file`]'s exchange and unlink may have left. The folder is not fsynced:
+    /// a journal that a power loss brings back only makes `reconcile` undo its job again, and
+    /// every undo is idempotent (what it names is gone: cgroups, programs and MIG instances do
+    /// not survive a reboot, and the scratch folder was removed first).
     pub fn remove(&self, job_id: u64) -> io::Result<()> {
+        let _ = fs::remove_file(self.dir.join(format!(".job_{job_id}.json.tmp")));
         match fs::remove_file(self.journal_path(job_id)) {
-            Ok(()) => self.sync_dir(),
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
         }
@@ -285,77 +338,91 @@ impl JournalDir {
         Ok(out)
     }
 
-    /// The jobs on this node, other than `job_id`, from the occupancy index: one file read
-    /// instead of one per journal, so a job's start costs the same on a full node. The index
-    /// is rebuilt from the journals when it is missing or unreadable. Call under the node lock.
+    /// The jobs on this node, other than `job_id`, from the occupancy index, grouped by
+    /// description: one file read instead of one per journal, and as many entries as there are
+    /// distinct tenants and GPUs, not jobs. The index is rebuilt from the journals when it is
+    /// missing or unreadable. Call under the node lock.
     pub fn occupants(&self, job_id: u64) -> io::Result<Vec<Occupant>> {
-        Ok(self
-            .occupancy()?
-            .0
-            .into_iter()
-            .filter(|o| o.job_id != job_id)
-            .collect())
-    }
-
-    /// Live entries and the number of lines they were folded from.
-    fn occupancy(&self) -> io::Result<(Vec<Occupant>, usize)> {
         match fs::read_to_string(self.dir.join(OCCUPANCY)) {
-            Ok(text) => match parse_occupancy(&text) {
-                Some(v) => Ok(v),
-                None => self.rebuild_occupancy(),
-            },
-            Err(e) if e.kind() == io::ErrorKind::NotFound => self.rebuild_occupancy(),
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => self.rebuild_occupancy(),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn rebuild_occupancy(&self) -> io::Result<(Vec<Occupant>, usize)> {
-        let all: Vec<Occupant> = self.others(0)?.iter().map(Occupant::of).collect();
-        self.write_occupancy(&all)?;
-        let n = all.len();
-        Ok((all, n))
-    }
-
-    /// Sets (`Some`) or removes (`None`) the job's entry: one append. Call under the node lock.
-    pub fn set_occupant(&self, job_id: u64, entry: Option<Occupant>) -> io::Result<()> {
-        if let Some(e) = &entry {
-            // A start is a bare append (the index is compacted on removals); a missing index is
-            // rebuilt from the journals, this job's included.
-            return match OpenOptions::new()
-                .append(true)
-                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-                .open(self.dir.join(OCCUPANCY))
-            {
-                Ok(mut f) => f.write_all(e.line().as_bytes()),
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                    self.rebuild_occupancy().map(|_| ())
+            Ok(text) => {
+                if let Some(v) = group_occupancy(&text, job_id) {
+                    return Ok(v);
                 }
-                Err(err) => Err(err),
-            };
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
+            Err(e) => return Err(e),
         }
-        let (live, lines) = self.occupancy()?;
-        if !live.iter().any(|o| o.job_id == job_id) {
-            return Ok(());
-        }
-        if lines > 2 * live.len() + 64 {
-            let all: Vec<Occupant> = live.into_iter().filter(|o| o.job_id != job_id).collect();
-            return self.write_occupancy(&all);
-        }
-        let line = format!("- {job_id}\n");
-        let mut f = OpenOptions::new()
+        let rebuilt = self.rebuild_occupancy()?;
+        group_occupancy(&rebuilt, job_id)
+            .ok_or_else(|| io::Error::other("the rebuilt occupancy index does not parse"))
+    }
+
+    /// Writes the index afresh from the journals; returns its text.
+    fn rebuild_occupancy(&self) -> io::Result<String> {
+        let text: String = self
+            .others(0)?
+            .iter()
+            .map(|j| Occupant::of(j).line())
+            .collect();
+        self.write_occupancy(&text)?;
+        Ok(text)
+    }
+
+    /// Sets (`Some`) or removes (`None`) the job's entry: one append, without reading the
+    /// index (removing a job it does not list is harmless). Call under the node lock.
+    pub fn set_occupant(&self, job_id: u64, entry: Option<Occupant>) -> io::Result<()> {
+        let line = match &entry {
+            Some(e) => e.line(),
+            None => format!("- {job_id}\n"),
+        };
+        let mut f = match OpenOptions::new()
             .append(true)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(self.dir.join(OCCUPANCY))?;
+            .open(self.dir.join(OCCUPANCY))
+        {
+            Ok(f) => f,
+            // A missing index is rebuilt from the journals (a starting job's included); a
+            // removal has nothing to remove from.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return match entry {
+                    Some(_) => self.rebuild_occupancy().map(|_| ()),
+                    None => Ok(()),
+                }
+            }
+            Err(e) => return Err(e),
+        };
         // One write in O_APPEND: a line is whole or absent.
-        f.write_all(line.as_bytes())
+        f.write_all(line.as_bytes())?;
+        let len = f.metadata()?.len();
+        if len / COMPACT_STEP != len.saturating_sub(line.len() as u64) / COMPACT_STEP {
+            self.compact_occupancy()?;
+        }
+        Ok(())
     }
 
-    fn write_occupancy(&self, all: &[Occupant]) -> io::Result<()> {
+    /// Rewrites the index with only its live jobs once tombstones dominate it.
+    fn compact_occupancy(&self) -> io::Result<()> {
+        let text = fs::read_to_string(self.dir.join(OCCUPANCY))?;
+        let Some((live, lines)) = fold_occupancy(&text) else {
+            return self.rebuild_occupancy().map(|_| ());
+        };
+        if lines <= 2 * live.len() + 64 {
+            return Ok(());
+        }
+        let mut jobs: Vec<(&u64, &&str)> = live.iter().collect();
+        jobs.sort_unstable();
+        let compact: String = jobs
+            .into_iter()
+            .map(|(job, desc)| format!("+ {job} {desc}\n"))
+            .collect();
+        self.write_occupancy(&compact)
+    }
+
+    fn write_occupancy(&self, text: &str) -> io::Result<()> {
         // No fsync: the index is derived from the journals (which are durable); after a crash
         // a stale or lost entry is rebuilt by `tenancyctl reconcile`, and a stale one only
         // refuses sharing (fail closed).
-        let text: String = all.iter().map(Occupant::line).collect();
         self.replace_file(OCCUPANCY, text.as_bytes(), false)
     }
 
@@ -465,18 +532,43 @@ mod tests {
         fs::write(dir.path().join(OCCUPANCY), b"+ 1 acme\n").unwrap();
         assert_eq!(dir.occupants(99).unwrap().len(), 2);
         // Appends are compacted once tombstones dominate: the file stays O(live jobs).
-        for _ in 0..200 {
+        for _ in 0..2000 {
             dir.set_occupant(3, Some(Occupant::of(&sample(3)))).unwrap();
             dir.set_occupant(3, None).unwrap();
         }
-        let lines = fs::read_to_string(dir.path().join(OCCUPANCY))
-            .unwrap()
-            .lines()
-            .count();
-        assert!(lines <= 2 * 2 + 64 + 2, "{lines} lines for 2 live jobs");
+        let len = fs::metadata(dir.path().join(OCCUPANCY)).unwrap().len();
+        assert!(len < 2 * COMPACT_STEP, "{len} bytes for 2 live jobs");
         assert_eq!(dir.occupants(99).unwrap().len(), 2);
         // The index is not mistaken for a journal.
         assert_eq!(dir.job_ids().unwrap(), vec![1, 2]);
+    }
+
+    #[test]
+    fn occupants_are_grouped_by_description_so_placement_reads_few_entries() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        fs::write(dir.path().join(OCCUPANCY), b"").unwrap();
+        for job in 10..1010 {
+            dir.set_occupant(job, Some(Occupant::of(&sample(job))))
+                .unwrap();
+        }
+        let mut other = sample(5000);
+        other.tenant = "globex".into();
+        other.share_node = false;
+        dir.set_occupant(5000, Some(Occupant::of(&other))).unwrap();
+        dir.set_occupant(10, None).unwrap();
+        let occ = dir.occupants(11).unwrap();
+        assert_eq!(occ.len(), 2, "{occ:?}");
+        assert_eq!((occ[0].job_id, occ[0].jobs), (12, 998));
+        assert_eq!(occ[0].tenant, "acme");
+        assert_eq!((occ[1].job_id, occ[1].jobs), (5000, 1));
+        assert!(!occ[1].share_node);
+        // An empty index is a node without jobs, not a damaged one: nothing is rebuilt.
+        let empty = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(empty.path()).unwrap();
+        dir.save(&sample(1), true).unwrap();
+        fs::write(dir.path().join(OCCUPANCY), b"").unwrap();
+        assert_eq!(dir.occupants(99).unwrap(), vec![]);
     }
 
     #[test]

@@ -66,8 +66,7 @@ fn forty_prolog_epilog_pairs_at_once_place_each_slice_once_and_keep_one_chain() 
     // Every job got a distinct placement, and it is the one the shim holds.
     let mut placements = BTreeMap::new();
     for &job in &jobs {
-        let j: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(w.journal_path(job)).unwrap()).unwrap();
+        let j: serde_json::Value = w.journal(job);
         let steps = j["steps"].as_array().unwrap();
         assert!(steps.iter().all(|s| s["state"] == "made"), "job {job}: {j}");
         let mig = steps.iter().find(|s| s["layer"] == "mig");

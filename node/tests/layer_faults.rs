@@ -53,8 +53,7 @@ fn an_nvml_failure_and_a_planted_symlink_roll_the_job_back_completely() {
     );
     assert_eq!(w.gis(), vec![]);
     assert!(!w.cgroup(1, 702).exists());
-    let j: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(w.journal_path(702)).unwrap()).unwrap();
+    let j: serde_json::Value = w.journal(702);
     let left: Vec<&str> = j["steps"]
         .as_array()
         .unwrap()

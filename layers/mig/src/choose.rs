@@ -65,7 +65,7 @@ fn tier_block(gpu: &GpuView, req: &Request, occupants: &[Occupant]) -> Option<St
         }
         // Instances nobody accounts for (leaked, or made outside tenancy) have an unknown
         // owner: a non-sharing tenant does not land next to them.
-        let own = here.len();
+        let own: usize = here.iter().map(|o| o.jobs as usize).sum();
         if gpu.instances.len() > own {
             return Some(format!(
                 "tenant {:?}'s tier forbids sharing a GPU, and GPU {} ({}) has {} GPU instance(s) no tenancy job accounts for (run `tenancyctl reconcile`)",

@@ -44,6 +44,8 @@ pub struct Occupant {
     pub gpu_uuid: String,
     pub tenant: String,
     pub share_gpu: bool,
+    /// How many of the tenant's jobs hold a slice on the GPU.
+    pub jobs: u32,
 }
 
 /// What the prolog is about to create. Journal it BEFORE [`Mig::create`].

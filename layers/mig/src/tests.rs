@@ -281,6 +281,7 @@ fn occ(gpu: u32, tenant: &str, share: bool) -> Occupant {
         gpu_uuid: format!("GPU-{gpu}"),
         tenant: tenant.into(),
         share_gpu: share,
+        jobs: 1,
     }
 }
 
@@ -440,6 +441,19 @@ fn choose_tier_rule() {
     let gpus3 = vec![view(0, vec![gi(4, 19, 2, 1)])];
     let e = choose_in(&gpus3, None, &req(Some("1g.18gb"), None, "b", false), &[]).unwrap_err();
     assert!(e.to_string().contains("no tenancy job accounts for"), "{e}");
+    // One occupant entry may stand for several jobs of the tenant (the node groups them):
+    // two GIs held by two of b's jobs are accounted for, a third is not.
+    let gpus4 = vec![view(0, vec![gi(4, 19, 0, 1), gi(5, 19, 1, 1)])];
+    let mut two = occ(0, "b", false);
+    two.jobs = 2;
+    let req_b = req(Some("1g.18gb"), None, "b", false);
+    assert!(choose_in(&gpus4, None, &req_b, std::slice::from_ref(&two)).is_ok());
+    two.jobs = 1;
+    let e = choose_in(&gpus4, None, &req_b, &[two]).unwrap_err();
+    assert!(
+        e.to_string().contains("1 GPU instance(s) no tenancy job"),
+        "{e}"
+    );
 }
 
 // ---- proptest: what Slurm's per-type counts permit never fails placement ----

@@ -238,6 +238,7 @@ fn non_sharing_tenants_never_share_a_gpu() {
                     gpu_uuid: i.gpu_uuid.clone(),
                     tenant: tenant.into(),
                     share_gpu: share,
+                    jobs: 1,
                 });
                 live.push((tenant, i, m));
             }

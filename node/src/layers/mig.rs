@@ -50,6 +50,7 @@ impl Layer for MigLayer {
                     gpu_uuid: o.gpu_uuid.clone()?,
                     tenant: o.tenant.clone(),
                     share_gpu: o.share_gpu,
+                    jobs: o.jobs,
                 })
             })
             .collect();

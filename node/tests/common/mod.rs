@@ -261,6 +261,16 @@ groups = ["{b}"]
         self.root.join("state").join(format!("job_{job}.json"))
     }
 
+    /// The job's journal as the product reads it (the last snapshot of the file), as JSON.
+    #[allow(dead_code)]
+    pub fn journal(&self, job: u64) -> serde_json::Value {
+        let j = tenancy_node::JournalDir::at(&self.root.join("state"))
+            .load(job)
+            .unwrap()
+            .unwrap_or_else(|| panic!("job {job} has no journal"));
+        serde_json::to_value(j).unwrap()
+    }
+
     pub fn journals(&self) -> Vec<String> {
         let Ok(rd) = std::fs::read_dir(self.root.join("state")) else {
             return vec![];
