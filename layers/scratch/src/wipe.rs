@@ -155,7 +155,7 @@ fn clear_dir(ctx: &Ctx, dir: &OwnedFd, depth: usize) -> Result<u64> {
     for f in &files {
         unlink_file(ctx, dir, f)?;
     }
-    dirs.par_iter().try_for_each(|name| -> Result<()> {
+    let clear_sub = |name: &CString| -> Result<()> {
         if depth >= MAX_DEPTH {
             let n = ctx.seq.fetch_add(1, Ordering::Relaxed);
             let new = format!(".wipe-deep-{}-{n}", std::process::id());
@@ -201,6 +201,13 @@ fn clear_dir(ctx: &Ctx, dir: &OwnedFd, depth: usize) -> Result<u64> {
                 e,
             )),
         }
-    })?;
+    };
+    // The thread pool starts (a thread per CPU, cgroup quota lookups) only when there is more
+    // than one folder to share out; most jobs' scratch is shallow.
+    if dirs.len() > 1 {
+        dirs.par_iter().try_for_each(clear_sub)?;
+    } else {
+        dirs.iter().try_for_each(clear_sub)?;
+    }
     Ok(seen)
 }
