@@ -179,11 +179,7 @@ groups = ["bin", "sys"]
 "#;
 
 fn who(gids: &[u32]) -> Identity {
-    Identity {
-        uid: 4242,
-        user: "u4242".into(),
-        gids: gids.to_vec(),
-    }
+    Identity::with_groups(4242, "u4242", gids.to_vec())
 }
 
 #[test]
@@ -281,7 +277,7 @@ fn tenant_resolution_refuses_precisely() {
 fn identity_comes_from_nss() {
     let root = Identity::from_uid(0).unwrap();
     assert_eq!(root.user, "root");
-    assert!(root.gids.contains(&0));
+    assert!(root.gids().unwrap().contains(&0));
     assert!(Identity::from_uid(3_999_999_999).is_err());
 }
 

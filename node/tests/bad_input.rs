@@ -509,11 +509,7 @@ fn a_denial_without_a_node_name_keeps_the_audit_chain_valid() {
 fn spank_option_values_never_resolve_to_anything_but_a_configured_tenant_and_profile() {
     let tmp = tempfile::tempdir().unwrap();
     let config = test_config(tmp.path());
-    let root = Identity {
-        uid: 0,
-        user: "root".into(),
-        gids: vec![0],
-    };
+    let root = Identity::with_groups(0, "root", vec![0]);
     let value = prop_oneof![
         ".{0,64}",
         "[a-z0-9._/-]{0,40}",
