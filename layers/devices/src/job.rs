@@ -29,6 +29,18 @@ pub enum Backend {
     V2,
 }
 
+/// The cgroup2 mount at one of the standard places, if there is one: what
+/// [`Target::owned_for`] picks from mountinfo on such nodes.
+// f_type's integer type differs between architectures.
+#[allow(clippy::unnecessary_cast)]
+fn standard_v2_root() -> Option<PathBuf> {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .find(|p| rustix::fs::statfs(*p).is_ok_and(|st| st.f_type as i64 == CGROUP2_SUPER_MAGIC))
+        .map(PathBuf::from)
+}
+
 /// Where the rules go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -42,6 +54,20 @@ pub enum Target {
 }
 
 impl Target {
+    /// The product-owned target of this node. The usual mounts (cgroup2 at /sys/fs/cgroup, or
+    /// /sys/fs/cgroup/unified beside the v1 controllers) are recognised by statfs alone; any
+    /// other layout is read from mountinfo, whose read costs a prolog more than the rest of
+    /// the device layer's intent.
+    pub fn detect() -> Result<Target> {
+        match standard_v2_root() {
+            Some(root) => Ok(Target::Owned {
+                root,
+                backend: Backend::V2,
+            }),
+            None => Target::owned_for(&CgroupLayout::detect()?),
+        }
+    }
+
     /// Product-owned target for the detected layout: cgroup2 if mounted (hybrid:
     /// /sys/fs/cgroup/unified, where Slurm puts nothing), else the v1 devices controller.
     pub fn owned_for(layout: &CgroupLayout) -> Result<Target> {

@@ -6,8 +6,7 @@ use crate::journal::Journal;
 use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
 use serde_json::Value;
 use tenancy_devices::{
-    CgroupLayout, DeviceClass, DevicePolicy, DevicesRecord, DriverPaths, JobDeviceParams, SliceRef,
-    Target,
+    DeviceClass, DevicePolicy, DevicesRecord, DriverPaths, JobDeviceParams, SliceRef, Target,
 };
 
 pub struct Devices {
@@ -19,7 +18,7 @@ pub struct Devices {
 impl Devices {
     fn target(&mut self) -> LayerResult<Target> {
         if self.target.is_none() {
-            self.target = Some(Target::owned_for(&CgroupLayout::detect()?)?);
+            self.target = Some(Target::detect()?);
         }
         Ok(self.target.clone().expect("just set"))
     }
