@@ -1,5 +1,12 @@
+#![no_main]
 //! `tenancy-epilog`: Slurm runs it as root on the node after the job (Epilog= in slurm.conf).
 //! It takes no arguments; the config is found through SLURM_CONF (see tenancy-config).
-fn main() -> std::process::ExitCode {
-    tenancy_node::run::epilog()
+//! C's `main` is defined here, not Rust's: see `tenancy_node::run::c_main`.
+
+#[no_mangle]
+pub extern "C" fn main(
+    _argc: std::os::raw::c_int,
+    _argv: *const *const std::os::raw::c_char,
+) -> std::os::raw::c_int {
+    tenancy_node::run::c_main(tenancy_node::run::epilog_status)
 }
