@@ -5,7 +5,7 @@
 #   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancyctl -p nvml-shim
 #   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
 # Env: BIN (folder of the built binaries, default target/release), BENCH_DIR (/tmp/tenancy-bench),
-#   JOBS (200), FILL ("0 999"), REPEAT (30 per round), ROUNDS (3), MODES ("pair fill"), BENCH_USER (acme1),
+#   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (3), MODES ("pair fill"), BENCH_USER (acme1),
 #   BENCH_TENANT (acme; its group is the user's primary group), FIRST_JOB (7100000).
 # It loads the product's nft table `inet tenancy` (tenancyctl firewall apply) and a baseline table
 # `inet tenancy_base`; the baseline table and cgroups are removed at the end.
@@ -14,7 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
 BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
-JOBS=${JOBS:-200}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-3}; MODES=${MODES:-"pair fill"}
+JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-3}; MODES=${MODES:-"pair fill"}
 BENCH_USER=${BENCH_USER:-acme1}; BENCH_TENANT=${BENCH_TENANT:-acme}; FIRST_JOB=${FIRST_JOB:-7100000}
 uid=$(id -u "$BENCH_USER"); gid=$(id -g "$BENCH_USER"); group=$(id -gn "$BENCH_USER")
 for b in tenancy-prolog tenancy-epilog tenancyctl libnvidia_ml.so; do
@@ -72,7 +72,8 @@ echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /pr
 for m in $MODES; do
   case $m in
     pair) echo "## pair: $JOBS jobs per variant, interleaved"
-          python3 "$here/driver.py" pair --jobs "$JOBS" --first-job "$FIRST_JOB" --json "$BENCH_DIR/pair.json" "$@" ;;
+          python3 "$here/driver.py" pair --jobs "$JOBS" --first-job "$FIRST_JOB" --variants "$VARIANTS" \
+            --json "$BENCH_DIR/pair.json" "$@" ;;
     fill) echo "## fill: the next job with N jobs running (N in $FILL), $ROUNDS rounds of $REPEAT"
           # shellcheck disable=SC2086
           python3 "$here/driver.py" fill --fill $FILL --repeat "$REPEAT" --rounds "$ROUNDS" --first-job $((FIRST_JOB + 100000)) \
