@@ -157,10 +157,10 @@ const H100_80: Family = Family {
     ],
     engines: HOPPER_ENGINES,
 };
-// H200 memory sizes are estimates consistent with the profile names (the names round the
-// GiB size up); tools/compare-real-gpu.py flags any difference on real hardware.
+// H200 memory sizes as a real H200 (driver 580.159.04, MIG mode disabled) reports them through
+// NVML, read with tools/compare-real-gpu.py on 2026-11-29; every other field already matched.
 const H200_141: Family = Family {
-    mem: [17664, 35584, 71808, 143616],
+    mem: [16384, 33280, 71424, 143360],
     names: [
         "1g.18gb",
         "1g.18gb+me",

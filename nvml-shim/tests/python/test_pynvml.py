@@ -29,13 +29,13 @@ MiB = 1 << 20
 
 # (profile index, profile id, slices, instance count, memory MB, name) per model.
 H200_PROFILES = [
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 7, 17664, "MIG 1g.18gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, 1, 1, 17664, "MIG 1g.18gb+me"),
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, 1, 4, 35584, "MIG 1g.35gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, 2, 3, 35584, "MIG 2g.35gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, 3, 2, 71808, "MIG 3g.71gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, 4, 1, 71808, "MIG 4g.71gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, 7, 1, 143616, "MIG 7g.141gb"),
+    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 7, 16384, "MIG 1g.18gb"),
+    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, 1, 1, 16384, "MIG 1g.18gb+me"),
+    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, 1, 4, 33280, "MIG 1g.35gb"),
+    (N.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, 2, 3, 33280, "MIG 2g.35gb"),
+    (N.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, 3, 2, 71424, "MIG 3g.71gb"),
+    (N.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, 4, 1, 71424, "MIG 4g.71gb"),
+    (N.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, 7, 1, 143360, "MIG 7g.141gb"),
 ]
 A100_40_PROFILES = [
     (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 7, 4864, "MIG 1g.5gb"),
@@ -411,7 +411,7 @@ class TestMigDevices(ShimCase):
         uuid = N.nvmlDeviceGetUUID(mig)
         self.assertRegex(uuid, r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
         self.assertEqual(N.nvmlDeviceGetName(mig), "NVIDIA H200 MIG 2g.35gb")
-        self.assertEqual(N.nvmlDeviceGetMemoryInfo(mig).total, 35584 * MiB)
+        self.assertEqual(N.nvmlDeviceGetMemoryInfo(mig).total, 33280 * MiB)
         self.assertEqual(N.nvmlDeviceGetGpuInstanceId(N.nvmlDeviceGetHandleByUUID(uuid)), gi_id)
         with self.assertRaises(N.NVMLError_NotSupported):
             N.nvmlDeviceGetGpuInstanceId(self.dev)
