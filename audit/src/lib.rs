@@ -25,14 +25,7 @@ pub use record::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
 pub use report::{run_report, ReportArgs};
 pub use verify::{run_verify, verify_paths, Finding, FindingKind, VerifyArgs, VerifyReport};
 
-/// Output format of every printing command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
-pub enum Format {
-    #[default]
-    Table,
-    Csv,
-    Json,
-}
+pub use tenancy_output::Format;
 
 /// Expands folders into their regular, non-hidden files (sorted; symlinks inside folders and
 /// `*.lock` files skipped). Explicit file arguments are kept as given.

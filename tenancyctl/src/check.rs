@@ -3,8 +3,8 @@
 use crate::output::Rows;
 use serde::Serialize;
 use std::process::ExitCode;
-use tenancy_audit::Format;
 use tenancy_config::{group_gid, Config, ScratchOnExit};
+use tenancy_output::Format;
 
 #[derive(Serialize)]
 struct TenantRow {

@@ -6,9 +6,9 @@ use serde::Serialize;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tenancy_audit::Format;
 use tenancy_config::Config;
 use tenancy_devices::doctor::{doctor, DoctorParams, Severity};
+use tenancy_output::Format;
 
 #[derive(clap::Args)]
 pub struct DoctorArgs {

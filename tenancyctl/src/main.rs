@@ -8,8 +8,8 @@ mod reconcile;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tenancy_audit::Format;
 use tenancy_config::{group_gid, Config};
+use tenancy_output::Format;
 
 #[derive(Parser)]
 #[command(

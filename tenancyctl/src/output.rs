@@ -1,7 +1,7 @@
 //! Printing rows as a table, CSV or JSON (`--format`), the same way for every command.
 
 use serde::Serialize;
-use tenancy_audit::Format;
+use tenancy_output::Format;
 
 /// Rows of one kind with their column headers.
 pub struct Rows<'a, T: Serialize> {

@@ -23,9 +23,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::SystemTime;
-use tenancy_audit::{AuditLog, Event, Format, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
 use tenancy_node::{layers, Journal, JournalDir, Layer, StepState};
+use tenancy_output::Format;
 
 use crate::output::Rows;
 

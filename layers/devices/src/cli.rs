@@ -3,18 +3,11 @@
 use crate::doctor::{doctor, DoctorParams, Finding, Severity};
 use crate::driver::{DriverPaths, MIG_MINORS, PROC_DEVICES};
 use crate::layout::MOUNTINFO;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum Format {
-    #[default]
-    Table,
-    Csv,
-    Json,
-}
+pub use tenancy_output::Format;
 
 /// Devices layer commands.
 #[derive(Debug, Args)]

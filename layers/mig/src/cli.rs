@@ -2,17 +2,11 @@
 
 use crate::plan::{plan_slots, slurm_lines, NodePlan, PlanGpu};
 use crate::Mig;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Debug, Clone, Copy, ValueEnum, Default)]
-pub enum Format {
-    #[default]
-    Table,
-    Csv,
-    Json,
-}
+pub use tenancy_output::Format;
 
 #[derive(Debug, Args)]
 pub struct MigArgs {

@@ -4,18 +4,12 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use serde::Serialize;
 
 use crate::{apply, counters, ruleset, FirewallSpec};
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    #[default]
-    Table,
-    Csv,
-    Json,
-}
+pub use tenancy_output::Format;
 
 /// `tenancyctl firewall show`: per tenant its cgroup, egress and drop counters.
 #[derive(Args, Debug, Clone, Default)]

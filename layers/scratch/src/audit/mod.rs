@@ -61,13 +61,7 @@ impl TenantMap {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
-pub enum Format {
-    #[default]
-    Table,
-    Csv,
-    Json,
-}
+pub use tenancy_output::Format;
 
 /// `tenancyctl storage-audit`
 #[derive(Debug, Clone, clap::Args)]
