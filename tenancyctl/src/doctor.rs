@@ -17,6 +17,33 @@ pub struct DoctorArgs {
     /// Slurm's cgroup.conf (default: next to SLURM_CONF, else /etc/slurm/cgroup.conf)
     #[arg(long)]
     pub slurm_cgroup_conf: Option<PathBuf>,
+    /// PAM configuration folder searched for pam_slurm_adopt
+    #[arg(long, default_value = "/etc/pam.d")]
+    pub pam_dir: PathBuf,
+}
+
+/// Where `pam_slurm_adopt` is enabled under `dir` (`file:line`): ssh sessions it adopts join
+/// the job's extern step, which never passes through the SPANK task hook, so they would run
+/// outside the job's device allowlist and firewall.
+fn pam_slurm_adopt_lines(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut hits = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            let active = line.split('#').next().unwrap_or_default();
+            if active.contains("pam_slurm_adopt") {
+                hits.push(format!("{}:{}", file.display(), n + 1));
+            }
+        }
+    }
+    Ok(hits)
 }
 
 #[derive(Serialize)]
@@ -144,6 +171,33 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => rows.push(row("firewall.table", Severity::Error, e.0, None)),
     }
+    rows.push(match pam_slurm_adopt_lines(&args.pam_dir) {
+        Ok(hits) if hits.is_empty() => row(
+            "slurm.pam_adopt",
+            Severity::Ok,
+            format!(
+                "pam_slurm_adopt is not enabled in {}",
+                args.pam_dir.display()
+            ),
+            None,
+        ),
+        Ok(hits) => row(
+            "slurm.pam_adopt",
+            Severity::Error,
+            format!(
+                "pam_slurm_adopt is enabled ({}): ssh sessions it adopts into a job skip the \
+                 SPANK task hook and run without the job's device allowlist and firewall",
+                hits.join(", ")
+            ),
+            Some("remove pam_slurm_adopt from the PAM stack of tenancy nodes".into()),
+        ),
+        Err(e) => row(
+            "slurm.pam_adopt",
+            Severity::Warn,
+            format!("cannot read {}: {e}", args.pam_dir.display()),
+            None,
+        ),
+    });
     let cgroup_conf = args.slurm_cgroup_conf.clone().unwrap_or_else(|| {
         std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)

@@ -31,8 +31,19 @@ groups = ["root"]
         ),
     )
     .unwrap();
+    // A PAM stack with pam_slurm_adopt (and one where it is only a comment).
+    let pam = root.join("pam.d");
+    std::fs::create_dir(&pam).unwrap();
+    std::fs::write(
+        pam.join("sshd"),
+        "@include common-auth\naccount    required     pam_slurm_adopt.so action_no_jobs=deny\n",
+    )
+    .unwrap();
+    std::fs::write(pam.join("login"), "# account required pam_slurm_adopt.so\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .args(["doctor", "--format", "json", "--config"])
+        .args(["doctor", "--format", "json", "--pam-dir"])
+        .arg(&pam)
+        .arg("--config")
         .arg(&config)
         .output()
         .unwrap();
@@ -54,6 +65,33 @@ groups = ["root"]
         .as_str()
         .unwrap()
         .contains("chmod go-w"));
+    // pam_slurm_adopt: an isolation gap, named with its file and line (not the comment).
+    let adopt = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "slurm.pam_adopt")
+        .expect("a slurm.pam_adopt row");
+    assert_eq!(adopt["severity"], "error", "{adopt}");
+    let msg = adopt["message"].as_str().unwrap();
+    assert!(msg.contains("sshd:2") && !msg.contains("login"), "{msg}");
+    // Without it, the check passes.
+    std::fs::remove_file(pam.join("sshd")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
+        .args(["doctor", "--format", "json", "--pam-dir"])
+        .arg(&pam)
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let adopt = again
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "slurm.pam_adopt")
+        .unwrap();
+    assert_eq!(adopt["severity"], "ok", "{adopt}");
     // No NVML: reported, not fatal by itself (jobs asking for --mig are refused).
     let nvml = rows
         .as_array()
