@@ -128,15 +128,14 @@ pub fn prolog_status() -> u8 {
         Err(end) => return finish_or_drain(end),
     };
     let ctx = JobContext::from_process_env();
-    finish_or_drain(
-        match Spine::new(&config, layers::for_node(&config), "tenancy-prolog") {
-            Ok(mut spine) => spine.prolog(ctx),
-            Err(e) => Ending {
-                code: 1,
-                message: format!("tenancy: tenancy-prolog: {e}; failing closed"),
-            },
+    let end = match Spine::new(&config, layers::for_node(&config), "tenancy-prolog") {
+        Ok(mut spine) => spine.prolog(ctx),
+        Err(e) => Ending {
+            code: 1,
+            message: format!("tenancy: tenancy-prolog: {e}; failing closed"),
         },
-    )
+    };
+    finish_or_drain(end)
 }
 
 /// [`epilog`], as an exit status.
@@ -154,13 +153,12 @@ pub fn epilog_status() -> u8 {
             })
         }
     };
-    finish_or_drain(
-        match Spine::new(&config, layers::for_node(&config), "tenancy-epilog") {
-            Ok(mut spine) => spine.epilog(&ctx),
-            Err(e) => Ending {
-                code: 1,
-                message: format!("tenancy: tenancy-epilog: job {}: {e}", ctx.job_id),
-            },
+    let end = match Spine::new(&config, layers::for_node(&config), "tenancy-epilog") {
+        Ok(mut spine) => spine.epilog(&ctx),
+        Err(e) => Ending {
+            code: 1,
+            message: format!("tenancy: tenancy-epilog: job {}: {e}", ctx.job_id),
         },
-    )
+    };
+    finish_or_drain(end)
 }

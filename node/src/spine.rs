@@ -31,7 +31,7 @@ impl Ending {
 pub struct Spine<'c> {
     pub config: &'c Config,
     pub journals: JournalDir,
-    pub layers: Vec<Box<dyn Layer>>,
+    pub layers: Vec<Box<dyn Layer + 'c>>,
     /// `tenancy-prolog`, `tenancy-epilog`, `tenancyctl`: recorded as the audit origin.
     pub origin: &'static str,
     /// Called at each step boundary of the prolog, after the boundary is durable; crash tests
@@ -59,7 +59,7 @@ struct Denial {
 impl<'c> Spine<'c> {
     pub fn new(
         config: &'c Config,
-        layers: Vec<Box<dyn Layer>>,
+        layers: Vec<Box<dyn Layer + 'c>>,
         origin: &'static str,
     ) -> std::io::Result<Spine<'c>> {
         Ok(Spine {

@@ -241,7 +241,7 @@ impl Ctx<'_> {
 /// Tears one journal down as the epilog would: steps in reverse, journal removed when
 /// everything is gone, kept with what is left otherwise.
 fn teardown_journal(
-    layers: &mut [Box<dyn Layer>],
+    layers: &mut [Box<dyn Layer + '_>],
     journals: &JournalDir,
     mut journal: Journal,
 ) -> Result<(), String> {

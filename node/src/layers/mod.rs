@@ -12,7 +12,7 @@ use tenancy_config::Config;
 use tenancy_mig::NodePlan;
 
 /// The layers of a node, in job-start order.
-pub fn for_node(config: &Config) -> Vec<Box<dyn Layer>> {
+pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
     if let Some(fixture) = &config.cluster.nvml_shim_fixture {
         // Only the NVML stand-in reads this; slurmd gives the prolog no environment to carry it.
         std::env::set_var("NVML_SHIM_FIXTURE", fixture);
@@ -33,10 +33,7 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer>> {
             },
             target: None,
         }),
-        Box::new(network::Network {
-            spec: None,
-            config: config.clone(),
-        }),
+        Box::new(network::Network { spec: None, config }),
         Box::new(scratch::Scratch {
             root: config.cluster.scratch_root.clone(),
         }),

@@ -43,9 +43,9 @@ fn tenant_mark(name: &str) -> u32 {
     h % 65_535 + 1
 }
 
-pub struct Network {
+pub struct Network<'c> {
     pub spec: Option<FirewallSpec>,
-    pub config: Config,
+    pub config: &'c Config,
 }
 
 /// Everything `undo` needs, without the config.
@@ -73,16 +73,16 @@ impl Intent {
     }
 }
 
-impl Network {
+impl Network<'_> {
     fn spec(&mut self) -> LayerResult<&FirewallSpec> {
         if self.spec.is_none() {
-            self.spec = Some(firewall_spec(&self.config)?);
+            self.spec = Some(firewall_spec(self.config)?);
         }
         Ok(self.spec.as_ref().expect("just built"))
     }
 }
 
-impl Layer for Network {
+impl Layer for Network<'_> {
     fn name(&self) -> &'static str {
         "network"
     }
