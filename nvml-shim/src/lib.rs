@@ -13,6 +13,8 @@ pub mod model;
 pub mod ret;
 pub mod state;
 pub mod store;
+#[allow(non_snake_case)]
+mod unsupported;
 
 pub use config::Config;
 pub use model::GpuModel;

@@ -1,6 +1,11 @@
 //! The shared state file: `<state>.lock` is flock'ed (shared for reads, exclusive for
 //! read-modify-write), the state is written to a temp file and renamed over, so every
 //! process sees one consistent truth.
+//!
+//! A process keeps the lock file open and the state it last read or wrote: a MIG job's prolog
+//! makes some 40 NVML calls, and re-reading and parsing the JSON for each was most of the
+//! stand-in's cost. The copy is used only while the state file is the same file (device, inode,
+//! size, times) and the generation number each writer bumps in the lock file is unchanged.
 
 use crate::config::Config;
 use crate::state::State;
@@ -9,6 +14,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 #[derive(Debug)]
 pub struct StoreError(pub String);
@@ -106,17 +112,138 @@ fn write_state(cfg: &Config, st: &State) -> Result<(), StoreError> {
         .and_then(|_| f.write_all(b"\n"))
         .and_then(|_| if durable { f.sync_all() } else { Ok(()) })
         .map_err(|e| err("cannot write", &tmp, e))?;
-    std::fs::rename(&tmp, p).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err("cannot rename into", p, e)
+    // Swapped in, then the old file unlinked: a rename over the file would make ext4 start
+    // writing the new one out at once (auto_da_alloc), twice per MIG job start and end.
+    let cwd = rustix::fs::CWD;
+    match rustix::fs::renameat_with(cwd, &tmp, cwd, p, rustix::fs::RenameFlags::EXCHANGE) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&tmp);
+            Ok(())
+        }
+        Err(_) => std::fs::rename(&tmp, p).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            err("cannot rename into", p, e)
+        }),
+    }
+}
+
+/// Identity of the state file: a write (temp file + rename) or an edit by hand changes it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct FileKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, u32),
+    ctime: (i64, u32),
+}
+
+fn file_key(p: &Path) -> Option<FileKey> {
+    let st = rustix::fs::statx(
+        rustix::fs::CWD,
+        p,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        rustix::fs::StatxFlags::BASIC_STATS,
+    )
+    .ok()?;
+    Some(FileKey {
+        dev: u64::from(st.stx_dev_major) << 32 | u64::from(st.stx_dev_minor),
+        ino: st.stx_ino,
+        size: st.stx_size,
+        mtime: (st.stx_mtime.tv_sec, st.stx_mtime.tv_nsec),
+        ctime: (st.stx_ctime.tv_sec, st.stx_ctime.tv_nsec),
     })
+}
+
+/// This process's handle on one state file: the open lock file and the last state seen.
+struct Store {
+    path: PathBuf,
+    pid: u32,
+    lock: OwnedFd,
+    seen: Option<(FileKey, u64, State)>,
+}
+
+/// One store per process, also serialising the process's own threads (flock locks belong to
+/// the open file, which they share).
+static STORE: Mutex<Option<Store>> = Mutex::new(None);
+
+fn store_for<'a>(
+    guard: &'a mut MutexGuard<'static, Option<Store>>,
+    cfg: &Config,
+) -> Result<&'a mut Store, StoreError> {
+    let pid = std::process::id();
+    // A forked child must not share the parent's lock (same open file): it opens its own.
+    let reuse = guard
+        .as_ref()
+        .is_some_and(|s| s.path == cfg.state_path && s.pid == pid);
+    if !reuse {
+        **guard = Some(Store {
+            path: cfg.state_path.clone(),
+            pid,
+            lock: open_lock(&cfg.state_path)?,
+            seen: None,
+        });
+    }
+    Ok(guard.as_mut().expect("just set"))
+}
+
+/// The generation number in the lock file (0 when never written).
+fn generation(lock: &OwnedFd) -> u64 {
+    let mut b = [0u8; 8];
+    match rustix::io::pread(lock, &mut b, 0) {
+        Ok(8) => u64::from_le_bytes(b),
+        _ => 0,
+    }
+}
+
+impl Store {
+    /// The current state (and whether it is fresh, i.e. not from the file): the copy seen last
+    /// when the file and the generation are unchanged, else read from the file.
+    fn current(&mut self, cfg: &Config) -> Result<(State, bool), StoreError> {
+        let gen = generation(&self.lock);
+        let key = file_key(&cfg.state_path);
+        if let (Some((k, g, st)), Some(key)) = (&self.seen, key) {
+            if *k == key && *g == gen {
+                return Ok((st.clone(), false));
+            }
+        }
+        let (st, fresh) = current(cfg)?;
+        self.seen = match (fresh, key) {
+            (false, Some(key)) => Some((key, gen, st.clone())),
+            _ => None,
+        };
+        Ok((st, fresh))
+    }
+
+    /// After a write under the exclusive lock: bump the generation, remember what was written.
+    fn written(&mut self, cfg: &Config, st: &State) {
+        let gen = generation(&self.lock).wrapping_add(1);
+        let bumped = rustix::io::pwrite(&self.lock, &gen.to_le_bytes(), 0).is_ok_and(|n| n == 8);
+        self.seen = match (bumped, file_key(&cfg.state_path)) {
+            (true, Some(key)) => Some((key, gen, st.clone())),
+            _ => None,
+        };
+    }
+}
+
+/// Unlocks the store's lock file on drop, also when a caller's closure panics.
+struct Locked(std::os::fd::RawFd);
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        // SAFETY: the lock file stays open in the store, whose mutex guard outlives this.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.0) };
+        let _ = flock(fd, FlockOperation::Unlock);
+    }
 }
 
 /// Runs `f` on a consistent snapshot under a shared lock.
 pub fn read<T>(cfg: &Config, f: impl FnOnce(&State) -> T) -> Result<T, StoreError> {
-    let lock = open_lock(&cfg.state_path)?;
-    flock(&lock, FlockOperation::LockShared).map_err(|e| err("cannot lock", &cfg.state_path, e))?;
-    let (st, _) = current(cfg)?;
+    let mut guard = STORE.lock().unwrap_or_else(|p| p.into_inner());
+    let store = store_for(&mut guard, cfg)?;
+    flock(&store.lock, FlockOperation::LockShared)
+        .map_err(|e| err("cannot lock", &cfg.state_path, e))?;
+    let _locked = Locked(std::os::fd::AsRawFd::as_raw_fd(&store.lock));
+    let (st, _) = store.current(cfg)?;
     Ok(f(&st))
 }
 
@@ -127,15 +254,63 @@ pub fn modify<T>(
     f: impl FnOnce(&mut State) -> (T, bool),
     before_commit: impl FnOnce(&State) -> Result<(), StoreError>,
 ) -> Result<T, StoreError> {
-    let lock = open_lock(&cfg.state_path)?;
-    flock(&lock, FlockOperation::LockExclusive)
+    let mut guard = STORE.lock().unwrap_or_else(|p| p.into_inner());
+    let store = store_for(&mut guard, cfg)?;
+    flock(&store.lock, FlockOperation::LockExclusive)
         .map_err(|e| err("cannot lock", &cfg.state_path, e))?;
-    let (mut st, fresh) = current(cfg)?;
+    let _locked = Locked(std::os::fd::AsRawFd::as_raw_fd(&store.lock));
+    let (mut st, fresh) = store.current(cfg)?;
     let before = st.clone();
     let (out, commit) = f(&mut st);
     if commit && (fresh || st != before) {
         before_commit(&st)?;
         write_state(cfg, &st)?;
+        store.written(cfg, &st);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kept_copy_gives_way_to_a_changed_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = Config::from_fixture_text(
+            "state = \"state.json\"\n[[gpus]]\nmodel = \"H200-141GB\"\nmig_mode = true\n",
+            tmp.path(),
+        )
+        .unwrap();
+        // A GI made through the store is seen by the next read (from the kept copy).
+        modify(
+            &cfg,
+            |st| (st.create_gi(0, 19, None, nf()), true),
+            |_| Ok(()),
+        )
+        .unwrap()
+        .unwrap();
+        let gis = |cfg: &Config| read(cfg, |st| st.gpu(0).unwrap().gis.len()).unwrap();
+        assert_eq!(gis(&cfg), 1);
+        // Another writer replaces the file (here: a fresh state written by hand).
+        let fresh = State::fresh(&cfg.gpus, crate::state::Faults::default());
+        let text = serde_json::to_string_pretty(&fresh).unwrap();
+        std::fs::write(&cfg.state_path, text + "\n").unwrap();
+        assert_eq!(gis(&cfg), 0);
+        // A writer that bumps the generation is seen even if the file looked the same.
+        modify(
+            &cfg,
+            |st| (st.create_gi(0, 19, None, nf()), true),
+            |_| Ok(()),
+        )
+        .unwrap()
+        .unwrap();
+        let gen = generation(&STORE.lock().unwrap().as_ref().unwrap().lock);
+        assert!(gen >= 1);
+        assert_eq!(gis(&cfg), 1);
+    }
+
+    fn nf() -> crate::state::FaultSources<'static> {
+        crate::state::FaultSources { local: None }
+    }
 }

@@ -40,6 +40,12 @@ fn nvml_wrapper_drives_the_shim() {
         assert_eq!(d0.memory_info().unwrap().total, 81920 << 20);
         let d1 = nvml.device_by_index(1).unwrap();
         assert_eq!(d1.mig_mode().unwrap().current, 0);
+        // What the stand-in does not model is there, and not supported (as on a GPU without
+        // the feature), rather than a missing symbol.
+        assert!(matches!(
+            d0.power_usage(),
+            Err(nvml_wrapper::error::NvmlError::NotSupported)
+        ));
         // Raw MIG calls, as the tenancy MIG layer makes them.
         unsafe {
             let sys = nvml.lib();

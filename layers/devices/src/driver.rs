@@ -75,10 +75,20 @@ impl MigMinors {
         path: &Path,
         keep: Option<&dyn Fn(u32, u32, Option<u32>) -> bool>,
     ) -> Result<MigMinors> {
+        Self::parse_lines(text, path, keep, None)
+    }
+
+    /// [`Self::parse`], looking only at the (trimmed) lines `relevant` accepts.
+    fn parse_lines(
+        text: &str,
+        path: &Path,
+        keep: Option<&dyn Fn(u32, u32, Option<u32>) -> bool>,
+        relevant: Option<&dyn Fn(&str) -> bool>,
+    ) -> Result<MigMinors> {
         let mut m = MigMinors::default();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
-            if line.is_empty() {
+            if line.is_empty() || relevant.is_some_and(|r| !r(line)) {
                 continue;
             }
             let perr = |msg: &str| Error::Parse {
@@ -126,23 +136,28 @@ impl MigMinors {
     }
 }
 
-fn num_after(s: &str, prefix: &str) -> Option<u32> {
-    let d = s.strip_prefix(prefix)?;
-    if d.is_empty() || !d.bytes().all(|b| b.is_ascii_digit()) || d.len() > 9 {
+/// A decimal of 1 to 9 digits at the start of `b`, and what follows it.
+fn take_num(b: &[u8]) -> Option<(u32, &[u8])> {
+    let len = b.iter().take_while(|c| c.is_ascii_digit()).count();
+    if len == 0 || len > 9 {
         return None;
     }
-    d.parse().ok()
+    let n = b[..len]
+        .iter()
+        .fold(0u32, |n, c| n * 10 + u32::from(c - b'0'));
+    Some((n, &b[len..]))
 }
 
+/// `gpu<N>/gi<G>/access` or `gpu<N>/gi<G>/ci<C>/access`, scanned byte by byte: the prolog of a
+/// MIG job validates all of the table's 4,000-odd lines.
 fn parse_cap_name(n: &str) -> Option<(u32, u32, Option<u32>)> {
-    let mut it = n.split('/');
-    let gpu = num_after(it.next()?, "gpu")?;
-    let gi = num_after(it.next()?, "gi")?;
-    match (it.next()?, it.next(), it.next()) {
-        ("access", None, None) => Some((gpu, gi, None)),
-        (ci, Some("access"), None) => Some((gpu, gi, Some(num_after(ci, "ci")?))),
-        _ => None,
+    let (gpu, rest) = take_num(n.as_bytes().strip_prefix(b"gpu")?)?;
+    let (gi, rest) = take_num(rest.strip_prefix(b"/gi")?)?;
+    if rest == b"/access" {
+        return Some((gpu, gi, None));
     }
+    let (ci, rest) = take_num(rest.strip_prefix(b"/ci")?)?;
+    (rest == b"/access").then_some((gpu, gi, Some(ci)))
 }
 
 /// Character-device majors of the NVIDIA driver, from `/proc/devices`.
@@ -245,11 +260,13 @@ impl DriverInfo {
     /// Load everything. A missing mig-minors file is an empty table when the `nvidia-caps`
     /// major is absent too (no driver, or a driver without MIG); otherwise an error.
     pub fn load(paths: &DriverPaths) -> Result<Self> {
-        Self::load_inner(paths, None)
+        Self::load_inner(paths, None, None)
     }
 
-    /// Hot path: load, keeping only the capability entries of `slices` (the file has thousands
-    /// of lines; all are validated, few are stored).
+    /// Hot path: load, keeping only the capability entries of `slices`. The file has thousands
+    /// of lines; only `config`, `monitor` and the lines under the slices' `gpu<N>/gi<G>/` are
+    /// parsed (and validated, duplicates included): the others cannot change a minor this job
+    /// gets, and parsing them all was a third of a millisecond of every MIG prolog.
     pub fn load_for(paths: &DriverPaths, slices: &[crate::policy::SliceRef]) -> Result<Self> {
         if slices.is_empty() {
             // A job without a slice is denied every NVIDIA device by major: no minor is needed,
@@ -265,16 +282,26 @@ impl DriverInfo {
                 s.gpu_minor == gpu && s.gi_id == gi && (ci.is_none() || ci == Some(s.ci_id))
             })
         };
-        Self::load_inner(paths, Some(&keep))
+        let prefixes: Vec<String> = slices
+            .iter()
+            .map(|s| format!("gpu{}/gi{}/", s.gpu_minor, s.gi_id))
+            .collect();
+        let relevant = |line: &str| {
+            line.starts_with("config")
+                || line.starts_with("monitor")
+                || prefixes.iter().any(|p| line.starts_with(p.as_str()))
+        };
+        Self::load_inner(paths, Some(&keep), Some(&relevant))
     }
 
     fn load_inner(
         paths: &DriverPaths,
         keep: Option<&dyn Fn(u32, u32, Option<u32>) -> bool>,
+        relevant: Option<&dyn Fn(&str) -> bool>,
     ) -> Result<Self> {
         let majors = NvidiaMajors::parse(&read(&paths.proc_devices)?, &paths.proc_devices)?;
         let mig = match std::fs::read_to_string(&paths.mig_minors) {
-            Ok(t) => MigMinors::parse(&t, &paths.mig_minors, keep)?,
+            Ok(t) => MigMinors::parse_lines(&t, &paths.mig_minors, keep, relevant)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && majors.caps.is_none() => {
                 MigMinors::default()
             }
@@ -294,6 +321,68 @@ mod tests {
     use super::*;
 
     pub(crate) const DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n136 pts\n195 nvidia-frontend\n234 nvidia-nvswitch\n235 nvidia-caps\n237 nvidia-uvm\n\nBlock devices:\n  7 loop\n195 nvidia-fake-block\n";
+
+    #[test]
+    fn a_job_reads_only_its_own_lines_of_the_table_and_still_validates_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = DriverPaths {
+            proc_devices: dir.path().join("devices"),
+            mig_minors: dir.path().join("mig-minors"),
+        };
+        std::fs::write(&paths.proc_devices, DEVICES).unwrap();
+        let slice = [crate::policy::SliceRef {
+            gpu_minor: 1,
+            gi_id: 2,
+            ci_id: 0,
+        }];
+        let table = |extra: &str| {
+            format!(
+                "config 1\nmonitor 2\ngpu0/gi2/access 21\nnonsense here too\n\
+                 gpu1/gi2/access 147\ngpu1/gi2/ci0/access 148\ngpu1/gi20/access 300\n{extra}"
+            )
+        };
+        // A damaged line elsewhere does not concern this job.
+        std::fs::write(&paths.mig_minors, table("gpu9/gi9/access x\n")).unwrap();
+        let info = DriverInfo::load_for(&paths, &slice).unwrap();
+        assert_eq!(info.mig.lookup(1, 2, None), Some(147));
+        assert_eq!(info.mig.lookup(1, 2, Some(0)), Some(148));
+        assert_eq!((info.mig.config, info.mig.monitor), (Some(1), Some(2)));
+        assert_eq!(info.mig.access.len(), 2, "only the job's entries are kept");
+        // Its own lines are validated, with the file's line numbers, duplicates included.
+        std::fs::write(&paths.mig_minors, table("gpu1/gi2/ci0/access 9x\n")).unwrap();
+        let e = DriverInfo::load_for(&paths, &slice)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 8:"), "{e}");
+        std::fs::write(&paths.mig_minors, table("gpu1/gi2/access 999\n")).unwrap();
+        assert!(DriverInfo::load_for(&paths, &slice).is_err());
+        // The whole table is still validated where everything is read (doctor).
+        std::fs::write(&paths.mig_minors, table("")).unwrap();
+        assert!(DriverInfo::load(&paths).is_err());
+    }
+
+    #[test]
+    fn cap_names() {
+        assert_eq!(parse_cap_name("gpu0/gi3/access"), Some((0, 3, None)));
+        assert_eq!(
+            parse_cap_name("gpu12/gi0/ci7/access"),
+            Some((12, 0, Some(7)))
+        );
+        assert_eq!(parse_cap_name("gpu007/gi1/access"), Some((7, 1, None)));
+        for bad in [
+            "gpu/gi0/access",
+            "gpu0/gi0",
+            "gpu0/gi0/access/x",
+            "gpu0/gi0/ci/access",
+            "gpu0/gi0/cix/access",
+            "gpu1234567890/gi0/access",
+            "gpu0/gi0/ci0/access ",
+            "gpu-1/gi0/access",
+            "cpu0/gi0/access",
+        ] {
+            assert_eq!(parse_cap_name(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn majors() {
