@@ -236,15 +236,25 @@ impl Drop for Locked {
     }
 }
 
-/// Runs `f` on a consistent snapshot under a shared lock.
-pub fn read<T>(cfg: &Config, f: impl FnOnce(&State) -> T) -> Result<T, StoreError> {
+/// Runs `f` on this process's store with the state file locked (`how`: shared or exclusive).
+fn locked<T>(
+    cfg: &Config,
+    how: FlockOperation,
+    f: impl FnOnce(&mut Store) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
     let mut guard = STORE.lock().unwrap_or_else(|p| p.into_inner());
     let store = store_for(&mut guard, cfg)?;
-    flock(&store.lock, FlockOperation::LockShared)
-        .map_err(|e| err("cannot lock", &cfg.state_path, e))?;
+    flock(&store.lock, how).map_err(|e| err("cannot lock", &cfg.state_path, e))?;
     let _locked = Locked(std::os::fd::AsRawFd::as_raw_fd(&store.lock));
-    let (st, _) = store.current(cfg)?;
-    Ok(f(&st))
+    f(store)
+}
+
+/// Runs `f` on a consistent snapshot under a shared lock.
+pub fn read<T>(cfg: &Config, f: impl FnOnce(&State) -> T) -> Result<T, StoreError> {
+    locked(cfg, FlockOperation::LockShared, |store| {
+        let (st, _) = store.current(cfg)?;
+        Ok(f(&st))
+    })
 }
 
 /// Read-modify-write under an exclusive lock. `f` returns (result, commit): with commit the
@@ -254,20 +264,17 @@ pub fn modify<T>(
     f: impl FnOnce(&mut State) -> (T, bool),
     before_commit: impl FnOnce(&State) -> Result<(), StoreError>,
 ) -> Result<T, StoreError> {
-    let mut guard = STORE.lock().unwrap_or_else(|p| p.into_inner());
-    let store = store_for(&mut guard, cfg)?;
-    flock(&store.lock, FlockOperation::LockExclusive)
-        .map_err(|e| err("cannot lock", &cfg.state_path, e))?;
-    let _locked = Locked(std::os::fd::AsRawFd::as_raw_fd(&store.lock));
-    let (mut st, fresh) = store.current(cfg)?;
-    let before = st.clone();
-    let (out, commit) = f(&mut st);
-    if commit && (fresh || st != before) {
-        before_commit(&st)?;
-        write_state(cfg, &st)?;
-        store.written(cfg, &st);
-    }
-    Ok(out)
+    locked(cfg, FlockOperation::LockExclusive, |store| {
+        let (mut st, fresh) = store.current(cfg)?;
+        let before = st.clone();
+        let (out, commit) = f(&mut st);
+        if commit && (fresh || st != before) {
+            before_commit(&st)?;
+            write_state(cfg, &st)?;
+            store.written(cfg, &st);
+        }
+        Ok(out)
+    })
 }
 
 #[cfg(test)]

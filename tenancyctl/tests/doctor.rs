@@ -1,6 +1,7 @@
 //! `tenancyctl doctor` flags a node that could not isolate jobs.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::Command;
 
 #[test]
@@ -40,63 +41,43 @@ groups = ["root"]
     )
     .unwrap();
     std::fs::write(pam.join("login"), "# account required pam_slurm_adopt.so\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .args(["doctor", "--format", "json", "--pam-dir"])
-        .arg(&pam)
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let scratch_row = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["check"] == "scratch.root")
-        .expect("a scratch.root row");
+    let (code, rows) = doctor(&config, &pam);
+    assert_eq!(code, Some(1));
+    let scratch_row = row(&rows, "scratch.root");
     assert_eq!(scratch_row["severity"], "error", "{scratch_row}");
     assert!(scratch_row["remedy"]
         .as_str()
         .unwrap()
         .contains("chmod go-w"));
     // pam_slurm_adopt: an isolation gap, named with its file and line (not the comment).
-    let adopt = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["check"] == "slurm.pam_adopt")
-        .expect("a slurm.pam_adopt row");
+    let adopt = row(&rows, "slurm.pam_adopt");
     assert_eq!(adopt["severity"], "error", "{adopt}");
     let msg = adopt["message"].as_str().unwrap();
     assert!(msg.contains("sshd:2") && !msg.contains("login"), "{msg}");
     // Without it, the check passes.
     std::fs::remove_file(pam.join("sshd")).unwrap();
+    let (_, again) = doctor(&config, &pam);
+    assert_eq!(row(&again, "slurm.pam_adopt")["severity"], "ok");
+    // No NVML: reported, not fatal by itself (jobs asking for --mig are refused).
+    assert_eq!(row(&rows, "nvml.load")["severity"], "warn");
+}
+
+/// `tenancyctl doctor --format json`: its exit code and rows.
+fn doctor(config: &Path, pam: &Path) -> (Option<i32>, Vec<serde_json::Value>) {
     let out = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
         .args(["doctor", "--format", "json", "--pam-dir"])
-        .arg(&pam)
+        .arg(pam)
         .arg("--config")
-        .arg(&config)
+        .arg(config)
         .output()
         .unwrap();
-    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let adopt = again
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["check"] == "slurm.pam_adopt")
-        .unwrap();
-    assert_eq!(adopt["severity"], "ok", "{adopt}");
-    // No NVML: reported, not fatal by itself (jobs asking for --mig are refused).
-    let nvml = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["check"] == "nvml.load");
-    assert_eq!(nvml.map(|r| r["severity"].clone()), Some("warn".into()));
+    let rows = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code(), rows)
+}
+
+fn row<'a>(rows: &'a [serde_json::Value], check: &str) -> &'a serde_json::Value {
+    rows.iter()
+        .find(|r| r["check"] == check)
+        .unwrap_or_else(|| panic!("no {check} row in {rows:?}"))
 }
