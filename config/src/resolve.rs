@@ -31,9 +31,6 @@ impl Identity {
             .ok_or_else(|| {
                 format!("uid {uid} has no passwd entry (check NSS/sssd on this node)")
             })?;
-        if user.name.contains('\0') {
-            return Err(format!("user name of uid {uid} contains a NUL byte"));
-        }
         Ok(Identity {
             uid,
             user: user.name,
