@@ -17,7 +17,7 @@ BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
 JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-3}; MODES=${MODES:-"pair fill"}
 BENCH_USER=${BENCH_USER:-acme1}; BENCH_TENANT=${BENCH_TENANT:-acme}; FIRST_JOB=${FIRST_JOB:-7100000}
 uid=$(id -u "$BENCH_USER"); gid=$(id -g "$BENCH_USER"); group=$(id -gn "$BENCH_USER")
-for b in tenancy-prolog tenancy-epilog tenancyctl libnvidia_ml.so; do
+for b in tenancy-prolog tenancy-epilog tenancyctl nvml-shim-ctl libnvidia_ml.so; do
   [ -e "$BIN/$b" ] || { echo "missing $BIN/$b: build in release first (see the top of $0)" >&2; exit 2; }
 done
 mkdir -p "$BENCH_DIR/scratch" "$BENCH_DIR/base/scratch"
@@ -49,6 +49,9 @@ mig_profiles = ["1g.18gb", "3g.71gb"]
 tier = "internal"
 groups = ["$group"]
 EOT
+# The stand-in's device nodes, mig-minors and proc-devices exist before the first job, so that a
+# run without the MIG variant (VARIANTS=product,baseline-sh) finds them too.
+NVML_SHIM_FIXTURE="$BENCH_DIR/fixture.toml" "$BIN/nvml-shim-ctl" layout >/dev/null
 "$BIN/tenancyctl" --config "$BENCH_DIR/tenancy.toml" firewall apply >/dev/null
 # Baseline: one set of job cgroups, filled and emptied by the shell scripts.
 mkdir -p "/sys/fs/cgroup/unified/tenancy-base/$BENCH_TENANT" "/sys/fs/cgroup/devices/tenancy-base/$BENCH_TENANT"

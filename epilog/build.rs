@@ -1,0 +1,1 @@
+include!("../build-support/static_libgcc.rs");
