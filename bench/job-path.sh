@@ -8,7 +8,8 @@
 #   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (3), MODES ("pair fill"), BENCH_USER (acme1),
 #   BENCH_TENANT (acme; its group is the user's primary group), FIRST_JOB (7100000).
 # It loads the product's nft table `inet tenancy` (tenancyctl firewall apply) and a baseline table
-# `inet tenancy_base`; the baseline table and cgroups are removed at the end.
+# `inet tenancy_base`; the baseline table and cgroups are removed at the end, and so is the product
+# table when the bench loaded it (it was not there before).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -52,6 +53,7 @@ EOT
 # The stand-in's device nodes, mig-minors and proc-devices exist before the first job, so that a
 # run without the MIG variant (VARIANTS=product,baseline-sh) finds them too.
 NVML_SHIM_FIXTURE="$BENCH_DIR/fixture.toml" "$BIN/nvml-shim-ctl" layout >/dev/null
+had_table=no; nft list table inet tenancy >/dev/null 2>&1 && had_table=yes
 "$BIN/tenancyctl" --config "$BENCH_DIR/tenancy.toml" firewall apply >/dev/null
 # Baseline: one set of job cgroups, filled and emptied by the shell scripts.
 mkdir -p "/sys/fs/cgroup/unified/tenancy-base/$BENCH_TENANT" "/sys/fs/cgroup/devices/tenancy-base/$BENCH_TENANT"
@@ -64,6 +66,10 @@ table inet tenancy_base {
 EOT
 cleanup() {
   nft delete table inet tenancy_base 2>/dev/null || true
+  if [ "$had_table" = no ]; then
+    nft delete table inet tenancy 2>/dev/null || true
+    rmdir "/sys/fs/cgroup/unified/tenancy/$BENCH_TENANT" /sys/fs/cgroup/unified/tenancy 2>/dev/null || true
+  fi
   rmdir "/sys/fs/cgroup/unified/tenancy-base/$BENCH_TENANT" /sys/fs/cgroup/unified/tenancy-base \
     "/sys/fs/cgroup/devices/tenancy-base/$BENCH_TENANT" /sys/fs/cgroup/devices/tenancy-base 2>/dev/null || true
 }

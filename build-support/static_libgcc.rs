@@ -6,11 +6,14 @@
 // in a VM); measured 0.11 ms per process here (BENCHMARKS.md). rustc always asks the linker
 // for `-lgcc_s` on *-linux-gnu, so the build script puts a folder holding `libgcc_s.a` (a link
 // to libgcc_eh.a) first on the search path: ld takes the first folder that has either file.
-// Anything unexpected (another libc, crt-static, no libgcc_eh.a) keeps the default.
+// Anything unexpected (another libc, crt-static, no libgcc_eh.a) keeps the default, and so does
+// TENANCY_SHARED_LIBGCC=1 in the build's environment (A/B of the two, BENCHMARKS.md).
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=../build-support/static_libgcc.rs");
+    println!("cargo:rerun-if-env-changed=TENANCY_SHARED_LIBGCC");
+    println!("cargo:rerun-if-env-changed=CC");
     let env = |k: &str| std::env::var(k).unwrap_or_default();
     if env("CARGO_CFG_TARGET_OS") != "linux"
         || env("CARGO_CFG_TARGET_ENV") != "gnu"

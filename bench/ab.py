@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""A/B of two builds of tenancy-prolog + tenancy-epilog, alternating job by job (stdlib only).
+
+Run `bench/job-path.sh` once first (it writes the bench config), load the firewall table it
+removes at its end: `tenancyctl --config /tmp/tenancy-bench/tenancy.toml firewall apply`,
+then, as root:
+  python3 bench/ab.py DIR_A DIR_B [--jobs 300] [--mig 1g.18gb]
+where each DIR holds a tenancy-prolog and a tenancy-epilog (e.g. target/release and a copy of an
+older build). Each job runs the prolog then the epilog of one build; the builds alternate, and so
+does which one goes first, so the machine's drift weighs on both alike.
+"""
+import argparse, os, pwd, statistics, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from driver import run  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("a"); p.add_argument("b")
+    p.add_argument("--jobs", type=int, default=300)
+    p.add_argument("--mig", help="MIG profile to request (default: a job without MIG)")
+    p.add_argument("--config", default=os.path.join(os.environ.get("BENCH_DIR", "/tmp/tenancy-bench"), "tenancy.toml"))
+    p.add_argument("--user", default=os.environ.get("BENCH_USER", "acme1"))
+    p.add_argument("--tenant", default=os.environ.get("BENCH_TENANT", "acme"))
+    p.add_argument("--first-job", type=int, default=9_100_000)
+    a = p.parse_args()
+    pw = pwd.getpwnam(a.user)
+    env = {"SLURM_JOB_UID": str(pw.pw_uid), "SLURM_JOB_GID": str(pw.pw_gid), "SLURM_JOB_USER": a.user,
+           "SLURMD_NODENAME": os.uname().nodename.split(".")[0], "SPANK_TENANCY_TENANT": a.tenant,
+           "TENANCY_CONFIG": a.config}
+    if a.mig:
+        env["SPANK_TENANCY_MIG"] = a.mig
+    rows = {a.a: [], a.b: []}
+    job = a.first_job
+    for i in range(a.jobs):
+        for d in ((a.a, a.b) if i % 2 == 0 else (a.b, a.a)):
+            e = dict(env, SLURM_JOB_ID=str(job)); job += 1
+            r1, w1, c1 = run([os.path.join(d, "tenancy-prolog")], e)
+            r2, w2, c2 = run([os.path.join(d, "tenancy-epilog")], e)
+            if r1 != 0 or r2 != 0:
+                sys.exit(f"{d}: job {job - 1}: prolog exited {r1}, epilog {r2}")
+            rows[d].append((w1, w2, c1 + c2))
+    print(f"{'build':<32} {'prolog':>7} {'epilog':>7} {'total':>7} {'cpu':>7}  (median ms, {a.jobs} jobs each)")
+    for d, r in rows.items():
+        med = lambda f: statistics.median(f(x) for x in r)
+        print(f"{d:<32} {med(lambda x: x[0]):7.3f} {med(lambda x: x[1]):7.3f} "
+              f"{med(lambda x: x[0] + x[1]):7.3f} {med(lambda x: x[2]):7.3f}")
+
+
+if __name__ == "__main__":
+    main()
