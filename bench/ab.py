@@ -12,7 +12,7 @@ does which one goes first, so the machine's drift weighs on both alike.
 import argparse, os, pwd, statistics, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from driver import run  # noqa: E402
+from driver import run, slurm_env  # noqa: E402
 
 
 def main():
@@ -26,9 +26,7 @@ def main():
     p.add_argument("--first-job", type=int, default=9_100_000)
     a = p.parse_args()
     pw = pwd.getpwnam(a.user)
-    env = {"SLURM_JOB_UID": str(pw.pw_uid), "SLURM_JOB_GID": str(pw.pw_gid), "SLURM_JOB_USER": a.user,
-           "SLURMD_NODENAME": os.uname().nodename.split(".")[0], "SPANK_TENANCY_TENANT": a.tenant,
-           "TENANCY_CONFIG": a.config}
+    env = dict(slurm_env(pw.pw_uid, pw.pw_gid, a.user, a.tenant), TENANCY_CONFIG=a.config)
     if a.mig:
         env["SPANK_TENANCY_MIG"] = a.mig
     rows = {a.a: [], a.b: []}

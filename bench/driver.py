@@ -57,10 +57,13 @@ def summary(rows):
             "total_wall": [r[0] + r[2] for r in rows], "total_cpu": [r[1] + r[3] for r in rows]}
     return {k: {"median": statistics.median(v), "p99": pct(v, 99), "n": len(v)} for k, v in cols.items()}
 
+def slurm_env(uid, gid, user, tenant):
+    """What slurmd and the SPANK plugin give a prolog for a job (the job id is added per job)."""
+    return {"SLURM_JOB_UID": str(uid), "SLURM_JOB_GID": str(gid), "SLURM_JOB_USER": user,
+            "SLURMD_NODENAME": os.uname().nodename.split(".")[0], "SPANK_TENANCY_TENANT": tenant}
+
 def variants(a):
-    node = os.uname().nodename.split(".")[0]
-    base = {"SLURM_JOB_UID": str(a.uid), "SLURM_JOB_GID": str(a.gid), "SLURM_JOB_USER": a.user,
-            "SLURMD_NODENAME": node, "SPANK_TENANCY_TENANT": a.tenant}
+    base = slurm_env(a.uid, a.gid, a.user, a.tenant)
     prod = dict(base, TENANCY_CONFIG=a.config)
     out = {}
     out["product+mig"] = Variant("product+mig", a.prolog, a.epilog, dict(prod, SPANK_TENANCY_MIG=a.mig))
