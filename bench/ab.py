@@ -6,10 +6,12 @@ removes at its end: `tenancyctl --config /tmp/tenancy-bench/tenancy.toml firewal
 then, as root:
   python3 bench/ab.py DIR_A DIR_B [--jobs 300] [--mig 1g.18gb]
 where each DIR holds a tenancy-prolog and a tenancy-epilog (e.g. target/release and a copy of an
-older build). Each job runs the prolog then the epilog of one build; the builds alternate, and so
-does which one goes first, so the machine's drift weighs on both alike.
+older build). Both builds are first installed (`install -m 0755`) into fresh folders: a linker's
+output file and a copy of it start with different numbers of page faults, and only the copy is
+what a node runs. Each job runs the prolog then the epilog of one build; the builds alternate, and
+so does which one goes first, so the machine's drift weighs on both alike.
 """
-import argparse, os, pwd, statistics, sys
+import argparse, os, pwd, statistics, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from driver import run, slurm_env  # noqa: E402
@@ -29,16 +31,23 @@ def main():
     env = dict(slurm_env(pw.pw_uid, pw.pw_gid, a.user, a.tenant), TENANCY_CONFIG=a.config)
     if a.mig:
         env["SPANK_TENANCY_MIG"] = a.mig
-    rows = {a.a: [], a.b: []}
-    job = a.first_job
-    for i in range(a.jobs):
-        for d in ((a.a, a.b) if i % 2 == 0 else (a.b, a.a)):
-            e = dict(env, SLURM_JOB_ID=str(job)); job += 1
-            r1, w1, c1 = run([os.path.join(d, "tenancy-prolog")], e)
-            r2, w2, c2 = run([os.path.join(d, "tenancy-epilog")], e)
-            if r1 != 0 or r2 != 0:
-                sys.exit(f"{d}: job {job - 1}: prolog exited {r1}, epilog {r2}")
-            rows[d].append((w1, w2, c1 + c2))
+    with tempfile.TemporaryDirectory(prefix="tenancy-ab-") as tmp:
+        installed = {}
+        for name, d in (("a", a.a), ("b", a.b)):
+            installed[d] = os.path.join(tmp, name)
+            os.mkdir(installed[d])
+            subprocess.run(["install", "-m", "0755", os.path.join(d, "tenancy-prolog"),
+                            os.path.join(d, "tenancy-epilog"), installed[d]], check=True)
+        rows = {a.a: [], a.b: []}
+        job = a.first_job
+        for i in range(a.jobs):
+            for d in ((a.a, a.b) if i % 2 == 0 else (a.b, a.a)):
+                e = dict(env, SLURM_JOB_ID=str(job)); job += 1
+                r1, w1, c1 = run([os.path.join(installed[d], "tenancy-prolog")], e)
+                r2, w2, c2 = run([os.path.join(installed[d], "tenancy-epilog")], e)
+                if r1 != 0 or r2 != 0:
+                    sys.exit(f"{d}: job {job - 1}: prolog exited {r1}, epilog {r2}")
+                rows[d].append((w1, w2, c1 + c2))
     print(f"{'build':<32} {'prolog':>7} {'epilog':>7} {'total':>7} {'cpu':>7}  (median ms, {a.jobs} jobs each)")
     for d, r in rows.items():
         med = lambda f: statistics.median(f(x) for x in r)

@@ -88,6 +88,8 @@ pub struct Resolved {
     pub tenant: String,
     pub tier: String,
     pub profile: Option<String>,
+    /// The gid of the tenant's first group NSS knows, found while checking membership.
+    pub tenant_gid: Option<u32>,
 }
 
 /// A precise reason why a job may not run; Display is one line for the user.
@@ -187,10 +189,23 @@ impl fmt::Display for Refusal {
 impl Config {
     /// Is `who` a member of `tenant` through one of its groups?
     pub fn is_member(&self, who: &Identity, tenant: &Tenant) -> bool {
-        tenant
-            .groups
-            .iter()
-            .any(|g| matches!(Group::from_name(g), Ok(Some(gr)) if who.in_group(&gr)))
+        self.membership(who, tenant).0
+    }
+
+    /// Whether `who` is in one of the tenant's groups, and the gid of the first of them NSS
+    /// knows (the tenant's group on this node). Each group is looked up once, in order, up to
+    /// the first that has `who`: with sssd or LDAP every lookup can be a round trip.
+    fn membership(&self, who: &Identity, tenant: &Tenant) -> (bool, Option<u32>) {
+        let mut first_gid = None;
+        for name in &tenant.groups {
+            if let Ok(Some(group)) = Group::from_name(name) {
+                first_gid.get_or_insert(group.gid.as_raw());
+                if who.in_group(&group) {
+                    return (true, first_gid);
+                }
+            }
+        }
+        (false, first_gid)
     }
 
     /// The tenant an account maps to.
@@ -209,7 +224,7 @@ impl Config {
         requested_profile: Option<&str>,
     ) -> Result<Resolved, Refusal> {
         let by_account = account.and_then(|a| self.tenant_of_account(a));
-        let tenant = match requested_tenant {
+        let (tenant, tenant_gid) = match requested_tenant {
             Some(name) => {
                 if !valid_name(name) {
                     return Err(Refusal::BadTenantName(name.to_string()));
@@ -220,7 +235,8 @@ impl Config {
                         known: self.tenants.keys().cloned().collect(),
                     });
                 };
-                if !self.is_member(who, t) {
+                let (member, gid) = self.membership(who, t);
+                if !member {
                     return Err(Refusal::NotMember {
                         user: who.user.clone(),
                         tenant: t.name.clone(),
@@ -234,16 +250,25 @@ impl Config {
                         tenant: t.name.clone(),
                     });
                 }
-                t
+                (t, gid)
             }
             None => {
-                let mine: Vec<&Tenant> = self
+                let mine: Vec<(&Tenant, Option<u32>)> = self
                     .tenants
                     .values()
-                    .filter(|t| self.is_member(who, t))
+                    .filter_map(|t| match self.membership(who, t) {
+                        (true, gid) => Some((t, gid)),
+                        (false, _) => None,
+                    })
                     .collect();
                 match (by_account, mine.as_slice()) {
-                    (Some(t), _) if mine.iter().any(|m| m.name == t.name) => t,
+                    (Some(t), _) if mine.iter().any(|(m, _)| m.name == t.name) => {
+                        let gid = mine
+                            .iter()
+                            .find(|(m, _)| m.name == t.name)
+                            .and_then(|m| m.1);
+                        (t, gid)
+                    }
                     (Some(t), _) => {
                         return Err(Refusal::NotMember {
                             user: who.user.clone(),
@@ -251,7 +276,7 @@ impl Config {
                             groups: t.groups.clone(),
                         })
                     }
-                    (None, [one]) => one,
+                    (None, [one]) => *one,
                     (None, []) => {
                         return Err(Refusal::NoTenant {
                             user: who.user.clone(),
@@ -265,7 +290,7 @@ impl Config {
                     (None, many) => {
                         return Err(Refusal::SeveralTenants {
                             user: who.user.clone(),
-                            tenants: many.iter().map(|t| t.name.clone()).collect(),
+                            tenants: many.iter().map(|(t, _)| t.name.clone()).collect(),
                         })
                     }
                 }
@@ -289,6 +314,7 @@ impl Config {
             tenant: tenant.name.clone(),
             tier: tier.name.clone(),
             profile,
+            tenant_gid,
         })
     }
 }

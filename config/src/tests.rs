@@ -294,3 +294,22 @@ fn profile_and_device_class_syntax() {
     assert!(!valid_device_class("a *:* rwm"));
     assert!(!valid_device_class("c 1:3"));
 }
+
+#[test]
+fn resolution_gives_the_gid_of_the_tenants_first_group() {
+    let c = parse(NSS_CONFIG).unwrap();
+    let gid = |n: &str| {
+        nix::unistd::Group::from_name(n)
+            .unwrap()
+            .unwrap()
+            .gid
+            .as_raw()
+    };
+    let (bin, sys) = (gid("bin"), gid("sys"));
+    // Member through the second group: the tenant's group is still the first one.
+    let r = c.resolve(&who(&[sys]), None, Some("globex"), None).unwrap();
+    assert_eq!((r.tenant.as_str(), r.tenant_gid), ("globex", Some(bin)));
+    // Without a requested tenant, membership finds it too.
+    let r = c.resolve(&who(&[sys]), None, None, None).unwrap();
+    assert_eq!((r.tenant.as_str(), r.tenant_gid), ("globex", Some(bin)));
+}

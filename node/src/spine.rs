@@ -257,10 +257,11 @@ impl<'c> Spine<'c> {
             .map_err(|r: Refusal| deny(r.to_string()))?;
         let tenant = &self.config.tenants[&resolved.tenant];
         let tier = self.config.tier_of(tenant).clone();
-        let tenant_gid = tenant
-            .groups
-            .iter()
-            .find_map(|g| group_gid(g))
+        // Found while checking membership (a member's group exists); looked up again only if
+        // it was not.
+        let tenant_gid = resolved
+            .tenant_gid
+            .or_else(|| tenant.groups.iter().find_map(|g| group_gid(g)))
             .ok_or_else(|| {
                 deny(format!(
                     "none of tenant '{}''s groups ({}) exists in NSS on this node",
