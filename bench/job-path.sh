@@ -1,7 +1,8 @@
 #!/bin/sh
 # Benchmark of the per-job path: tenancy-prolog + tenancy-epilog (MIG through nvml-shim, devices,
 # network, scratch, audit) side by side with a plain shell prolog/epilog (bench/baseline/).
-# Run as root on a node with cgroup2, nftables and a user in a group (default acme1/acme):
+# Run as root on a node with cgroup2 and nftables; the bench user (default acme1 in group acme)
+# is created for the run when missing:
 #   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancyctl -p nvml-shim
 #   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
 # Env: BIN (folder of the built binaries, default target/release), BENCH_DIR (/tmp/tenancy-bench),
@@ -17,6 +18,15 @@ BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
 BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
 JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-3}; MODES=${MODES:-"pair fill"}
 BENCH_USER=${BENCH_USER:-acme1}; BENCH_TENANT=${BENCH_TENANT:-acme}; FIRST_JOB=${FIRST_JOB:-7100000}
+# A missing bench user is created (no home, no login shell) in a group named after the tenant,
+# and removed again at the end, with the group if that was created too.
+made_user=no; made_group=no
+if ! id "$BENCH_USER" >/dev/null 2>&1; then
+  getent group "$BENCH_TENANT" >/dev/null || { groupadd "$BENCH_TENANT"; made_group=yes; }
+  useradd -M -N -g "$BENCH_TENANT" -s /usr/sbin/nologin "$BENCH_USER"; made_user=yes
+  # Until the full cleanup below takes over.
+  trap '[ "$made_user" = no ] || userdel "$BENCH_USER"; [ "$made_group" = no ] || groupdel "$BENCH_TENANT"' EXIT
+fi
 uid=$(id -u "$BENCH_USER"); gid=$(id -g "$BENCH_USER"); group=$(id -gn "$BENCH_USER")
 for b in tenancy-prolog tenancy-epilog tenancyctl nvml-shim-ctl libnvidia_ml.so; do
   [ -e "$BIN/$b" ] || { echo "missing $BIN/$b: build in release first (see the top of $0)" >&2; exit 2; }
@@ -73,6 +83,8 @@ table inet tenancy_base {
 EOT
 cleanup() {
   nft delete table inet tenancy_base 2>/dev/null || true
+  [ "$made_user" = no ] || userdel "$BENCH_USER" 2>/dev/null || true
+  [ "$made_group" = no ] || groupdel "$BENCH_TENANT" 2>/dev/null || true
   if [ "$had_table" = no ]; then
     nft delete table inet tenancy 2>/dev/null || true
     rmdir "/sys/fs/cgroup/unified/tenancy/$BENCH_TENANT" /sys/fs/cgroup/unified/tenancy 2>/dev/null || true
