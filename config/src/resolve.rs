@@ -262,20 +262,16 @@ impl Config {
                     })
                     .collect();
                 match (by_account, mine.as_slice()) {
-                    (Some(t), _) if mine.iter().any(|(m, _)| m.name == t.name) => {
-                        let gid = mine
-                            .iter()
-                            .find(|(m, _)| m.name == t.name)
-                            .and_then(|m| m.1);
-                        (t, gid)
-                    }
-                    (Some(t), _) => {
-                        return Err(Refusal::NotMember {
-                            user: who.user.clone(),
-                            tenant: t.name.clone(),
-                            groups: t.groups.clone(),
-                        })
-                    }
+                    (Some(t), _) => match mine.iter().find(|(m, _)| m.name == t.name) {
+                        Some(&(_, gid)) => (t, gid),
+                        None => {
+                            return Err(Refusal::NotMember {
+                                user: who.user.clone(),
+                                tenant: t.name.clone(),
+                                groups: t.groups.clone(),
+                            })
+                        }
+                    },
                     (None, [one]) => *one,
                     (None, []) => {
                         return Err(Refusal::NoTenant {

@@ -309,7 +309,12 @@ fn resolution_gives_the_gid_of_the_tenants_first_group() {
     // Member through the second group: the tenant's group is still the first one.
     let r = c.resolve(&who(&[sys]), None, Some("globex"), None).unwrap();
     assert_eq!((r.tenant.as_str(), r.tenant_gid), ("globex", Some(bin)));
-    // Without a requested tenant, membership finds it too.
+    // Without a requested tenant, membership finds it too, and so does the account's tenant.
     let r = c.resolve(&who(&[sys]), None, None, None).unwrap();
     assert_eq!((r.tenant.as_str(), r.tenant_gid), ("globex", Some(bin)));
+    let daemon = gid("daemon");
+    let r = c
+        .resolve(&who(&[daemon, sys]), Some("acme-acct"), None, None)
+        .unwrap();
+    assert_eq!((r.tenant.as_str(), r.tenant_gid), ("acme", Some(daemon)));
 }
