@@ -185,13 +185,7 @@ fn who(gids: &[u32]) -> Identity {
 #[test]
 fn tenant_resolution_refuses_precisely() {
     let c = parse(NSS_CONFIG).unwrap();
-    let gid = |n: &str| {
-        nix::unistd::Group::from_name(n)
-            .unwrap()
-            .unwrap()
-            .gid
-            .as_raw()
-    };
+    let gid = |n: &str| group_gid(n).unwrap();
     let (daemon, bin) = (gid("daemon"), gid("bin"));
 
     let r = c
@@ -298,13 +292,7 @@ fn profile_and_device_class_syntax() {
 #[test]
 fn resolution_gives_the_gid_of_the_tenants_first_group() {
     let c = parse(NSS_CONFIG).unwrap();
-    let gid = |n: &str| {
-        nix::unistd::Group::from_name(n)
-            .unwrap()
-            .unwrap()
-            .gid
-            .as_raw()
-    };
+    let gid = |n: &str| group_gid(n).unwrap();
     let (bin, sys) = (gid("bin"), gid("sys"));
     // Member through the second group: the tenant's group is still the first one.
     let r = c.resolve(&who(&[sys]), None, Some("globex"), None).unwrap();
