@@ -26,6 +26,9 @@ def main():
     p.add_argument("--user", default=os.environ.get("BENCH_USER", "acme1"))
     p.add_argument("--tenant", default=os.environ.get("BENCH_TENANT", "acme"))
     p.add_argument("--first-job", type=int, default=9_100_000)
+    p.add_argument("--between", help="a command run before every job (not timed), e.g. "
+                   "bench/pollute.sh: the shell commands that run between two product jobs in "
+                   "bench/job-path.sh, which leave the CPU caches cold")
     a = p.parse_args()
     pw = pwd.getpwnam(a.user)
     env = dict(slurm_env(pw.pw_uid, pw.pw_gid, a.user, a.tenant), TENANCY_CONFIG=a.config)
@@ -42,6 +45,8 @@ def main():
         job = a.first_job
         for i in range(a.jobs):
             for d in ((a.a, a.b) if i % 2 == 0 else (a.b, a.a)):
+                if a.between:
+                    subprocess.run(a.between, shell=True, check=True)
                 e = dict(env, SLURM_JOB_ID=str(job)); job += 1
                 r1, w1, c1 = run([os.path.join(installed[d], "tenancy-prolog")], e)
                 r2, w2, c2 = run([os.path.join(installed[d], "tenancy-epilog")], e)

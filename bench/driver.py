@@ -69,7 +69,7 @@ def variants(a):
     out["product+mig"] = Variant("product+mig", a.prolog, a.epilog, dict(prod, SPANK_TENANCY_MIG=a.mig))
     out["product"] = Variant("product", a.prolog, a.epilog, prod)
     out["baseline-sh"] = Variant("baseline-sh", a.base_prolog, a.base_epilog,
-                                 dict(base, BASE_DIR=a.base_dir))
+                                 dict(base, BASE_DIR=a.base_dir, BASE_TENANT_GROUP=a.tenant_group))
     return out
 
 def table(results):
@@ -94,6 +94,7 @@ def main():
     p.add_argument("--base-dir", required=True)
     p.add_argument("--uid", type=int, required=True); p.add_argument("--gid", type=int, required=True)
     p.add_argument("--user", required=True); p.add_argument("--tenant", required=True)
+    p.add_argument("--tenant-group", required=True, help="the tenant's group, checked by the shell baseline")
     p.add_argument("--mig", default="1g.18gb")
     p.add_argument("--json")
     a = p.parse_args()

@@ -95,7 +95,7 @@ cleanup() {
 trap cleanup EXIT
 set -- --config "$BENCH_DIR/tenancy.toml" --prolog "$BIN/tenancy-prolog" --epilog "$BIN/tenancy-epilog" \
   --base-prolog "$here/baseline/prolog.sh" --base-epilog "$here/baseline/epilog.sh" \
-  --base-dir "$BENCH_DIR/base" --uid "$uid" --gid "$gid" --user "$BENCH_USER" --tenant "$BENCH_TENANT"
+  --base-dir "$BENCH_DIR/base" --uid "$uid" --gid "$gid" --user "$BENCH_USER" --tenant "$BENCH_TENANT" --tenant-group "$group"
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /proc/loadavg); built in $built, run from $BIN"
 for m in $MODES; do
   case $m in

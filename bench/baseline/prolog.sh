@@ -1,11 +1,16 @@
 #!/bin/sh
 # Baseline: a plain shell prolog doing the product's non-GPU work with the usual commands.
 # Run as root with the Slurm prolog environment plus BASE_DIR (see bench/job-path.sh).
-# devices: v1 devices cgroup (deny NVIDIA, allow nvidiactl); network: cgroup v2 dir + nft set
-# element; scratch: mkdir/chown/chmod; audit: one line chained by sha256 to the previous line.
+# identity: one `id` of the job's user: its uid is the job's and it is in the tenant's group
+# (BASE_TENANT_GROUP), as the product re-checks both; devices: v1 devices cgroup (deny NVIDIA,
+# allow nvidiactl); network: cgroup v2 dir + nft set element; scratch: mkdir/chown/chmod; audit:
+# one line chained by sha256 to the previous line.
 set -eu
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 job=$SLURM_JOB_ID uid=$SLURM_JOB_UID gid=$SLURM_JOB_GID tenant=$SPANK_TENANCY_TENANT
+ids=$(id "$SLURM_JOB_USER")
+case "$ids" in "uid=$uid("*) ;; *) echo "job $job: $SLURM_JOB_USER is not uid $uid" >&2; exit 1 ;; esac
+case "$ids" in *" groups="*"($BASE_TENANT_GROUP)"*) ;; *) echo "job $job: $SLURM_JOB_USER is not in $BASE_TENANT_GROUP" >&2; exit 1 ;; esac
 dev=/sys/fs/cgroup/devices/tenancy-base/$tenant/job_$job
 mkdir -p "$dev"
 echo 'c 195:* rwm' > "$dev/devices.deny"

@@ -240,8 +240,21 @@ pub fn sync_caps(cfg: &Config, st: &State) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Identity and age of a file (see `State::mig_minors_stamp`); None when it cannot be read.
+fn stamp(p: &Path) -> Option<[i64; 5]> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).ok()?;
+    Some([
+        m.dev() as i64,
+        m.ino() as i64,
+        m.size() as i64,
+        m.mtime(),
+        m.mtime_nsec(),
+    ])
+}
+
 /// Full layout: static nodes, mig-minors, proc-devices, then the caps for `st`.
-pub fn layout(cfg: &Config, st: &State) -> Result<(), StoreError> {
+pub fn layout(cfg: &Config, st: &mut State) -> Result<(), StoreError> {
     if let Some(dev) = &cfg.dev_dir {
         let dfd = open_dir_at(None, dev)?;
         for i in 0..cfg.gpus.len() as u32 {
@@ -253,9 +266,14 @@ pub fn layout(cfg: &Config, st: &State) -> Result<(), StoreError> {
         sync_caps(cfg, st)?;
     }
     if let Some(p) = &cfg.mig_minors {
-        let text = model::mig_minors_text();
-        if std::fs::read_to_string(p).ok().as_deref() != Some(text.as_str()) {
-            write_atomic(p, &text)?;
+        // Rebuilt and compared only when the file is not the one the last layout checked.
+        let now = stamp(p);
+        if now.is_none() || now != st.mig_minors_stamp {
+            let text = model::mig_minors_text();
+            if std::fs::read_to_string(p).ok().as_deref() != Some(text.as_str()) {
+                write_atomic(p, &text)?;
+            }
+            st.mig_minors_stamp = stamp(p);
         }
     }
     if let Some(p) = &cfg.proc_devices {
@@ -265,4 +283,41 @@ pub fn layout(cfg: &Config, st: &State) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn mig_minors_is_rebuilt_only_when_the_file_changed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = Config::from_fixture_text(
+            "state = \"state.json\"\nmig_minors = \"mig-minors\"\n[[gpus]]\nmodel = \"H200-141GB\"\n",
+            tmp.path(),
+        )
+        .unwrap();
+        let path = tmp.path().join("mig-minors");
+        let mut st = State::fresh(&cfg.gpus, Default::default());
+        layout(&cfg, &mut st).unwrap();
+        let want = model::mig_minors_text();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
+        assert!(st.mig_minors_stamp.is_some());
+        // Unchanged: the next layout leaves the file (same inode) and the stamp alone.
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        let before = st.mig_minors_stamp;
+        layout(&cfg, &mut st).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), ino);
+        assert_eq!(st.mig_minors_stamp, before);
+        // Damaged in place (another size): restored, and the stamp follows the new file.
+        std::fs::write(&path, "config 1\n").unwrap();
+        layout(&cfg, &mut st).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
+        assert_eq!(st.mig_minors_stamp, stamp(&path));
+        // Removed: written again.
+        std::fs::remove_file(&path).unwrap();
+        layout(&cfg, &mut st).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
+    }
 }

@@ -82,6 +82,11 @@ pub struct State {
     pub gpus: Vec<GpuState>,
     #[serde(default)]
     pub faults: Faults,
+    /// The mig-minors file as the last layout left it (device, inode, size, mtime s and ns):
+    /// an nvmlInit that finds the file so skips rebuilding and comparing its 4,322 lines,
+    /// which was most of the stand-in's cost in every MIG prolog and epilog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_minors_stamp: Option<[i64; 5]>,
 }
 
 /// Identity of a GPU for building a fresh state.
@@ -116,6 +121,7 @@ impl State {
                 })
                 .collect(),
             faults,
+            mig_minors_stamp: None,
         }
     }
 

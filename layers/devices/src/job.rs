@@ -13,7 +13,7 @@ use crate::v1::{self, open_dir, V1Applied};
 use crate::v2::{self, Detached, V2Attached};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// Name of the product's subtree under a cgroup root.
@@ -189,16 +189,22 @@ fn mkdir_at(dir: &OwnedFd, name: &str, shown: &Path) -> Result<(OwnedFd, bool)> 
 /// Create `<root>/tenancy/<tenant>/job_<id>` (existing parts are reused). Returns the path and
 /// whether the job directory was created now.
 pub fn create_owned(root: &Path, tenant: &str, job_id: u64) -> Result<(PathBuf, bool)> {
+    create_owned_open(root, tenant, job_id).map(|(path, created, _)| (path, created))
+}
+
+/// [`create_owned`], also returning the job directory open (the device program is attached
+/// through it, without a second walk).
+fn create_owned_open(root: &Path, tenant: &str, job_id: u64) -> Result<(PathBuf, bool, OwnedFd)> {
     let path = owned_dir(root, tenant, job_id)?;
     let r = open_dir(root)?;
     let (p, _) = mkdir_at(&r, PRODUCT_DIR, root)?;
     let (t, _) = mkdir_at(&p, tenant, &root.join(PRODUCT_DIR))?;
-    let (_, created) = mkdir_at(
+    let (job, created) = mkdir_at(
         &t,
         &format!("job_{job_id}"),
         &root.join(PRODUCT_DIR).join(tenant),
     )?;
-    Ok((path, created))
+    Ok((path, created, job))
 }
 
 fn rmdir(path: &Path) -> Result<bool> {
@@ -235,12 +241,12 @@ pub fn setup_with_policy(
     target: &Target,
     policy: DevicePolicy,
 ) -> Result<DevicesRecord> {
-    let (dir, backend, owned, created) = match target {
+    let (dir, backend, owned, created, dir_fd) = match target {
         Target::Owned { root, backend } => {
-            let (d, c) = create_owned(root, tenant, job_id)?;
-            (d, *backend, true, c)
+            let (d, c, fd) = create_owned_open(root, tenant, job_id)?;
+            (d, *backend, true, c, Some(fd))
         }
-        Target::Existing { dir, backend } => (dir.clone(), *backend, false, false),
+        Target::Existing { dir, backend } => (dir.clone(), *backend, false, false, None),
     };
     let mut rec = DevicesRecord {
         job_id,
@@ -253,17 +259,25 @@ pub fn setup_with_policy(
     };
     let res = match backend {
         Backend::V1 => v1::apply(&dir, &rec.policy).map(|a| rec.v1 = Some(a)),
-        Backend::V2 => v2::apply(&dir, &rec.policy).and_then(|a| {
-            let new_id = a.prog_id;
-            rec.v2 = Some(a);
-            // A re-run (prolog retried) replaces older programs of ours: new one first, so
-            // there is no window without a program.
-            let (ids, _) = v2::query(&dir)?;
-            for id in ids.into_iter().filter(|&i| i != new_id) {
-                v2::detach(&dir, id)?;
-            }
-            Ok(())
-        }),
+        Backend::V2 => {
+            let attached = match &dir_fd {
+                Some(fd) => v2::apply_at(fd.as_fd(), &dir, &rec.policy, v2::ATTACH_FLAGS),
+                None => v2::apply(&dir, &rec.policy),
+            };
+            attached.and_then(|a| {
+                let new_id = a.prog_id;
+                rec.v2 = Some(a);
+                // A re-run (prolog retried) replaces older programs of ours: new one first, so
+                // there is no window without a program. A cgroup made just now holds no other.
+                if !created {
+                    let (ids, _) = v2::query(&dir)?;
+                    for id in ids.into_iter().filter(|&i| i != new_id) {
+                        v2::detach(&dir, id)?;
+                    }
+                }
+                Ok(())
+            })
+        }
     };
     if let Err(e) = res {
         if let Some(a) = &rec.v2 {

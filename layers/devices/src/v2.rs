@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::policy::DevicePolicy;
 use crate::v1::open_dir;
 use serde::{Deserialize, Serialize};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
 /// Flags the layer attaches with.
@@ -57,8 +57,17 @@ pub fn apply_with_flags(
     policy: &DevicePolicy,
     flags: u32,
 ) -> Result<V2Attached> {
+    apply_at(open_dir(cgroup_dir)?.as_fd(), cgroup_dir, policy, flags)
+}
+
+/// [`apply_with_flags`] on a cgroup directory already open (`cgroup_dir` names it in errors).
+pub fn apply_at(
+    cg: BorrowedFd<'_>,
+    cgroup_dir: &Path,
+    policy: &DevicePolicy,
+    flags: u32,
+) -> Result<V2Attached> {
     let insns = bpf::generate(policy);
-    let cg = open_dir(cgroup_dir)?;
     let prog = sys::prog_load(&insns).map_err(|(e, log)| Error::Bpf {
         cmd: "PROG_LOAD",
         what: format!(
@@ -75,7 +84,7 @@ pub fn apply_with_flags(
     })?;
     let (prog_id, _) = sys::prog_info(prog.as_fd())
         .map_err(|e| bpf_err("OBJ_GET_INFO_BY_FD", "new device program".into(), e))?;
-    sys::prog_attach(cg.as_fd(), prog.as_fd(), flags).map_err(|e| {
+    sys::prog_attach(cg, prog.as_fd(), flags).map_err(|e| {
         bpf_err(
             "PROG_ATTACH",
             format!(
