@@ -7,7 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
-use chrono::Utc;
+use chrono::{DateTime, Datelike, Timelike, Utc};
 use serde::Serialize;
 
 /// Fixed syslog tag of anchor messages.
@@ -75,7 +75,7 @@ fn syslog_send(socket: &Path, body: &str) -> std::io::Result<()> {
         .nodename()
         .to_string_lossy()
         .into_owned();
-    let ts = Utc::now().format("%b %e %H:%M:%S");
+    let ts = rfc3164_time(&Utc::now());
     let msg = format!(
         "<{pri}>{ts} {host} {SYSLOG_TAG}[{}]: {body}",
         std::process::id()
@@ -83,6 +83,22 @@ fn syslog_send(socket: &Path, body: &str) -> std::io::Result<()> {
     let sock = UnixDatagram::unbound()?;
     sock.send_to(msg.as_bytes(), socket)?;
     Ok(())
+}
+
+/// RFC 3164's TIMESTAMP, `Mmm dd hh:mm:ss` with the day padded by a space, from the date's
+/// fields: chrono's strftime formatter is 14 KB of code the epilog would load for 15 bytes.
+fn rfc3164_time(t: &DateTime<Utc>) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    format!(
+        "{} {:>2} {:02}:{:02}:{:02}",
+        MONTHS[t.month0() as usize],
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 fn append_anchor_file(path: &Path, body: &str) -> std::io::Result<()> {
@@ -168,5 +184,24 @@ impl AnchorSet {
             }
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn rfc3164_time_is_what_strftime_writes() {
+        for (y, mo, d, h, mi, s) in [
+            (2026, 1, 1, 0, 0, 0),
+            (2026, 11, 30, 0, 34, 47),
+            (2027, 2, 9, 9, 5, 7),
+            (2028, 12, 31, 23, 59, 59),
+        ] {
+            let t = Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap();
+            assert_eq!(rfc3164_time(&t), t.format("%b %e %H:%M:%S").to_string());
+        }
     }
 }

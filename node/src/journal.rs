@@ -217,6 +217,12 @@ pub struct JournalDir {
 impl JournalDir {
     /// Opens the state folder, creating it (root only, 0700) when missing.
     pub fn open(dir: &Path) -> io::Result<JournalDir> {
+        // Nearly always there already: one stat, not a mkdir failing with EEXIST and then a stat.
+        if fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+            return Ok(JournalDir {
+                dir: dir.to_path_buf(),
+            });
+        }
         match fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
