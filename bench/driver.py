@@ -85,7 +85,7 @@ def main():
     p.add_argument("--jobs", type=int, default=200)
     p.add_argument("--fill", type=int, nargs="+", default=[0, 999])
     p.add_argument("--repeat", type=int, default=30)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--first-job", type=int, default=7_100_000)
     p.add_argument("--variants", default="product+mig,product,baseline-sh")
     p.add_argument("--config", required=True)

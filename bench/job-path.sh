@@ -6,7 +6,7 @@
 #   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancyctl -p nvml-shim
 #   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
 # Env: BIN (folder of the built binaries, default target/release), BENCH_DIR (/tmp/tenancy-bench),
-#   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (3), MODES ("pair fill"), BENCH_USER (acme1),
+#   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (6), MODES ("pair fill"), BENCH_USER (acme1),
 #   BENCH_TENANT (acme; its group is the user's primary group), FIRST_JOB (7100000).
 # It loads the product's nft table `inet tenancy` (tenancyctl firewall apply) and a baseline table
 # `inet tenancy_base`; the baseline table and cgroups are removed at the end, and so is the product
@@ -16,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
 BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
-JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-3}; MODES=${MODES:-"pair fill"}
+JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-6}; MODES=${MODES:-"pair fill"}
 BENCH_USER=${BENCH_USER:-acme1}; BENCH_TENANT=${BENCH_TENANT:-acme}; FIRST_JOB=${FIRST_JOB:-7100000}
 # A missing bench user is created (no home, no login shell) in a group named after the tenant,
 # and removed again at the end, with the group if that was created too.
