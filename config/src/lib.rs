@@ -8,7 +8,7 @@ mod error;
 mod resolve;
 
 pub use error::{ConfigError, Problem};
-pub use resolve::{group_gid, Identity, Refusal, Resolved};
+pub use resolve::{group_gid, user_uid, Identity, Refusal, Resolved};
 /// Network destinations (`10.20.0.0/16:443/tcp`): the firewall layer's own type and parser.
 pub use tenancy_network::{Dest as Destination, Proto};
 

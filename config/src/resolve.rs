@@ -74,6 +74,11 @@ impl Identity {
     }
 }
 
+/// The uid of a user name, if NSS knows it.
+pub fn user_uid(name: &str) -> Option<u32> {
+    User::from_name(name).ok().flatten().map(|u| u.uid.as_raw())
+}
+
 /// The gid of a group name, if NSS knows it.
 pub fn group_gid(name: &str) -> Option<u32> {
     Group::from_name(name)

@@ -2,6 +2,7 @@
 //! journal, the spine that makes and undoes the isolation layers in order, and the layers'
 //! adapters.
 
+pub mod adopt;
 pub mod context;
 pub mod journal;
 pub mod layer;

@@ -22,11 +22,20 @@ pub struct DoctorArgs {
     pub pam_dir: PathBuf,
 }
 
-/// Where `pam_slurm_adopt` is enabled under `dir` (`file:line`): ssh sessions it adopts join
-/// the job's extern step, which never passes through the SPANK task hook, so they would run
-/// outside the job's device allowlist and firewall.
-fn pam_slurm_adopt_lines(dir: &Path) -> std::io::Result<Vec<String>> {
-    let mut hits = Vec::new();
+/// A PAM service file that enables `pam_slurm_adopt`.
+struct AdoptingService {
+    /// `file:line` of each pam_slurm_adopt line.
+    adopt: Vec<String>,
+    /// `file:line` of a `session required|requisite pam_exec.so ... tenancyctl adopt` line,
+    /// which moves adopted sessions into the job's isolation (or refuses them).
+    hook: Option<String>,
+}
+
+/// The PAM services under `dir` that enable `pam_slurm_adopt`: ssh sessions it adopts join the
+/// job's extern step, which never passes through the SPANK task hook, so they run outside the
+/// job's device allowlist and firewall unless `tenancyctl adopt` moves them.
+fn pam_slurm_adopt_services(dir: &Path) -> std::io::Result<Vec<AdoptingService>> {
+    let mut out = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file())
@@ -36,14 +45,34 @@ fn pam_slurm_adopt_lines(dir: &Path) -> std::io::Result<Vec<String>> {
         let Ok(text) = std::fs::read_to_string(&file) else {
             continue;
         };
+        let mut svc = AdoptingService {
+            adopt: Vec::new(),
+            hook: None,
+        };
         for (n, line) in text.lines().enumerate() {
             let active = line.split('#').next().unwrap_or_default();
+            let at = || format!("{}:{}", file.display(), n + 1);
             if active.contains("pam_slurm_adopt") {
-                hits.push(format!("{}:{}", file.display(), n + 1));
+                svc.adopt.push(at());
+            }
+            let words: Vec<&str> = active.split_whitespace().collect();
+            // An optional hook would let a refused session go on: only required/requisite count.
+            if words.len() >= 4
+                && words[0] == "session"
+                && matches!(words[1], "required" | "requisite")
+                && words[2].ends_with("pam_exec.so")
+                && words
+                    .windows(2)
+                    .any(|w| w[0].ends_with("tenancyctl") && w[1] == "adopt")
+            {
+                svc.hook = Some(at());
             }
         }
+        if !svc.adopt.is_empty() {
+            out.push(svc);
+        }
     }
-    Ok(hits)
+    Ok(out)
 }
 
 #[derive(Serialize)]
@@ -171,8 +200,8 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => rows.push(row("firewall.table", Severity::Error, e.0, None)),
     }
-    rows.push(match pam_slurm_adopt_lines(&args.pam_dir) {
-        Ok(hits) if hits.is_empty() => row(
+    rows.push(match pam_slurm_adopt_services(&args.pam_dir) {
+        Ok(svcs) if svcs.is_empty() => row(
             "slurm.pam_adopt",
             Severity::Ok,
             format!(
@@ -181,16 +210,47 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             ),
             None,
         ),
-        Ok(hits) => row(
-            "slurm.pam_adopt",
-            Severity::Error,
-            format!(
-                "pam_slurm_adopt is enabled ({}): ssh sessions it adopts into a job skip the \
-                 SPANK task hook and run without the job's device allowlist and firewall",
-                hits.join(", ")
-            ),
-            Some("remove pam_slurm_adopt from the PAM stack of tenancy nodes".into()),
-        ),
+        Ok(svcs) => {
+            let (hooked, bare): (Vec<_>, Vec<_>) = svcs.iter().partition(|s| s.hook.is_some());
+            let lines = |v: &[&AdoptingService]| {
+                v.iter()
+                    .flat_map(|s| s.adopt.iter().cloned())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if bare.is_empty() {
+                row(
+                    "slurm.pam_adopt",
+                    Severity::Ok,
+                    format!(
+                        "pam_slurm_adopt is enabled ({}) and the sessions it adopts join the                          job's isolation through tenancyctl adopt ({})",
+                        lines(&hooked),
+                        hooked
+                            .iter()
+                            .filter_map(|s| s.hook.clone())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    None,
+                )
+            } else {
+                row(
+                    "slurm.pam_adopt",
+                    Severity::Error,
+                    format!(
+                        "pam_slurm_adopt is enabled ({}) without tenancyctl adopt: ssh sessions \
+                         it adopts into a job skip the SPANK task hook and run without the job's \
+                         device allowlist and firewall",
+                        lines(&bare)
+                    ),
+                    Some(
+                        "add `session required pam_exec.so /usr/local/bin/tenancyctl adopt` to \
+                         that PAM service (after pam_slurm_adopt), or remove pam_slurm_adopt"
+                            .into(),
+                    ),
+                )
+            }
+        }
         Err(e) => row(
             "slurm.pam_adopt",
             Severity::Warn,

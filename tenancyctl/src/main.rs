@@ -1,5 +1,6 @@
 //! `tenancyctl`: the admin's view of slurm-tenancy.
 
+mod adopt;
 mod check;
 mod doctor;
 mod output;
@@ -55,6 +56,9 @@ enum Command {
     Devices(tenancy_devices::cli::DevicesArgs),
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
     StorageAudit(tenancy_scratch::AuditArgs),
+    /// Move an ssh session pam_slurm_adopt put into a job into the job's isolation, or refuse
+    /// it (for pam_exec in the session phase; exit 1 refuses)
+    Adopt(adopt::AdoptArgs),
 }
 
 #[derive(Subcommand)]
@@ -130,6 +134,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::StorageAudit(args) => {
             tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
         }
+        Command::Adopt(args) => adopt::run(&load(config)?, &args),
     }
 }
 

@@ -54,7 +54,31 @@ groups = ["root"]
     assert_eq!(adopt["severity"], "error", "{adopt}");
     let msg = adopt["message"].as_str().unwrap();
     assert!(msg.contains("sshd:2") && !msg.contains("login"), "{msg}");
-    // Without it, the check passes.
+    // With `tenancyctl adopt` required in the same service, adopted sessions join the job's
+    // isolation: the check passes; an optional hook would let a refused session go on.
+    let adopt_stack = "@include common-auth\naccount    required     pam_slurm_adopt.so\n";
+    std::fs::write(
+        pam.join("sshd"),
+        format!("{adopt_stack}session optional pam_exec.so /usr/local/sbin/tenancyctl adopt\n"),
+    )
+    .unwrap();
+    let (_, optional) = doctor(&config, &pam);
+    assert_eq!(row(&optional, "slurm.pam_adopt")["severity"], "error");
+    std::fs::write(
+        pam.join("sshd"),
+        format!(
+            "{adopt_stack}session    required   pam_exec.so quiet /usr/local/sbin/tenancyctl adopt\n"
+        ),
+    )
+    .unwrap();
+    let (_, hooked) = doctor(&config, &pam);
+    let hooked = row(&hooked, "slurm.pam_adopt");
+    assert_eq!(hooked["severity"], "ok", "{hooked}");
+    assert!(
+        hooked["message"].as_str().unwrap().contains("sshd:3"),
+        "{hooked}"
+    );
+    // Without pam_slurm_adopt, the check passes.
     std::fs::remove_file(pam.join("sshd")).unwrap();
     let (_, again) = doctor(&config, &pam);
     assert_eq!(row(&again, "slurm.pam_adopt")["severity"], "ok");

@@ -1,0 +1,116 @@
+//! ssh sessions that `pam_slurm_adopt` puts into a running job. pam_slurm_adopt (PAM account
+//! phase) moves the session's process into the job's extern step, which never passes through
+//! the SPANK task hook, so the process would run outside the job's device allowlist and
+//! firewall. `tenancyctl adopt`, run by `pam_exec` in the session phase after it, finds the job
+//! the process was adopted into and moves it into the job's isolation as the task hook does a
+//! task, or refuses the session.
+
+use crate::task::{self, TaskEnv};
+use tenancy_config::Config;
+
+/// What [`adopt`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adopted {
+    /// The process is in no Slurm job: an ordinary login (pam_slurm_adopt lets some through,
+    /// e.g. administrators), nothing to isolate.
+    NotInJob,
+    /// Moved into job `job`'s isolation.
+    Joined { job: u64, env: TaskEnv },
+}
+
+/// The Slurm job a process belongs to, from the text of its `/proc/<pid>/cgroup`: the
+/// `job_<id>` component of its cgroup paths (`/slurm/uid_1000/job_42/step_extern` under cgroup
+/// v1, `/system.slice/slurmstepd.scope/job_42/step_extern` under v2), outside the product's own
+/// tree (`/<product_dir>/<tenant>/job_<id>`). Two different jobs in one process's paths is an
+/// error: which one's isolation applies would be a guess.
+pub fn slurm_job_of(cgroup_text: &str, product_dir: &str) -> Result<Option<u64>, String> {
+    let mut found: Option<u64> = None;
+    for line in cgroup_text.lines() {
+        // hierarchy-id:controllers:path, and the path may itself hold ':'.
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        let mut parts = path.split('/').filter(|c| !c.is_empty()).peekable();
+        if parts.peek() == Some(&product_dir) {
+            continue;
+        }
+        let job = parts.find_map(|c| c.strip_prefix("job_")?.parse::<u64>().ok());
+        match (found, job) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!(
+                    "the process is in the cgroups of two jobs ({a} and {b})"
+                ))
+            }
+            (None, Some(b)) => found = Some(b),
+            _ => {}
+        }
+    }
+    Ok(found)
+}
+
+/// Moves process `pid`, a session of user `uid`, into the isolation of the Slurm job it was
+/// adopted into. Refuses (Err) when the job has no journal on this node, belongs to another
+/// user, or a cgroup cannot be joined: the session must not run beside the job unisolated.
+pub fn adopt(config: &Config, pid: i32, uid: u32, product_dir: &str) -> Result<Adopted, String> {
+    let proc_cgroup = format!("/proc/{pid}/cgroup");
+    let text = std::fs::read_to_string(&proc_cgroup)
+        .map_err(|e| format!("cannot read {proc_cgroup}: {e}"))?;
+    let Some(job) = slurm_job_of(&text, product_dir).map_err(|e| format!("process {pid}: {e}"))?
+    else {
+        return Ok(Adopted::NotInJob);
+    };
+    let journals = crate::JournalDir::open(&config.cluster.state_dir).map_err(|e| e.to_string())?;
+    let journal = journals
+        .load(job)
+        .map_err(|e| format!("job {job}: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "job {job}: no journal in {}: the tenancy prolog did not set this job up on this \
+                 node, so a session in it would run unisolated",
+                config.cluster.state_dir.display()
+            )
+        })?;
+    if journal.uid != uid {
+        return Err(format!(
+            "job {job} belongs to uid {} ({}), not to the session's uid {uid}",
+            journal.uid, journal.user
+        ));
+    }
+    let env = task::enter(config, job, pid)?;
+    Ok(Adopted::Joined { job, env })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_job_is_read_from_slurms_cgroup_paths() {
+        let v1 = "12:devices:/slurm/uid_1000/job_42/step_extern\n\
+                  5:memory:/slurm/uid_1000/job_42/step_extern\n\
+                  1:name=systemd:/user.slice\n0::/user.slice/user-1000.slice/session-3.scope\n";
+        assert_eq!(slurm_job_of(v1, "tenancy"), Ok(Some(42)));
+        let v2 = "0::/system.slice/slurmstepd.scope/job_7/step_extern/user/task_special\n";
+        assert_eq!(slurm_job_of(v2, "tenancy"), Ok(Some(7)));
+        // The product's own tree is not Slurm's: already joined, the job comes from Slurm's.
+        let both = "4:devices:/slurm/uid_1000/job_42/step_extern\n0::/tenancy/acme/job_42\n";
+        assert_eq!(slurm_job_of(both, "tenancy"), Ok(Some(42)));
+        assert_eq!(
+            slurm_job_of("0::/tenancy/acme/job_42\n", "tenancy"),
+            Ok(None)
+        );
+        // No job: an ordinary login.
+        assert_eq!(
+            slurm_job_of("0::/user.slice/user-0.slice/session-1.scope\n", "tenancy"),
+            Ok(None)
+        );
+        // Not a job id, and a path with ':' in it.
+        assert_eq!(slurm_job_of("0::/x/job_abc/y:z\n", "tenancy"), Ok(None));
+        assert!(slurm_job_of(
+            "12:devices:/slurm/uid_1/job_1/step_extern\n0::/system.slice/slurmstepd.scope/job_2\n",
+            "tenancy"
+        )
+        .unwrap_err()
+        .contains("two jobs (1 and 2)"));
+    }
+}

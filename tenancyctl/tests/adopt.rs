@@ -1,0 +1,187 @@
+//! `tenancyctl adopt` (pam_exec after pam_slurm_adopt): a session process in a Slurm job's
+//! cgroup joins the job's isolation as a task does, or is refused. Root only: it moves real
+//! processes between real cgroup2 directories.
+
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use tenancy_node::{Journal, JournalDir, Step, StepState};
+
+fn cgroup2_root() -> PathBuf {
+    tenancy_devices::CgroupLayout::detect()
+        .unwrap()
+        .v2_root
+        .expect("cgroup2 mounted")
+}
+
+/// cgroup directories made for the test, removed (deepest first) with their processes gone.
+struct Tree {
+    dirs: Vec<PathBuf>,
+    children: Vec<Child>,
+}
+
+impl Tree {
+    fn mkdir(&mut self, dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut d = dir.to_path_buf();
+        // Every level up to the mount goes at the end (a level other tests still use is not
+        // empty then, and stays).
+        while !self.dirs.contains(&d) && d != cgroup2_root() && d.parent().is_some() {
+            self.dirs.push(d.clone());
+            d = d.parent().unwrap().to_path_buf();
+        }
+    }
+
+    /// A `sleep` placed in `dir` (as pam_slurm_adopt places the sshd session in the job).
+    fn process_in(&mut self, dir: &Path) -> i32 {
+        self.mkdir(dir);
+        let child = Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = child.id() as i32;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        self.children.push(child);
+        pid
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.dirs
+            .sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The process's cgroup2 path (the `0::` line), relative to the cgroup2 mount.
+fn cgroup_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(String::from))
+        .unwrap()
+}
+
+fn rel(dir: &Path) -> String {
+    format!("/{}", dir.strip_prefix(cgroup2_root()).unwrap().display())
+}
+
+fn adopt(config: &Path, pid: i32, user: &str, pam_type: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
+        .args(["--config", config.to_str().unwrap(), "adopt", "--pid"])
+        .arg(pid.to_string())
+        .args(["--user", user])
+        .env("PAM_TYPE", pam_type)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "SKIP a_session_in_a_job_joins_its_isolation_or_is_refused: needs root (moves \
+             processes between cgroups)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    std::fs::create_dir(r.join("scratch")).unwrap();
+    let config = r.join("tenancy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
+             scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.acme]\ntier = \"internal\"\n\
+             groups = [\"root\"]\n",
+            r = r.display()
+        ),
+    )
+    .unwrap();
+    let tag = format!("adopt{}", std::process::id());
+    let root = cgroup2_root();
+    let job: u64 = 4_200_000 + u64::from(std::process::id() % 100_000);
+    // Where the prolog put the job's isolation, and where Slurm keeps its extern step.
+    let product = root.join("tenancy").join(&tag).join(format!("job_{job}"));
+    let extern_step = |j: u64| root.join(format!("{tag}-slurm/uid_0/job_{j}/step_extern"));
+    let mut tree = Tree {
+        dirs: Vec::new(),
+        children: Vec::new(),
+    };
+    tree.mkdir(&product);
+    // The job's journal, as the prolog leaves it: one layer whose cgroup a task joins.
+    let journal = Journal {
+        version: tenancy_node::journal::VERSION,
+        job_id: job,
+        cluster: "t".into(),
+        node: "n".into(),
+        user: "root".into(),
+        uid: 0,
+        gid: 0,
+        tenant: "acme".into(),
+        tier: "internal".into(),
+        profile: None,
+        share_gpu: true,
+        share_node: true,
+        started: chrono::Utc::now(),
+        steps: vec![Step {
+            layer: "devices".into(),
+            state: StepState::Made,
+            intent: json!({ "job_id": job }),
+            made: Some(json!({ "join_cgroups": [product] })),
+        }],
+    };
+    JournalDir::open(&r.join("state"))
+        .unwrap()
+        .save(&journal, true)
+        .unwrap();
+
+    // Another user's session in the job: refused, and left where it was.
+    let pid = tree.process_in(&extern_step(job));
+    let o = adopt(&config, pid, "daemon", "open_session");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("belongs to uid 0"), "{}", text(&o));
+    assert_eq!(cgroup_of(pid), rel(&extern_step(job)));
+    // At close_session nothing is done.
+    let o = adopt(&config, pid, "root", "close_session");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(cgroup_of(pid), rel(&extern_step(job)));
+    // The job's own user: the session now runs in the job's isolation.
+    let o = adopt(&config, pid, "root", "open_session");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("joined the isolation of job {job} (tenant acme)")),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(cgroup_of(pid), rel(&product));
+
+    // A job the prolog did not set up here (no journal): refused, never unisolated.
+    let other = tree.process_in(&extern_step(job + 1));
+    let o = adopt(&config, other, "root", "open_session");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("no journal"), "{}", text(&o));
+    assert_eq!(cgroup_of(other), rel(&extern_step(job + 1)));
+
+    // A login in no job (pam_slurm_adopt let it through): nothing to isolate, left alone.
+    let plain = root.join(format!("{tag}-slurm/plain"));
+    let login = tree.process_in(&plain);
+    let o = adopt(&config, login, "root", "open_session");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("in no Slurm job"), "{}", text(&o));
+    assert_eq!(cgroup_of(login), rel(&plain));
+}
