@@ -185,6 +185,109 @@ fn slice_row(stack: &Stack, uuid: &str) -> Option<(u32, Vec<u32>)> {
     })
 }
 
+/// An ssh session pam_slurm_adopt put into globex's job `g` (simulated: a process of globex1
+/// moved into the job's extern step cgroups, as pam_slurm_adopt does), then `tenancyctl adopt`
+/// as pam_exec runs it: the session joins the job's isolation and cannot open acme's device
+/// `target`; the same for another user is refused.
+fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
+    let s = &e.stack;
+    let mut c = s.cluster.cmd("scontrol");
+    c.args(["listpids", &g.to_string()]);
+    let pids = text(&s.cluster.run(c).unwrap().stdout);
+    let Some(extern_pid) = pids.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // (its first row is the step's placeholder task, pid -1)
+        (f.len() >= 3 && f[2] == "extern" && f[0].parse::<u32>().is_ok()).then(|| f[0].to_string())
+    }) else {
+        eprintln!("SKIP adopted session: job {g} has no extern step process ({pids:?})");
+        return;
+    };
+    let extern_cgroups = fs::read_to_string(format!("/proc/{extern_pid}/cgroup")).unwrap();
+    // cgroup2 sits beside the v1 controllers on a hybrid node, at the top on a pure v2 one.
+    let v2_root = if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
+        PathBuf::from("/sys/fs/cgroup/unified")
+    } else {
+        PathBuf::from("/sys/fs/cgroup")
+    };
+    // The cgroup directories of the job's extern step, in every hierarchy Slurm put it in.
+    let step_dirs: Vec<PathBuf> = extern_cgroups
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+            if !path.contains(&format!("/job_{g}/")) {
+                return None;
+            }
+            let mount = if ctrls.is_empty() {
+                v2_root.clone()
+            } else {
+                Path::new("/sys/fs/cgroup").join(ctrls.trim_start_matches("name="))
+            };
+            Some(mount.join(path.trim_start_matches('/'))).filter(|d| d.is_dir())
+        })
+        .collect();
+    assert!(
+        !step_dirs.is_empty(),
+        "job {g}: no extern step cgroup in {extern_cgroups}"
+    );
+    let release = s.cluster.path("jobs/release-adopted");
+    let session = |user: &TestUser| -> Child {
+        let mut c = s.cluster.cmd_as(user, "sh");
+        c.arg("-c")
+            .arg(format!(
+                "while [ ! -e {r} ]; do sleep 0.05; done; exec {p} open {target}",
+                r = release.display(),
+                p = e.probe()
+            ))
+            .stdout(Stdio::piped());
+        let child = c.spawn().unwrap();
+        for d in &step_dirs {
+            fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
+        }
+        child
+    };
+    let adopt = |pid: u32, user: &TestUser| -> Output {
+        let mut c = s.tenancyctl();
+        c.args(["adopt", "--pid", &pid.to_string(), "--user", &user.name])
+            .env("PAM_TYPE", "open_session");
+        s.cluster.run(c).unwrap()
+    };
+    // acme1 has no business in globex's job: refused (PAM would end the session).
+    let mut intruder = session(&e.t.acme1);
+    let o = adopt(intruder.id(), &e.t.acme1);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("refusing the session"),
+        "{}",
+        text(&o.stderr)
+    );
+    intruder.kill().unwrap();
+    intruder.wait().unwrap();
+    // globex1's own session joins the job's cgroups, and the device allowlist binds it.
+    let owner = session(&e.t.globex1);
+    let o = adopt(owner.id(), &e.t.globex1);
+    assert!(
+        o.status.success(),
+        "adopt: {}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let joined: String = fs::read_to_string(format!("/proc/{}/cgroup", owner.id()))
+        .unwrap()
+        .lines()
+        .map(|l| format!("cgroup={l}\n"))
+        .collect();
+    eprintln!("job {g}: adopted session {}:\n{joined}", owner.id());
+    assert_joined(s, g, &joined);
+    fs::write(&release, "").unwrap();
+    let out = owner.wait_with_output().unwrap();
+    let r = probe_kv(&text(&out.stdout));
+    assert_eq!(
+        r["open"], "EPERM",
+        "adopted session opened acme's device {target}"
+    );
+}
+
 fn skip(what: &str, layer: &str) {
     eprintln!("SKIP (layer not configured: {layer} not in the job's journal): {what}");
 }
@@ -332,6 +435,7 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
             let r = e.step_says(&e.t.globex1, g, &["open", &t], "open");
             assert_ne!(r, "EPERM", "globex denied its own device {t}");
         }
+        adopted_session_is_isolated(&e, g, &targets[0].display().to_string());
     } else {
         skip("globex cannot open acme's device nodes", "devices");
     }
