@@ -90,6 +90,8 @@ pub struct AuditLog {
 pub struct Head {
     pub seq: u64,
     pub hash: String,
+    /// The node of the last record (None in an empty log): whose chain this file holds.
+    pub node: Option<String>,
 }
 
 struct FlockGuard<'a>(&'a File);
@@ -234,6 +236,7 @@ impl AuditLog {
                 Head {
                     seq: 0,
                     hash: GENESIS.to_string(),
+                    node: None,
                 },
                 0,
             ));
@@ -286,10 +289,19 @@ impl AuditLog {
         #[derive(Deserialize)]
         struct SeqOnly {
             seq: u64,
+            #[serde(default)]
+            node: Option<String>,
         }
         let s: SeqOnly =
             serde_json::from_slice(line).map_err(|e| bad(format!("not a JSON record: {e}")))?;
-        Ok((Head { seq: s.seq, hash }, len))
+        Ok((
+            Head {
+                seq: s.seq,
+                hash,
+                node: s.node,
+            },
+            len,
+        ))
     }
 }
 

@@ -14,8 +14,33 @@ pub enum Adopted {
     /// The process is in no Slurm job: an ordinary login (pam_slurm_adopt lets some through,
     /// e.g. administrators), nothing to isolate.
     NotInJob,
-    /// Moved into job `job`'s isolation.
-    Joined { job: u64, env: TaskEnv },
+    /// Moved into job `job`'s isolation (`node` as the job's journal names this node).
+    Joined {
+        job: u64,
+        tenant: String,
+        tier: String,
+        node: String,
+        env: TaskEnv,
+    },
+}
+
+/// Why [`adopt`] refused a session, with the job when one was found and the node as its
+/// journal names this node when there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub job: Option<u64>,
+    pub node: Option<String>,
+    pub reason: String,
+}
+
+impl Refused {
+    fn new(job: Option<u64>, reason: String) -> Refused {
+        Refused {
+            job,
+            node: None,
+            reason,
+        }
+    }
 }
 
 /// The Slurm job a process belongs to, from the text of its `/proc/<pid>/cgroup`: the
@@ -49,35 +74,48 @@ pub fn slurm_job_of(cgroup_text: &str, product_dir: &str) -> Result<Option<u64>,
 }
 
 /// Moves process `pid`, a session of user `uid`, into the isolation of the Slurm job it was
-/// adopted into. Refuses (Err) when the job has no journal on this node, belongs to another
-/// user, or a cgroup cannot be joined: the session must not run beside the job unisolated.
-pub fn adopt(config: &Config, pid: i32, uid: u32, product_dir: &str) -> Result<Adopted, String> {
+/// adopted into. Refuses when the job has no journal on this node, belongs to another user, or
+/// a cgroup cannot be joined: the session must not run beside the job unisolated.
+pub fn adopt(config: &Config, pid: i32, uid: u32, product_dir: &str) -> Result<Adopted, Refused> {
     let proc_cgroup = format!("/proc/{pid}/cgroup");
     let text = std::fs::read_to_string(&proc_cgroup)
-        .map_err(|e| format!("cannot read {proc_cgroup}: {e}"))?;
-    let Some(job) = slurm_job_of(&text, product_dir).map_err(|e| format!("process {pid}: {e}"))?
+        .map_err(|e| Refused::new(None, format!("cannot read {proc_cgroup}: {e}")))?;
+    let Some(job) = slurm_job_of(&text, product_dir)
+        .map_err(|e| Refused::new(None, format!("process {pid}: {e}")))?
     else {
         return Ok(Adopted::NotInJob);
     };
-    let journals = crate::JournalDir::open(&config.cluster.state_dir).map_err(|e| e.to_string())?;
+    let refused = |reason: String| Refused::new(Some(job), reason);
+    let journals =
+        crate::JournalDir::open(&config.cluster.state_dir).map_err(|e| refused(e.to_string()))?;
     let journal = journals
         .load(job)
-        .map_err(|e| format!("job {job}: {e}"))?
+        .map_err(|e| refused(format!("job {job}: {e}")))?
         .ok_or_else(|| {
-            format!(
+            refused(format!(
                 "job {job}: no journal in {}: the tenancy prolog did not set this job up on this \
                  node, so a session in it would run unisolated",
                 config.cluster.state_dir.display()
-            )
+            ))
         })?;
+    let refused = |reason: String| Refused {
+        node: Some(journal.node.clone()),
+        ..refused(reason)
+    };
     if journal.uid != uid {
-        return Err(format!(
+        return Err(refused(format!(
             "job {job} belongs to uid {} ({}), not to the session's uid {uid}",
             journal.uid, journal.user
-        ));
+        )));
     }
-    let env = task::enter(config, job, pid)?;
-    Ok(Adopted::Joined { job, env })
+    let env = task::enter(config, job, pid).map_err(refused)?;
+    Ok(Adopted::Joined {
+        job,
+        tenant: journal.tenant,
+        tier: journal.tier,
+        node: journal.node,
+        env,
+    })
 }
 
 #[cfg(test)]

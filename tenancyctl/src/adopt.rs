@@ -9,8 +9,9 @@
 //! refused, and with `required` PAM ends the session.
 
 use std::process::ExitCode;
+use tenancy_audit::{AuditLog, Event, Outcome, Record};
 use tenancy_config::{user_uid, Config};
-use tenancy_node::adopt::{adopt, Adopted};
+use tenancy_node::adopt::{adopt, Adopted, Refused};
 
 #[derive(clap::Args)]
 pub struct AdoptArgs {
@@ -33,12 +34,30 @@ pub fn run(config: &Config, args: &AdoptArgs) -> anyhow::Result<ExitCode> {
     let pid = args
         .pid
         .unwrap_or_else(|| std::os::unix::process::parent_id() as i32);
-    let refuse = |why: String| {
+    let refuse = |job: Option<u64>, node: Option<String>, why: String, uid: u32| {
         eprintln!("tenancy: refusing the session of {user} (process {pid}): {why}");
+        // A refusal inside a job is a tenancy event; its record is best effort (the session
+        // is refused either way).
+        if let Some(job) = job {
+            let node = node.unwrap_or_else(|| this_node(config));
+            let rec = record(
+                config,
+                &node,
+                &user,
+                uid,
+                "session_refused",
+                Outcome::Denied,
+            )
+            .job_id(job)
+            .reason(format!("ssh session process {pid}: {why}"));
+            if let Err(e) = append(config, rec) {
+                eprintln!("tenancy: the session_refused record was not written: {e}");
+            }
+        }
         Ok(ExitCode::FAILURE)
     };
     let Some(uid) = user_uid(&user) else {
-        return refuse(format!("user {user} is not in NSS"));
+        return refuse(None, None, format!("user {user} is not in NSS"), u32::MAX);
     };
     match adopt(config, pid, uid, tenancy_devices::job::PRODUCT_DIR) {
         Ok(Adopted::NotInJob) => {
@@ -47,18 +66,80 @@ pub fn run(config: &Config, args: &AdoptArgs) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Ok(Adopted::Joined { job, env }) => {
-            let tenant = env
-                .vars
-                .iter()
-                .find(|(k, _)| k == "TENANCY_TENANT")
-                .map_or("?", |(_, v)| v.as_str());
+        Ok(Adopted::Joined {
+            job,
+            tenant,
+            tier,
+            node,
+            ..
+        }) => {
+            // As no job runs without its job_start, no session joins a job without its record.
+            let rec = record(
+                config,
+                &node,
+                &user,
+                uid,
+                "session_adopted",
+                Outcome::Success,
+            )
+            .job_id(job)
+            .tenant(tenant.clone())
+            .tier(tier)
+            .reason(format!(
+                "ssh session process {pid} joined the job's isolation"
+            ));
+            if let Err(e) = append(config, rec) {
+                let why = format!("its audit record cannot be written: {e}");
+                return refuse(Some(job), Some(node), why, uid);
+            }
             println!(
                 "tenancy: session process {pid} of {user} joined the isolation of job {job} \
                  (tenant {tenant})"
             );
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => refuse(e),
+        Err(Refused { job, node, reason }) => refuse(job, node, reason, uid),
     }
+}
+
+fn record(
+    config: &Config,
+    node: &str,
+    user: &str,
+    uid: u32,
+    event: &str,
+    outcome: Outcome,
+) -> Record {
+    Record::new(
+        config.cluster.name.clone(),
+        node,
+        user,
+        uid,
+        Event::Other(event.into()),
+        outcome,
+        "tenancyctl",
+    )
+}
+
+fn append(config: &Config, mut rec: Record) -> Result<(), String> {
+    AuditLog::open(&config.cluster.audit_log)
+        .and_then(|mut log| log.append(&mut rec))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The node name this node's audit chain uses: that of the log's last record (the prolog
+/// writes SLURMD_NODENAME, which need not be the host name), else the short host name.
+fn this_node(config: &Config) -> String {
+    AuditLog::open(&config.cluster.audit_log)
+        .and_then(|log| log.head())
+        .ok()
+        .and_then(|h| h.node)
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .and_then(|h| h.trim().split('.').next().map(String::from))
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".into())
+        })
 }

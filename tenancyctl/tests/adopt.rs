@@ -184,4 +184,31 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("in no Slurm job"), "{}", text(&o));
     assert_eq!(cgroup_of(login), rel(&plain));
+
+    // The audit log tells the adopted session from the refused ones, and its chain holds.
+    let events: Vec<(String, Option<u64>)> = std::fs::read_to_string(r.join("audit.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["event"].as_str().unwrap().to_string(),
+                v["job_id"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [
+            ("session_refused".to_string(), Some(job)),
+            ("session_adopted".to_string(), Some(job)),
+            ("session_refused".to_string(), Some(job + 1)),
+        ]
+    );
+    let verify = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
+        .args(["audit", "verify"])
+        .arg(r.join("audit.jsonl"))
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", text(&verify));
 }
