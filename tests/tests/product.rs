@@ -286,6 +286,13 @@ fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
         r["open"], "EPERM",
         "adopted session opened acme's device {target}"
     );
+    let ev = s.audit_events(g).unwrap();
+    for want in ["session_refused", "session_adopted"] {
+        assert!(
+            ev.contains(&want.to_string()),
+            "job {g}: audit events {ev:?}"
+        );
+    }
 }
 
 fn skip(what: &str, layer: &str) {
