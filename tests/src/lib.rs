@@ -337,6 +337,49 @@ impl Cluster {
         Ok(out)
     }
 
+    /// The cgroup directories of job `job`'s extern step, in every hierarchy Slurm put it in:
+    /// where pam_slurm_adopt moves an ssh session into the job. Empty when the job has no
+    /// extern step process (PrologFlags without Contain).
+    pub fn extern_step_dirs(&self, job: u64) -> Result<Vec<PathBuf>> {
+        let mut c = self.cmd("scontrol");
+        c.args(["listpids", &job.to_string()]);
+        let out = self.run(c)?;
+        let pids = String::from_utf8_lossy(&out.stdout);
+        // PID JOBID STEPID ...; the extern step's first row is its placeholder task (pid -1).
+        let Some(pid) = pids.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 3 && f[2] == "extern")
+                .then(|| f[0].parse::<u32>().ok())
+                .flatten()
+        }) else {
+            return Ok(Vec::new());
+        };
+        let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .with_context(|| format!("cgroups of job {job}'s extern step process {pid}"))?;
+        // cgroup2 sits beside the v1 controllers on a hybrid node, at the top on a pure v2 one.
+        let v2_root = if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup/unified")
+        } else {
+            PathBuf::from("/sys/fs/cgroup")
+        };
+        Ok(cgroups
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+                if !path.contains(&format!("/job_{job}/")) {
+                    return None;
+                }
+                let mount = if ctrls.is_empty() {
+                    v2_root.clone()
+                } else {
+                    Path::new("/sys/fs/cgroup").join(ctrls.trim_start_matches("name="))
+                };
+                Some(mount.join(path.trim_start_matches('/'))).filter(|d| d.is_dir())
+            })
+            .collect())
+    }
+
     /// `sinfo` state of the node, e.g. "idle", "drain", "alloc".
     pub fn node_state(&self) -> Result<String> {
         let mut c = self.cmd("sinfo");

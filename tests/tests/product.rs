@@ -191,45 +191,9 @@ fn slice_row(stack: &Stack, uuid: &str) -> Option<(u32, Vec<u32>)> {
 /// `target`; the same for another user is refused.
 fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
     let s = &e.stack;
-    let mut c = s.cluster.cmd("scontrol");
-    c.args(["listpids", &g.to_string()]);
-    let pids = text(&s.cluster.run(c).unwrap().stdout);
-    let Some(extern_pid) = pids.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        // (its first row is the step's placeholder task, pid -1)
-        (f.len() >= 3 && f[2] == "extern" && f[0].parse::<u32>().is_ok()).then(|| f[0].to_string())
-    }) else {
-        eprintln!("SKIP adopted session: job {g} has no extern step process ({pids:?})");
-        return;
-    };
-    let extern_cgroups = fs::read_to_string(format!("/proc/{extern_pid}/cgroup")).unwrap();
-    // cgroup2 sits beside the v1 controllers on a hybrid node, at the top on a pure v2 one.
-    let v2_root = if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
-        PathBuf::from("/sys/fs/cgroup/unified")
-    } else {
-        PathBuf::from("/sys/fs/cgroup")
-    };
-    // The cgroup directories of the job's extern step, in every hierarchy Slurm put it in.
-    let step_dirs: Vec<PathBuf> = extern_cgroups
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
-            if !path.contains(&format!("/job_{g}/")) {
-                return None;
-            }
-            let mount = if ctrls.is_empty() {
-                v2_root.clone()
-            } else {
-                Path::new("/sys/fs/cgroup").join(ctrls.trim_start_matches("name="))
-            };
-            Some(mount.join(path.trim_start_matches('/'))).filter(|d| d.is_dir())
-        })
-        .collect();
-    assert!(
-        !step_dirs.is_empty(),
-        "job {g}: no extern step cgroup in {extern_cgroups}"
-    );
+    // The test cluster runs with PrologFlags=Contain: every job has an extern step.
+    let step_dirs = s.cluster.extern_step_dirs(g).unwrap();
+    assert!(!step_dirs.is_empty(), "job {g}: no extern step cgroup");
     let release = s.cluster.path("jobs/release-adopted");
     let session = |user: &TestUser| -> Child {
         let mut c = s.cluster.cmd_as(user, "sh");

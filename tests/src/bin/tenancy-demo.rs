@@ -1,6 +1,7 @@
 //! The demo a new user runs first (demo/run.sh builds and calls it): a local Slurm cluster with
 //! slurm-tenancy installed, jobs of two tenants side by side, what each job got, what was
-//! refused, attacks of one tenant's job on the other's that fail, `tenancyctl report` and
+//! refused, attacks of one tenant's job (and of an ssh session adopted into it) on the other's
+//! that fail, `tenancyctl report` and
 //! `tenancyctl audit verify`, then everything shut down.
 
 use anyhow::{bail, Context, Result};
@@ -128,6 +129,53 @@ impl Demo {
             .cloned()
             .with_context(|| format!("no answer from the step: {}", text(&o.stderr)))?;
         Ok(v)
+    }
+
+    /// globex1 logs into the node with ssh while its job `job` runs: pam_slurm_adopt puts the
+    /// session into the job's extern step (simulated: its process is moved into those
+    /// cgroups), then pam_exec runs `tenancyctl adopt`. The session then tries to open `node`
+    /// (acme's MIG device). Returns what the open gave, None without an extern step.
+    fn adopted_session(&self, job: u64, node: &str) -> Result<Option<String>> {
+        let s = &self.stack;
+        let dirs = s.cluster.extern_step_dirs(job)?;
+        if dirs.is_empty() {
+            return Ok(None);
+        }
+        let user = &self.t.globex1;
+        println!(
+            "{} $ ssh {}   # pam_slurm_adopt: into job {job}; pam_exec: tenancyctl adopt",
+            user.name, s.cluster.node
+        );
+        let go = s.cluster.path("jobs/release-ssh");
+        let mut c = s.cluster.cmd_as(user, "sh");
+        c.arg("-c")
+            .arg(format!(
+                "while [ ! -e {go} ]; do sleep 0.05; done; exec {p} open {node}",
+                go = go.display(),
+                p = self.probe()
+            ))
+            .stdout(std::process::Stdio::piped());
+        let session = c.spawn()?;
+        for d in &dirs {
+            fs::write(d.join("cgroup.procs"), session.id().to_string())?;
+        }
+        let mut c = s.tenancyctl();
+        c.args([
+            "adopt",
+            "--pid",
+            &session.id().to_string(),
+            "--user",
+            &user.name,
+        ])
+        .env("PAM_TYPE", "open_session");
+        show(&s.cluster.run(c)?);
+        println!(
+            "{} (ssh session) $ tenancy-e2e-probe open {node}",
+            user.name
+        );
+        fs::write(&go, "")?;
+        let out = session.wait_with_output()?;
+        Ok(probe_kv(&text(&out.stdout)).get("open").cloned())
     }
 }
 
@@ -269,6 +317,17 @@ fn run() -> Result<u32> {
                     outcome(&v, true)
                 );
                 broken += u32::from(v != "EPERM");
+                match d.adopted_session(g, &node)? {
+                    Some(v) => {
+                        println!(
+                            "    globex's ssh session opens acme's MIG device node: {} -> {}",
+                            describe(&v),
+                            outcome(&v, true)
+                        );
+                        broken += u32::from(v != "EPERM");
+                    }
+                    None => println!("    (no extern step: ssh session check skipped)"),
+                }
             }
         }
         None => println!("    (device allowlist not in this build: device attack skipped)"),
