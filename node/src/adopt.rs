@@ -108,7 +108,7 @@ pub fn adopt(config: &Config, pid: i32, uid: u32, product_dir: &str) -> Result<A
             journal.uid, journal.user
         )));
     }
-    let env = task::enter(config, job, pid).map_err(refused)?;
+    let env = task::enter_journal(&journal, pid).map_err(refused)?;
     Ok(Adopted::Joined {
         job,
         tenant: journal.tenant,

@@ -6,7 +6,7 @@
 //! cgroup directories whose `cgroup.procs` the task is written into (the device allowlist and the
 //! firewall key on them).
 
-use crate::journal::{JournalDir, StepState};
+use crate::journal::{Journal, JournalDir, StepState};
 use serde_json::Value;
 use std::path::Path;
 use tenancy_config::Config;
@@ -31,6 +31,12 @@ pub fn enter(config: &Config, job_id: u64, pid: i32) -> Result<TaskEnv, String> 
                 config.cluster.state_dir.display()
             )
         })?;
+    enter_journal(&journal, pid)
+}
+
+/// [`enter`] with the job's journal already read.
+pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
+    let job_id = journal.job_id;
     let mut vars = vec![("TENANCY_TENANT".to_string(), journal.tenant.clone())];
     let mut gpu = String::new();
     let mut joined: Vec<&str> = Vec::new();

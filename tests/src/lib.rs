@@ -380,6 +380,33 @@ impl Cluster {
             .collect())
     }
 
+    /// An ssh session of `user` as pam_slurm_adopt leaves it: a process placed in `dirs` (a
+    /// job's [`Self::extern_step_dirs`]) that waits for the file `go`, then runs `program`
+    /// with `args` (stdout piped), so a caller can adopt it before it acts.
+    pub fn session_in(
+        &self,
+        user: &TestUser,
+        dirs: &[PathBuf],
+        go: &Path,
+        program: &str,
+        args: &[&str],
+    ) -> Result<std::process::Child> {
+        let mut c = self.cmd_as(user, "sh");
+        c.arg("-c")
+            .arg(r#"go=$1; shift; while [ ! -e "$go" ]; do sleep 0.05; done; exec "$@""#)
+            .arg("session")
+            .arg(go)
+            .arg(program)
+            .args(args)
+            .stdout(std::process::Stdio::piped());
+        let child = c.spawn().context("spawn the session process")?;
+        for d in dirs {
+            fs::write(d.join("cgroup.procs"), child.id().to_string())
+                .with_context(|| format!("move the session into {}", d.display()))?;
+        }
+        Ok(child)
+    }
+
     /// `sinfo` state of the node, e.g. "idle", "drain", "alloc".
     pub fn node_state(&self) -> Result<String> {
         let mut c = self.cmd("sinfo");

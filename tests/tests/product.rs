@@ -195,20 +195,11 @@ fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
     let step_dirs = s.cluster.extern_step_dirs(g).unwrap();
     assert!(!step_dirs.is_empty(), "job {g}: no extern step cgroup");
     let release = s.cluster.path("jobs/release-adopted");
+    let probe = e.probe();
     let session = |user: &TestUser| -> Child {
-        let mut c = s.cluster.cmd_as(user, "sh");
-        c.arg("-c")
-            .arg(format!(
-                "while [ ! -e {r} ]; do sleep 0.05; done; exec {p} open {target}",
-                r = release.display(),
-                p = e.probe()
-            ))
-            .stdout(Stdio::piped());
-        let child = c.spawn().unwrap();
-        for d in &step_dirs {
-            fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
-        }
-        child
+        s.cluster
+            .session_in(user, &step_dirs, &release, &probe, &["open", target])
+            .unwrap()
     };
     let adopt = |pid: u32, user: &TestUser| -> Output {
         let mut c = s.tenancyctl();

@@ -147,18 +147,9 @@ impl Demo {
             user.name, s.cluster.node
         );
         let go = s.cluster.path("jobs/release-ssh");
-        let mut c = s.cluster.cmd_as(user, "sh");
-        c.arg("-c")
-            .arg(format!(
-                "while [ ! -e {go} ]; do sleep 0.05; done; exec {p} open {node}",
-                go = go.display(),
-                p = self.probe()
-            ))
-            .stdout(std::process::Stdio::piped());
-        let session = c.spawn()?;
-        for d in &dirs {
-            fs::write(d.join("cgroup.procs"), session.id().to_string())?;
-        }
+        let session = s
+            .cluster
+            .session_in(user, &dirs, &go, &self.probe(), &["open", node])?;
         let mut c = s.tenancyctl();
         c.args([
             "adopt",
