@@ -76,14 +76,44 @@ pub fn slurm_job_of(cgroup_text: &str, product_dir: &str) -> Result<Option<u64>,
 /// Moves process `pid`, a session of user `uid`, into the isolation of the Slurm job it was
 /// adopted into. Refuses when the job has no journal on this node, belongs to another user, or
 /// a cgroup cannot be joined: the session must not run beside the job unisolated.
-pub fn adopt(config: &Config, pid: i32, uid: u32, product_dir: &str) -> Result<Adopted, Refused> {
+///
+/// `claimed` is the job pam_slurm_adopt says it adopted the session into (it sets SLURM_JOB_ID
+/// in the PAM environment). The job is always taken from the process's cgroups; a claim they do
+/// not bear out (no job, or another one) is refused rather than guessed at. The claim can only
+/// refuse: PAM environments may hold values a user set.
+pub fn adopt(
+    config: &Config,
+    pid: i32,
+    uid: u32,
+    claimed: Option<u64>,
+    product_dir: &str,
+) -> Result<Adopted, Refused> {
     let proc_cgroup = format!("/proc/{pid}/cgroup");
     let text = std::fs::read_to_string(&proc_cgroup)
-        .map_err(|e| Refused::new(None, format!("cannot read {proc_cgroup}: {e}")))?;
-    let Some(job) = slurm_job_of(&text, product_dir)
-        .map_err(|e| Refused::new(None, format!("process {pid}: {e}")))?
-    else {
-        return Ok(Adopted::NotInJob);
+        .map_err(|e| Refused::new(claimed, format!("cannot read {proc_cgroup}: {e}")))?;
+    let found = slurm_job_of(&text, product_dir)
+        .map_err(|e| Refused::new(claimed, format!("process {pid}: {e}")))?;
+    let job = match (found, claimed) {
+        (None, None) => return Ok(Adopted::NotInJob),
+        (None, Some(c)) => {
+            return Err(Refused::new(
+                Some(c),
+                format!(
+                    "pam_slurm_adopt adopted the session into job {c}, but process {pid} is in \
+                     no job's cgroup"
+                ),
+            ))
+        }
+        (Some(j), Some(c)) if j != c => {
+            return Err(Refused::new(
+                Some(c),
+                format!(
+                    "pam_slurm_adopt adopted the session into job {c}, but process {pid} is in \
+                     job {j}'s cgroup"
+                ),
+            ))
+        }
+        (Some(j), _) => j,
     };
     let refused = |reason: String| Refused::new(Some(job), reason);
     let journals =

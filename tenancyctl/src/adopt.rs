@@ -5,8 +5,9 @@
 //!     session  required  pam_exec.so /usr/local/bin/tenancyctl adopt
 //!
 //! pam_exec runs it as root with PAM_USER and PAM_TYPE set, as a child of the process that
-//! becomes the session (its parent, moved by default). Exit 0: joined, or not in a job; exit 1:
-//! refused, and with `required` PAM ends the session.
+//! becomes the session (its parent, moved by default), and with the PAM environment, where
+//! pam_slurm_adopt left SLURM_JOB_ID. Exit 0: joined, or not in a job; exit 1: refused, and with
+//! `required` PAM ends the session.
 
 use std::process::ExitCode;
 use tenancy_audit::{AuditLog, Event, Outcome, Record};
@@ -59,7 +60,23 @@ pub fn run(config: &Config, args: &AdoptArgs) -> anyhow::Result<ExitCode> {
     let Some(uid) = user_uid(&user) else {
         return refuse(None, None, format!("user {user} is not in NSS"), u32::MAX);
     };
-    match adopt(config, pid, uid, tenancy_devices::job::PRODUCT_DIR) {
+    // pam_slurm_adopt puts the job it adopted the session into in the PAM environment, which
+    // pam_exec passes on.
+    let claimed = match std::env::var("SLURM_JOB_ID") {
+        Err(_) => None,
+        Ok(v) => match v.parse::<u64>() {
+            Ok(j) => Some(j),
+            Err(_) => {
+                return refuse(
+                    None,
+                    None,
+                    format!("SLURM_JOB_ID {v:?} is not a job id"),
+                    uid,
+                )
+            }
+        },
+    };
+    match adopt(config, pid, uid, claimed, tenancy_devices::job::PRODUCT_DIR) {
         Ok(Adopted::NotInJob) => {
             println!(
                 "tenancy: session process {pid} of {user} is in no Slurm job: nothing to isolate"

@@ -71,13 +71,27 @@ fn rel(dir: &Path) -> String {
 }
 
 fn adopt(config: &Path, pid: i32, user: &str, pam_type: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .args(["--config", config.to_str().unwrap(), "adopt", "--pid"])
+    adopt_claiming(config, pid, user, pam_type, None)
+}
+
+/// `tenancyctl adopt` with SLURM_JOB_ID in its environment, as pam_slurm_adopt leaves it.
+fn adopt_claiming(
+    config: &Path,
+    pid: i32,
+    user: &str,
+    pam_type: &str,
+    claimed: Option<u64>,
+) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tenancyctl"));
+    c.args(["--config", config.to_str().unwrap(), "adopt", "--pid"])
         .arg(pid.to_string())
         .args(["--user", user])
         .env("PAM_TYPE", pam_type)
-        .output()
-        .unwrap()
+        .env_remove("SLURM_JOB_ID");
+    if let Some(j) = claimed {
+        c.env("SLURM_JOB_ID", j.to_string());
+    }
+    c.output().unwrap()
 }
 
 fn text(o: &Output) -> String {
@@ -160,8 +174,17 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
     let o = adopt(&config, pid, "root", "close_session");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(cgroup_of(pid), rel(&extern_step(job)));
+    // pam_slurm_adopt's claim (SLURM_JOB_ID) must match the job the process is in.
+    let o = adopt_claiming(&config, pid, "root", "open_session", Some(job + 7));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("is in job {job}'s cgroup")),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(cgroup_of(pid), rel(&extern_step(job)));
     // The job's own user: the session now runs in the job's isolation.
-    let o = adopt(&config, pid, "root", "open_session");
+    let o = adopt_claiming(&config, pid, "root", "open_session", Some(job));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
         text(&o).contains(&format!("joined the isolation of job {job} (tenant acme)")),
@@ -184,6 +207,11 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("in no Slurm job"), "{}", text(&o));
     assert_eq!(cgroup_of(login), rel(&plain));
+    // ... unless pam_slurm_adopt says it adopted it into a job: then something is off, refused.
+    let o = adopt_claiming(&config, login, "root", "open_session", Some(job));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("in no job's cgroup"), "{}", text(&o));
+    assert_eq!(cgroup_of(login), rel(&plain));
 
     // The audit log tells the adopted session from the refused ones, and its chain holds.
     let events: Vec<(String, Option<u64>)> = std::fs::read_to_string(r.join("audit.jsonl"))
@@ -201,8 +229,10 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
         events,
         [
             ("session_refused".to_string(), Some(job)),
+            ("session_refused".to_string(), Some(job + 7)),
             ("session_adopted".to_string(), Some(job)),
             ("session_refused".to_string(), Some(job + 1)),
+            ("session_refused".to_string(), Some(job)),
         ]
     );
     let verify = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))

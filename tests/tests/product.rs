@@ -204,7 +204,8 @@ fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
     let adopt = |pid: u32, user: &TestUser| -> Output {
         let mut c = s.tenancyctl();
         c.args(["adopt", "--pid", &pid.to_string(), "--user", &user.name])
-            .env("PAM_TYPE", "open_session");
+            .env("PAM_TYPE", "open_session")
+            .env("SLURM_JOB_ID", g.to_string());
         s.cluster.run(c).unwrap()
     };
     // acme1 has no business in globex's job: refused (PAM would end the session).

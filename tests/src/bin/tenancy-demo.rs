@@ -158,7 +158,8 @@ impl Demo {
             "--user",
             &user.name,
         ])
-        .env("PAM_TYPE", "open_session");
+        .env("PAM_TYPE", "open_session")
+        .env("SLURM_JOB_ID", job.to_string());
         show(&s.cluster.run(c)?);
         println!(
             "{} (ssh session) $ tenancy-e2e-probe open {node}",
