@@ -29,6 +29,38 @@ struct AdoptingService {
     /// `file:line` of a `session required|requisite pam_exec.so ... tenancyctl adopt` line,
     /// which moves adopted sessions into the job's isolation (or refuses them).
     hook: Option<String>,
+    /// `file:line option` of each pam_slurm_adopt option that lets a user in without adopting
+    /// the session into a job: such a session runs outside every job's device allowlist.
+    lax: Vec<String>,
+}
+
+/// The pam_slurm_adopt options of one line under which a user's session can pass without
+/// being adopted into a job (pam_slurm_adopt's defaults: action_no_jobs=deny,
+/// action_unknown=newest, action_adopt_failure=allow, action_generic_failure=ignore).
+fn lax_adopt_options(words: &[&str]) -> Vec<String> {
+    let value = |key: &str| {
+        words
+            .iter()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+    };
+    let mut lax = Vec::new();
+    if value("action_no_jobs") == Some("ignore") {
+        lax.push("action_no_jobs=ignore".to_string());
+    }
+    if value("action_unknown") == Some("allow") {
+        lax.push("action_unknown=allow".to_string());
+    }
+    for (key, default) in [
+        ("action_adopt_failure", "allow"),
+        ("action_generic_failure", "ignore"),
+    ] {
+        match value(key) {
+            Some("deny") => {}
+            Some(v) => lax.push(format!("{key}={v}")),
+            None => lax.push(format!("{key}={default} (the default)")),
+        }
+    }
+    lax
 }
 
 /// The PAM services under `dir` that enable `pam_slurm_adopt`: ssh sessions it adopts join the
@@ -48,14 +80,18 @@ fn pam_slurm_adopt_services(dir: &Path) -> std::io::Result<Vec<AdoptingService>>
         let mut svc = AdoptingService {
             adopt: Vec::new(),
             hook: None,
+            lax: Vec::new(),
         };
         for (n, line) in text.lines().enumerate() {
             let active = line.split('#').next().unwrap_or_default();
             let at = || format!("{}:{}", file.display(), n + 1);
+            let words: Vec<&str> = active.split_whitespace().collect();
             if active.contains("pam_slurm_adopt") {
                 svc.adopt.push(at());
+                for o in lax_adopt_options(&words) {
+                    svc.lax.push(format!("{} {o}", at()));
+                }
             }
-            let words: Vec<&str> = active.split_whitespace().collect();
             // An optional hook would let a refused session go on: only required/requisite count.
             if words.len() >= 4
                 && words[0] == "session"
@@ -200,7 +236,27 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => rows.push(row("firewall.table", Severity::Error, e.0, None)),
     }
-    rows.push(match pam_slurm_adopt_services(&args.pam_dir) {
+    let pam = pam_slurm_adopt_services(&args.pam_dir);
+    if let Ok(svcs) = &pam {
+        let lax: Vec<String> = svcs.iter().flat_map(|s| s.lax.iter().cloned()).collect();
+        if !lax.is_empty() {
+            rows.push(row(
+                "slurm.pam_adopt_fallback",
+                Severity::Warn,
+                format!(
+                    "pam_slurm_adopt lets users in without adopting them into a job ({}): \
+                     such sessions run outside every job's device allowlist and firewall",
+                    lax.join(", ")
+                ),
+                Some(
+                    "give pam_slurm_adopt action_no_jobs=deny action_adopt_failure=deny \
+                     action_generic_failure=deny, and let administrators in with pam_access"
+                        .into(),
+                ),
+            ));
+        }
+    }
+    rows.push(match pam {
         Ok(svcs) if svcs.is_empty() => row(
             "slurm.pam_adopt",
             Severity::Ok,
@@ -223,7 +279,8 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
                     "slurm.pam_adopt",
                     Severity::Ok,
                     format!(
-                        "pam_slurm_adopt is enabled ({}) and the sessions it adopts join the                          job's isolation through tenancyctl adopt ({})",
+                        "pam_slurm_adopt is enabled ({}) and the sessions it adopts join the job's \
+                         isolation through tenancyctl adopt ({})",
                         lines(&hooked),
                         hooked
                             .iter()

@@ -72,11 +72,56 @@ groups = ["root"]
     )
     .unwrap();
     let (_, hooked) = doctor(&config, &pam);
+    // (pam_slurm_adopt's defaults let a user in when adoption fails: a warning, below.)
+    assert_eq!(row(&hooked, "slurm.pam_adopt_fallback")["severity"], "warn");
     let hooked = row(&hooked, "slurm.pam_adopt");
     assert_eq!(hooked["severity"], "ok", "{hooked}");
     assert!(
         hooked["message"].as_str().unwrap().contains("sshd:3"),
         "{hooked}"
+    );
+    // pam_slurm_adopt letting users in without a job: a warning naming the options, defaults
+    // included; with every fallback denied, none.
+    let session = "session required pam_exec.so /usr/local/bin/tenancyctl adopt\n";
+    std::fs::write(
+        pam.join("sshd"),
+        format!("account required pam_slurm_adopt.so action_unknown=allow\n{session}"),
+    )
+    .unwrap();
+    let (_, lax) = doctor(&config, &pam);
+    let lax = row(&lax, "slurm.pam_adopt_fallback");
+    assert_eq!(lax["severity"], "warn", "{lax}");
+    let msg = lax["message"].as_str().unwrap();
+    for want in [
+        "sshd:1 action_unknown=allow",
+        "sshd:1 action_adopt_failure=allow (the default)",
+        "sshd:1 action_generic_failure=ignore (the default)",
+    ] {
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
+    std::fs::write(
+        pam.join("sshd"),
+        format!(
+            "account required pam_slurm_adopt.so action_no_jobs=deny action_adopt_failure=deny \
+             action_generic_failure=deny\n{session}"
+        ),
+    )
+    .unwrap();
+    let (_, strict) = doctor(&config, &pam);
+    assert!(
+        strict
+            .iter()
+            .all(|r| r["check"] != "slurm.pam_adopt_fallback"),
+        "{strict:?}"
+    );
+    let strict = row(&strict, "slurm.pam_adopt");
+    assert_eq!(strict["severity"], "ok", "{strict}");
+    assert!(
+        strict["message"]
+            .as_str()
+            .unwrap()
+            .contains("join the job's isolation through tenancyctl adopt"),
+        "{strict}"
     );
     // Without pam_slurm_adopt, the check passes.
     std::fs::remove_file(pam.join("sshd")).unwrap();
