@@ -356,12 +356,9 @@ impl Cluster {
         };
         let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup"))
             .with_context(|| format!("cgroups of job {job}'s extern step process {pid}"))?;
-        // cgroup2 sits beside the v1 controllers on a hybrid node, at the top on a pure v2 one.
-        let v2_root = if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
-            PathBuf::from("/sys/fs/cgroup/unified")
-        } else {
-            PathBuf::from("/sys/fs/cgroup")
-        };
+        let v2_root = tenancy_devices::CgroupLayout::detect()
+            .map_err(|e| anyhow!("cgroup layout: {e}"))?
+            .v2_root;
         Ok(cgroups
             .lines()
             .filter_map(|l| {
@@ -371,7 +368,7 @@ impl Cluster {
                     return None;
                 }
                 let mount = if ctrls.is_empty() {
-                    v2_root.clone()
+                    v2_root.clone()?
                 } else {
                     Path::new("/sys/fs/cgroup").join(ctrls.trim_start_matches("name="))
                 };
