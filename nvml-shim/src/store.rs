@@ -1,6 +1,6 @@
 //! The shared state file: `<state>.lock` is flock'ed (shared for reads, exclusive for
-//! read-modify-write), the state is written to a temp file and renamed over, so every
-//! process sees one consistent truth.
+//! read-modify-write), the state is written to a spare file and swapped in, so every process
+//! sees one consistent truth.
 //!
 //! A process keeps the lock file open and the state it last read or wrote: a MIG job's prolog
 //! makes some 40 NVML calls, and re-reading and parsing the JSON for each was most of the
@@ -95,39 +95,38 @@ fn write_state(cfg: &Config, st: &State) -> Result<(), StoreError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
+    // The state file a write replaces is kept as the spare and rewritten by the next write: an
+    // unlink would free its block, and on a `discard` mount without a journal ext4 then waits
+    // for the device (0.2 ms, twice per MIG job start and end). Only writers use the spare, and
+    // they hold the exclusive lock, so one name serves every process.
+    let spare = dir.join(format!(".{name}.spare"));
     let fd = rustix::fs::open(
-        &tmp,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        &spare,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o644),
     )
-    .map_err(|e| err("cannot create", &tmp, e))?;
+    .map_err(|e| err("cannot open", &spare, e))?;
     let mut f = File::from(fd);
-    let text = serde_json::to_string_pretty(st).map_err(|e| err("cannot encode", p, e))?;
+    let mut text = serde_json::to_string_pretty(st).map_err(|e| err("cannot encode", p, e))?;
+    text.push('\n');
     // Other processes see the new state through the rename under the lock; fsync only adds
     // power-loss durability, which a stand-in does not need (NVML_SHIM_FSYNC=1 turns it on).
     let durable = std::env::var_os("NVML_SHIM_FSYNC").is_some_and(|v| v == "1");
     f.write_all(text.as_bytes())
-        .and_then(|_| f.write_all(b"\n"))
+        .and_then(|_| f.set_len(text.len() as u64))
         .and_then(|_| if durable { f.sync_all() } else { Ok(()) })
-        .map_err(|e| err("cannot write", &tmp, e))?;
-    // Swapped in, then the old file unlinked: a rename over the file would make ext4 start
-    // writing the new one out at once (auto_da_alloc), twice per MIG job start and end.
+        .map_err(|e| err("cannot write", &spare, e))?;
+    // Swapped in (the old state becomes the spare): a rename over the file would make ext4
+    // start writing the new one out at once (auto_da_alloc). The first write has nothing to
+    // swap with.
     let cwd = rustix::fs::CWD;
-    match rustix::fs::renameat_with(cwd, &tmp, cwd, p, rustix::fs::RenameFlags::EXCHANGE) {
-        Ok(()) => {
-            let _ = std::fs::remove_file(&tmp);
-            Ok(())
-        }
-        Err(_) => std::fs::rename(&tmp, p).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            err("cannot rename into", p, e)
-        }),
+    match rustix::fs::renameat_with(cwd, &spare, cwd, p, rustix::fs::RenameFlags::EXCHANGE) {
+        Ok(()) => Ok(()),
+        Err(_) => std::fs::rename(&spare, p).map_err(|e| err("cannot rename into", p, e)),
     }
 }
 
-/// Identity of the state file: a write (temp file + rename) or an edit by hand changes it.
+/// Identity of the state file: a write (spare file swapped in) or an edit by hand changes it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct FileKey {
     dev: u64,
@@ -315,6 +314,49 @@ mod tests {
         let gen = generation(&STORE.lock().unwrap().as_ref().unwrap().lock);
         assert!(gen >= 1);
         assert_eq!(gis(&cfg), 1);
+    }
+
+    #[test]
+    fn writes_swap_two_files_and_never_leave_a_longer_tail() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = Config::from_fixture_text(
+            "state = \"state.json\"\n[[gpus]]\nmodel = \"H200-141GB\"\nmig_mode = true\n",
+            tmp.path(),
+        )
+        .unwrap();
+        let fresh = State::fresh(&cfg.gpus, crate::state::Faults::default());
+        let mut one = fresh.clone();
+        one.create_gi(0, 19, None, nf()).unwrap();
+        let mut two = one.clone();
+        two.create_gi(0, 19, None, nf()).unwrap();
+        let text = |st: &State| serde_json::to_string_pretty(st).unwrap() + "\n";
+        let spare = tmp.path().join(".state.json.spare");
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        // The first write has nothing to swap with: no spare yet.
+        write_state(&cfg, &fresh).unwrap();
+        assert!(!spare.exists());
+        let first = ino(&cfg.state_path);
+        // From the second write on, the replaced file is the spare: the same two inodes.
+        write_state(&cfg, &one).unwrap();
+        assert_eq!(ino(&spare), first);
+        let second = ino(&cfg.state_path);
+        write_state(&cfg, &two).unwrap();
+        assert_eq!(ino(&cfg.state_path), first);
+        assert_eq!(ino(&spare), second);
+        // The spare now holds `one`, longer than `fresh`: the rewrite cuts its tail.
+        write_state(&cfg, &fresh).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&cfg.state_path).unwrap(),
+            text(&fresh)
+        );
+        assert_eq!(std::fs::read_to_string(&spare).unwrap(), text(&two));
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".state.json.spare", "state.json"]);
     }
 
     fn nf() -> crate::state::FaultSources<'static> {
