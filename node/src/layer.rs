@@ -44,17 +44,12 @@ pub trait Layer {
     /// The name recorded in journals and audit records.
     fn name(&self) -> &'static str;
 
-    /// Layers whose made value this layer's `intend` reads (the device layer needs the MIG
-    /// slice): the spine journals this intent only after those are made.
-    fn needs_made_of(&self) -> &'static [&'static str] {
-        &[]
-    }
+    /// Decides what to make. `Ok(None)`: the layer has nothing to do for this job. Every
+    /// layer's intent is journaled, in one durable write, before the first layer makes anything.
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>>;
 
-    /// Decides what to make. `Ok(None)`: the layer has nothing to do for this job.
-    /// `journal` holds the earlier layers' results (the device layer reads the MIG slice).
-    fn intend(&mut self, plan: &JobPlan, journal: &Journal) -> LayerResult<Option<Value>>;
-
-    /// Makes what `intent` describes; returns what exists now.
+    /// Makes what `intent` describes; returns what exists now. `journal` holds what the
+    /// earlier layers made (the device layer reads the MIG slice it lets through).
     fn make(&mut self, intent: &Value, journal: &Journal) -> LayerResult<Value>;
 
     /// Removes it. Idempotent: what is already gone is not an error. `made` is `None` when the

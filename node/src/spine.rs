@@ -308,11 +308,9 @@ impl<'c> Spine<'c> {
         Ok(())
     }
 
-    /// Makes every layer in order; each intent is journaled (durably) before it is made.
-    /// Intents are journaled in batches: consecutive layers whose intents need no result of a
-    /// layer of the same batch share one durable write (with MIG first, a job costs two: the
-    /// MIG intent, then the MIG slice with every other intent). Results need no fsync: every
-    /// layer can undo from its intent alone, so the last write only informs the task entry.
+    /// Makes every layer in order; every intent is journaled (durably, in one write) before the
+    /// first layer makes anything. Results need no fsync: every layer can undo from its intent
+    /// alone, so the last write only informs the task entry.
     fn make_all(&mut self, plan: &mut JobPlan, journal: &mut Journal) -> Result<(), String> {
         let job = plan.job_id;
         let _lock = self.journals.lock_node().map_err(|e| {
@@ -330,60 +328,49 @@ impl<'c> Spine<'c> {
         })?;
         let plan = &*plan;
         Self::check_node_sharing(plan).map_err(|e| format!("job {job}: layer node: {e}"))?;
-        let mut next = 0;
-        while next < self.layers.len() {
-            let first_step = journal.steps.len();
-            let mut batch: Vec<usize> = Vec::new();
-            while next < self.layers.len() {
-                let needs = self.layers[next].needs_made_of();
-                if batch
-                    .iter()
-                    .any(|&b| needs.contains(&self.layers[b].name()))
-                {
-                    break;
+        // A later layer's `make` may read an earlier one's result from the journal.
+        let first_step = journal.steps.len();
+        let mut acting = Vec::new();
+        for li in 0..self.layers.len() {
+            let name = self.layers[li].name();
+            match self.layers[li].intend(plan) {
+                Ok(Some(intent)) => {
+                    journal.steps.push(Step {
+                        layer: name.to_string(),
+                        state: StepState::Intended,
+                        intent,
+                        made: None,
+                    });
+                    acting.push(li);
                 }
-                let name = self.layers[next].name();
-                match self.layers[next].intend(plan, journal) {
-                    Ok(Some(intent)) => {
-                        journal.steps.push(Step {
-                            layer: name.to_string(),
-                            state: StepState::Intended,
-                            intent,
-                            made: None,
-                        });
-                        batch.push(next);
-                    }
-                    Ok(None) => {}
-                    Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
-                }
-                next += 1;
+                Ok(None) => {}
+                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
             }
-            if batch.is_empty() {
-                continue;
-            }
+        }
+        if !acting.is_empty() {
             self.journals.save(journal, true).map_err(|e| {
                 format!(
                     "job {job}: cannot journal the intents of {} in {}: {e}",
-                    self.layer_names(&batch),
+                    self.layer_names(&acting),
                     self.journals.path().display()
                 )
             })?;
-            for (k, &li) in batch.iter().enumerate() {
-                let name = self.layers[li].name();
-                let step = first_step + k;
-                self.boundary(Boundary::Intended(name));
-                let intent = journal.steps[step].intent.clone();
-                match self.layers[li].make(&intent, journal) {
-                    Ok(made) => {
-                        self.boundary(Boundary::Made(name));
-                        journal.steps[step].made = Some(made);
-                        journal.steps[step].state = StepState::Made;
-                    }
-                    Err(LayerError(e)) => {
-                        // Later intents of the batch were never acted on: nothing to undo.
-                        journal.steps.truncate(step + 1);
-                        return Err(format!("job {job}: layer {name}: {e}"));
-                    }
+        }
+        for (k, &li) in acting.iter().enumerate() {
+            let step = first_step + k;
+            let name = self.layers[li].name();
+            self.boundary(Boundary::Intended(name));
+            let intent = journal.steps[step].intent.clone();
+            match self.layers[li].make(&intent, journal) {
+                Ok(made) => {
+                    self.boundary(Boundary::Made(name));
+                    journal.steps[step].made = Some(made);
+                    journal.steps[step].state = StepState::Made;
+                }
+                Err(LayerError(e)) => {
+                    // Later intents were never acted on: nothing to undo.
+                    journal.steps.truncate(step + 1);
+                    return Err(format!("job {job}: layer {name}: {e}"));
                 }
             }
         }

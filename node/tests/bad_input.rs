@@ -355,7 +355,7 @@ impl Layer for Tripwire {
     fn name(&self) -> &'static str {
         "tripwire"
     }
-    fn intend(&mut self, _: &JobPlan, _: &Journal) -> LayerResult<Option<serde_json::Value>> {
+    fn intend(&mut self, _: &JobPlan) -> LayerResult<Option<serde_json::Value>> {
         *self.0.borrow_mut() += 1;
         Ok(Some(json!({})))
     }

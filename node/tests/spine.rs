@@ -21,7 +21,7 @@ impl Layer for FileLayer {
     fn name(&self) -> &'static str {
         self.name
     }
-    fn intend(&mut self, plan: &JobPlan, _: &Journal) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
         self.calls
             .borrow_mut()
             .push(format!("intend {}", self.name));
@@ -47,6 +47,43 @@ impl Layer for FileLayer {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
         }
+    }
+}
+
+/// A layer whose `make` looks at the job's journal on disk and at what the layer before it made.
+struct Witness {
+    name: &'static str,
+    before: &'static str,
+    state_dir: PathBuf,
+    seen: Rc<RefCell<Vec<String>>>,
+}
+
+impl Layer for Witness {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+        Ok(Some(json!({ "job": plan.job_id })))
+    }
+    fn make(&mut self, intent: &Value, journal: &Journal) -> LayerResult<Value> {
+        let file = self.state_dir.join(format!("job_{}.json", intent["job"]));
+        let on_disk: Value = serde_json::from_str(&std::fs::read_to_string(file)?)?;
+        let layers: Vec<&str> = on_disk["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["layer"].as_str().unwrap())
+            .collect();
+        self.seen.borrow_mut().push(format!(
+            "{} sees intents {layers:?} on disk, {} made: {}",
+            self.name,
+            self.before,
+            journal.made_by(self.before).is_some()
+        ));
+        Ok(json!({ "made": self.name }))
+    }
+    fn undo(&mut self, _: &Value, _: Option<&Value>) -> LayerResult<()> {
+        Ok(())
     }
 }
 
@@ -187,6 +224,36 @@ fn prolog_journals_then_epilog_tears_down_and_the_chain_verifies() {
     assert_eq!(recs[1].tenant.as_deref(), Some("acme"));
     assert!(recs[1].started.is_some());
     assert!(w.chain_is_valid());
+}
+
+#[test]
+fn every_intent_is_on_disk_before_the_first_make_and_a_make_sees_the_earlier_results() {
+    let w = World::new();
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let layers: Vec<Box<dyn Layer>> = [("mig", "none"), ("devices", "mig")]
+        .into_iter()
+        .map(|(name, before)| {
+            Box::new(Witness {
+                name,
+                before,
+                state_dir: w.config.cluster.state_dir.clone(),
+                seen: seen.clone(),
+            }) as Box<dyn Layer>
+        })
+        .collect();
+    let end = Spine::new(&w.config, layers, "tenancy-prolog")
+        .unwrap()
+        .prolog(ctx("43"));
+    assert_eq!(end.code, 0, "{}", end.message);
+    // One durable write holds both intents before anything is made; the device layer still
+    // gets the MIG result it needs.
+    assert_eq!(
+        *seen.borrow(),
+        [
+            r#"mig sees intents ["mig", "devices"] on disk, none made: false"#,
+            r#"devices sees intents ["mig", "devices"] on disk, mig made: true"#,
+        ]
+    );
 }
 
 #[test]

@@ -29,19 +29,10 @@ impl Layer for Devices {
         "devices"
     }
 
-    fn needs_made_of(&self) -> &'static [&'static str] {
-        &["mig"]
-    }
-
-    fn intend(&mut self, plan: &JobPlan, journal: &Journal) -> LayerResult<Option<Value>> {
-        let slices = match journal.made_by("mig") {
-            None => Vec::new(),
-            Some(m) => vec![SliceRef {
-                gpu_minor: field(m, "gpu_minor")?,
-                gi_id: field(m, "gi_id")?,
-                ci_id: field(m, "ci_id")?,
-            }],
-        };
+    // The intent names the job's cgroup, which teardown finds by name; the MIG slice it lets
+    // through is only known once the MIG layer has made it, so `make` reads it from the journal.
+    // Both intents thus share the job's one durable journal write.
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
         let extra = plan
             .tier
             .device_classes
@@ -55,7 +46,7 @@ impl Layer for Devices {
         let params = JobDeviceParams {
             job_id: plan.job_id,
             tenant: plan.tenant.clone(),
-            slices,
+            slices: Vec::new(),
             extra,
             driver: self.driver.clone(),
             target: self.target()?,
@@ -63,8 +54,15 @@ impl Layer for Devices {
         Ok(Some(serde_json::to_value(params)?))
     }
 
-    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
-        let params: JobDeviceParams = serde_json::from_value(intent.clone())?;
+    fn make(&mut self, intent: &Value, journal: &Journal) -> LayerResult<Value> {
+        let mut params: JobDeviceParams = serde_json::from_value(intent.clone())?;
+        if let Some(m) = journal.made_by("mig") {
+            params.slices = vec![SliceRef {
+                gpu_minor: field(m, "gpu_minor")?,
+                gi_id: field(m, "gi_id")?,
+                ci_id: field(m, "ci_id")?,
+            }];
+        }
         let record = tenancy_devices::setup(&params)?;
         let mut made = serde_json::to_value(&record)?;
         made["join_cgroups"] = serde_json::json!([record.cgroup_dir]);

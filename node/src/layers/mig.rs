@@ -37,7 +37,7 @@ impl Layer for MigLayer {
         "mig"
     }
 
-    fn intend(&mut self, plan: &JobPlan, _: &Journal) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
         let Some(profile) = plan.profile.clone() else {
             return Ok(None);
         };

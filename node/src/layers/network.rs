@@ -87,7 +87,7 @@ impl Layer for Network<'_> {
         "network"
     }
 
-    fn intend(&mut self, plan: &JobPlan, _: &Journal) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
         let spec = self.spec()?;
         Ok(Some(serde_json::to_value(Intent {
             table_name: spec.table_name.clone(),

@@ -26,7 +26,7 @@ impl Layer for Scratch {
         "scratch"
     }
 
-    fn intend(&mut self, plan: &JobPlan, _: &Journal) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
         let spec = ScratchSpec {
             root: self.root.clone(),
             tenant: plan.tenant.clone(),
