@@ -120,6 +120,10 @@ def main():
                     filler.prolog_only(job); filled.append(job); job += 1
                 while len(filled) > n:
                     filler.epilog_only(filled.pop())
+                # The fillers' files (journals, scratch folders, audit lines) are written out
+                # before the level is measured: on a node that filled over hours the kernel wrote
+                # them back long ago, here it would do so during the measured jobs.
+                os.sync()
                 for v in chosen:
                     v.rows = []
                 for _ in range(a.repeat):
