@@ -96,6 +96,8 @@ trap cleanup EXIT
 set -- --config "$BENCH_DIR/tenancy.toml" --prolog "$BIN/tenancy-prolog" --epilog "$BIN/tenancy-epilog" \
   --base-prolog "$here/baseline/prolog.sh" --base-epilog "$here/baseline/epilog.sh" \
   --base-dir "$BENCH_DIR/base" --uid "$uid" --gid "$gid" --user "$BENCH_USER" --tenant "$BENCH_TENANT" --tenant-group "$group"
+# The installed binaries and the files above are written out now, not during the measured jobs.
+sync
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /proc/loadavg); built in $built, run from $BIN"
 for m in $MODES; do
   case $m in
