@@ -122,6 +122,14 @@ const OCCUPANCY: &str = "occupancy";
 const SPARES: &str = ".spare";
 const MAX_SPARES: usize = 16;
 
+/// Unlinks `file`; gone already is fine.
+fn unlink(file: &Path) -> io::Result<()> {
+    match fs::remove_file(file) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Appends are checked for compaction each time the index grows past a multiple of this many
 /// bytes, so the epilog reads the whole index only once every hundred or so jobs.
 const COMPACT_STEP: u64 = 4096;
@@ -287,7 +295,7 @@ impl JournalDir {
     /// data out at once, and the epilog's unlink would wait for that write.
     pub(crate) fn replace_file(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         let tmp = self.dir.join(format!(".{name}.tmp"));
-        self.take_spare(&tmp);
+        let took_spare = self.take_spare(&tmp);
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -318,23 +326,27 @@ impl JournalDir {
         }
         if exchanged {
             // The old content now has the temporary name. Left there (if this fails) it is
-            // harmless: the next write overwrites it, `remove` deletes it.
-            let _ = self.keep_spare(&tmp);
+            // harmless: the next write overwrites it, `remove` deletes it. It takes the place
+            // of the spare taken above, if any, so the spares need no counting then.
+            let _ = if took_spare {
+                self.park_spare(&tmp)
+            } else {
+                self.keep_spare(&tmp)
+            };
         }
         Ok(())
     }
 
-    /// Moves a spare file to `dest`, there to be overwritten; nothing when there is none.
-    fn take_spare(&self, dest: &Path) {
+    /// Moves a spare file to `dest`, there to be overwritten; false when there is none.
+    fn take_spare(&self, dest: &Path) -> bool {
         let Ok(entries) = fs::read_dir(self.dir.join(SPARES)) else {
-            return;
+            return false;
         };
         // Another process may take the same spare first (rename is atomic): try a few.
-        for entry in entries.flatten().take(4) {
-            if fs::rename(entry.path(), dest).is_ok() {
-                return;
-            }
-        }
+        entries
+            .flatten()
+            .take(4)
+            .any(|entry| fs::rename(entry.path(), dest).is_ok())
     }
 
     /// Keeps `file` as a spare, or unlinks it when there are enough; gone already is fine.
@@ -352,19 +364,28 @@ impl JournalDir {
             Err(_) => MAX_SPARES,
         };
         if count < MAX_SPARES {
-            // The inode number names the file uniquely while it exists.
-            let kept = fs::symlink_metadata(file).is_ok_and(|m| {
-                let name = spares.join(std::os::unix::fs::MetadataExt::ino(&m).to_string());
-                let cwd = rustix::fs::CWD;
-                rustix::fs::renameat_with(cwd, file, cwd, &name, RenameFlags::NOREPLACE).is_ok()
-            });
-            if kept {
-                return Ok(());
-            }
+            self.park_spare(file)
+        } else {
+            unlink(file)
         }
-        match fs::remove_file(file) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+    }
+
+    /// Moves `file` among the spares (the folder exists), or unlinks it when that fails; gone
+    /// already is fine.
+    fn park_spare(&self, file: &Path) -> io::Result<()> {
+        // The inode number names the file uniquely while it exists.
+        let kept = fs::symlink_metadata(file).is_ok_and(|m| {
+            let name = self
+                .dir
+                .join(SPARES)
+                .join(std::os::unix::fs::MetadataExt::ino(&m).to_string());
+            let cwd = rustix::fs::CWD;
+            rustix::fs::renameat_with(cwd, file, cwd, &name, RenameFlags::NOREPLACE).is_ok()
+        });
+        if kept {
+            Ok(())
+        } else {
+            unlink(file)
         }
     }
 
