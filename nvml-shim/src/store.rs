@@ -283,11 +283,7 @@ mod tests {
     #[test]
     fn the_kept_copy_gives_way_to_a_changed_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let cfg = Config::from_fixture_text(
-            "state = \"state.json\"\n[[gpus]]\nmodel = \"H200-141GB\"\nmig_mode = true\n",
-            tmp.path(),
-        )
-        .unwrap();
+        let cfg = one_h200(tmp.path());
         // A GI made through the store is seen by the next read (from the kept copy).
         modify(
             &cfg,
@@ -320,11 +316,7 @@ mod tests {
     fn writes_swap_two_files_and_never_leave_a_longer_tail() {
         use std::os::unix::fs::MetadataExt;
         let tmp = tempfile::tempdir().unwrap();
-        let cfg = Config::from_fixture_text(
-            "state = \"state.json\"\n[[gpus]]\nmodel = \"H200-141GB\"\nmig_mode = true\n",
-            tmp.path(),
-        )
-        .unwrap();
+        let cfg = one_h200(tmp.path());
         let fresh = State::fresh(&cfg.gpus, crate::state::Faults::default());
         let mut one = fresh.clone();
         one.create_gi(0, 19, None, nf()).unwrap();
@@ -357,6 +349,15 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, [".state.json.spare", "state.json"]);
+    }
+
+    /// One H200 in MIG mode, its state file `state.json` in `dir`.
+    fn one_h200(dir: &Path) -> Config {
+        Config::from_fixture_text(
+            "state = \"state.json\"\n[[gpus]]\nmodel = \"H200-141GB\"\nmig_mode = true\n",
+            dir,
+        )
+        .unwrap()
     }
 
     fn nf() -> crate::state::FaultSources<'static> {
