@@ -56,6 +56,13 @@ pub trait Layer {
     /// prolog stopped between recording the intent and recording the result.
     fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()>;
 
+    /// Whether this process can drive the layer's mechanism. A layer that must load a shared
+    /// library says no in a statically linked process (`crate::linkage`); the epilog then
+    /// hands the job to a dynamically linked one (`Spine::handoff`).
+    fn runs_here(&self) -> bool {
+        true
+    }
+
     /// A short identifier of the resource for audit records.
     fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
         let _ = (intent, made);

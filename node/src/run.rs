@@ -5,7 +5,7 @@
 
 use crate::context::JobContext;
 use crate::layers;
-use crate::spine::{Ending, Spine};
+use crate::spine::{Ending, Handoff, Spine};
 use std::process::ExitCode;
 use tenancy_config::Config;
 
@@ -138,8 +138,32 @@ pub fn prolog_status() -> u8 {
     finish_or_drain(end)
 }
 
-/// [`epilog`], as an exit status.
+/// [`epilog`], as an exit status: the body of `tenancy-epilog`. That binary is statically
+/// linked (build-support/link.rs), so a job with a layer that needs a shared library (NVML for
+/// a MIG slice) is handed to the dynamically linked `tenancy-prolog` next to it, run as
+/// `tenancy-prolog --epilog` ([`handed_off_epilog_status`]).
 pub fn epilog_status() -> u8 {
+    let handoff = (!crate::linkage::can_load_libraries())
+        .then(|| std::env::current_exe().ok())
+        .flatten()
+        .map(|exe| Handoff {
+            program: exe.with_file_name("tenancy-prolog"),
+            args: vec![HANDED_OFF_EPILOG.to_string()],
+        });
+    epilog_with(handoff)
+}
+
+/// The argument that makes `tenancy-prolog` run the epilog: a statically linked epilog's
+/// hand-off (Slurm itself passes no arguments).
+pub const HANDED_OFF_EPILOG: &str = "--epilog";
+
+/// The epilog in a dynamically linked process, as `tenancy-prolog --epilog` runs it: the same
+/// teardown and records (origin `tenancy-epilog`), every layer in this process.
+pub fn handed_off_epilog_status() -> u8 {
+    epilog_with(None)
+}
+
+fn epilog_with(handoff: Option<Handoff>) -> u8 {
     let config = match load("tenancy-epilog") {
         Ok(c) => c,
         Err(end) => return finish_or_drain(end),
@@ -154,7 +178,10 @@ pub fn epilog_status() -> u8 {
         }
     };
     let end = match Spine::new(&config, layers::for_node(&config), "tenancy-epilog") {
-        Ok(mut spine) => spine.epilog(&ctx),
+        Ok(mut spine) => {
+            spine.handoff = handoff;
+            spine.epilog(&ctx)
+        }
         Err(e) => Ending {
             code: 1,
             message: format!("tenancy: tenancy-epilog: job {}: {e}", ctx.job_id),

@@ -37,6 +37,18 @@ pub struct Spine<'c> {
     /// Called at each step boundary of the prolog, after the boundary is durable; crash tests
     /// kill the process here. `None` in the binaries.
     pub boundary_hook: Option<Box<dyn FnMut(Boundary)>>,
+    /// Where the epilog sends a job that a layer cannot tear down in this process
+    /// (`Layer::runs_here`): the statically linked tenancy-epilog hands MIG jobs to the
+    /// dynamically linked tenancy-prolog binary. `None`: every layer runs here, or fails.
+    pub handoff: Option<Handoff>,
+}
+
+/// A dynamically linked program that runs the same epilog: `program args...`, with this
+/// process's environment, in its place (exec).
+#[derive(Debug, Clone)]
+pub struct Handoff {
+    pub program: std::path::PathBuf,
+    pub args: Vec<String>,
 }
 
 /// A point of the prolog after which a crash must leave nothing the epilog cannot undo.
@@ -68,6 +80,7 @@ impl<'c> Spine<'c> {
             layers,
             origin,
             boundary_hook: None,
+            handoff: None,
         })
     }
 
@@ -519,6 +532,50 @@ impl<'c> Spine<'c> {
         failures
     }
 
+    /// Replaces this process with the hand-off program when a layer with something left to
+    /// undo cannot run here; returns only when that failed (nothing was torn down: fail
+    /// closed, with a record) or when there is nothing to hand off.
+    fn hand_off_if_needed(&mut self, journal: &Journal, ctx: &JobContext) -> Option<Ending> {
+        let handoff = self.handoff.as_ref()?;
+        let layer = journal
+            .steps
+            .iter()
+            .filter(|s| s.state != StepState::Undone)
+            .filter_map(|s| self.layer_index(&s.layer))
+            .find(|&li| !self.layers[li].runs_here())?;
+        let name = self.layers[layer].name();
+        // Only returns on failure; the journal and the node lock are not held here.
+        let e = std::os::unix::process::CommandExt::exec(
+            std::process::Command::new(&handoff.program).args(&handoff.args),
+        );
+        let reason = format!(
+            "job {}: layer {name}: its teardown needs a shared library this statically linked \
+             epilog cannot load, and handing the job to {} {} failed: {e}; nothing was torn \
+             down. Install tenancy-prolog next to tenancy-epilog (it runs the epilog when given \
+             --epilog), then run `tenancyctl reconcile --apply`",
+            ctx.job_id,
+            handoff.program.display(),
+            handoff.args.join(" ")
+        );
+        let mut rec = self
+            .record(
+                &ctx.user,
+                ctx.uid,
+                &ctx.node,
+                Event::TeardownFailed,
+                Outcome::Failure,
+            )
+            .job_id(ctx.job_id)
+            .tenant(journal.tenant.clone())
+            .tier(journal.tier.clone())
+            .reason(reason.clone());
+        let mut message = format!("tenancy: {reason}");
+        if let Err(e) = self.audit(&mut rec) {
+            message.push_str(&format!("; and the audit record was not written: {e}"));
+        }
+        Some(Ending::fail(message))
+    }
+
     /// Runs the epilog: tears the job down from its journal and records the end.
     pub fn epilog(&mut self, ctx: &JobContext) -> Ending {
         let journal = match self.journals.load(ctx.job_id) {
@@ -567,6 +624,9 @@ impl<'c> Spine<'c> {
                 )),
             };
         };
+        if let Some(end) = self.hand_off_if_needed(&journal, ctx) {
+            return end;
+        }
         let steps = journal.steps.clone();
         let (tenant, tier, profile, started) = (
             journal.tenant.clone(),

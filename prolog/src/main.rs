@@ -1,13 +1,22 @@
 #![cfg_attr(not(test), no_main)]
-//! `tenancy-prolog`: Slurm runs it as root on the node before the job (Prolog= in slurm.conf).
-//! It takes no arguments; the config is found through SLURM_CONF (see tenancy-config).
+//! `tenancy-prolog`: Slurm runs it as root on the node before the job (Prolog= in slurm.conf),
+//! without arguments; the config is found through SLURM_CONF (see tenancy-config).
+//! `tenancy-prolog --epilog` runs the epilog instead: the statically linked `tenancy-epilog`
+//! hands it the jobs whose teardown needs NVML (see `tenancy_node::run::epilog_status`).
 //! C's `main` is defined here, not Rust's: see `tenancy_node::run::c_main`.
 
 #[cfg(not(test))]
 #[no_mangle]
 pub extern "C" fn main(
-    _argc: std::os::raw::c_int,
+    argc: std::os::raw::c_int,
     _argv: *const *const std::os::raw::c_char,
 ) -> std::os::raw::c_int {
-    tenancy_node::run::c_main(tenancy_node::run::prolog_status)
+    use tenancy_node::run;
+    let handed_off =
+        argc == 2 && std::env::args_os().nth(1).as_deref() == Some(run::HANDED_OFF_EPILOG.as_ref());
+    run::c_main(if handed_off {
+        run::handed_off_epilog_status
+    } else {
+        run::prolog_status
+    })
 }

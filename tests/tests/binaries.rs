@@ -1,43 +1,83 @@
-//! How the job-path binaries are linked: they start once per job (BENCHMARKS.md).
+//! How the job-path binaries are linked: they start once per job (BENCHMARKS.md,
+//! build-support/link.rs).
 
 use std::process::Command;
 use tenancy_e2e::artifact;
 
-/// The prolog and epilog link GCC's unwinder statically (build-support/static_libgcc.rs): the
-/// loader maps no libgcc_s.so.1 and its CPUID-heavy constructor does not run per job. glibc
-/// stays shared (NSS modules such as sssd need it).
-#[test]
-fn prolog_and_epilog_need_only_libc() {
-    for name in ["tenancy-prolog", "tenancy-epilog"] {
-        let bin = match artifact(name) {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("SKIP prolog_and_epilog_need_only_libc: {e}");
-                return;
-            }
-        };
-        let out = match Command::new("readelf").arg("-dW").arg(&bin).output() {
-            Ok(o) if o.status.success() => o,
-            other => {
-                eprintln!(
-                    "SKIP prolog_and_epilog_need_only_libc: readelf (binutils) unusable: {other:?}"
-                );
-                return;
-            }
-        };
-        let text = String::from_utf8_lossy(&out.stdout);
-        let needed: Vec<&str> = text
-            .lines()
-            .filter(|l| l.contains("(NEEDED)"))
-            .filter_map(|l| l.split('[').nth(1)?.split(']').next())
-            .collect();
-        assert!(
-            needed.iter().any(|n| n.starts_with("libc.so")),
-            "{name}: NEEDED {needed:?}"
-        );
-        assert!(
-            !needed.iter().any(|n| n.starts_with("libgcc_s")),
-            "{name} loads libgcc_s at every start: NEEDED {needed:?} (build-support/static_libgcc.rs)"
-        );
+/// `readelf -W <flag>` of `name`'s binary, or None (skip) when it or readelf is missing.
+fn readelf(name: &str, flag: &str) -> Option<String> {
+    let bin = match artifact(name) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("SKIP {name}: {e}");
+            return None;
+        }
+    };
+    match Command::new("readelf")
+        .arg(flag)
+        .arg("-W")
+        .arg(&bin)
+        .output()
+    {
+        Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
+        other => {
+            eprintln!("SKIP {name}: readelf (binutils) unusable: {other:?}");
+            None
+        }
     }
+}
+
+fn needed(dynamic: &str) -> Vec<String> {
+    dynamic
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split('[').nth(1)?.split(']').next()?.to_string()))
+        .collect()
+}
+
+/// The prolog links GCC's unwinder statically: the loader maps no libgcc_s.so.1 and its
+/// CPUID-heavy constructor does not run per job. glibc stays shared: NSS modules such as sssd
+/// need it, and so does NVML.
+#[test]
+fn the_prolog_needs_only_libc() {
+    let Some(dynamic) = readelf("tenancy-prolog", "-d") else {
+        return;
+    };
+    let needed = needed(&dynamic);
+    assert!(
+        needed.iter().any(|n| n.starts_with("libc.so")),
+        "NEEDED {needed:?}"
+    );
+    assert!(
+        !needed.iter().any(|n| n.starts_with("libgcc_s")),
+        "tenancy-prolog loads libgcc_s at every start: NEEDED {needed:?}"
+    );
+}
+
+/// The epilog is a static PIE: no program interpreter, no shared library, and still
+/// position-independent (ASLR) with its relocations read-only after start (RELRO).
+#[test]
+fn the_epilog_is_a_static_pie() {
+    let (Some(header), Some(segments), Some(dynamic)) = (
+        readelf("tenancy-epilog", "-h"),
+        readelf("tenancy-epilog", "-l"),
+        readelf("tenancy-epilog", "-d"),
+    ) else {
+        return;
+    };
+    assert!(
+        header
+            .lines()
+            .any(|l| l.contains("Type:") && l.contains("DYN")),
+        "not position-independent:\n{header}"
+    );
+    assert!(
+        !segments.contains("INTERP"),
+        "tenancy-epilog is dynamically linked (a program interpreter):\n{segments}"
+    );
+    assert!(
+        segments.contains("GNU_RELRO"),
+        "no RELRO segment:\n{segments}"
+    );
+    assert_eq!(needed(&dynamic), Vec::<String>::new());
 }

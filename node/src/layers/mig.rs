@@ -21,6 +21,17 @@ pub struct MigLayer {
 impl MigLayer {
     fn nvml(&mut self) -> LayerResult<&Mig> {
         if self.nvml.is_none() {
+            if !self.runs_here() {
+                return Err(LayerError(format!(
+                    "NVML ({}) cannot be loaded by a statically linked process: tenancy-epilog \
+                     hands MIG jobs to the dynamically linked `tenancy-prolog --epilog`; run \
+                     that, or `tenancyctl reconcile --apply`",
+                    self.library
+                        .as_deref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "libnvidia-ml.so.1".into())
+                )));
+            }
             let mut mig = Mig::open(self.library.as_deref())?;
             if !self.plan.models.is_empty() || !self.plan.gpus.is_empty() {
                 let gpus = mig.plan_gpus(true)?;
@@ -84,6 +95,11 @@ impl Layer for MigLayer {
             .destroy(&intent, made.as_ref())
             .map(|_| ())
             .map_err(LayerError::from)
+    }
+
+    /// NVML is a shared library: a statically linked epilog cannot load it.
+    fn runs_here(&self) -> bool {
+        crate::linkage::can_load_libraries()
     }
 
     fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {

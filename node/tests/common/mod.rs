@@ -51,6 +51,26 @@ pub fn shim_lib() -> Option<PathBuf> {
     None
 }
 
+/// A binary of the product (`tenancy-prolog`, `tenancy-epilog`) from the same target folder,
+/// built by `cargo build --workspace` (scripts/test does), or None: skip (panics under CI).
+pub fn product_binary(name: &str) -> Option<PathBuf> {
+    let p = target_dir().join(name);
+    if p.is_file() {
+        return Some(p);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "{} missing: run `cargo build --workspace` first",
+            p.display()
+        );
+    }
+    eprintln!(
+        "SKIP (needs {name}): {} missing; run `cargo build --workspace` first",
+        p.display()
+    );
+    None
+}
+
 /// The crash_prolog example, built by `cargo test`.
 pub fn driver() -> PathBuf {
     let p = target_dir().join("examples").join("crash_prolog");
@@ -247,9 +267,20 @@ groups = ["{b}"]
 
     /// The driver as a command (nsenter execs it: the child's pid is the driver's).
     pub fn command(&self, args: &[&str], env: &[(OsString, OsString)]) -> Command {
+        self.command_of(&driver(), args, env)
+    }
+
+    /// `program` as the driver runs: in the world's network namespace, with exactly `env`
+    /// and the world's config.
+    pub fn command_of(
+        &self,
+        program: &Path,
+        args: &[&str],
+        env: &[(OsString, OsString)],
+    ) -> Command {
         let mut c = Command::new("/usr/bin/nsenter");
         c.arg(format!("--net=/run/netns/{}", self.netns))
-            .arg(driver())
+            .arg(program)
             .args(args)
             .env_clear()
             .envs(env.iter().cloned())

@@ -1,0 +1,143 @@
+//! `tenancy-epilog` is statically linked (build-support/link.rs) and cannot load NVML: it hands
+//! a job with a MIG slice to `tenancy-prolog --epilog` next to it, and tears every other job
+//! down alone. Without that binary it fails closed: nothing torn down, the journal kept, a
+//! teardown_failed record; with it, the same epilog run leaves nothing. Real binaries, real
+//! layers (MIG through the shim, BPF device program, nft, scratch).
+
+mod common;
+
+use common::{need_root, product_binary, text, World};
+use std::path::{Path, PathBuf};
+use tenancy_audit::{Event, Outcome};
+
+/// Whether the ELF file at `path` names a program interpreter (PT_INTERP): dynamically linked.
+fn has_interpreter(path: &Path) -> bool {
+    let elf = std::fs::read(path).unwrap();
+    assert!(
+        elf.starts_with(b"\x7fELF\x02\x01"),
+        "{}: not a 64-bit LE ELF",
+        path.display()
+    );
+    let u = |at: usize, n: usize| {
+        elf[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u64, |acc, b| acc << 8 | u64::from(*b)) as usize
+    };
+    let (phoff, phentsize, phnum) = (u(0x20, 8), u(0x36, 2), u(0x38, 2));
+    (0..phnum).any(|i| u(phoff + i * phentsize, 4) == 3)
+}
+
+/// A folder holding copies of the named product binaries only.
+fn install(w: &World, dir: &str, names: &[&str]) -> Option<PathBuf> {
+    let bin = w.root.join(dir);
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in names {
+        let from = product_binary(name)?;
+        std::fs::copy(&from, bin.join(name)).unwrap();
+    }
+    Some(bin)
+}
+
+fn epilog(
+    w: &World,
+    bin: &Path,
+    job: u64,
+    t: usize,
+    profile: Option<&str>,
+) -> std::process::Output {
+    w.command_of(
+        &bin.join("tenancy-epilog"),
+        &[],
+        &w.job_env(job, t, profile),
+    )
+    .output()
+    .unwrap()
+}
+
+#[test]
+fn a_mig_job_is_handed_to_the_prolog_binary_and_fails_closed_without_it() {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return;
+    }
+    let Some(w) = World::new(1, None) else { return };
+    let Some(bin) = install(&w, "bin", &["tenancy-epilog"]) else {
+        return;
+    };
+    if has_interpreter(&bin.join("tenancy-epilog")) {
+        // Built with TENANCY_DYNAMIC_EPILOG=1 or without glibc's archives: nothing is handed
+        // off (tests/tests/binaries.rs says how the binaries must be linked).
+        eprintln!("SKIP: this tenancy-epilog is dynamically linked");
+        return;
+    }
+    let job = 4101;
+    let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(w.gis().len(), 1);
+
+    // Alone, the static epilog cannot destroy the slice: it must not touch anything.
+    let out = epilog(&w, &bin, job, 0, Some("1g.18gb"));
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let handoff = bin.join("tenancy-prolog");
+    for want in [
+        format!("job {job}"),
+        "layer mig".to_string(),
+        format!("{} --epilog", handoff.display()),
+        "nothing was torn down".to_string(),
+        "Install tenancy-prolog next to tenancy-epilog".to_string(),
+    ] {
+        assert!(err.contains(&want), "missing {want:?} in: {}", text(&out));
+    }
+    assert_eq!(w.gis().len(), 1, "the slice is still the job's");
+    assert!(
+        w.cgroup(0, job).is_dir(),
+        "the job's cgroup was left as it was"
+    );
+    assert!(
+        w.scratch_dir(0, job).is_dir(),
+        "the scratch folder was left as it was"
+    );
+    assert!(
+        w.journal_path(job).exists(),
+        "the journal is kept for the next attempt"
+    );
+    let last = w.records().pop().unwrap();
+    assert_eq!(
+        (last.event, last.outcome, last.origin.as_str()),
+        (Event::TeardownFailed, Outcome::Failure, "tenancy-epilog")
+    );
+    assert_eq!(last.job_id, Some(job));
+
+    // With tenancy-prolog beside it, the same epilog tears everything down through it.
+    install(&w, "bin", &["tenancy-prolog"]).unwrap();
+    let out = epilog(&w, &bin, job, 0, Some("1g.18gb"));
+    assert!(out.status.success(), "{}", text(&out));
+    w.assert_nothing_left("after the handed-off epilog");
+    let last = w.records().pop().unwrap();
+    assert_eq!(
+        (last.event, last.outcome, last.origin.as_str()),
+        (Event::JobEnd, Outcome::Success, "tenancy-epilog")
+    );
+    assert!(w.chain_is_valid());
+}
+
+#[test]
+fn a_job_without_mig_is_torn_down_by_the_static_epilog_alone() {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return;
+    }
+    let Some(w) = World::new(1, None) else { return };
+    let Some(bin) = install(&w, "bin", &["tenancy-epilog"]) else {
+        return;
+    };
+    let job = 4102;
+    let out = w.run(&["prolog"], &w.job_env(job, 1, None));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(w.cgroup(1, job).is_dir() && w.scratch_dir(1, job).is_dir());
+    // No tenancy-prolog in `bin`: this works only if nothing is handed off.
+    let out = epilog(&w, &bin, job, 1, None);
+    assert!(out.status.success(), "{}", text(&out));
+    w.assert_nothing_left("after the static epilog");
+    assert!(w.chain_is_valid());
+}
