@@ -143,13 +143,10 @@ pub fn prolog_status() -> u8 {
 /// a MIG slice) is handed to the dynamically linked `tenancy-prolog` next to it, run as
 /// `tenancy-prolog --epilog` ([`handed_off_epilog_status`]).
 pub fn epilog_status() -> u8 {
-    let handoff = (!crate::linkage::can_load_libraries())
-        .then(|| std::env::current_exe().ok())
-        .flatten()
-        .map(|exe| Handoff {
-            program: exe.with_file_name("tenancy-prolog"),
-            args: vec![HANDED_OFF_EPILOG.to_string()],
-        });
+    let handoff = (!crate::linkage::can_load_libraries()).then(|| Handoff {
+        sibling: "tenancy-prolog".to_string(),
+        args: vec![HANDED_OFF_EPILOG.to_string()],
+    });
     epilog_with(handoff)
 }
 

@@ -47,7 +47,9 @@ pub struct Spine<'c> {
 /// process's environment, in its place (exec).
 #[derive(Debug, Clone)]
 pub struct Handoff {
-    pub program: std::path::PathBuf,
+    /// The program's file name, in the folder of this process's own executable (found only
+    /// when a job is handed off).
+    pub sibling: String,
     pub args: Vec<String>,
 }
 
@@ -544,17 +546,23 @@ impl<'c> Spine<'c> {
             .filter_map(|s| self.layer_index(&s.layer))
             .find(|&li| !self.layers[li].runs_here())?;
         let name = self.layers[layer].name();
-        // Only returns on failure; the journal and the node lock are not held here.
-        let e = std::os::unix::process::CommandExt::exec(
-            std::process::Command::new(&handoff.program).args(&handoff.args),
-        );
+        let (program, e) = match std::env::current_exe() {
+            Ok(exe) => {
+                let program = exe.with_file_name(&handoff.sibling);
+                // Only returns on failure; the journal and the node lock are not held here.
+                let e = std::os::unix::process::CommandExt::exec(
+                    std::process::Command::new(&program).args(&handoff.args),
+                );
+                (program.display().to_string(), e)
+            }
+            Err(e) => (format!("{} (beside this program)", handoff.sibling), e),
+        };
         let reason = format!(
             "job {}: layer {name}: its teardown needs a shared library this statically linked \
-             epilog cannot load, and handing the job to {} {} failed: {e}; nothing was torn \
-             down. Install tenancy-prolog next to tenancy-epilog (it runs the epilog when given \
-             --epilog), then run `tenancyctl reconcile --apply`",
+             epilog cannot load, and handing the job to {program} {} failed: {e}; nothing was \
+             torn down. Install tenancy-prolog next to tenancy-epilog (it runs the epilog when \
+             given --epilog), then run `tenancyctl reconcile --apply`",
             ctx.job_id,
-            handoff.program.display(),
             handoff.args.join(" ")
         );
         let mut rec = self
