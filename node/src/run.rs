@@ -143,11 +143,21 @@ pub fn prolog_status() -> u8 {
 /// a MIG slice) is handed to the dynamically linked `tenancy-prolog` next to it, run as
 /// `tenancy-prolog --epilog` ([`handed_off_epilog_status`]).
 pub fn epilog_status() -> u8 {
-    let handoff = (!crate::linkage::can_load_libraries()).then(|| Handoff {
+    if crate::linkage::can_load_libraries() {
+        return epilog_with(None);
+    }
+    let handoff = Handoff {
         sibling: "tenancy-prolog".to_string(),
         args: vec![HANDED_OFF_EPILOG.to_string()],
-    });
-    epilog_with(handoff)
+    };
+    // A job that asked for a MIG slice (`--mig`, SPANK_TENANCY_MIG) is handed off before the
+    // config and journal are read here, which the other process reads again. The journal has
+    // the last word: a slice this check misses is handed off once the journal is read, and a
+    // failed exec here is met and reported there.
+    if std::env::var_os("SPANK_TENANCY_MIG").is_some_and(|v| !v.is_empty()) {
+        let _ = handoff.exec();
+    }
+    epilog_with(Some(handoff))
 }
 
 /// The argument that makes `tenancy-prolog` run the epilog: a statically linked epilog's

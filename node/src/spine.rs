@@ -53,6 +53,23 @@ pub struct Handoff {
     pub args: Vec<String>,
 }
 
+impl Handoff {
+    /// Replaces this process with the program; returns only when that failed: the program (as
+    /// far as it was found) and why.
+    pub fn exec(&self) -> (String, std::io::Error) {
+        match std::env::current_exe() {
+            Ok(exe) => {
+                let program = exe.with_file_name(&self.sibling);
+                let e = std::os::unix::process::CommandExt::exec(
+                    std::process::Command::new(&program).args(&self.args),
+                );
+                (program.display().to_string(), e)
+            }
+            Err(e) => (format!("{} (beside this program)", self.sibling), e),
+        }
+    }
+}
+
 /// A point of the prolog after which a crash must leave nothing the epilog cannot undo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Boundary {
@@ -546,17 +563,8 @@ impl<'c> Spine<'c> {
             .filter_map(|s| self.layer_index(&s.layer))
             .find(|&li| !self.layers[li].runs_here())?;
         let name = self.layers[layer].name();
-        let (program, e) = match std::env::current_exe() {
-            Ok(exe) => {
-                let program = exe.with_file_name(&handoff.sibling);
-                // Only returns on failure; the journal and the node lock are not held here.
-                let e = std::os::unix::process::CommandExt::exec(
-                    std::process::Command::new(&program).args(&handoff.args),
-                );
-                (program.display().to_string(), e)
-            }
-            Err(e) => (format!("{} (beside this program)", handoff.sibling), e),
-        };
+        // Only returns on failure; the journal and the node lock are not held here.
+        let (program, e) = handoff.exec();
         let reason = format!(
             "job {}: layer {name}: its teardown needs a shared library this statically linked \
              epilog cannot load, and handing the job to {program} {} failed: {e}; nothing was \

@@ -1,6 +1,6 @@
 //! `tenancy-epilog` is statically linked (build-support/link.rs) and cannot load NVML: it hands
-//! a job with a MIG slice to `tenancy-prolog --epilog` next to it, and tears every other job
-//! down alone. Without that binary it fails closed: nothing torn down, the journal kept, a
+//! a job with a MIG slice to `tenancy-prolog --epilog` next to it (at once when the job asked
+//! for one, else once its journal shows one), and tears every other job down alone. Without that binary it fails closed: nothing torn down, the journal kept, a
 //! teardown_failed record; with it, the same epilog run leaves nothing. Real binaries, real
 //! layers (MIG through the shim, BPF device program, nft, scratch).
 
@@ -119,6 +119,32 @@ fn a_mig_job_is_handed_to_the_prolog_binary_and_fails_closed_without_it() {
         (last.event, last.outcome, last.origin.as_str()),
         (Event::JobEnd, Outcome::Success, "tenancy-epilog")
     );
+    assert!(w.chain_is_valid());
+}
+
+/// The journal decides, not the job's `--mig`: a slice whose request is missing from the
+/// epilog's environment is still handed off.
+#[test]
+fn a_slice_only_the_journal_shows_is_handed_off_too() {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return;
+    }
+    let Some(w) = World::new(1, None) else { return };
+    let Some(bin) = install(&w, "bin", &["tenancy-epilog", "tenancy-prolog"]) else {
+        return;
+    };
+    if has_interpreter(&bin.join("tenancy-epilog")) {
+        eprintln!("SKIP: this tenancy-epilog is dynamically linked");
+        return;
+    }
+    let job = 4103;
+    let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(w.gis().len(), 1);
+    // Without SPANK_TENANCY_MIG; the static epilog reads the journal, then hands the job off.
+    let out = epilog(&w, &bin, job, 0, None);
+    assert!(out.status.success(), "{}", text(&out));
+    w.assert_nothing_left("after the handed-off epilog");
     assert!(w.chain_is_valid());
 }
 
