@@ -20,6 +20,86 @@ pub struct DoctorArgs {
     /// PAM configuration folder searched for pam_slurm_adopt
     #[arg(long, default_value = "/etc/pam.d")]
     pub pam_dir: PathBuf,
+    /// Slurm's slurm.conf, read for its Epilog= lines (default: SLURM_CONF, else
+    /// /etc/slurm/slurm.conf)
+    #[arg(long)]
+    pub slurm_conf: Option<PathBuf>,
+}
+
+/// The values of slurm.conf's `Epilog=` lines (key case-insensitive, `#` comments dropped).
+fn epilogs(slurm_conf: &str) -> Vec<String> {
+    slurm_conf
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| k.trim().eq_ignore_ascii_case("epilog"))
+        .map(|(_, v)| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect()
+}
+
+/// tenancy-epilog is statically linked and hands MIG jobs to `tenancy-prolog --epilog` in its
+/// own folder: without that binary, a MIG job's teardown fails (and drains the node).
+fn epilog_row(slurm_conf: &Path) -> Row {
+    let text = match std::fs::read_to_string(slurm_conf) {
+        Ok(t) => t,
+        Err(e) => {
+            return row(
+                "slurm.epilog",
+                Severity::Warn,
+                format!("cannot read {}: {e}", slurm_conf.display()),
+                Some("pass --slurm-conf, or set SLURM_CONF".into()),
+            )
+        }
+    };
+    let ours: Vec<PathBuf> = epilogs(&text)
+        .into_iter()
+        .map(PathBuf::from)
+        .filter(|p| p.file_name().is_some_and(|n| n == "tenancy-epilog"))
+        .collect();
+    let Some(epilog) = ours.first() else {
+        return row(
+            "slurm.epilog",
+            Severity::Error,
+            format!(
+                "{} has no Epilog=.../tenancy-epilog: nothing tears jobs down",
+                slurm_conf.display()
+            ),
+            Some("add Epilog=/usr/local/sbin/tenancy-epilog to slurm.conf".into()),
+        );
+    };
+    let handoff = epilog.with_file_name("tenancy-prolog");
+    let runnable = std::fs::metadata(&handoff).is_ok_and(|m| {
+        m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+    });
+    if runnable {
+        row(
+            "slurm.epilog",
+            Severity::Ok,
+            format!(
+                "Epilog={} hands MIG jobs to {} --epilog",
+                epilog.display(),
+                handoff.display()
+            ),
+            None,
+        )
+    } else {
+        row(
+            "slurm.epilog",
+            Severity::Error,
+            format!(
+                "Epilog={}: {} is missing or not executable, and the epilog hands every MIG \
+                 job's teardown to it (tenancy-epilog is statically linked and cannot load \
+                 NVML): such jobs would fail to end and drain the node",
+                epilog.display(),
+                handoff.display()
+            ),
+            Some(format!(
+                "install -m 0755 target/release/tenancy-prolog {}",
+                handoff.display()
+            )),
+        )
+    }
 }
 
 /// A PAM service file that enables `pam_slurm_adopt`.
@@ -315,6 +395,12 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             None,
         ),
     });
+    let slurm_conf = args.slurm_conf.clone().unwrap_or_else(|| {
+        std::env::var_os("SLURM_CONF")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/etc/slurm/slurm.conf"))
+    });
+    rows.push(epilog_row(&slurm_conf));
     let cgroup_conf = args.slurm_cgroup_conf.clone().unwrap_or_else(|| {
         std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)

@@ -150,3 +150,70 @@ fn row<'a>(rows: &'a [serde_json::Value], check: &str) -> &'a serde_json::Value 
         .find(|r| r["check"] == check)
         .unwrap_or_else(|| panic!("no {check} row in {rows:?}"))
 }
+
+/// tenancy-epilog hands MIG jobs to `tenancy-prolog --epilog` beside it: the doctor fails a
+/// node whose slurm.conf runs a tenancy-epilog without it, and passes it once it is there.
+#[test]
+fn the_doctor_wants_tenancy_prolog_beside_the_epilog_slurm_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let config = root.join("tenancy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
+             scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.acme]\ntier = \"internal\"\n\
+             groups = [\"root\"]\n",
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    let bin = root.join("sbin");
+    std::fs::create_dir(&bin).unwrap();
+    let exe = |name: &str| {
+        let p = bin.join(name);
+        std::fs::write(&p, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    exe("tenancy-epilog");
+    let slurm_conf = root.join("slurm.conf");
+    std::fs::write(
+        &slurm_conf,
+        format!(
+            "ClusterName=t\n#Epilog=/elsewhere/tenancy-epilog\nepilog = {}/tenancy-epilog\n",
+            bin.display()
+        ),
+    )
+    .unwrap();
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
+            .args(["doctor", "--format", "json", "--pam-dir"])
+            .arg(root)
+            .arg("--slurm-conf")
+            .arg(&slurm_conf)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        row(&rows, "slurm.epilog").clone()
+    };
+    let missing = run();
+    assert_eq!(missing["severity"], "error", "{missing}");
+    let prolog = bin.join("tenancy-prolog");
+    assert!(
+        missing["message"]
+            .as_str()
+            .unwrap()
+            .contains(&prolog.display().to_string()),
+        "{missing}"
+    );
+    assert!(missing["remedy"].as_str().unwrap().contains("install"));
+    exe("tenancy-prolog");
+    let found = run();
+    assert_eq!(found["severity"], "ok", "{found}");
+    // A slurm.conf that runs no tenancy-epilog: nothing would tear jobs down.
+    std::fs::write(&slurm_conf, "ClusterName=t\nEpilog=/etc/slurm/epilog.sh\n").unwrap();
+    assert_eq!(run()["severity"], "error");
+}
