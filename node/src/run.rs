@@ -146,9 +146,19 @@ pub fn epilog_status() -> u8 {
     if crate::linkage::can_load_libraries() {
         return epilog_with(None);
     }
+    // The job id travels as HANDOFF_JOB_ID, not SLURM_JOB_ID: a tenancy-prolog too old to know
+    // `--epilog` then fails for want of a job (and the node drains) instead of running the
+    // prolog again for a job that has ended.
     let handoff = Handoff {
         sibling: "tenancy-prolog".to_string(),
         args: vec![HANDED_OFF_EPILOG.to_string()],
+        env: vec![
+            ("SLURM_JOB_ID".to_string(), None),
+            (
+                HANDOFF_JOB_ID.to_string(),
+                std::env::var("SLURM_JOB_ID").ok(),
+            ),
+        ],
     };
     // A job that asked for a MIG slice (`--mig`, SPANK_TENANCY_MIG) is handed off before the
     // config and journal are read here, which the other process reads again. The journal has
@@ -164,9 +174,17 @@ pub fn epilog_status() -> u8 {
 /// hand-off (Slurm itself passes no arguments).
 pub const HANDED_OFF_EPILOG: &str = "--epilog";
 
+/// Where a handed-off job's id travels (see [`epilog_status`]).
+pub const HANDOFF_JOB_ID: &str = "TENANCY_HANDOFF_JOB_ID";
+
 /// The epilog in a dynamically linked process, as `tenancy-prolog --epilog` runs it: the same
 /// teardown and records (origin `tenancy-epilog`), every layer in this process.
 pub fn handed_off_epilog_status() -> u8 {
+    // Single-threaded here: nothing else reads the environment yet.
+    if let Some(id) = std::env::var_os(HANDOFF_JOB_ID) {
+        std::env::set_var("SLURM_JOB_ID", id);
+        std::env::remove_var(HANDOFF_JOB_ID);
+    }
     epilog_with(None)
 }
 

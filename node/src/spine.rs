@@ -51,6 +51,8 @@ pub struct Handoff {
     /// when a job is handed off).
     pub sibling: String,
     pub args: Vec<String>,
+    /// Environment changes: (name, new value), `None` removes the variable.
+    pub env: Vec<(String, Option<String>)>,
 }
 
 impl Handoff {
@@ -60,9 +62,15 @@ impl Handoff {
         match std::env::current_exe() {
             Ok(exe) => {
                 let program = exe.with_file_name(&self.sibling);
-                let e = std::os::unix::process::CommandExt::exec(
-                    std::process::Command::new(&program).args(&self.args),
-                );
+                let mut command = std::process::Command::new(&program);
+                command.args(&self.args);
+                for (name, value) in &self.env {
+                    match value {
+                        Some(v) => command.env(name, v),
+                        None => command.env_remove(name),
+                    };
+                }
+                let e = std::os::unix::process::CommandExt::exec(&mut command);
                 (program.display().to_string(), e)
             }
             Err(e) => (format!("{} (beside this program)", self.sibling), e),

@@ -7,6 +7,7 @@
 mod common;
 
 use common::{need_root, product_binary, text, World};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use tenancy_audit::{Event, Outcome};
 
@@ -146,6 +147,62 @@ fn a_slice_only_the_journal_shows_is_handed_off_too() {
     assert!(out.status.success(), "{}", text(&out));
     w.assert_nothing_left("after the handed-off epilog");
     assert!(w.chain_is_valid());
+}
+
+/// What the hand-off gives the program: `--epilog`, and the job id as TENANCY_HANDOFF_JOB_ID
+/// instead of SLURM_JOB_ID, so that a tenancy-prolog too old to know `--epilog` fails for want
+/// of a job instead of running the prolog again for an ended job.
+#[test]
+fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return;
+    }
+    let Some(w) = World::new(1, None) else { return };
+    let Some(bin) = install(&w, "bin", &["tenancy-epilog"]) else {
+        return;
+    };
+    if has_interpreter(&bin.join("tenancy-epilog")) {
+        eprintln!("SKIP: this tenancy-epilog is dynamically linked");
+        return;
+    }
+    let job = 4104;
+    let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    // A stand-in for the program: it says what it got, and fails.
+    let seen = w.root.join("seen");
+    let fake = bin.join("tenancy-prolog");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\n{{ echo \"args=$*\"; env; }} > {}\nexit 3\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = epilog(&w, &bin, job, 0, Some("1g.18gb"));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let got = std::fs::read_to_string(&seen).unwrap();
+    let lines: Vec<&str> = got.lines().collect();
+    assert!(lines.contains(&"args=--epilog"), "{got}");
+    assert!(
+        lines.contains(&format!("TENANCY_HANDOFF_JOB_ID={job}").as_str()),
+        "{got}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.starts_with("SLURM_JOB_ID=")),
+        "{got}"
+    );
+    assert!(
+        lines.contains(&format!("SLURM_JOB_UID={}", w.users[0].uid).as_str()),
+        "{got}"
+    );
+    // The job is still the node's: the real binary finishes it.
+    std::fs::remove_file(&fake).unwrap();
+    install(&w, "bin", &["tenancy-prolog"]).unwrap();
+    let out = epilog(&w, &bin, job, 0, Some("1g.18gb"));
+    assert!(out.status.success(), "{}", text(&out));
+    w.assert_nothing_left("after the real hand-off");
 }
 
 #[test]
