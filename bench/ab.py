@@ -26,6 +26,8 @@ def main():
     p.add_argument("--user", default=os.environ.get("BENCH_USER", "acme1"))
     p.add_argument("--tenant", default=os.environ.get("BENCH_TENANT", "acme"))
     p.add_argument("--first-job", type=int, default=9_100_000)
+    p.add_argument("--flush-mb", type=int, default=0, help="before every job, read this many MiB in "
+                   "this process: the CPU caches start as cold as after a real job (64 is enough here)")
     p.add_argument("--between", help="a command run before every job (not timed), e.g. "
                    "bench/pollute.sh: the shell commands that run between two product jobs in "
                    "bench/job-path.sh, which leave the CPU caches cold")
@@ -42,11 +44,14 @@ def main():
             subprocess.run(["install", "-m", "0755", os.path.join(d, "tenancy-prolog"),
                             os.path.join(d, "tenancy-epilog"), installed[d]], check=True)
         rows = {a.a: [], a.b: []}
+        flush = bytearray(a.flush_mb << 20)
         job = a.first_job
         for i in range(a.jobs):
             for d in ((a.a, a.b) if i % 2 == 0 else (a.b, a.a)):
                 if a.between:
                     subprocess.run(a.between, shell=True, check=True)
+                if a.flush_mb:
+                    flush.count(b"\x02")  # reads every line: clean evictions
                 e = dict(env, SLURM_JOB_ID=str(job)); job += 1
                 r1, w1, c1 = run([os.path.join(installed[d], "tenancy-prolog")], e)
                 r2, w2, c2 = run([os.path.join(installed[d], "tenancy-epilog")], e)

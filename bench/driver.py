@@ -7,7 +7,7 @@ Used by bench/job-path.sh; stdlib only. Modes:
         variant, repeated; the fill levels alternate over several rounds; all fill jobs are
         torn down at the end
 """
-import argparse, json, os, statistics, sys, time
+import argparse, json, os, statistics, subprocess, sys, time
 
 # The binaries' one-line reports go to slurmd's log; here they are dropped (errors still show).
 QUIET = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
@@ -97,14 +97,25 @@ def main():
     p.add_argument("--tenant-group", required=True, help="the tenant's group, checked by the shell baseline")
     p.add_argument("--mig", default="1g.18gb")
     p.add_argument("--json")
+    p.add_argument("--flush-mb", type=int, default=0, help="pair mode: before every variant's job, "
+                   "write this many MiB in the driver itself (evicts the CPU caches without running "
+                   "anything of either side)")
+    p.add_argument("--between", help="pair mode: a command run (not timed) before every variant's "
+                   "job, the same for all, so that no variant runs right after another's aftermath "
+                   "or after the same binaries; job-path.sh passes bench/pollute.sh")
     a = p.parse_args()
     vs = variants(a)
     chosen = [vs[n] for n in a.variants.split(",")]
     job = a.first_job
     report = {"mode": a.mode, "host": os.uname().nodename, "load_before": os.getloadavg()}
+    flush = bytearray(a.flush_mb << 20)
     if a.mode == "pair":
         for _ in range(a.jobs):
             for v in chosen:
+                if a.between:
+                    subprocess.run(a.between, shell=True, check=True)
+                if a.flush_mb:
+                    flush.count(b"\x02")  # reads every line: clean evictions, nothing to write back
                 v.one(job); job += 1
         report["results"] = {v.name: summary(v.rows) for v in chosen}
         table(report["results"])

@@ -7,6 +7,10 @@
 #   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
 # Env: BIN (folder of the built binaries, default target/release), BENCH_DIR (/tmp/tenancy-bench),
 #   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (6), MODES ("pair fill"), BENCH_USER (acme1),
+#   FLUSH_MB (pair mode: MiB the driver reads before every variant's job so that each starts with
+#   the CPU caches evicted, as after a real job; 64; 0 = back to back, which favours whichever
+#   variant follows one with the same binaries), BETWEEN (pair mode: a command run before every
+#   variant's job, e.g. bench/pollute.sh),
 #   BENCH_TENANT (acme; its group is the user's primary group), FIRST_JOB (7100000).
 # It loads the product's nft table `inet tenancy` (tenancyctl firewall apply) and a baseline table
 # `inet tenancy_base`; the baseline table and cgroups are removed at the end, and so is the product
@@ -16,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
 BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
-JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-6}; MODES=${MODES:-"pair fill"}
+JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; BETWEEN=${BETWEEN:-}; FLUSH_MB=${FLUSH_MB-64}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-6}; MODES=${MODES:-"pair fill"}
 BENCH_USER=${BENCH_USER:-acme1}; BENCH_TENANT=${BENCH_TENANT:-acme}; FIRST_JOB=${FIRST_JOB:-7100000}
 # A missing bench user is created (no home, no login shell) in a group named after the tenant,
 # and removed again at the end, with the group if that was created too.
@@ -101,9 +105,9 @@ sync
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /proc/loadavg); built in $built, run from $BIN"
 for m in $MODES; do
   case $m in
-    pair) echo "## pair: $JOBS jobs per variant, interleaved"
+    pair) echo "## pair: $JOBS jobs per variant, interleaved; before each: ${FLUSH_MB:-0} MiB read (CPU caches evicted)${BETWEEN:+, $BETWEEN}"
           python3 "$here/driver.py" pair --jobs "$JOBS" --first-job "$FIRST_JOB" --variants "$VARIANTS" \
-            --json "$BENCH_DIR/pair.json" "$@" ;;
+            ${BETWEEN:+--between "$BETWEEN"} ${FLUSH_MB:+--flush-mb "$FLUSH_MB"} --json "$BENCH_DIR/pair.json" "$@" ;;
     fill) echo "## fill: the next job with N jobs running (N in $FILL), $ROUNDS rounds of $REPEAT"
           # shellcheck disable=SC2086
           python3 "$here/driver.py" fill --fill $FILL --repeat "$REPEAT" --rounds "$ROUNDS" --first-job $((FIRST_JOB + 100000)) \
