@@ -105,7 +105,8 @@ sync
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /proc/loadavg); built in $built, run from $BIN"
 for m in $MODES; do
   case $m in
-    pair) echo "## pair: $JOBS jobs per variant, interleaved; before each: ${FLUSH_MB:-0} MiB read (CPU caches evicted)${BETWEEN:+, $BETWEEN}"
+    pair) if [ "${FLUSH_MB:-0}" -gt 0 ]; then cold="$FLUSH_MB MiB read before each (CPU caches evicted)"; else cold="back to back"; fi
+          echo "## pair: $JOBS jobs per variant, interleaved, $cold${BETWEEN:+, $BETWEEN before each}"
           python3 "$here/driver.py" pair --jobs "$JOBS" --first-job "$FIRST_JOB" --variants "$VARIANTS" \
             ${BETWEEN:+--between "$BETWEEN"} ${FLUSH_MB:+--flush-mb "$FLUSH_MB"} --json "$BENCH_DIR/pair.json" "$@" ;;
     fill) echo "## fill: the next job with N jobs running (N in $FILL), $ROUNDS rounds of $REPEAT"
