@@ -23,8 +23,8 @@
 // default linking; so do TENANCY_SHARED_LIBGCC=1 and TENANCY_DYNAMIC_EPILOG=1 in the build's
 // environment (A/B of the two, BENCHMARKS.md).
 
-/// The folder put first on the linker's search path, or None when this target is not
-/// x86_64/aarch64 Linux with glibc (or crt-static is on already).
+/// The folder put first on the linker's search path, or None when this target is not Linux
+/// with glibc (or crt-static is on already).
 fn link_dir() -> Option<std::path::PathBuf> {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=../build-support/link.rs");
@@ -32,7 +32,6 @@ fn link_dir() -> Option<std::path::PathBuf> {
     let env = |k: &str| std::env::var(k).unwrap_or_default();
     if env("CARGO_CFG_TARGET_OS") != "linux"
         || env("CARGO_CFG_TARGET_ENV") != "gnu"
-        || !matches!(env("CARGO_CFG_TARGET_ARCH").as_str(), "x86_64" | "aarch64")
         || env("CARGO_CFG_TARGET_FEATURE")
             .split(',')
             .any(|f| f == "crt-static")
@@ -85,7 +84,11 @@ fn static_libgcc(dir: &std::path::Path) -> bool {
 #[allow(dead_code)] // the prolog's build script includes this file too
 fn static_glibc(dir: &std::path::Path, bin: &str) {
     println!("cargo:rerun-if-env-changed=TENANCY_DYNAMIC_EPILOG");
-    if std::env::var_os("TENANCY_DYNAMIC_EPILOG").is_some() {
+    // Architectures whose glibc and rustc build static PIEs (x86_64 is the one measured here).
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if std::env::var_os("TENANCY_DYNAMIC_EPILOG").is_some()
+        || !matches!(arch.as_str(), "x86_64" | "aarch64")
+    {
         return;
     }
     let names = ["c", "m", "pthread", "dl", "rt", "util"];
