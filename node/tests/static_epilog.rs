@@ -1,8 +1,9 @@
 //! `tenancy-epilog` is statically linked (build-support/link.rs) and cannot load NVML: it hands
 //! a job with a MIG slice to `tenancy-prolog --epilog` next to it (at once when the job asked
-//! for one, else once its journal shows one), and tears every other job down alone. Without that binary it fails closed: nothing torn down, the journal kept, a
-//! teardown_failed record; with it, the same epilog run leaves nothing. Real binaries, real
-//! layers (MIG through the shim, BPF device program, nft, scratch).
+//! for one, else once its journal shows one), and tears every other job down alone. Without
+//! that binary it fails closed: nothing torn down, the journal kept, a teardown_failed record;
+//! with it, the same epilog run leaves nothing. Real binaries, real layers (MIG through the
+//! shim, BPF device program, nft, scratch).
 
 mod common;
 
