@@ -581,6 +581,16 @@ impl<'c> Spine<'c> {
             ctx.job_id,
             handoff.args.join(" ")
         );
+        Some(self.teardown_failed(ctx, Some(journal), reason))
+    }
+
+    /// Records a `teardown_failed` for an epilog that undid nothing, and fails with `reason`.
+    fn teardown_failed(
+        &self,
+        ctx: &JobContext,
+        journal: Option<&Journal>,
+        reason: String,
+    ) -> Ending {
         let mut rec = self
             .record(
                 &ctx.user,
@@ -590,14 +600,15 @@ impl<'c> Spine<'c> {
                 Outcome::Failure,
             )
             .job_id(ctx.job_id)
-            .tenant(journal.tenant.clone())
-            .tier(journal.tier.clone())
             .reason(reason.clone());
+        if let Some(j) = journal {
+            rec = rec.tenant(j.tenant.clone()).tier(j.tier.clone());
+        }
         let mut message = format!("tenancy: {reason}");
         if let Err(e) = self.audit(&mut rec) {
             message.push_str(&format!("; and the audit record was not written: {e}"));
         }
-        Some(Ending::fail(message))
+        Ending::fail(message)
     }
 
     /// Runs the epilog: tears the job down from its journal and records the end.
@@ -610,18 +621,7 @@ impl<'c> Spine<'c> {
                      reconcile --apply`",
                     ctx.job_id
                 );
-                let mut rec = self
-                    .record(
-                        &ctx.user,
-                        ctx.uid,
-                        &ctx.node,
-                        Event::TeardownFailed,
-                        Outcome::Failure,
-                    )
-                    .job_id(ctx.job_id)
-                    .reason(reason.clone());
-                let _ = self.audit(&mut rec);
-                return Ending::fail(format!("tenancy: {reason}"));
+                return self.teardown_failed(ctx, None, reason);
             }
         };
         let Some(journal) = journal else {

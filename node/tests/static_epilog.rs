@@ -41,6 +41,23 @@ fn install(w: &World, dir: &str, names: &[&str]) -> Option<PathBuf> {
     Some(bin)
 }
 
+/// A root test's world with `names` installed alone in its `bin` folder; None: skip (not
+/// root, no binaries, or an epilog built dynamically, which hands nothing off).
+fn static_world(names: &[&str]) -> Option<(World, PathBuf)> {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return None;
+    }
+    let w = World::new(1, None)?;
+    let bin = install(&w, "bin", names)?;
+    if has_interpreter(&bin.join("tenancy-epilog")) {
+        // Built with TENANCY_DYNAMIC_EPILOG=1 or without glibc's archives (tests/tests/
+        // binaries.rs says how the binaries must be linked).
+        eprintln!("SKIP: this tenancy-epilog is dynamically linked");
+        return None;
+    }
+    Some((w, bin))
+}
+
 fn epilog(
     w: &World,
     bin: &Path,
@@ -59,19 +76,9 @@ fn epilog(
 
 #[test]
 fn a_mig_job_is_handed_to_the_prolog_binary_and_fails_closed_without_it() {
-    if !need_root("real users, product cgroups, BPF device programs") {
-        return;
-    }
-    let Some(w) = World::new(1, None) else { return };
-    let Some(bin) = install(&w, "bin", &["tenancy-epilog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-epilog"]) else {
         return;
     };
-    if has_interpreter(&bin.join("tenancy-epilog")) {
-        // Built with TENANCY_DYNAMIC_EPILOG=1 or without glibc's archives: nothing is handed
-        // off (tests/tests/binaries.rs says how the binaries must be linked).
-        eprintln!("SKIP: this tenancy-epilog is dynamically linked");
-        return;
-    }
     let job = 4101;
     let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
     assert!(out.status.success(), "{}", text(&out));
@@ -128,17 +135,9 @@ fn a_mig_job_is_handed_to_the_prolog_binary_and_fails_closed_without_it() {
 /// epilog's environment is still handed off.
 #[test]
 fn a_slice_only_the_journal_shows_is_handed_off_too() {
-    if !need_root("real users, product cgroups, BPF device programs") {
-        return;
-    }
-    let Some(w) = World::new(1, None) else { return };
-    let Some(bin) = install(&w, "bin", &["tenancy-epilog", "tenancy-prolog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-epilog", "tenancy-prolog"]) else {
         return;
     };
-    if has_interpreter(&bin.join("tenancy-epilog")) {
-        eprintln!("SKIP: this tenancy-epilog is dynamically linked");
-        return;
-    }
     let job = 4103;
     let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
     assert!(out.status.success(), "{}", text(&out));
@@ -155,17 +154,9 @@ fn a_slice_only_the_journal_shows_is_handed_off_too() {
 /// of a job instead of running the prolog again for an ended job.
 #[test]
 fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
-    if !need_root("real users, product cgroups, BPF device programs") {
-        return;
-    }
-    let Some(w) = World::new(1, None) else { return };
-    let Some(bin) = install(&w, "bin", &["tenancy-epilog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-epilog"]) else {
         return;
     };
-    if has_interpreter(&bin.join("tenancy-epilog")) {
-        eprintln!("SKIP: this tenancy-epilog is dynamically linked");
-        return;
-    }
     let job = 4104;
     let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
     assert!(out.status.success(), "{}", text(&out));
@@ -208,11 +199,7 @@ fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
 
 #[test]
 fn a_job_without_mig_is_torn_down_by_the_static_epilog_alone() {
-    if !need_root("real users, product cgroups, BPF device programs") {
-        return;
-    }
-    let Some(w) = World::new(1, None) else { return };
-    let Some(bin) = install(&w, "bin", &["tenancy-epilog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-epilog"]) else {
         return;
     };
     let job = 4102;

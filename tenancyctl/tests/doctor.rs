@@ -133,11 +133,21 @@ groups = ["root"]
 
 /// `tenancyctl doctor --format json`: its exit code and rows.
 fn doctor(config: &Path, pam: &Path) -> (Option<i32>, Vec<serde_json::Value>) {
+    doctor_with(config, pam, &[])
+}
+
+/// [`doctor`] with more arguments.
+fn doctor_with(
+    config: &Path,
+    pam: &Path,
+    more: &[&std::ffi::OsStr],
+) -> (Option<i32>, Vec<serde_json::Value>) {
     let out = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
         .args(["doctor", "--format", "json", "--pam-dir"])
         .arg(pam)
         .arg("--config")
         .arg(config)
+        .args(more)
         .output()
         .unwrap();
     let rows = serde_json::from_slice(&out.stdout)
@@ -186,17 +196,11 @@ fn the_doctor_wants_tenancy_prolog_beside_the_epilog_slurm_runs() {
     )
     .unwrap();
     let run = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-            .args(["doctor", "--format", "json", "--pam-dir"])
-            .arg(root)
-            .arg("--slurm-conf")
-            .arg(&slurm_conf)
-            .arg("--config")
-            .arg(&config)
-            .output()
-            .unwrap();
-        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let (_, rows) = doctor_with(
+            &config,
+            root,
+            &["--slurm-conf".as_ref(), slurm_conf.as_os_str()],
+        );
         row(&rows, "slurm.epilog").clone()
     };
     let missing = run();
