@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod sshd;
 pub mod stack;
 pub mod users;
 pub use users::{TestUser, Users};

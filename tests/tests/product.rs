@@ -1,6 +1,7 @@
 //! The whole product on a real local Slurm cluster (plugin, tenancy-prolog/-epilog, NVML
-//! stand-in): what jobs get, what a job of another tenant cannot do to them while both run,
-//! what is left after they end, and a prolog failure. Needs root; skips loudly otherwise.
+//! stand-in): what jobs get, what a job of another tenant cannot do to them while both run (also
+//! from an ssh session, through a real sshd with pam_slurm_adopt), what is left after they end,
+//! and a prolog failure. Needs root; skips loudly otherwise.
 //!
 //! Attacks whose layer this build does not configure (device allowlist, firewall) print
 //! `SKIP (layer not configured)` and are checked as soon as the layer is in the job's journal.
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tenancy_e2e::sshd::Sshd;
 use tenancy_e2e::stack::{Stack, Tenants};
 use tenancy_e2e::{probe_kv, require_root, submitted_id, TestUser, Users};
 
@@ -251,6 +253,82 @@ fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
     }
 }
 
+/// ssh through a real sshd, with pam_slurm_adopt and `tenancyctl adopt` set up as the README
+/// says: globex1's session lands in its job `g`'s isolation and cannot open acme's `device` or
+/// reach acme's listener at `port_target`; a user with no job on the node is refused.
+fn ssh_sessions_are_isolated(e: &Env, g: u64, device: Option<&str>, port_target: Option<&str>) {
+    let s = &e.stack;
+    let hook = [
+        s.bin("tenancyctl").display().to_string(),
+        "--config".into(),
+        s.config.display().to_string(),
+        "adopt".into(),
+    ];
+    let Some(sshd) = Sshd::start(&s.cluster, &hook, &[&e.t.globex1, &e.t.outsider]).unwrap() else {
+        return;
+    };
+    let adopted_before = count_events(s, g, "session_adopted");
+    let probe = e.probe();
+    let mut command = format!("{probe} env");
+    if let Some(d) = device {
+        command += &format!("; {probe} open {d}");
+    }
+    if let Some(t) = port_target {
+        command += &format!("; {probe} connect {t} 2000");
+    }
+    let o = sshd.ssh(&s.cluster, &e.t.globex1, &command).unwrap();
+    let out = text(&o.stdout);
+    assert!(
+        o.status.success(),
+        "ssh as {}: exit {:?}, {}{}\n{}",
+        e.t.globex1.name,
+        o.status.code(),
+        out,
+        text(&o.stderr),
+        sshd.log()
+    );
+    eprintln!("job {g}: ssh session:\n{out}");
+    assert_joined(s, g, &out);
+    let r = probe_kv(&out);
+    assert_eq!(r["uid"], e.t.globex1.uid.to_string(), "{out}");
+    if device.is_some() {
+        assert_eq!(
+            r["open"], "EPERM",
+            "ssh session opened acme's device: {out}"
+        );
+    }
+    if port_target.is_some() {
+        assert!(
+            !r["connect"].starts_with("ok"),
+            "ssh session reached acme's port: {out}"
+        );
+    }
+    assert_eq!(
+        count_events(s, g, "session_adopted"),
+        adopted_before + 1,
+        "job {g}: no session_adopted record for the ssh session"
+    );
+    // No job on this node: pam_slurm_adopt refuses the login before any session exists.
+    let o = sshd
+        .ssh(&s.cluster, &e.t.outsider, "echo logged-in")
+        .unwrap();
+    assert!(
+        !o.status.success() && !text(&o.stdout).contains("logged-in"),
+        "{} logged in without a job: {}{}",
+        e.t.outsider.name,
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+}
+
+fn count_events(s: &Stack, job: u64, event: &str) -> usize {
+    s.audit_events(job)
+        .unwrap()
+        .iter()
+        .filter(|e| *e == event)
+        .count()
+}
+
 fn skip(what: &str, layer: &str) {
     eprintln!("SKIP (layer not configured: {layer} not in the job's journal): {what}");
 }
@@ -369,6 +447,9 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
     );
     assert_eq!(listing, "EACCES", "globex wrote into acme's scratch");
 
+    // acme's device node that globex's job must not open (when the devices layer is on).
+    let mut device_target = None;
+
     // Devices: globex's job cannot open acme's MIG device nodes (EPERM from the device
     // allowlist, not from file modes: the same node opened outside any job gives ENXIO, as a
     // node without a driver does).
@@ -399,6 +480,7 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
             assert_ne!(r, "EPERM", "globex denied its own device {t}");
         }
         adopted_session_is_isolated(&e, g, &targets[0].display().to_string());
+        device_target = Some(targets[0].display().to_string());
     } else {
         skip("globex cannot open acme's device nodes", "devices");
     }
@@ -431,6 +513,8 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
     } else {
         skip("globex cannot reach acme's listening port", "network");
     }
+    let net_target = s.made(g, "network").unwrap().map(|_| target.clone());
+    ssh_sessions_are_isolated(&e, g, device_target.as_deref(), net_target.as_deref());
 
     // End both jobs; everything they had is gone (globex's tier keeps its scratch aside).
     fs::write(&release, "").unwrap();

@@ -167,7 +167,14 @@ pub fn probe(root: &OwnedFd, root_path: &Path, _q: &QuotaSpec) -> QuotaStatus {
 fn set_projid(fd: &OwnedFd, projid: u32) -> Result<(), String> {
     let mut x = FsXattr::default();
     // SAFETY: the ioctls read/write one `struct fsxattr` (28 bytes, repr(C) above).
-    if unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSGETXATTR, &mut x as *mut FsXattr) } < 0 {
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            FS_IOC_FSGETXATTR as _,
+            &mut x as *mut FsXattr,
+        )
+    } < 0
+    {
         return Err(format!(
             "FS_IOC_FSGETXATTR: {}",
             std::io::Error::last_os_error()
@@ -175,7 +182,7 @@ fn set_projid(fd: &OwnedFd, projid: u32) -> Result<(), String> {
     }
     x.projid = projid;
     x.xflags |= FS_XFLAG_PROJINHERIT;
-    if unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSSETXATTR, &x as *const FsXattr) } < 0 {
+    if unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSSETXATTR as _, &x as *const FsXattr) } < 0 {
         return Err(format!(
             "FS_IOC_FSSETXATTR projid {projid}: {}",
             std::io::Error::last_os_error()
