@@ -1,12 +1,14 @@
 //! ssh sessions that `pam_slurm_adopt` puts into a running job. pam_slurm_adopt (PAM account
 //! phase) moves the session's process into the job's extern step, which never passes through
 //! the SPANK task hook, so the process would run outside the job's device allowlist and
-//! firewall. `tenancyctl adopt`, run by `pam_exec` in the session phase after it, finds the job
-//! the process was adopted into and moves it into the job's isolation as the task hook does a
-//! task, or refuses the session.
+//! firewall. In the session phase after it, the PAM module `pam_tenancy.so` (in the session's
+//! own process, which also gets the job's environment) or `tenancyctl adopt` (through pam_exec,
+//! moving its parent) finds the job the process was adopted into and moves it into the job's
+//! isolation as the task hook does a task, or refuses the session ([`session`]).
 
 use crate::task::{self, TaskEnv};
-use tenancy_config::Config;
+use tenancy_audit::{AuditLog, Event, Outcome, Record};
+use tenancy_config::{user_uid, Config};
 
 /// What [`adopt`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +148,138 @@ pub fn adopt(
         node: journal.node,
         env,
     })
+}
+
+/// What the session phase decided about a login ([`session`]), its audit record written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Session {
+    /// The process is in no Slurm job: an ordinary login (pam_slurm_adopt lets some through,
+    /// e.g. administrators), nothing to isolate.
+    NotInJob,
+    /// Joined job `job`'s isolation; `env` is what the job's tasks get (CUDA_VISIBLE_DEVICES,
+    /// TMPDIR, ...).
+    Joined {
+        job: u64,
+        tenant: String,
+        env: TaskEnv,
+    },
+    /// The session must end; `message` names the session, the job and why.
+    Refused { message: String },
+}
+
+/// The session phase of a login that pam_slurm_adopt may have adopted into a job: moves
+/// process `pid` of `user` into the job's isolation ([`adopt`]) and writes the audit record,
+/// `session_adopted` (a session whose record cannot be written is refused: no record, no
+/// session) or, when a job was found, `session_refused` (best effort: the session is refused
+/// either way). `claimed` is SLURM_JOB_ID from the PAM environment; `source` names the program
+/// in the record.
+pub fn session(
+    config: &Config,
+    pid: i32,
+    user: &str,
+    claimed: Option<&str>,
+    source: &str,
+) -> Session {
+    let refuse = |job: Option<u64>, node: Option<String>, why: String, uid: u32| {
+        let message = format!("refusing the session of {user} (process {pid}): {why}");
+        if let Some(job) = job {
+            let node = node.unwrap_or_else(|| this_node(config));
+            let mut rec = record(config, &node, user, uid, source, "session_refused")
+                .job_id(job)
+                .reason(format!("ssh session process {pid}: {why}"));
+            if let Err(e) = append(config, &mut rec) {
+                return Session::Refused {
+                    message: format!("{message} (the session_refused record was not written: {e})"),
+                };
+            }
+        }
+        Session::Refused { message }
+    };
+    let Some(uid) = user_uid(user) else {
+        return refuse(None, None, format!("user {user} is not in NSS"), u32::MAX);
+    };
+    let claimed = match claimed.map(|v| (v, v.parse::<u64>())) {
+        None => None,
+        Some((_, Ok(j))) => Some(j),
+        Some((v, Err(_))) => {
+            return refuse(
+                None,
+                None,
+                format!("SLURM_JOB_ID {v:?} is not a job id"),
+                uid,
+            )
+        }
+    };
+    match adopt(config, pid, uid, claimed, tenancy_devices::job::PRODUCT_DIR) {
+        Ok(Adopted::NotInJob) => Session::NotInJob,
+        Ok(Adopted::Joined {
+            job,
+            tenant,
+            tier,
+            node,
+            env,
+        }) => {
+            // As no job runs without its job_start, no session joins a job without its record.
+            let mut rec = record(config, &node, user, uid, source, "session_adopted")
+                .job_id(job)
+                .tenant(tenant.clone())
+                .tier(tier)
+                .reason(format!(
+                    "ssh session process {pid} joined the job's isolation"
+                ));
+            match append(config, &mut rec) {
+                Ok(()) => Session::Joined { job, tenant, env },
+                Err(e) => refuse(
+                    Some(job),
+                    Some(node),
+                    format!("its audit record cannot be written: {e}"),
+                    uid,
+                ),
+            }
+        }
+        Err(Refused { job, node, reason }) => refuse(job, node, reason, uid),
+    }
+}
+
+/// A session record: `session_adopted` is a success, anything else a denial.
+fn record(config: &Config, node: &str, user: &str, uid: u32, source: &str, event: &str) -> Record {
+    let outcome = if event == "session_adopted" {
+        Outcome::Success
+    } else {
+        Outcome::Denied
+    };
+    Record::new(
+        config.cluster.name.clone(),
+        node,
+        user,
+        uid,
+        Event::Other(event.into()),
+        outcome,
+        source,
+    )
+}
+
+fn append(config: &Config, rec: &mut Record) -> Result<(), String> {
+    AuditLog::open(&config.cluster.audit_log)
+        .and_then(|mut log| log.append(rec))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The node name this node's audit chain uses: that of the log's last record (the prolog
+/// writes SLURMD_NODENAME, which need not be the host name), else the short host name.
+fn this_node(config: &Config) -> String {
+    AuditLog::open(&config.cluster.audit_log)
+        .and_then(|log| log.head())
+        .ok()
+        .and_then(|h| h.node)
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .and_then(|h| h.trim().split('.').next().map(String::from))
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".into())
+        })
 }
 
 #[cfg(test)]

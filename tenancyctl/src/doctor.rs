@@ -109,8 +109,9 @@ fn epilog_row(slurm_conf: &Path) -> Row {
 struct AdoptingService {
     /// `file:line` of each pam_slurm_adopt line.
     adopt: Vec<String>,
-    /// `file:line` of a `session required|requisite pam_exec.so ... tenancyctl adopt` line,
-    /// which moves adopted sessions into the job's isolation (or refuses them).
+    /// `file:line` of a `session required|requisite` line with pam_tenancy.so or
+    /// `pam_exec.so ... tenancyctl adopt`, which moves adopted sessions into the job's
+    /// isolation (or refuses them).
     hook: Option<String>,
     /// `file:line option` of each pam_slurm_adopt option that lets a user in without adopting
     /// the session into a job: such a session runs outside every job's device allowlist.
@@ -176,14 +177,16 @@ fn pam_slurm_adopt_services(dir: &Path) -> std::io::Result<Vec<AdoptingService>>
                 }
             }
             // An optional hook would let a refused session go on: only required/requisite count.
-            if words.len() >= 4
+            let session_required = words.len() >= 3
                 && words[0] == "session"
-                && matches!(words[1], "required" | "requisite")
+                && matches!(words[1], "required" | "requisite");
+            let module = session_required && words[2].ends_with("pam_tenancy.so");
+            let exec = session_required
                 && words[2].ends_with("pam_exec.so")
                 && words
                     .windows(2)
-                    .any(|w| w[0].ends_with("tenancyctl") && w[1] == "adopt")
-            {
+                    .any(|w| w[0].ends_with("tenancyctl") && w[1] == "adopt");
+            if module || exec {
                 svc.hook = Some(at());
             }
         }
@@ -363,7 +366,7 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
                     Severity::Ok,
                     format!(
                         "pam_slurm_adopt is enabled ({}) and the sessions it adopts join the job's \
-                         isolation through tenancyctl adopt ({})",
+                         isolation through pam_tenancy.so or tenancyctl adopt ({})",
                         lines(&hooked),
                         hooked
                             .iter()
@@ -378,14 +381,16 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
                     "slurm.pam_adopt",
                     Severity::Error,
                     format!(
-                        "pam_slurm_adopt is enabled ({}) without tenancyctl adopt: ssh sessions \
+                        "pam_slurm_adopt is enabled ({}) without pam_tenancy.so or tenancyctl \
+                         adopt: ssh sessions \
                          it adopts into a job skip the SPANK task hook and run without the job's \
                          device allowlist and firewall",
                         lines(&bare)
                     ),
                     Some(
-                        "add `session required pam_exec.so /usr/local/bin/tenancyctl adopt` to \
-                         that PAM service (after pam_slurm_adopt), or remove pam_slurm_adopt"
+                        "add `session required pam_tenancy.so` (or `session required pam_exec.so \
+                         /usr/local/bin/tenancyctl adopt`) to that PAM service, after \
+                         pam_slurm_adopt, or remove pam_slurm_adopt"
                             .into(),
                     ),
                 )

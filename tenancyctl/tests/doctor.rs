@@ -120,9 +120,27 @@ groups = ["root"]
         strict["message"]
             .as_str()
             .unwrap()
-            .contains("join the job's isolation through tenancyctl adopt"),
+            .contains("join the job's isolation through pam_tenancy.so or tenancyctl adopt"),
         "{strict}"
     );
+    // The PAM module does the same (and gives the session the job's environment); optional,
+    // it would let a refused session go on.
+    for (line, want) in [
+        (
+            "session required /lib/security/pam_tenancy.so config=/etc/t.toml",
+            "ok",
+        ),
+        ("session requisite pam_tenancy.so", "ok"),
+        ("session optional pam_tenancy.so", "error"),
+    ] {
+        std::fs::write(
+            pam.join("sshd"),
+            format!("account required pam_slurm_adopt.so action_no_jobs=deny\n{line}\n"),
+        )
+        .unwrap();
+        let (_, rows) = doctor(&config, &pam);
+        assert_eq!(row(&rows, "slurm.pam_adopt")["severity"], want, "{line}");
+    }
     // Without pam_slurm_adopt, the check passes.
     std::fs::remove_file(pam.join("sshd")).unwrap();
     let (_, again) = doctor(&config, &pam);

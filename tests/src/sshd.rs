@@ -24,6 +24,14 @@ const PAM_DIRS: [&str; 4] = [
     "/usr/lib64/security",
 ];
 
+/// What the PAM service runs in the session phase, after pam_slurm_adopt.
+pub enum SessionHook {
+    /// `pam_exec.so PROGRAM ARGS...` (tenancyctl adopt).
+    Exec(Vec<String>),
+    /// A PAM module (pam_tenancy.so) with its arguments.
+    Module(PathBuf, Vec<String>),
+}
+
 pub struct Sshd {
     dir: PathBuf,
     port: u16,
@@ -41,13 +49,13 @@ fn pam_slurm_adopt() -> Option<PathBuf> {
 }
 
 impl Sshd {
-    /// Starts sshd for `users` (their key is the server's client key); the session phase runs
-    /// `session_hook` (a program and its arguments) through pam_exec. None, with a SKIP line,
+    /// Starts sshd for `users` (their key is the server's client key), with `hook` in the
+    /// session phase. None, with a SKIP line,
     /// when openssh-server or libpam-slurm-adopt is not installed (scripts/install-deps
     /// installs both; under CI their absence is an error).
     pub fn start(
         cluster: &Cluster,
-        session_hook: &[String],
+        hook: &SessionHook,
         users: &[&TestUser],
     ) -> Result<Option<Sshd>> {
         let Some(adopt_module) = pam_slurm_adopt() else {
@@ -56,7 +64,8 @@ impl Sshd {
         if !Path::new(SSHD).is_file() {
             return missing("/usr/sbin/sshd (Debian package openssh-server)");
         }
-        let dir = cluster.path("sshd");
+        let port = free_port()?;
+        let dir = cluster.path(&format!("sshd-{port}"));
         fs::create_dir_all(dir.join("keys"))?;
         let keygen = |file: &Path| -> Result<()> {
             let o = std::process::Command::new("ssh-keygen")
@@ -75,11 +84,19 @@ impl Sshd {
         for u in users {
             write_file(&dir.join("keys").join(&u.name), &public, 0o644)?;
         }
-        let port = free_port()?;
         let service = format!("tenancy-e2e-sshd-{}", std::process::id());
         let pam_service = Path::new("/etc/pam.d").join(&service);
+        let session = match hook {
+            SessionHook::Exec(argv) => format!(
+                "pam_exec.so log={} {}",
+                dir.join("pam_exec.log").display(),
+                argv.join(" ")
+            ),
+            SessionHook::Module(module, args) => {
+                format!("{} {}", module.display(), args.join(" "))
+            }
+        };
         // Public key logins only: sshd asks PAM for the account and the session, not auth.
-        let hook = session_hook.join(" ");
         write_file(
             &pam_service,
             &format!(
@@ -88,9 +105,8 @@ impl Sshd {
                  account  required {} action_no_jobs=deny action_unknown=deny \
                  action_adopt_failure=deny action_generic_failure=deny service={service}\n\
                  password required pam_deny.so\n\
-                 session  required pam_exec.so log={} {hook}\n",
+                 session  required {session}\n",
                 adopt_module.display(),
-                dir.join("pam_exec.log").display()
             ),
             0o644,
         )?;

@@ -7,15 +7,16 @@
 //! `SKIP (layer not configured)` and are checked as soon as the layer is in the job's journal.
 
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tenancy_e2e::sshd::Sshd;
+use tenancy_e2e::sshd::{SessionHook, Sshd};
 use tenancy_e2e::stack::{Stack, Tenants};
-use tenancy_e2e::{probe_kv, require_root, submitted_id, TestUser, Users};
+use tenancy_e2e::{artifact, probe_kv, require_root, submitted_id, TestUser, Users};
 
 /// Users are created by name: scenarios of this binary run one after the other.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -253,21 +254,32 @@ fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
     }
 }
 
-/// ssh through a real sshd, with pam_slurm_adopt and `tenancyctl adopt` set up as the README
-/// says: globex1's session lands in its job `g`'s isolation and cannot open acme's `device` or
-/// reach acme's listener at `port_target`; a user with no job on the node is refused.
-fn ssh_sessions_are_isolated(e: &Env, g: u64, device: Option<&str>, port_target: Option<&str>) {
+/// ssh through a real sshd, with pam_slurm_adopt and then, as the README says, either
+/// `tenancyctl adopt` (pam_exec) or pam_tenancy.so in the session phase: globex1's session
+/// lands in its job `g`'s isolation and cannot open acme's `device` or reach acme's listener at
+/// `port_target`; with the module it also gets the job's environment (`job_env`, what the job's
+/// tasks got). A user with no job on the node is refused.
+fn ssh_sessions_are_isolated(
+    e: &Env,
+    g: u64,
+    job_env: &BTreeMap<String, String>,
+    device: Option<&str>,
+    port_target: Option<&str>,
+) {
     let s = &e.stack;
-    let hook = [
-        s.bin("tenancyctl").display().to_string(),
-        "--config".into(),
-        s.config.display().to_string(),
-        "adopt".into(),
+    let config = s.config.display().to_string();
+    let hooks = [
+        SessionHook::Exec(vec![
+            s.bin("tenancyctl").display().to_string(),
+            "--config".into(),
+            config.clone(),
+            "adopt".into(),
+        ]),
+        SessionHook::Module(
+            artifact("libpam_tenancy.so").unwrap(),
+            vec![format!("config={config}")],
+        ),
     ];
-    let Some(sshd) = Sshd::start(&s.cluster, &hook, &[&e.t.globex1, &e.t.outsider]).unwrap() else {
-        return;
-    };
-    let adopted_before = count_events(s, g, "session_adopted");
     let probe = e.probe();
     let mut command = format!("{probe} env");
     if let Some(d) = device {
@@ -276,46 +288,82 @@ fn ssh_sessions_are_isolated(e: &Env, g: u64, device: Option<&str>, port_target:
     if let Some(t) = port_target {
         command += &format!("; {probe} connect {t} 2000");
     }
-    let o = sshd.ssh(&s.cluster, &e.t.globex1, &command).unwrap();
-    let out = text(&o.stdout);
-    assert!(
-        o.status.success(),
-        "ssh as {}: exit {:?}, {}{}\n{}",
-        e.t.globex1.name,
-        o.status.code(),
-        out,
-        text(&o.stderr),
-        sshd.log()
-    );
-    eprintln!("job {g}: ssh session:\n{out}");
-    assert_joined(s, g, &out);
-    let r = probe_kv(&out);
-    assert_eq!(r["uid"], e.t.globex1.uid.to_string(), "{out}");
-    if device.is_some() {
-        assert_eq!(
-            r["open"], "EPERM",
-            "ssh session opened acme's device: {out}"
-        );
-    }
-    if port_target.is_some() {
+    for (round, hook) in hooks.iter().enumerate() {
+        let users = [&e.t.globex1, &e.t.outsider];
+        let Some(sshd) = Sshd::start(&s.cluster, hook, &users).unwrap() else {
+            return;
+        };
+        let adopted_before = count_events(s, g, "session_adopted");
+        let o = sshd.ssh(&s.cluster, &e.t.globex1, &command).unwrap();
+        let out = text(&o.stdout);
         assert!(
-            !r["connect"].starts_with("ok"),
-            "ssh session reached acme's port: {out}"
+            o.status.success(),
+            "ssh as {} (round {round}): exit {:?}, {}{}\n{}",
+            e.t.globex1.name,
+            o.status.code(),
+            out,
+            text(&o.stderr),
+            sshd.log()
+        );
+        eprintln!("job {g}: ssh session (round {round}):\n{out}");
+        assert_joined(s, g, &out);
+        let r = probe_kv(&out);
+        assert_eq!(r["uid"], e.t.globex1.uid.to_string(), "{out}");
+        if device.is_some() {
+            assert_eq!(
+                r["open"], "EPERM",
+                "ssh session opened acme's device: {out}"
+            );
+        }
+        if port_target.is_some() {
+            assert!(
+                !r["connect"].starts_with("ok"),
+                "ssh session reached acme's port: {out}"
+            );
+        }
+        assert_eq!(
+            count_events(s, g, "session_adopted"),
+            adopted_before + 1,
+            "job {g}: no session_adopted record for the ssh session"
+        );
+        if matches!(hook, SessionHook::Module(..)) {
+            for k in [
+                "TENANCY_TENANT",
+                "CUDA_VISIBLE_DEVICES",
+                "NVIDIA_VISIBLE_DEVICES",
+                "TMPDIR",
+            ] {
+                assert_eq!(r[k], job_env[k], "ssh session's {k}: {out}");
+            }
+            assert_eq!(r["tmpdir_writable"], "yes", "{out}");
+        }
+        // No job on this node: pam_slurm_adopt refuses the login before any session exists.
+        let o = sshd
+            .ssh(&s.cluster, &e.t.outsider, "echo logged-in")
+            .unwrap();
+        assert!(
+            !o.status.success() && !text(&o.stdout).contains("logged-in"),
+            "{} logged in without a job: {}{}",
+            e.t.outsider.name,
+            text(&o.stdout),
+            text(&o.stderr)
         );
     }
-    assert_eq!(
-        count_events(s, g, "session_adopted"),
-        adopted_before + 1,
-        "job {g}: no session_adopted record for the ssh session"
+    // The module fails closed: a session in a job whose isolation it cannot set up (here: its
+    // config cannot be read) does not start.
+    let broken = SessionHook::Module(
+        artifact("libpam_tenancy.so").unwrap(),
+        vec!["config=/nonexistent/tenancy.toml".into()],
     );
-    // No job on this node: pam_slurm_adopt refuses the login before any session exists.
+    let Some(sshd) = Sshd::start(&s.cluster, &broken, &[&e.t.globex1]).unwrap() else {
+        return;
+    };
     let o = sshd
-        .ssh(&s.cluster, &e.t.outsider, "echo logged-in")
+        .ssh(&s.cluster, &e.t.globex1, &format!("{probe} env"))
         .unwrap();
     assert!(
-        !o.status.success() && !text(&o.stdout).contains("logged-in"),
-        "{} logged in without a job: {}{}",
-        e.t.outsider.name,
+        !o.status.success() && !text(&o.stdout).contains("uid="),
+        "a session started although pam_tenancy.so could not read its config: {}{}",
         text(&o.stdout),
         text(&o.stderr)
     );
@@ -514,7 +562,7 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
         skip("globex cannot reach acme's listening port", "network");
     }
     let net_target = s.made(g, "network").unwrap().map(|_| target.clone());
-    ssh_sessions_are_isolated(&e, g, device_target.as_deref(), net_target.as_deref());
+    ssh_sessions_are_isolated(&e, g, &gk, device_target.as_deref(), net_target.as_deref());
 
     // End both jobs; everything they had is gone (globex's tier keeps its scratch aside).
     fs::write(&release, "").unwrap();
