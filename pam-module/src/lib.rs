@@ -104,13 +104,14 @@ fn open_session(pamh: *mut PamHandle, args: &[String]) -> c_int {
     let pid = std::process::id() as i32;
     let claimed = pam_env(pamh, "SLURM_JOB_ID");
     // A login in no job needs no config: decide that first (see the module's comment).
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    if claimed.is_none()
-        && matches!(
+    // (Unreadable cgroups take the full path, which refuses.)
+    let in_no_job = std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|cgroups| {
+        matches!(
             slurm_job_of(&cgroups, tenancy_devices::job::PRODUCT_DIR),
             Ok(None)
         )
-    {
+    });
+    if claimed.is_none() && in_no_job {
         return PAM_SUCCESS;
     }
     let refuse = |why: String| {
