@@ -78,6 +78,11 @@ impl Drop for Guard {
             }
             let _ = std::fs::remove_dir(tdir);
         }
+        let _ = std::fs::remove_dir(
+            Path::new(CGROUP2)
+                .join("tenancy")
+                .join(tenancy_devices::job::PROGRAM_KEEPER),
+        );
         for u in &self.users {
             let _ = Command::new("userdel").arg(u).status();
         }

@@ -355,6 +355,10 @@ impl Stack {
             for t in &self.tenant_names {
                 let _ = fs::remove_dir(Path::new(CGROUP_SUBTREE).join(t));
             }
+            // The device programs jobs shared, kept between jobs (gone with it).
+            let _ = fs::remove_dir(
+                Path::new(CGROUP_SUBTREE).join(tenancy_devices::job::PROGRAM_KEEPER),
+            );
             let _ = fs::remove_dir(CGROUP_SUBTREE);
         }
         r

@@ -19,6 +19,22 @@ use std::path::{Path, PathBuf};
 /// Name of the product's subtree under a cgroup root.
 pub const PRODUCT_DIR: &str = "tenancy";
 
+/// The cgroup under [`PRODUCT_DIR`] that keeps shared device programs loaded between jobs
+/// ([`v2::Programs`]); no process is ever in it, and its name cannot be a tenant's.
+pub const PROGRAM_KEEPER: &str = ".device-programs";
+
+/// The shared device programs of jobs set up on `target` (remembered in the file `file`):
+/// only for the product's own cgroup v2 tree.
+pub fn programs_for(target: &Target, file: PathBuf) -> Option<v2::Programs> {
+    match target {
+        Target::Owned {
+            root,
+            backend: Backend::V2,
+        } => Some(v2::Programs::at(file).keeping_in(root.join(PRODUCT_DIR).join(PROGRAM_KEEPER))),
+        _ => None,
+    }
+}
+
 /// Which cgroup mechanism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -228,10 +244,19 @@ fn rmdir(path: &Path) -> Result<bool> {
 
 /// Set the job's device allowlist up. On error, what this call made is undone.
 pub fn setup(p: &JobDeviceParams) -> Result<DevicesRecord> {
+    setup_sharing(p, None)
+}
+
+/// [`setup`], attaching (cgroup v2) a program another job on the node already has when its
+/// allowlist is the same (see [`v2::Programs`]).
+pub fn setup_sharing(
+    p: &JobDeviceParams,
+    programs: Option<&v2::Programs>,
+) -> Result<DevicesRecord> {
     let drv = DriverInfo::load_for(&p.driver, &p.slices)?;
     let policy = DevicePolicy::for_job(&drv, &p.slices, &p.extra)
         .map_err(|e| Error::Policy(format!("job {}: {e}", p.job_id)))?;
-    setup_with_policy(p.job_id, &p.tenant, &p.target, policy)
+    setup_policy(p.job_id, &p.tenant, &p.target, policy, programs)
 }
 
 /// [`setup`] with a policy already built.
@@ -240,6 +265,16 @@ pub fn setup_with_policy(
     tenant: &str,
     target: &Target,
     policy: DevicePolicy,
+) -> Result<DevicesRecord> {
+    setup_policy(job_id, tenant, target, policy, None)
+}
+
+fn setup_policy(
+    job_id: u64,
+    tenant: &str,
+    target: &Target,
+    policy: DevicePolicy,
+    programs: Option<&v2::Programs>,
 ) -> Result<DevicesRecord> {
     let (dir, backend, owned, created, dir_fd) = match target {
         Target::Owned { root, backend } => {
@@ -261,7 +296,15 @@ pub fn setup_with_policy(
         Backend::V1 => v1::apply(&dir, &rec.policy).map(|a| rec.v1 = Some(a)),
         Backend::V2 => {
             let attached = match &dir_fd {
-                Some(fd) => v2::apply_at(fd.as_fd(), &dir, &rec.policy, v2::ATTACH_FLAGS),
+                // A shared program only goes to a cgroup made just now: in a re-run's cgroup it
+                // may be attached already, and attaching it twice fails.
+                Some(fd) => v2::apply_at(
+                    fd.as_fd(),
+                    &dir,
+                    &rec.policy,
+                    v2::ATTACH_FLAGS,
+                    programs.filter(|_| created),
+                ),
                 None => v2::apply(&dir, &rec.policy),
             };
             attached.and_then(|a| {

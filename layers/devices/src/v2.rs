@@ -13,8 +13,10 @@ use crate::error::{Error, Result};
 use crate::policy::DevicePolicy;
 use crate::v1::open_dir;
 use serde::{Deserialize, Serialize};
-use std::os::fd::{AsFd, BorrowedFd};
-use std::path::Path;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 /// Flags the layer attaches with.
 pub const ATTACH_FLAGS: u32 = sys::F_ALLOW_MULTI;
@@ -28,6 +30,138 @@ pub struct V2Attached {
     pub attach_flags: u32,
     /// Program length in instructions.
     pub insns: usize,
+}
+
+/// Device programs already loaded on this node: a job whose allowlist an earlier job had
+/// attaches that program instead of loading its own, so the verifier and the JIT run once per
+/// distinct allowlist instead of once per job (BENCHMARKS.md). Each program loaded is also
+/// attached to a keeper cgroup no process is in (`tenancy/.device-programs`), which keeps it
+/// loaded once the jobs that had it have ended; the oldest are detached from it beyond
+/// [`PROGRAMS_KEPT`]. A file of
+/// `digest tag id` lines, newest first (the digest of the instructions, [`bpf::digest`]; the
+/// tag the kernel gave the program when it was loaded), root's like the state folder that holds
+/// it. It is a hint: a program is only reused when the kernel still has one of that id, of our
+/// type and name, with that tag (an id the kernel recycled for another program fails that
+/// test), and anything else (no file, a damaged line, a race with the program's last detach)
+/// loads anew. A shared program lives while any cgroup has it attached; each job detaches only
+/// its own attachment.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    path: PathBuf,
+    keeper: Option<PathBuf>,
+}
+
+/// Programs remembered (and kept loaded) at most: allowlists differ by MIG slice, and a node
+/// has few slices; well below the kernel's 64 programs of a kind per cgroup, which two prologs
+/// adding at once could otherwise reach.
+pub const PROGRAMS_KEPT: usize = 32;
+
+impl Programs {
+    /// Programs remembered in the file `path`, kept loaded by nothing but the jobs' cgroups.
+    pub fn at(path: impl Into<PathBuf>) -> Programs {
+        Programs {
+            path: path.into(),
+            keeper: None,
+        }
+    }
+
+    /// Also keeps each program loaded by attaching it to the cgroup `keeper` (created when
+    /// missing; no process ever joins it).
+    pub fn keeping_in(mut self, keeper: impl Into<PathBuf>) -> Programs {
+        self.keeper = Some(keeper.into());
+        self
+    }
+
+    /// The loaded program of instructions `digest` (kept, or attached by a running job),
+    /// opened, when there is one.
+    pub fn find(&self, digest: &[u8; 16]) -> Option<OwnedFd> {
+        let text = read_nofollow(&self.path)?;
+        let key = hex(digest);
+        let (tag, id) = text.lines().find_map(|l| {
+            let mut f = l.split(' ');
+            (f.next()? == key).then_some(())?;
+            Some((f.next()?.to_string(), f.next()?.parse::<u32>().ok()?))
+        })?;
+        let prog = sys::prog_get_fd_by_id(id).ok()?;
+        let info = sys::prog_info_full(prog.as_fd()).ok()?;
+        (info.prog_type == sys::PROG_TYPE_CGROUP_DEVICE
+            && info.name == sys::PROG_NAME
+            && hex(&info.tag) == tag)
+            .then_some(prog)
+    }
+
+    /// Remembers `prog` (just loaded from instructions `digest`) and keeps it loaded; best
+    /// effort (a program not kept is loaded again by a later job): the file is replaced
+    /// atomically, never fsynced.
+    pub fn remember(&self, digest: &[u8; 16], prog: BorrowedFd<'_>) {
+        let Ok(info) = sys::prog_info_full(prog) else {
+            return;
+        };
+        let key = hex(digest);
+        let old = read_nofollow(&self.path).unwrap_or_default();
+        let mut text = format!("{key} {} {}\n", hex(&info.tag), info.id);
+        let mut ids = vec![info.id];
+        for l in old
+            .lines()
+            .filter(|l| l.split(' ').next() != Some(key.as_str()))
+            .take(PROGRAMS_KEPT - 1)
+        {
+            text.push_str(l);
+            text.push('\n');
+            ids.extend(l.rsplit(' ').next().and_then(|id| id.parse::<u32>().ok()));
+        }
+        if let Some(k) = &self.keeper {
+            // The keeper holds what the file remembers, no more: the rest (forgotten, or left
+            // by a lost file) is let go first, and freed once no job has it. A cgroup holds at
+            // most 64 programs of a kind, so this makes room for the new one.
+            if let Ok((attached, _)) = query(k) {
+                for id in attached.into_iter().filter(|id| !ids.contains(id)) {
+                    let _ = detach(k, id);
+                }
+            }
+            let made = !matches!(
+                std::fs::DirBuilder::new().mode(0o755).create(k),
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists
+            );
+            let attached = made
+                && open_dir(k)
+                    .ok()
+                    .is_some_and(|cg| sys::prog_attach(cg.as_fd(), prog, ATTACH_FLAGS).is_ok());
+            if !attached {
+                return;
+            }
+        }
+        let Some(dir) = self.path.parent() else {
+            return;
+        };
+        let tmp = dir.join(format!(".device-programs.{}.tmp", std::process::id()));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(text.as_bytes()));
+        if written.is_err() || std::fs::rename(&tmp, &self.path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn read_nofollow(path: &Path) -> Option<String> {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let mut s = String::new();
+    f.read_to_string(&mut s).ok()?;
+    Some(s)
 }
 
 fn bpf_err(cmd: &'static str, what: String, source: std::io::Error) -> Error {
@@ -57,18 +191,58 @@ pub fn apply_with_flags(
     policy: &DevicePolicy,
     flags: u32,
 ) -> Result<V2Attached> {
-    apply_at(open_dir(cgroup_dir)?.as_fd(), cgroup_dir, policy, flags)
+    apply_at(
+        open_dir(cgroup_dir)?.as_fd(),
+        cgroup_dir,
+        policy,
+        flags,
+        None,
+    )
 }
 
-/// [`apply_with_flags`] on a cgroup directory already open (`cgroup_dir` names it in errors).
+/// [`apply_with_flags`] on a cgroup directory already open (`cgroup_dir` names it in errors),
+/// attaching a program from `programs` when one fits, else loading one (and remembering it).
 pub fn apply_at(
     cg: BorrowedFd<'_>,
     cgroup_dir: &Path,
     policy: &DevicePolicy,
     flags: u32,
+    programs: Option<&Programs>,
 ) -> Result<V2Attached> {
     let insns = bpf::generate(policy);
-    let prog = sys::prog_load(&insns).map_err(|(e, log)| Error::Bpf {
+    let digest = programs.map(|_| bpf::digest(&insns));
+    let shared = programs.zip(digest.as_ref()).and_then(|(p, d)| p.find(d));
+    let fresh = shared.is_none();
+    let prog = match shared {
+        Some(p) => p,
+        None => load(&insns, cgroup_dir)?,
+    };
+    let (prog_id, _) = sys::prog_info(prog.as_fd())
+        .map_err(|e| bpf_err("OBJ_GET_INFO_BY_FD", "device program".into(), e))?;
+    sys::prog_attach(cg, prog.as_fd(), flags).map_err(|e| {
+        bpf_err(
+            "PROG_ATTACH",
+            format!(
+                "program {prog_id} to {} (flags {flags})",
+                cgroup_dir.display()
+            ),
+            e,
+        )
+    })?;
+    if let (true, Some(p), Some(d)) = (fresh, programs, digest) {
+        p.remember(&d, prog.as_fd());
+    }
+    // prog fd closes here; the attachment keeps the program.
+    Ok(V2Attached {
+        prog_id,
+        attach_flags: flags,
+        insns: insns.len(),
+    })
+}
+
+/// Loads the device program `insns` (`cgroup_dir` names what it is for in errors).
+fn load(insns: &[bpf::Insn], cgroup_dir: &Path) -> Result<OwnedFd> {
+    sys::prog_load(insns).map_err(|(e, log)| Error::Bpf {
         cmd: "PROG_LOAD",
         what: format!(
             "device program ({} insns) for {}",
@@ -81,24 +255,6 @@ pub fn apply_at(
         } else {
             format!("\nverifier log:\n{log}")
         },
-    })?;
-    let (prog_id, _) = sys::prog_info(prog.as_fd())
-        .map_err(|e| bpf_err("OBJ_GET_INFO_BY_FD", "new device program".into(), e))?;
-    sys::prog_attach(cg, prog.as_fd(), flags).map_err(|e| {
-        bpf_err(
-            "PROG_ATTACH",
-            format!(
-                "program {prog_id} to {} (flags {flags})",
-                cgroup_dir.display()
-            ),
-            e,
-        )
-    })?;
-    // prog fd closes here; the attachment keeps the program.
-    Ok(V2Attached {
-        prog_id,
-        attach_flags: flags,
-        insns: insns.len(),
     })
 }
 

@@ -237,3 +237,97 @@ fn v2_setup_fails_closed_and_cleans_up() {
     let e = job::setup(&params(&fx, 4002, "../x", &[SLICE_A], target)).unwrap_err();
     assert!(e.to_string().contains("tenant"), "{e}");
 }
+
+/// Jobs with the same allowlist share one program (the verifier runs once), which the keeper
+/// cgroup keeps loaded between jobs; each job's teardown detaches only its own attachment; a
+/// remembered id that holds another program is never used.
+#[test]
+fn v2_jobs_with_one_allowlist_share_its_program() {
+    if !need_root("v2_jobs_with_one_allowlist_share_its_program") {
+        return;
+    }
+    let fx = Fixture::new();
+    let tree = CgTree::new(v2_root().to_str().unwrap(), "v2share");
+    let target = Target::Owned {
+        root: tree.root.clone(),
+        backend: Backend::V2,
+    };
+    let programs = job::programs_for(&target, fx.path("device-programs")).unwrap();
+    let keeper = tree.root.join("tenancy").join(job::PROGRAM_KEEPER);
+    let setup = |job: u64, slices: &[SliceRef]| {
+        job::setup_sharing(
+            &params(&fx, job, "lab-a", slices, target.clone()),
+            Some(&programs),
+        )
+        .unwrap()
+    };
+    let id = |r: &tenancy_devices::DevicesRecord| r.v2.as_ref().unwrap().prog_id;
+    let a = setup(2001, &[SLICE_A]);
+    let a2 = setup(2002, &[SLICE_A]);
+    let b = setup(2003, &[SLICE_B]);
+    assert_eq!(id(&a), id(&a2), "same allowlist, one program");
+    assert_ne!(id(&a), id(&b), "another allowlist, another program");
+    let mut kept = v2::query(&keeper).unwrap().0;
+    kept.sort();
+    assert_eq!(kept, vec![id(&a), id(&b)]);
+    check(&fx, &a2.cgroup_dir, &job_a_cases());
+    check(&fx, &b.cgroup_dir, &job_b_cases());
+    // A's teardown leaves the program on A2, which stays bound by it.
+    assert_eq!(
+        job::teardown(&a).unwrap().detached,
+        Some(Detached::Detached)
+    );
+    check(&fx, &a2.cgroup_dir, &job_a_cases());
+    assert_eq!(v2::query(&a2.cgroup_dir).unwrap().0, vec![id(&a2)]);
+    // With no job left that has it, the keeper still does: the next job reuses it.
+    job::teardown(&a2).unwrap();
+    let a3 = setup(2004, &[SLICE_A]);
+    assert_eq!(id(&a3), id(&a));
+    check(&fx, &a3.cgroup_dir, &job_a_cases());
+    // A remembered id now holding another allowlist's program (B's) is not taken for A's:
+    // A's line, with B's id.
+    let text = std::fs::read_to_string(fx.path("device-programs")).unwrap();
+    let line_a = text
+        .lines()
+        .find(|l| l.ends_with(&format!(" {}", id(&a3))))
+        .unwrap();
+    let (key_tag, _) = line_a.rsplit_once(' ').unwrap();
+    std::fs::write(
+        fx.path("device-programs"),
+        format!("{key_tag} {}\n", id(&b)),
+    )
+    .unwrap();
+    let a4 = setup(2005, &[SLICE_A]);
+    assert_ne!(id(&a4), id(&b));
+    check(&fx, &a4.cgroup_dir, &job_a_cases());
+    // A damaged hint is ignored.
+    std::fs::write(fx.path("device-programs"), "not a tag\n\0\n").unwrap();
+    let a5 = setup(2006, &[SLICE_A]);
+    check(&fx, &a5.cgroup_dir, &job_a_cases());
+    for r in [&a3, &a4, &a5, &b] {
+        job::teardown(r).unwrap();
+    }
+    // The keeper holds at most PROGRAMS_KEPT programs, those the file remembers: the oldest
+    // are let go (and freed, as no job has them), and so are programs a lost file forgot.
+    // Distinct allowlists: one more NVIDIA minor each.
+    std::fs::remove_file(fx.path("device-programs")).unwrap();
+    let mut first = None;
+    // (Some minors share a program: more allowlists than the keeper holds.)
+    for n in 0..v2::PROGRAMS_KEPT as u32 + 16 {
+        let mut p = params(&fx, 3000 + u64::from(n), "lab-a", &[], target.clone());
+        p.extra = vec![format!("c 195:{n} rw").parse().unwrap()];
+        let r = job::setup_sharing(&p, Some(&programs)).unwrap();
+        first.get_or_insert(id(&r));
+        job::teardown(&r).unwrap();
+    }
+    let first = first.unwrap();
+    let kept = v2::query(&keeper).unwrap().0;
+    assert_eq!(kept.len(), v2::PROGRAMS_KEPT);
+    for gone in [first, id(&b), id(&a)] {
+        assert!(!kept.contains(&gone), "{gone} still kept");
+    }
+    assert_eq!(
+        sys::prog_get_fd_by_id(first).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+}

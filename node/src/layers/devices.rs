@@ -13,6 +13,8 @@ pub struct Devices {
     pub driver: DriverPaths,
     /// Detected once per process, on first use.
     pub target: Option<Target>,
+    /// Where the device programs jobs on this node share are remembered (cgroup v2).
+    pub programs_file: Option<std::path::PathBuf>,
 }
 
 impl Devices {
@@ -63,7 +65,11 @@ impl Layer for Devices {
                 ci_id: field(m, "ci_id")?,
             }];
         }
-        let record = tenancy_devices::setup(&params)?;
+        let programs = self
+            .programs_file
+            .clone()
+            .and_then(|f| tenancy_devices::job::programs_for(&params.target, f));
+        let record = tenancy_devices::job::setup_sharing(&params, programs.as_ref())?;
         let mut made = serde_json::to_value(&record)?;
         made["join_cgroups"] = serde_json::json!([record.cgroup_dir]);
         Ok(made)

@@ -32,6 +32,7 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
                 mig_minors: config.node.mig_minors.clone(),
             },
             target: None,
+            programs_file: Some(config.cluster.state_dir.join("device-programs")),
         }),
         Box::new(network::Network { spec: None, config }),
         Box::new(scratch::Scratch {

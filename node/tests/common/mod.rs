@@ -448,6 +448,13 @@ impl Drop for World {
         for t in &self.tenants {
             let _ = std::fs::remove_dir(Path::new(CGROUP2).join("tenancy").join(t));
         }
+        // The device programs the jobs shared (a test running beside this one loads its own
+        // again).
+        let _ = std::fs::remove_dir(
+            Path::new(CGROUP2)
+                .join("tenancy")
+                .join(tenancy_devices::job::PROGRAM_KEEPER),
+        );
         run_quiet("ip", &["netns", "del", &self.netns]);
         for u in &self.users {
             run_quiet("userdel", &[&u.name]);

@@ -95,6 +95,24 @@ impl Asm {
     }
 }
 
+/// A digest of the program `insns` (SHA-256 of the instructions as they lie in memory, 16
+/// bytes): the key under which a loaded program is found again ([`crate::v2::Programs`]). The
+/// kernel's own tag of a program is no substitute: how it is computed changed (SHA-1 until Linux
+/// 6.17, SHA-256 since).
+pub fn digest(insns: &[Insn]) -> [u8; 16] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for i in insns {
+        h.update([i.code, i.regs]);
+        h.update(i.off.to_ne_bytes());
+        h.update(i.imm.to_ne_bytes());
+    }
+    let d = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
 /// Generate the device program for `policy`. Returns the instructions; the verdict for every
 /// (type, major, minor, access) equals [`DevicePolicy::decide`] (checked by the unit tests
 /// through [`interp::run`]).

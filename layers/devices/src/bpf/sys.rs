@@ -158,6 +158,21 @@ pub fn prog_load(insns: &[Insn]) -> Result<OwnedFd, (io::Error, String)> {
 
 /// Program id and name of a loaded program.
 pub fn prog_info(prog: BorrowedFd<'_>) -> io::Result<(u32, String)> {
+    prog_info_full(prog).map(|i| (i.id, i.name))
+}
+
+/// What the kernel says of a loaded program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgInfo {
+    pub prog_type: u32,
+    pub id: u32,
+    /// The kernel's digest of the instructions ([`super::tag`]).
+    pub tag: [u8; 8],
+    pub name: String,
+}
+
+/// [`prog_info`] with the program's type and tag.
+pub fn prog_info_full(prog: BorrowedFd<'_>) -> io::Result<ProgInfo> {
     let mut info = ProgInfoHead::default();
     let mut attr = InfoByFd {
         bpf_fd: prog.as_raw_fd() as u32,
@@ -166,10 +181,12 @@ pub fn prog_info(prog: BorrowedFd<'_>) -> io::Result<(u32, String)> {
     };
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     let end = info.name.iter().position(|&b| b == 0).unwrap_or(16);
-    Ok((
-        info.id,
-        String::from_utf8_lossy(&info.name[..end]).into_owned(),
-    ))
+    Ok(ProgInfo {
+        prog_type: info.prog_type,
+        id: info.id,
+        tag: info.tag,
+        name: String::from_utf8_lossy(&info.name[..end]).into_owned(),
+    })
 }
 
 /// Open a program by id. ENOENT when it no longer exists.
