@@ -50,9 +50,8 @@ fn pam_slurm_adopt() -> Option<PathBuf> {
 
 impl Sshd {
     /// Starts sshd for `users` (their key is the server's client key), with `hook` in the
-    /// session phase. None, with a SKIP line,
-    /// when openssh-server or libpam-slurm-adopt is not installed (scripts/install-deps
-    /// installs both; under CI their absence is an error).
+    /// session phase. None, with a SKIP line, when openssh-server or libpam-slurm-adopt is not
+    /// installed (scripts/install-deps installs both; under CI their absence is an error).
     pub fn start(
         cluster: &Cluster,
         hook: &SessionHook,

@@ -247,8 +247,8 @@ pub fn setup(p: &JobDeviceParams) -> Result<DevicesRecord> {
     setup_sharing(p, None)
 }
 
-/// [`setup`], attaching (cgroup v2) a program another job on the node already has when its
-/// allowlist is the same (see [`v2::Programs`]).
+/// [`setup`], attaching (cgroup v2) the program already loaded for the same allowlist, kept
+/// or another job's, instead of loading one (see [`v2::Programs`]).
 pub fn setup_sharing(
     p: &JobDeviceParams,
     programs: Option<&v2::Programs>,
