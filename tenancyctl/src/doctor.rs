@@ -116,6 +116,29 @@ struct AdoptingService {
     /// `file:line option` of each pam_slurm_adopt option that lets a user in without adopting
     /// the session into a job: such a session runs outside every job's device allowlist.
     lax: Vec<String>,
+    /// `file:line` of each session line naming a pam_tenancy.so that is not installed (PAM
+    /// then fails every login of the service).
+    missing: Vec<String>,
+}
+
+/// Whether the PAM module `name` (a path, or a name Linux-PAM looks up in its module
+/// folders) is installed.
+fn pam_module_installed(name: &str) -> bool {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        return p.is_file();
+    }
+    let arch = std::env::consts::ARCH;
+    [
+        format!("/lib/{arch}-linux-gnu/security"),
+        format!("/usr/lib/{arch}-linux-gnu/security"),
+        "/lib/security".into(),
+        "/lib64/security".into(),
+        "/usr/lib64/security".into(),
+        "/usr/lib/security".into(),
+    ]
+    .iter()
+    .any(|d| Path::new(d).join(p).is_file())
 }
 
 /// The pam_slurm_adopt options of one line under which a user's session can pass without
@@ -165,6 +188,7 @@ fn pam_slurm_adopt_services(dir: &Path) -> std::io::Result<Vec<AdoptingService>>
             adopt: Vec::new(),
             hook: None,
             lax: Vec::new(),
+            missing: Vec::new(),
         };
         for (n, line) in text.lines().enumerate() {
             let active = line.split('#').next().unwrap_or_default();
@@ -181,6 +205,10 @@ fn pam_slurm_adopt_services(dir: &Path) -> std::io::Result<Vec<AdoptingService>>
                 && words[0] == "session"
                 && matches!(words[1], "required" | "requisite");
             let module = session_required && words[2].ends_with("pam_tenancy.so");
+            if module && !pam_module_installed(words[2]) {
+                svc.missing.push(format!("{} ({})", at(), words[2]));
+                continue;
+            }
             let exec = session_required
                 && words[2].ends_with("pam_exec.so")
                 && words
@@ -377,23 +405,45 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
                     None,
                 )
             } else {
-                row(
-                    "slurm.pam_adopt",
-                    Severity::Error,
-                    format!(
-                        "pam_slurm_adopt is enabled ({}) without pam_tenancy.so or tenancyctl \
-                         adopt: ssh sessions \
-                         it adopts into a job skip the SPANK task hook and run without the job's \
-                         device allowlist and firewall",
-                        lines(&bare)
-                    ),
-                    Some(
-                        "add `session required pam_tenancy.so` (or `session required pam_exec.so \
-                         /usr/local/bin/tenancyctl adopt`) to that PAM service, after \
-                         pam_slurm_adopt, or remove pam_slurm_adopt"
-                            .into(),
-                    ),
-                )
+                let missing: Vec<String> = bare
+                    .iter()
+                    .flat_map(|s| s.missing.iter().cloned())
+                    .collect();
+                if !missing.is_empty() {
+                    row(
+                        "slurm.pam_adopt",
+                        Severity::Error,
+                        format!(
+                            "pam_slurm_adopt is enabled ({}) and the session phase names \
+                             pam_tenancy.so, which is not installed ({}): PAM fails every login \
+                             of that service",
+                            lines(&bare),
+                            missing.join(", ")
+                        ),
+                        Some(format!(
+                            "install -m 0644 target/release/libpam_tenancy.so \
+                             /lib/{}-linux-gnu/security/pam_tenancy.so",
+                            std::env::consts::ARCH
+                        )),
+                    )
+                } else {
+                    row(
+                        "slurm.pam_adopt",
+                        Severity::Error,
+                        format!(
+                            "pam_slurm_adopt is enabled ({}) without pam_tenancy.so or \
+                             tenancyctl adopt: ssh sessions it adopts into a job skip the SPANK \
+                             task hook and run without the job's device allowlist and firewall",
+                            lines(&bare)
+                        ),
+                        Some(
+                            "add `session required pam_tenancy.so` (or `session required \
+                             pam_exec.so /usr/local/bin/tenancyctl adopt`) to that PAM service, \
+                             after pam_slurm_adopt, or remove pam_slurm_adopt"
+                                .into(),
+                        ),
+                    )
+                }
             }
         }
         Err(e) => row(

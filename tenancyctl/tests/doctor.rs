@@ -124,14 +124,27 @@ groups = ["root"]
         "{strict}"
     );
     // The PAM module does the same (and gives the session the job's environment); optional,
-    // it would let a refused session go on.
-    for (line, want) in [
+    // it would let a refused session go on; not installed, PAM would fail every login.
+    let module = root.join("pam_tenancy.so");
+    std::fs::write(&module, "").unwrap();
+    let m = module.display();
+    for (line, want, says) in [
         (
-            "session required /lib/security/pam_tenancy.so config=/etc/t.toml",
+            format!("session required {m} config=/etc/t.toml"),
             "ok",
+            "join the job's",
         ),
-        ("session requisite pam_tenancy.so", "ok"),
-        ("session optional pam_tenancy.so", "error"),
+        (format!("session requisite {m}"), "ok", "join the job's"),
+        (
+            format!("session optional {m}"),
+            "error",
+            "without pam_tenancy.so",
+        ),
+        (
+            "session required /nonexistent/pam_tenancy.so".to_string(),
+            "error",
+            "pam_tenancy.so, which is not installed (",
+        ),
     ] {
         std::fs::write(
             pam.join("sshd"),
@@ -139,7 +152,9 @@ groups = ["root"]
         )
         .unwrap();
         let (_, rows) = doctor(&config, &pam);
-        assert_eq!(row(&rows, "slurm.pam_adopt")["severity"], want, "{line}");
+        let r = row(&rows, "slurm.pam_adopt");
+        assert_eq!(r["severity"], want, "{line}: {r}");
+        assert!(r["message"].as_str().unwrap().contains(says), "{line}: {r}");
     }
     // Without pam_slurm_adopt, the check passes.
     std::fs::remove_file(pam.join("sshd")).unwrap();
