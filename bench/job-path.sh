@@ -91,7 +91,9 @@ cleanup() {
   [ "$made_group" = no ] || groupdel "$BENCH_TENANT" 2>/dev/null || true
   if [ "$had_table" = no ]; then
     nft delete table inet tenancy 2>/dev/null || true
-    rmdir "/sys/fs/cgroup/unified/tenancy/$BENCH_TENANT" /sys/fs/cgroup/unified/tenancy 2>/dev/null || true
+    # (with the keeper of the device programs the jobs shared)
+    rmdir "/sys/fs/cgroup/unified/tenancy/$BENCH_TENANT" /sys/fs/cgroup/unified/tenancy/.device-programs \
+      /sys/fs/cgroup/unified/tenancy 2>/dev/null || true
   fi
   rmdir "/sys/fs/cgroup/unified/tenancy-base/$BENCH_TENANT" /sys/fs/cgroup/unified/tenancy-base \
     "/sys/fs/cgroup/devices/tenancy-base/$BENCH_TENANT" /sys/fs/cgroup/devices/tenancy-base 2>/dev/null || true
