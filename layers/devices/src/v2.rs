@@ -210,8 +210,8 @@ pub fn apply_at(
     programs: Option<&Programs>,
 ) -> Result<V2Attached> {
     let insns = bpf::generate(policy);
-    let digest = programs.map(|_| bpf::digest(&insns));
-    let shared = programs.zip(digest.as_ref()).and_then(|(p, d)| p.find(d));
+    let sharing = programs.map(|p| (p, bpf::digest(&insns)));
+    let shared = sharing.as_ref().and_then(|(p, d)| p.find(d));
     let fresh = shared.is_none();
     let prog = match shared {
         Some(p) => p,
@@ -229,8 +229,8 @@ pub fn apply_at(
             e,
         )
     })?;
-    if let (true, Some(p), Some(d)) = (fresh, programs, digest) {
-        p.remember(&d, prog.as_fd());
+    if let (true, Some((p, d))) = (fresh, &sharing) {
+        p.remember(d, prog.as_fd());
     }
     // prog fd closes here; the attachment keeps the program.
     Ok(V2Attached {
