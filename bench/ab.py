@@ -5,8 +5,8 @@ Run `bench/job-path.sh` once first (it writes the bench config), load the firewa
 removes at its end: `tenancyctl --config /tmp/tenancy-bench/tenancy.toml firewall apply`,
 then, as root:
   python3 bench/ab.py DIR_A DIR_B [--jobs 300] [--mig 1g.18gb]
-where each DIR holds a tenancy-prolog and a tenancy-epilog (e.g. target/release and a copy of an
-older build). Both builds are first installed (`install -m 0755`) into fresh folders: a linker's
+where each DIR holds a tenancy-prolog and a tenancy-epilog, and tenancy-prolog-dynamic where the
+build has one (e.g. target/release and a copy of an older build). Both builds are first installed (`install -m 0755`) into fresh folders: a linker's
 output file and a copy of it start with different numbers of page faults, and only the copy is
 what a node runs. Each job runs the prolog then the epilog of one build; the builds alternate, and
 so does which one goes first, so the machine's drift weighs on both alike.
@@ -41,8 +41,11 @@ def main():
         for name, d in (("a", a.a), ("b", a.b)):
             installed[d] = os.path.join(tmp, name)
             os.mkdir(installed[d])
-            subprocess.run(["install", "-m", "0755", os.path.join(d, "tenancy-prolog"),
-                            os.path.join(d, "tenancy-epilog"), installed[d]], check=True)
+            # tenancy-prolog-dynamic: where the static prolog and epilog hand MIG jobs (builds
+            # before it had none: their prolog was dynamically linked and did the MIG work).
+            files = [os.path.join(d, f) for f in ("tenancy-prolog", "tenancy-epilog", "tenancy-prolog-dynamic")]
+            subprocess.run(["install", "-m", "0755"] + [f for f in files if os.path.exists(f)]
+                           + [installed[d]], check=True)
         rows = {a.a: [], a.b: []}
         flush = bytearray(a.flush_mb << 20)
         job = a.first_job

@@ -3,7 +3,7 @@
 # network, scratch, audit) side by side with a plain shell prolog/epilog (bench/baseline/).
 # Run as root on a node with cgroup2 and nftables; the bench user (default acme1 in group acme)
 # is created for the run when missing:
-#   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancyctl -p nvml-shim
+#   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancy-prolog-dynamic -p tenancyctl -p nvml-shim
 #   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
 # Env: BIN (folder of the built binaries, default target/release), BENCH_DIR (/tmp/tenancy-bench),
 #   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (6), MODES ("pair fill"), BENCH_USER (acme1),
@@ -32,7 +32,7 @@ if ! id "$BENCH_USER" >/dev/null 2>&1; then
   trap '[ "$made_user" = no ] || userdel "$BENCH_USER"; [ "$made_group" = no ] || groupdel "$BENCH_TENANT"' EXIT
 fi
 uid=$(id -u "$BENCH_USER"); gid=$(id -g "$BENCH_USER"); group=$(id -gn "$BENCH_USER")
-for b in tenancy-prolog tenancy-epilog tenancyctl nvml-shim-ctl libnvidia_ml.so; do
+for b in tenancy-prolog tenancy-epilog tenancy-prolog-dynamic tenancyctl nvml-shim-ctl libnvidia_ml.so; do
   [ -e "$BIN/$b" ] || { echo "missing $BIN/$b: build in release first (see the top of $0)" >&2; exit 2; }
 done
 mkdir -p "$BENCH_DIR/scratch" "$BENCH_DIR/base/scratch"
@@ -41,7 +41,8 @@ mkdir -p "$BENCH_DIR/scratch" "$BENCH_DIR/base/scratch"
 # with ~8 fewer page faults per process (A/B: 3.92 -> 3.79 ms per job, same build).
 built=$BIN; BIN=$BENCH_DIR/bin
 install -d "$BIN"
-install -m 0755 "$built/tenancy-prolog" "$built/tenancy-epilog" "$built/tenancyctl" "$built/nvml-shim-ctl" \
+install -m 0755 "$built/tenancy-prolog" "$built/tenancy-epilog" "$built/tenancy-prolog-dynamic" \
+  "$built/tenancyctl" "$built/nvml-shim-ctl" \
   "$built/libnvidia_ml.so" "$BIN/"
 chmod 755 "$BENCH_DIR/scratch"
 cat > "$BENCH_DIR/fixture.toml" <<EOT

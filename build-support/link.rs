@@ -1,27 +1,30 @@
-// Shared by the build scripts of tenancy-prolog and tenancy-epilog (included, not a crate).
+// Shared by the build scripts of tenancy-prolog, tenancy-epilog and tenancy-prolog-dynamic
+// (included, not a crate).
 //
-// Both binaries start once per job, so how they are linked is part of the job path's cost
-// (BENCHMARKS.md). rustc offers no per-binary `crt-static` on a stable toolchain, so the build
-// scripts steer the linker through its library search path: a folder in OUT_DIR comes first on
-// it, and holds the static archives that should win over the shared libraries of the same
-// names (the linker takes the first folder that has either file).
+// The prolog and epilog start once per job, so how they are linked is part of the job path's
+// cost (BENCHMARKS.md). rustc offers no per-binary `crt-static` on a stable toolchain, so the
+// build scripts steer the linker through its library search path: a folder in OUT_DIR comes
+// first on it, and holds the static archives that should win over the shared libraries of the
+// same names (the linker takes the first folder that has either file).
 //
-// - `static_libgcc`: GCC's unwinder from libgcc_eh.a instead of loading libgcc_s.so.1, as C's
-//   `-static-libgcc` does (rustc always asks for `-lgcc_s` on *-linux-gnu). Loading libgcc_s
-//   costs a library mapping, its relocations and its CPU-model constructor (CPUID, which traps
-//   to the hypervisor in a VM): 0.11 ms per process here.
-// - `static_glibc` (the epilog only): glibc's archives too, and `-static-pie`: no dynamic
-//   loader, no libc.so.6 to map and relocate, 0.26 ms less per epilog here. Still a PIE (ASLR).
-//   The epilog needs no NSS (the journal holds the job's ids) and loads no library on its own;
-//   the one layer that must load a library, NVML for a MIG slice, makes it hand such a job to
-//   the dynamically linked tenancy-prolog binary (node/src/run.rs). The prolog stays dynamic:
-//   it resolves users and groups through NSS, whose modules (sssd, LDAP) a static glibc can
-//   only load from the exact glibc build it was linked with. A static binary also keeps the
-//   glibc it was built with: rebuild and reinstall it after a glibc security update.
+// - `static_libgcc` (all three): GCC's unwinder from libgcc_eh.a instead of loading
+//   libgcc_s.so.1, as C's `-static-libgcc` does (rustc always asks for `-lgcc_s` on
+//   *-linux-gnu). Loading libgcc_s costs a library mapping, its relocations and its CPU-model
+//   constructor (CPUID, which traps to the hypervisor in a VM): 0.11 ms per process here.
+// - `static_glibc` (tenancy-prolog and tenancy-epilog): glibc's archives too, and
+//   `-static-pie`: no dynamic loader, no libc.so.6 to map, relocate and bind; 0.26 ms less per
+//   epilog and 0.5 ms less per prolog here. Still PIEs (ASLR). A static program cannot load
+//   shared libraries: NVML for a MIG slice, NSS modules (sssd, LDAP, systemd) for users and
+//   groups, which a static glibc can only load from the exact glibc build it was linked with.
+//   So the two hand the jobs that need one to tenancy-prolog-dynamic, the same code linked
+//   dynamically, installed beside them (node/src/run.rs, node/src/linkage.rs): a MIG job, and
+//   on nodes whose users and groups come from more than /etc/passwd and /etc/group, every job
+//   (such a site can name tenancy-prolog-dynamic in Prolog= directly). A static binary keeps
+//   the glibc it was built with: rebuild and reinstall it after a glibc security update.
 //
 // Anything unexpected (another libc, crt-static already, an archive missing) keeps the
-// default linking; so do TENANCY_SHARED_LIBGCC=1 and TENANCY_DYNAMIC_EPILOG=1 in the build's
-// environment (A/B of the two, BENCHMARKS.md).
+// default linking; so do TENANCY_SHARED_LIBGCC=1, TENANCY_DYNAMIC_PROLOG=1 and
+// TENANCY_DYNAMIC_EPILOG=1 in the build's environment (A/B of the two, BENCHMARKS.md).
 
 /// The folder put first on the linker's search path, or None when this target is not Linux
 /// with glibc (or crt-static is on already).
@@ -80,13 +83,14 @@ fn static_libgcc(dir: &std::path::Path) -> bool {
 
 /// Links binary `bin` as a static PIE: glibc's archives in `dir` (rustc asks for these
 /// libraries by name) and `-static-pie`, which picks the start files that relocate the program
-/// itself. Needs static_libgcc first (a static link cannot take libgcc_s.so.1).
-#[allow(dead_code)] // the prolog's build script includes this file too
-fn static_glibc(dir: &std::path::Path, bin: &str) {
-    println!("cargo:rerun-if-env-changed=TENANCY_DYNAMIC_EPILOG");
+/// itself. Needs static_libgcc first (a static link cannot take libgcc_s.so.1). `opt_out`: the
+/// build environment variable that keeps `bin` dynamically linked.
+#[allow(dead_code)] // tenancy-prolog-dynamic's build script includes this file too
+fn static_glibc(dir: &std::path::Path, bin: &str, opt_out: &str) {
+    println!("cargo:rerun-if-env-changed={opt_out}");
     // Architectures whose glibc and rustc build static PIEs (x86_64 is the one measured here).
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
-    if std::env::var_os("TENANCY_DYNAMIC_EPILOG").is_some()
+    if std::env::var_os(opt_out).is_some()
         || !matches!(arch.as_str(), "x86_64" | "aarch64")
     {
         return;

@@ -4,7 +4,7 @@ include!("../build-support/link.rs");
 fn main() {
     if let Some(dir) = link_dir() {
         if static_libgcc(&dir) {
-            static_glibc(&dir, "tenancy-epilog");
+            static_glibc(&dir, "tenancy-epilog", "TENANCY_DYNAMIC_EPILOG");
         }
     }
 }

@@ -63,6 +63,14 @@ pub trait Layer {
         true
     }
 
+    /// Whether the layer would make something for `plan`, decided before the node lock
+    /// (`plan.others` is empty): a statically linked prolog hands the job to the dynamic
+    /// build when a layer that cannot run here (`runs_here`) would act.
+    fn acts_for(&self, plan: &JobPlan) -> bool {
+        let _ = plan;
+        true
+    }
+
     /// A short identifier of the resource for audit records.
     fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
         let _ = (intent, made);

@@ -121,15 +121,47 @@ pub fn epilog() -> ExitCode {
     ExitCode::from(epilog_status())
 }
 
-/// [`prolog`], as an exit status.
+/// The dynamically linked build of the prolog and epilog, installed beside the static
+/// `tenancy-prolog` and `tenancy-epilog`: they hand it the jobs that need a shared library
+/// (NVML for a MIG slice, NSS modules for users and groups; `crate::linkage`). Without
+/// arguments it runs the prolog, with [`HANDED_OFF_EPILOG`] the epilog.
+pub const DYNAMIC_BUILD: &str = "tenancy-prolog-dynamic";
+
+/// Whether the job asked for a MIG slice (`--mig`, SPANK_TENANCY_MIG): NVML's work.
+fn asked_for_mig() -> bool {
+    std::env::var_os("SPANK_TENANCY_MIG").is_some_and(|v| !v.is_empty())
+}
+
+/// [`prolog`], as an exit status: the body of `tenancy-prolog` and of [`DYNAMIC_BUILD`].
+///
+/// `tenancy-prolog` is statically linked (build-support/link.rs). A job it cannot run alone
+/// (a MIG slice, or identities beyond /etc/passwd and /etc/group:
+/// `linkage::identity_from_files`) goes to the dynamic build, with the same environment. The
+/// cases known from the environment and nsswitch.conf go at once, before the config is read;
+/// the spine meets the rest (a tier's profile, an earlier attempt's slice, a denial that other
+/// NSS sources might overturn) and reports a failed hand-off.
 pub fn prolog_status() -> u8 {
+    let handoff = (!crate::linkage::can_load_libraries()).then(|| Handoff {
+        sibling: DYNAMIC_BUILD.to_string(),
+        args: Vec::new(),
+        env: Vec::new(),
+    });
+    if let Some(h) = &handoff {
+        if asked_for_mig() || crate::linkage::identity_from_files().is_err() {
+            // Returns only when the exec failed; the spine then fails closed and says so.
+            let _ = h.exec();
+        }
+    }
     let config = match load("tenancy-prolog") {
         Ok(c) => c,
         Err(end) => return finish_or_drain(end),
     };
     let ctx = JobContext::from_process_env();
     let end = match Spine::new(&config, layers::for_node(&config), "tenancy-prolog") {
-        Ok(mut spine) => spine.prolog(ctx),
+        Ok(mut spine) => {
+            spine.handoff = handoff;
+            spine.prolog(ctx)
+        }
         Err(e) => Ending {
             code: 1,
             message: format!("tenancy: tenancy-prolog: {e}; failing closed"),
@@ -140,17 +172,17 @@ pub fn prolog_status() -> u8 {
 
 /// [`epilog`], as an exit status: the body of `tenancy-epilog`. That binary is statically
 /// linked (build-support/link.rs), so a job with a layer that needs a shared library (NVML for
-/// a MIG slice) is handed to the dynamically linked `tenancy-prolog` next to it, run as
-/// `tenancy-prolog --epilog` ([`handed_off_epilog_status`]).
+/// a MIG slice) is handed to the dynamically linked [`DYNAMIC_BUILD`] next to it, run as
+/// `tenancy-prolog-dynamic --epilog` ([`handed_off_epilog_status`]).
 pub fn epilog_status() -> u8 {
     if crate::linkage::can_load_libraries() {
         return epilog_with(None);
     }
-    // The job id travels as HANDOFF_JOB_ID, not SLURM_JOB_ID: a tenancy-prolog too old to know
+    // The job id travels as HANDOFF_JOB_ID, not SLURM_JOB_ID: a program that does not know
     // `--epilog` then fails for want of a job (and the node drains) instead of running the
     // prolog again for a job that has ended.
     let handoff = Handoff {
-        sibling: "tenancy-prolog".to_string(),
+        sibling: DYNAMIC_BUILD.to_string(),
         args: vec![HANDED_OFF_EPILOG.to_string()],
         env: vec![
             ("SLURM_JOB_ID".to_string(), None),
@@ -160,32 +192,37 @@ pub fn epilog_status() -> u8 {
             ),
         ],
     };
-    // A job that asked for a MIG slice (`--mig`, SPANK_TENANCY_MIG) is handed off before the
-    // config and journal are read here, which the other process reads again. The journal has
-    // the last word: a slice this check misses is handed off once the journal is read, and a
-    // failed exec here is met and reported there.
-    if std::env::var_os("SPANK_TENANCY_MIG").is_some_and(|v| !v.is_empty()) {
+    // A job that asked for a MIG slice is handed off before the config and journal are read
+    // here, which the other process reads again. The journal has the last word: a slice this
+    // check misses is handed off once the journal is read, and a failed exec here is met and
+    // reported there.
+    if asked_for_mig() {
         let _ = handoff.exec();
     }
     epilog_with(Some(handoff))
 }
 
-/// The argument that makes `tenancy-prolog` run the epilog: a statically linked epilog's
-/// hand-off (Slurm itself passes no arguments).
+/// The argument that makes [`DYNAMIC_BUILD`] (and `tenancy-prolog`) run the epilog: a
+/// statically linked epilog's hand-off (Slurm itself passes no arguments).
 pub const HANDED_OFF_EPILOG: &str = "--epilog";
 
 /// Where a handed-off job's id travels (see [`epilog_status`]).
 pub const HANDOFF_JOB_ID: &str = "TENANCY_HANDOFF_JOB_ID";
 
-/// The epilog in a dynamically linked process, as `tenancy-prolog --epilog` runs it: the same
-/// teardown and records (origin `tenancy-epilog`), every layer in this process.
+/// The epilog as `tenancy-prolog-dynamic --epilog` runs it: the same teardown and records
+/// (origin `tenancy-epilog`), every layer in this process (or, in a statically linked
+/// `tenancy-prolog --epilog`, handed on as `tenancy-epilog` would).
 pub fn handed_off_epilog_status() -> u8 {
     // Single-threaded here: nothing else reads the environment yet.
     if let Some(id) = std::env::var_os(HANDOFF_JOB_ID) {
         std::env::set_var("SLURM_JOB_ID", id);
         std::env::remove_var(HANDOFF_JOB_ID);
     }
-    epilog_with(None)
+    if crate::linkage::can_load_libraries() {
+        epilog_with(None)
+    } else {
+        epilog_status()
+    }
 }
 
 fn epilog_with(handoff: Option<Handoff>) -> u8 {

@@ -37,14 +37,16 @@ pub struct Spine<'c> {
     /// Called at each step boundary of the prolog, after the boundary is durable; crash tests
     /// kill the process here. `None` in the binaries.
     pub boundary_hook: Option<Box<dyn FnMut(Boundary)>>,
-    /// Where the epilog sends a job that a layer cannot tear down in this process
-    /// (`Layer::runs_here`): the statically linked tenancy-epilog hands MIG jobs to the
-    /// dynamically linked tenancy-prolog binary. `None`: every layer runs here, or fails.
+    /// Where a statically linked prolog or epilog sends a job it cannot run in this process:
+    /// a layer that needs a shared library (`Layer::runs_here`), or (prolog) an identity that
+    /// NSS modules may decide (`crate::linkage::identity_from_files`). The static
+    /// tenancy-prolog and tenancy-epilog hand such jobs to the dynamically linked
+    /// tenancy-prolog-dynamic. `None`: everything runs here, or fails.
     pub handoff: Option<Handoff>,
 }
 
-/// A dynamically linked program that runs the same epilog: `program args...`, with this
-/// process's environment, in its place (exec).
+/// A dynamically linked program that runs the same prolog or epilog: `program args...`, with
+/// this process's environment, in its place (exec).
 #[derive(Debug, Clone)]
 pub struct Handoff {
     /// The program's file name, in the folder of this process's own executable (found only
@@ -181,10 +183,43 @@ impl<'c> Spine<'c> {
                 };
             }
         };
+        // A static prolog asks /etc/passwd and /etc/group only: on a node where other NSS
+        // sources decide, every job goes to the dynamic build (`crate::linkage`).
+        if self.handoff.is_some() {
+            if let Err(why) = crate::linkage::identity_from_files() {
+                return self.hand_off_prolog(
+                    &ctx,
+                    Event::JobDenied,
+                    format!("job {}: {why}", ctx.job_id),
+                );
+            }
+        }
         let mut plan = match self.decide(&ctx) {
             Ok(plan) => plan,
+            // A user or group missing from the files may be in another NSS source: the
+            // dynamic build decides with all of them (and records the denial if it stands).
+            Err(d) if self.handoff.is_some() && d.event == Event::JobDenied => {
+                return self.hand_off_prolog(
+                    &ctx,
+                    d.event,
+                    format!("{}, as far as /etc/passwd and /etc/group say", d.reason),
+                );
+            }
             Err(d) => return self.deny(&ctx, d),
         };
+        if self.handoff.is_some() {
+            if let Some(li) = (0..self.layers.len())
+                .find(|&li| !self.layers[li].runs_here() && self.layers[li].acts_for(&plan))
+            {
+                let why = format!(
+                    "job {}: layer {} needs a shared library, which this statically linked \
+                     prolog cannot load",
+                    ctx.job_id,
+                    self.layers[li].name()
+                );
+                return self.hand_off_prolog(&ctx, Event::JobDenied, why);
+            }
+        }
         // A journal left by a prolog that died (and whose epilog never ran) is torn down first:
         // a requeued job must not inherit, or leak, an earlier attempt's resources.
         let stale = match self.journals.load(ctx.job_id) {
@@ -205,6 +240,17 @@ impl<'c> Spine<'c> {
             }
         };
         if let Some(stale) = stale {
+            if self.handoff.is_some() {
+                if let Some(li) = self.needs_another_process(&stale) {
+                    let why = format!(
+                        "job {}: an earlier attempt's {} must be torn down with a shared \
+                         library, which this statically linked prolog cannot load",
+                        ctx.job_id,
+                        self.layers[li].name()
+                    );
+                    return self.hand_off_prolog(&ctx, Event::TeardownFailed, why);
+                }
+            }
             let failures = self.undo_all(stale, &ctx);
             if !failures.is_empty() {
                 return self.deny(
@@ -559,25 +605,45 @@ impl<'c> Spine<'c> {
         failures
     }
 
+    /// The first layer with something left to undo in `journal` that cannot run here.
+    fn needs_another_process(&self, journal: &Journal) -> Option<usize> {
+        journal
+            .steps
+            .iter()
+            .filter(|s| s.state != StepState::Undone)
+            .filter_map(|s| self.layer_index(&s.layer))
+            .find(|&li| !self.layers[li].runs_here())
+    }
+
+    /// Replaces this static prolog with the dynamic build (`handoff`), which runs the whole
+    /// prolog for the job again; nothing is made or recorded here before. Returns only when
+    /// that failed: the job is refused (`event`) for `why` and that failure.
+    fn hand_off_prolog(&self, ctx: &JobContext, event: Event, why: String) -> Ending {
+        let Some(handoff) = self.handoff.as_ref() else {
+            return self.deny(ctx, Denial { event, reason: why });
+        };
+        let (program, e) = handoff.exec();
+        let reason = format!(
+            "{why}; handing the job to {program} failed: {e}; install tenancy-prolog-dynamic \
+             next to tenancy-prolog (README, Install)"
+        );
+        self.deny(ctx, Denial { event, reason })
+    }
+
     /// Replaces this process with the hand-off program when a layer with something left to
     /// undo cannot run here; returns only when that failed (nothing was torn down: fail
     /// closed, with a record) or when there is nothing to hand off.
     fn hand_off_if_needed(&mut self, journal: &Journal, ctx: &JobContext) -> Option<Ending> {
         let handoff = self.handoff.as_ref()?;
-        let layer = journal
-            .steps
-            .iter()
-            .filter(|s| s.state != StepState::Undone)
-            .filter_map(|s| self.layer_index(&s.layer))
-            .find(|&li| !self.layers[li].runs_here())?;
+        let layer = self.needs_another_process(journal)?;
         let name = self.layers[layer].name();
         // Only returns on failure; the journal and the node lock are not held here.
         let (program, e) = handoff.exec();
         let reason = format!(
             "job {}: layer {name}: its teardown needs a shared library this statically linked \
              epilog cannot load, and handing the job to {program} {} failed: {e}; nothing was \
-             torn down. Install tenancy-prolog next to tenancy-epilog (it runs the epilog when \
-             given --epilog), then run `tenancyctl reconcile --apply`",
+             torn down. Install tenancy-prolog-dynamic next to tenancy-epilog (it runs the \
+             epilog when given --epilog), then run `tenancyctl reconcile --apply`",
             ctx.job_id,
             handoff.args.join(" ")
         );

@@ -1,5 +1,5 @@
 //! `tenancy-epilog` is statically linked (build-support/link.rs) and cannot load NVML: it hands
-//! a job with a MIG slice to `tenancy-prolog --epilog` next to it (at once when the job asked
+//! a job with a MIG slice to `tenancy-prolog-dynamic --epilog` next to it (at once when the job asked
 //! for one, else once its journal shows one), and tears every other job down alone. Without
 //! that binary it fails closed: nothing torn down, the journal kept, a teardown_failed record;
 //! with it, the same epilog run leaves nothing. Real binaries, real layers (MIG through the
@@ -7,39 +7,10 @@
 
 mod common;
 
-use common::{need_root, product_binary, text, World};
+use common::{has_interpreter, install, need_root, text, World};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use tenancy_audit::{Event, Outcome};
-
-/// Whether the ELF file at `path` names a program interpreter (PT_INTERP): dynamically linked.
-fn has_interpreter(path: &Path) -> bool {
-    let elf = std::fs::read(path).unwrap();
-    assert!(
-        elf.starts_with(b"\x7fELF\x02\x01"),
-        "{}: not a 64-bit LE ELF",
-        path.display()
-    );
-    let u = |at: usize, n: usize| {
-        elf[at..at + n]
-            .iter()
-            .rev()
-            .fold(0u64, |acc, b| acc << 8 | u64::from(*b)) as usize
-    };
-    let (phoff, phentsize, phnum) = (u(0x20, 8), u(0x36, 2), u(0x38, 2));
-    (0..phnum).any(|i| u(phoff + i * phentsize, 4) == 3)
-}
-
-/// A folder holding copies of the named product binaries only.
-fn install(w: &World, dir: &str, names: &[&str]) -> Option<PathBuf> {
-    let bin = w.root.join(dir);
-    std::fs::create_dir_all(&bin).unwrap();
-    for name in names {
-        let from = product_binary(name)?;
-        std::fs::copy(&from, bin.join(name)).unwrap();
-    }
-    Some(bin)
-}
 
 /// A root test's world with `names` installed alone in its `bin` folder; None: skip (not
 /// root, no binaries, or an epilog built dynamically, which hands nothing off).
@@ -75,7 +46,7 @@ fn epilog(
 }
 
 #[test]
-fn a_mig_job_is_handed_to_the_prolog_binary_and_fails_closed_without_it() {
+fn a_mig_job_is_handed_to_the_dynamic_build_and_fails_closed_without_it() {
     let Some((w, bin)) = static_world(&["tenancy-epilog"]) else {
         return;
     };
@@ -88,13 +59,13 @@ fn a_mig_job_is_handed_to_the_prolog_binary_and_fails_closed_without_it() {
     let out = epilog(&w, &bin, job, 0, Some("1g.18gb"));
     assert!(!out.status.success(), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
-    let handoff = bin.join("tenancy-prolog");
+    let handoff = bin.join("tenancy-prolog-dynamic");
     for want in [
         format!("job {job}"),
         "layer mig".to_string(),
         format!("{} --epilog", handoff.display()),
         "nothing was torn down".to_string(),
-        "Install tenancy-prolog next to tenancy-epilog".to_string(),
+        "Install tenancy-prolog-dynamic next to tenancy-epilog".to_string(),
     ] {
         assert!(err.contains(&want), "missing {want:?} in: {}", text(&out));
     }
@@ -118,8 +89,8 @@ fn a_mig_job_is_handed_to_the_prolog_binary_and_fails_closed_without_it() {
     );
     assert_eq!(last.job_id, Some(job));
 
-    // With tenancy-prolog beside it, the same epilog tears everything down through it.
-    install(&w, "bin", &["tenancy-prolog"]).unwrap();
+    // With tenancy-prolog-dynamic beside it, the same epilog tears everything down through it.
+    install(&w, "bin", &["tenancy-prolog-dynamic"]).unwrap();
     let out = epilog(&w, &bin, job, 0, Some("1g.18gb"));
     assert!(out.status.success(), "{}", text(&out));
     w.assert_nothing_left("after the handed-off epilog");
@@ -135,7 +106,7 @@ fn a_mig_job_is_handed_to_the_prolog_binary_and_fails_closed_without_it() {
 /// epilog's environment is still handed off.
 #[test]
 fn a_slice_only_the_journal_shows_is_handed_off_too() {
-    let Some((w, bin)) = static_world(&["tenancy-epilog", "tenancy-prolog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-epilog", "tenancy-prolog-dynamic"]) else {
         return;
     };
     let job = 4103;
@@ -150,8 +121,8 @@ fn a_slice_only_the_journal_shows_is_handed_off_too() {
 }
 
 /// What the hand-off gives the program: `--epilog`, and the job id as TENANCY_HANDOFF_JOB_ID
-/// instead of SLURM_JOB_ID, so that a tenancy-prolog too old to know `--epilog` fails for want
-/// of a job instead of running the prolog again for an ended job.
+/// instead of SLURM_JOB_ID, so that a program that does not know `--epilog` fails for want of
+/// a job instead of running the prolog again for an ended job.
 #[test]
 fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
     let Some((w, bin)) = static_world(&["tenancy-epilog"]) else {
@@ -162,7 +133,7 @@ fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
     assert!(out.status.success(), "{}", text(&out));
     // A stand-in for the program: it says what it got, and fails.
     let seen = w.root.join("seen");
-    let fake = bin.join("tenancy-prolog");
+    let fake = bin.join("tenancy-prolog-dynamic");
     std::fs::write(
         &fake,
         format!(
@@ -191,7 +162,7 @@ fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
     );
     // The job is still the node's: the real binary finishes it.
     std::fs::remove_file(&fake).unwrap();
-    install(&w, "bin", &["tenancy-prolog"]).unwrap();
+    install(&w, "bin", &["tenancy-prolog-dynamic"]).unwrap();
     let out = epilog(&w, &bin, job, 0, Some("1g.18gb"));
     assert!(out.status.success(), "{}", text(&out));
     w.assert_nothing_left("after the real hand-off");
@@ -206,7 +177,7 @@ fn a_job_without_mig_is_torn_down_by_the_static_epilog_alone() {
     let out = w.run(&["prolog"], &w.job_env(job, 1, None));
     assert!(out.status.success(), "{}", text(&out));
     assert!(w.cgroup(1, job).is_dir() && w.scratch_dir(1, job).is_dir());
-    // No tenancy-prolog in `bin`: this works only if nothing is handed off.
+    // No tenancy-prolog-dynamic in `bin`: this works only if nothing is handed off.
     let out = epilog(&w, &bin, job, 1, None);
     assert!(out.status.success(), "{}", text(&out));
     w.assert_nothing_left("after the static epilog");

@@ -1,9 +1,11 @@
 #![cfg_attr(not(test), no_main)]
 //! `tenancy-prolog`: Slurm runs it as root on the node before the job (Prolog= in slurm.conf),
-//! without arguments; the config is found through SLURM_CONF (see tenancy-config).
-//! `tenancy-prolog --epilog` runs the epilog instead: the statically linked `tenancy-epilog`
-//! hands it the jobs whose teardown needs NVML (see `tenancy_node::run::epilog_status`).
-//! C's `main` is defined here, not Rust's: see `tenancy_node::run::c_main`.
+//! without arguments; the config is found through SLURM_CONF (see tenancy-config). It is
+//! statically linked (build-support/link.rs) and hands a job that needs a shared library (NVML
+//! for a MIG slice, NSS modules for its user or groups) to `tenancy-prolog-dynamic` in the same
+//! folder (see `tenancy_node::run::prolog_status`). `tenancy-prolog --epilog` runs the epilog,
+//! as `tenancy-epilog` does. C's `main` is defined here, not Rust's: see
+//! `tenancy_node::run::c_main`.
 
 #[cfg(not(test))]
 #[no_mangle]

@@ -20,89 +20,126 @@ pub struct DoctorArgs {
     /// PAM configuration folder searched for pam_slurm_adopt
     #[arg(long, default_value = "/etc/pam.d")]
     pub pam_dir: PathBuf,
-    /// Slurm's slurm.conf, read for its Epilog= lines (default: SLURM_CONF, else
+    /// Slurm's slurm.conf, read for its Prolog= and Epilog= lines (default: SLURM_CONF, else
     /// /etc/slurm/slurm.conf)
     #[arg(long)]
     pub slurm_conf: Option<PathBuf>,
 }
 
-/// The programs of slurm.conf's `Epilog=` lines (key case-insensitive, `#` comments dropped,
-/// a line may list several, comma-separated).
-fn epilogs(slurm_conf: &str) -> Vec<String> {
+/// The programs of slurm.conf's `key=` lines (`Prolog`, `Epilog`; key case-insensitive, `#`
+/// comments dropped, a line may list several, comma-separated).
+fn programs(slurm_conf: &str, key: &str) -> Vec<String> {
     slurm_conf
         .lines()
         .map(|l| l.split('#').next().unwrap_or_default().trim())
         .filter_map(|l| l.split_once('='))
-        .filter(|(k, _)| k.trim().eq_ignore_ascii_case("epilog"))
+        .filter(|(k, _)| k.trim().eq_ignore_ascii_case(key))
         .flat_map(|(_, v)| v.split(',').map(|p| p.trim().to_string()))
         .filter(|v| !v.is_empty())
         .collect()
 }
 
-/// tenancy-epilog is statically linked and hands MIG jobs to `tenancy-prolog --epilog` in its
-/// own folder: without that binary, a MIG job's teardown fails (and drains the node).
-fn epilog_row(slurm_conf: &Path) -> Row {
+/// The file the static prolog and epilog hand jobs to, in their own folder.
+const DYNAMIC_BUILD: &str = "tenancy-prolog-dynamic";
+
+/// tenancy-prolog and tenancy-epilog are statically linked and hand the jobs that need a
+/// shared library (NVML for a MIG slice; the prolog also NSS modules) to
+/// tenancy-prolog-dynamic in their own folder: without it such jobs fail (and drain the node).
+/// A Prolog= that names tenancy-prolog-dynamic itself needs nothing beside it.
+fn handoff_rows(slurm_conf: &Path) -> Vec<Row> {
     let text = match std::fs::read_to_string(slurm_conf) {
         Ok(t) => t,
         Err(e) => {
-            return row(
-                "slurm.epilog",
+            return vec![row(
+                "slurm.prolog_epilog",
                 Severity::Warn,
                 format!("cannot read {}: {e}", slurm_conf.display()),
                 Some("pass --slurm-conf, or set SLURM_CONF".into()),
-            )
+            )]
         }
     };
-    let ours: Vec<PathBuf> = epilogs(&text)
-        .into_iter()
-        .map(PathBuf::from)
-        .filter(|p| p.file_name().is_some_and(|n| n == "tenancy-epilog"))
-        .collect();
-    let Some(epilog) = ours.first() else {
-        // A wrapper script or a glob may still run it: say so, without failing the node.
-        return row(
+    let mut rows = Vec::new();
+    for (key, check, ours, without) in [
+        (
+            "Prolog",
+            "slurm.prolog",
+            "tenancy-prolog",
+            "MIG jobs, and jobs whose user or groups NSS modules (sssd, LDAP) decide, would be \
+             refused and drain the node",
+        ),
+        (
+            "Epilog",
             "slurm.epilog",
-            Severity::Warn,
-            format!(
-                "{} names no tenancy-epilog in Epilog=: unless a wrapper runs it, nothing tears \
-                 jobs down",
-                slurm_conf.display()
-            ),
-            Some("add Epilog=/usr/local/sbin/tenancy-epilog to slurm.conf".into()),
-        );
-    };
-    let handoff = epilog.with_file_name("tenancy-prolog");
-    let runnable = std::fs::metadata(&handoff).is_ok_and(|m| {
-        m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
-    });
-    if runnable {
-        row(
-            "slurm.epilog",
-            Severity::Ok,
-            format!(
-                "Epilog={} hands MIG jobs to {} --epilog",
-                epilog.display(),
-                handoff.display()
-            ),
-            None,
-        )
-    } else {
-        row(
-            "slurm.epilog",
-            Severity::Error,
-            format!(
-                "Epilog={}: {} is missing or not executable, and the epilog hands every MIG \
-                 job's teardown to it (tenancy-epilog is statically linked and cannot load \
-                 NVML): such jobs would fail to end and drain the node",
-                epilog.display(),
-                handoff.display()
-            ),
-            Some(format!(
-                "install -m 0755 target/release/tenancy-prolog {}",
-                handoff.display()
-            )),
-        )
+            "tenancy-epilog",
+            "MIG jobs would fail to end and drain the node",
+        ),
+    ] {
+        let named: Vec<PathBuf> = programs(&text, key)
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        let is = |p: &PathBuf, n: &str| p.file_name().is_some_and(|f| f == n);
+        if key == "Prolog" && named.iter().any(|p| is(p, DYNAMIC_BUILD)) {
+            rows.push(row(
+                check,
+                Severity::Ok,
+                format!("Prolog= runs {DYNAMIC_BUILD}, which hands nothing off"),
+                None,
+            ));
+            continue;
+        }
+        let Some(program) = named.iter().find(|p| is(p, ours)) else {
+            // A wrapper script or a glob may still run it: say so, without failing the node.
+            rows.push(row(
+                check,
+                Severity::Warn,
+                format!(
+                    "{} names no {ours} in {key}=: unless a wrapper runs it, the product does \
+                     not {} jobs",
+                    slurm_conf.display(),
+                    if key == "Prolog" {
+                        "isolate"
+                    } else {
+                        "tear down"
+                    }
+                ),
+                Some(format!("add {key}=/usr/local/sbin/{ours} to slurm.conf")),
+            ));
+            continue;
+        };
+        let handoff = program.with_file_name(DYNAMIC_BUILD);
+        let runnable = std::fs::metadata(&handoff).is_ok_and(|m| {
+            m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+        });
+        rows.push(if runnable {
+            row(
+                check,
+                Severity::Ok,
+                format!(
+                    "{key}={} hands the jobs it cannot run alone to {}",
+                    program.display(),
+                    handoff.display()
+                ),
+                None,
+            )
+        } else {
+            row(
+                check,
+                Severity::Error,
+                format!(
+                    "{key}={}: {} is missing or not executable, and {ours} (statically linked, \
+                     it cannot load shared libraries) hands jobs to it: {without}",
+                    program.display(),
+                    handoff.display()
+                ),
+                Some(format!(
+                    "install -m 0755 target/release/{DYNAMIC_BUILD} {}",
+                    handoff.display()
+                )),
+            )
+        });
     }
+    rows
 }
 
 /// A PAM service file that enables `pam_slurm_adopt`.
@@ -458,7 +495,7 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/etc/slurm/slurm.conf"))
     });
-    rows.push(epilog_row(&slurm_conf));
+    rows.extend(handoff_rows(&slurm_conf));
     let cgroup_conf = args.slurm_cgroup_conf.clone().unwrap_or_else(|| {
         std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)

@@ -194,10 +194,11 @@ fn row<'a>(rows: &'a [serde_json::Value], check: &str) -> &'a serde_json::Value 
         .unwrap_or_else(|| panic!("no {check} row in {rows:?}"))
 }
 
-/// tenancy-epilog hands MIG jobs to `tenancy-prolog --epilog` beside it: the doctor fails a
-/// node whose slurm.conf runs a tenancy-epilog without it, and passes it once it is there.
+/// tenancy-prolog and tenancy-epilog hand MIG jobs (the prolog also NSS-module identities) to
+/// tenancy-prolog-dynamic beside them: the doctor fails a node whose slurm.conf runs them
+/// without it, and passes it once it is there.
 #[test]
-fn the_doctor_wants_tenancy_prolog_beside_the_epilog_slurm_runs() {
+fn the_doctor_wants_the_dynamic_build_beside_the_prolog_and_epilog_slurm_runs() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let config = root.join("tenancy.toml");
@@ -219,37 +220,57 @@ fn the_doctor_wants_tenancy_prolog_beside_the_epilog_slurm_runs() {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     };
     exe("tenancy-epilog");
+    exe("tenancy-prolog");
     let slurm_conf = root.join("slurm.conf");
     std::fs::write(
         &slurm_conf,
         format!(
-            "ClusterName=t\n#Epilog=/elsewhere/tenancy-epilog\nepilog = {}/tenancy-epilog\n",
-            bin.display()
+            "ClusterName=t\n#Epilog=/elsewhere/tenancy-epilog\nepilog = {b}/tenancy-epilog\n\
+             Prolog={b}/tenancy-prolog\n",
+            b = bin.display()
         ),
     )
     .unwrap();
-    let run = || {
+    let run_for = |check: &str| {
         let (_, rows) = doctor_with(
             &config,
             root,
             &["--slurm-conf".as_ref(), slurm_conf.as_os_str()],
         );
-        row(&rows, "slurm.epilog").clone()
+        row(&rows, check).clone()
     };
-    let missing = run();
-    assert_eq!(missing["severity"], "error", "{missing}");
-    let prolog = bin.join("tenancy-prolog");
-    assert!(
-        missing["message"]
-            .as_str()
-            .unwrap()
-            .contains(&prolog.display().to_string()),
-        "{missing}"
-    );
-    assert!(missing["remedy"].as_str().unwrap().contains("install"));
-    exe("tenancy-prolog");
-    let found = run();
-    assert_eq!(found["severity"], "ok", "{found}");
+    let run = || run_for("slurm.epilog");
+    let dynamic = bin.join("tenancy-prolog-dynamic");
+    for check in ["slurm.epilog", "slurm.prolog"] {
+        let missing = run_for(check);
+        assert_eq!(missing["severity"], "error", "{missing}");
+        assert!(
+            missing["message"]
+                .as_str()
+                .unwrap()
+                .contains(&dynamic.display().to_string()),
+            "{missing}"
+        );
+        assert!(missing["remedy"].as_str().unwrap().contains("install"));
+    }
+    exe("tenancy-prolog-dynamic");
+    for check in ["slurm.epilog", "slurm.prolog"] {
+        let found = run_for(check);
+        assert_eq!(found["severity"], "ok", "{found}");
+    }
+    // A Prolog= naming the dynamic build itself needs nothing beside it.
+    std::fs::remove_file(&dynamic).unwrap();
+    std::fs::write(
+        &slurm_conf,
+        format!(
+            "Prolog=/elsewhere/tenancy-prolog-dynamic\nEpilog={}/tenancy-epilog\n",
+            bin.display()
+        ),
+    )
+    .unwrap();
+    assert_eq!(run_for("slurm.prolog")["severity"], "ok");
+    assert_eq!(run()["severity"], "error");
+    exe("tenancy-prolog-dynamic");
     // Listed with another epilog on one line: found.
     std::fs::write(
         &slurm_conf,

@@ -35,12 +35,13 @@ fn needed(dynamic: &str) -> Vec<String> {
         .collect()
 }
 
-/// The prolog links GCC's unwinder statically: the loader maps no libgcc_s.so.1 and its
-/// CPUID-heavy constructor does not run per job. glibc stays shared: NSS modules such as sssd
-/// need it, and so does NVML.
+/// The dynamic build (tenancy-prolog-dynamic, which the static prolog and epilog hand MIG jobs
+/// and NSS-module identities to) links GCC's unwinder statically: the loader maps no
+/// libgcc_s.so.1 and its CPUID-heavy constructor does not run per job. glibc stays shared: NSS
+/// modules such as sssd need it, and so does NVML.
 #[test]
-fn the_prolog_needs_only_libc() {
-    let Some(dynamic) = readelf("tenancy-prolog", "-d") else {
+fn the_dynamic_build_needs_only_libc() {
+    let Some(dynamic) = readelf("tenancy-prolog-dynamic", "-d") else {
         return;
     };
     let needed = needed(&dynamic);
@@ -50,34 +51,36 @@ fn the_prolog_needs_only_libc() {
     );
     assert!(
         !needed.iter().any(|n| n.starts_with("libgcc_s")),
-        "tenancy-prolog loads libgcc_s at every start: NEEDED {needed:?}"
+        "tenancy-prolog-dynamic loads libgcc_s at every start: NEEDED {needed:?}"
     );
 }
 
-/// The epilog is a static PIE: no program interpreter, no shared library, and still
-/// position-independent (ASLR) with its relocations read-only after start (RELRO).
+/// The prolog and epilog are static PIEs: no program interpreter, no shared library, and still
+/// position-independent (ASLR) with their relocations read-only after start (RELRO).
 #[test]
-fn the_epilog_is_a_static_pie() {
-    let (Some(header), Some(segments), Some(dynamic)) = (
-        readelf("tenancy-epilog", "-h"),
-        readelf("tenancy-epilog", "-l"),
-        readelf("tenancy-epilog", "-d"),
-    ) else {
-        return;
-    };
-    assert!(
-        header
-            .lines()
-            .any(|l| l.contains("Type:") && l.contains("DYN")),
-        "not position-independent:\n{header}"
-    );
-    assert!(
-        !segments.contains("INTERP"),
-        "tenancy-epilog is dynamically linked (a program interpreter):\n{segments}"
-    );
-    assert!(
-        segments.contains("GNU_RELRO"),
-        "no RELRO segment:\n{segments}"
-    );
-    assert_eq!(needed(&dynamic), Vec::<String>::new());
+fn the_prolog_and_epilog_are_static_pies() {
+    for name in ["tenancy-prolog", "tenancy-epilog"] {
+        let (Some(header), Some(segments), Some(dynamic)) = (
+            readelf(name, "-h"),
+            readelf(name, "-l"),
+            readelf(name, "-d"),
+        ) else {
+            return;
+        };
+        assert!(
+            header
+                .lines()
+                .any(|l| l.contains("Type:") && l.contains("DYN")),
+            "{name} is not position-independent:\n{header}"
+        );
+        assert!(
+            !segments.contains("INTERP"),
+            "{name} is dynamically linked (a program interpreter):\n{segments}"
+        );
+        assert!(
+            segments.contains("GNU_RELRO"),
+            "{name} has no RELRO segment:\n{segments}"
+        );
+        assert_eq!(needed(&dynamic), Vec::<String>::new(), "{name}");
+    }
 }

@@ -102,6 +102,10 @@ impl Layer for MigLayer {
         crate::linkage::can_load_libraries()
     }
 
+    fn acts_for(&self, plan: &JobPlan) -> bool {
+        plan.profile.is_some()
+    }
+
     fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
         made.and_then(|m| m.get("mig_uuid"))
             .or_else(|| intent.get("gpu_uuid"))

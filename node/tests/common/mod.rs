@@ -473,3 +473,32 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// Whether the ELF file at `path` names a program interpreter (PT_INTERP): dynamically linked.
+pub fn has_interpreter(path: &Path) -> bool {
+    let elf = std::fs::read(path).unwrap();
+    assert!(
+        elf.starts_with(b"\x7fELF\x02\x01"),
+        "{}: not a 64-bit LE ELF",
+        path.display()
+    );
+    let u = |at: usize, n: usize| {
+        elf[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u64, |acc, b| acc << 8 | u64::from(*b)) as usize
+    };
+    let (phoff, phentsize, phnum) = (u(0x20, 8), u(0x36, 2), u(0x38, 2));
+    (0..phnum).any(|i| u(phoff + i * phentsize, 4) == 3)
+}
+
+/// A folder holding copies of the named product binaries only.
+pub fn install(w: &World, dir: &str, names: &[&str]) -> Option<PathBuf> {
+    let bin = w.root.join(dir);
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in names {
+        let from = product_binary(name)?;
+        std::fs::copy(&from, bin.join(name)).unwrap();
+    }
+    Some(bin)
+}

@@ -1,0 +1,24 @@
+#![cfg_attr(not(test), no_main)]
+//! `tenancy-prolog-dynamic`: the prolog (no arguments) and, with `--epilog`, the epilog,
+//! dynamically linked. The statically linked `tenancy-prolog` and `tenancy-epilog` start
+//! faster but cannot load shared libraries; they hand it, with the same environment, the jobs
+//! that need one: a MIG slice (NVML), users or groups that NSS modules such as sssd or LDAP
+//! decide (see `tenancy_node::linkage`). A node whose users all come from such a source can
+//! name it in Prolog= directly (README). C's `main` is defined here, not Rust's: see
+//! `tenancy_node::run::c_main`.
+
+#[cfg(not(test))]
+#[no_mangle]
+pub extern "C" fn main(
+    argc: std::os::raw::c_int,
+    _argv: *const *const std::os::raw::c_char,
+) -> std::os::raw::c_int {
+    use tenancy_node::run;
+    let handed_off =
+        argc == 2 && std::env::args_os().nth(1).as_deref() == Some(run::HANDED_OFF_EPILOG.as_ref());
+    run::c_main(if handed_off {
+        run::handed_off_epilog_status
+    } else {
+        run::prolog_status
+    })
+}
