@@ -57,15 +57,30 @@ pub struct Handoff {
     pub env: Vec<(String, Option<String>)>,
 }
 
+/// Set in a handed-off program's environment. A process started that way never hands a job
+/// on: were a statically linked file installed under the dynamic build's name, each would
+/// otherwise exec the next forever.
+pub const HANDED_OFF: &str = "TENANCY_HANDED_OFF";
+
 impl Handoff {
     /// Replaces this process with the program; returns only when that failed: the program (as
     /// far as it was found) and why.
     pub fn exec(&self) -> (String, std::io::Error) {
+        if std::env::var_os(HANDED_OFF).is_some() {
+            return (
+                self.sibling.clone(),
+                std::io::Error::other(format!(
+                    "this process was itself handed the job ({HANDED_OFF} is set), so the \
+                     program installed as {} is not the dynamically linked build",
+                    self.sibling
+                )),
+            );
+        }
         match std::env::current_exe() {
             Ok(exe) => {
                 let program = exe.with_file_name(&self.sibling);
                 let mut command = std::process::Command::new(&program);
-                command.args(&self.args);
+                command.args(&self.args).env(HANDED_OFF, "1");
                 for (name, value) in &self.env {
                     match value {
                         Some(v) => command.env(name, v),

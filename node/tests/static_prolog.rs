@@ -252,3 +252,48 @@ fn a_node_with_other_nss_sources_hands_every_job_over() {
     assert!(w.records().is_empty(), "the static prolog recorded nothing");
     w.assert_nothing_left("after the hand-off");
 }
+
+/// A statically linked file installed under the dynamic build's name (a copy of
+/// tenancy-prolog): the handed-off process does not hand the job on again, so the job is
+/// refused at once instead of the two exec'ing each other forever.
+#[test]
+fn a_static_file_in_the_dynamic_builds_place_refuses_the_job_without_a_loop() {
+    let Some((w, bin)) = static_world(&["tenancy-prolog"]) else {
+        return;
+    };
+    let job = 4205;
+    std::fs::copy(
+        bin.join("tenancy-prolog"),
+        bin.join("tenancy-prolog-dynamic"),
+    )
+    .unwrap();
+    let mut child = w
+        .command_of(
+            &bin.join("tenancy-prolog"),
+            &[],
+            &w.job_env(job, 0, Some("1g.18gb")),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the prolog and its hand-off exec each other without end");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not the dynamically linked build"),
+        "{}",
+        text(&out)
+    );
+    w.assert_nothing_left("after the refusal");
+    let last = w.records().pop().unwrap();
+    assert_eq!((last.event, last.job_id), (Event::JobDenied, Some(job)));
+}
