@@ -57,8 +57,8 @@ pub trait Layer {
     fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()>;
 
     /// Whether this process can drive the layer's mechanism. A layer that must load a shared
-    /// library says no in a statically linked process (`crate::linkage`); the epilog then
-    /// hands the job to a dynamically linked one (`Spine::handoff`).
+    /// library says no in a statically linked process (`crate::linkage`); the prolog or
+    /// epilog then hands the job to a dynamically linked one (`Spine::handoff`).
     fn runs_here(&self) -> bool {
         true
     }
