@@ -111,6 +111,18 @@ pub fn c_main(body: fn() -> u8) -> std::os::raw::c_int {
     status.into()
 }
 
+/// The body of the C `main` of `tenancy-prolog` and of [`DYNAMIC_BUILD`]: the prolog, or with
+/// [`HANDED_OFF_EPILOG`] as the one argument, the epilog.
+pub fn prolog_main(argc: std::os::raw::c_int) -> std::os::raw::c_int {
+    let handed_off =
+        argc == 2 && std::env::args_os().nth(1).as_deref() == Some(HANDED_OFF_EPILOG.as_ref());
+    c_main(if handed_off {
+        handed_off_epilog_status
+    } else {
+        prolog_status
+    })
+}
+
 /// Runs the prolog for the job in this process's environment.
 pub fn prolog() -> ExitCode {
     ExitCode::from(prolog_status())

@@ -7,27 +7,10 @@
 
 mod common;
 
-use common::{has_interpreter, install, need_root, text, World};
+use common::{install, static_world, text, World};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tenancy_audit::{Event, Outcome};
-
-/// A root test's world with `names` installed alone in its `bin` folder; None: skip (not
-/// root, no binaries, or an epilog built dynamically, which hands nothing off).
-fn static_world(names: &[&str]) -> Option<(World, PathBuf)> {
-    if !need_root("real users, product cgroups, BPF device programs") {
-        return None;
-    }
-    let w = World::new(1, None)?;
-    let bin = install(&w, "bin", names)?;
-    if has_interpreter(&bin.join("tenancy-epilog")) {
-        // Built with TENANCY_DYNAMIC_EPILOG=1 or without glibc's archives (tests/tests/
-        // binaries.rs says how the binaries must be linked).
-        eprintln!("SKIP: this tenancy-epilog is dynamically linked");
-        return None;
-    }
-    Some((w, bin))
-}
 
 fn epilog(
     w: &World,
@@ -47,7 +30,7 @@ fn epilog(
 
 #[test]
 fn a_mig_job_is_handed_to_the_dynamic_build_and_fails_closed_without_it() {
-    let Some((w, bin)) = static_world(&["tenancy-epilog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-epilog"], "tenancy-epilog") else {
         return;
     };
     let job = 4101;
@@ -106,7 +89,10 @@ fn a_mig_job_is_handed_to_the_dynamic_build_and_fails_closed_without_it() {
 /// epilog's environment is still handed off.
 #[test]
 fn a_slice_only_the_journal_shows_is_handed_off_too() {
-    let Some((w, bin)) = static_world(&["tenancy-epilog", "tenancy-prolog-dynamic"]) else {
+    let Some((w, bin)) = static_world(
+        &["tenancy-epilog", "tenancy-prolog-dynamic"],
+        "tenancy-epilog",
+    ) else {
         return;
     };
     let job = 4103;
@@ -125,7 +111,7 @@ fn a_slice_only_the_journal_shows_is_handed_off_too() {
 /// a job instead of running the prolog again for an ended job.
 #[test]
 fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
-    let Some((w, bin)) = static_world(&["tenancy-epilog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-epilog"], "tenancy-epilog") else {
         return;
     };
     let job = 4104;
@@ -170,7 +156,7 @@ fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
 
 #[test]
 fn a_job_without_mig_is_torn_down_by_the_static_epilog_alone() {
-    let Some((w, bin)) = static_world(&["tenancy-epilog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-epilog"], "tenancy-epilog") else {
         return;
     };
     let job = 4102;

@@ -8,30 +8,13 @@
 
 mod common;
 
-use common::{has_interpreter, install, need_root, text, World};
+use common::{install, static_world, text, World};
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use tenancy_audit::{Event, Outcome};
 use tenancy_node::linkage::{files_speak_for_nss, NSSWITCH};
-
-/// A root test's world with `names` installed alone in its `bin` folder; None: skip (not
-/// root, no binaries, or a prolog built dynamically, which hands nothing off).
-fn static_world(names: &[&str]) -> Option<(World, PathBuf)> {
-    if !need_root("real users, product cgroups, BPF device programs") {
-        return None;
-    }
-    let w = World::new(1, None)?;
-    let bin = install(&w, "bin", names)?;
-    if has_interpreter(&bin.join("tenancy-prolog")) {
-        // Built with TENANCY_DYNAMIC_PROLOG=1 or without glibc's archives (tests/tests/
-        // binaries.rs says how the binaries must be linked).
-        eprintln!("SKIP: this tenancy-prolog is dynamically linked");
-        return None;
-    }
-    Some((w, bin))
-}
 
 fn prolog(w: &World, bin: &Path, env: &[(OsString, OsString)]) -> Output {
     w.command_of(&bin.join("tenancy-prolog"), &[], env)
@@ -62,7 +45,8 @@ fn fake_dynamic_build(bin: &Path, seen: &Path) {
 
 #[test]
 fn a_job_of_users_in_the_files_runs_in_the_static_prolog_alone() {
-    let Some((w, bin)) = static_world(&["tenancy-prolog", "tenancy-epilog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-prolog", "tenancy-epilog"], "tenancy-prolog")
+    else {
         return;
     };
     let job = 4201;
@@ -99,7 +83,8 @@ fn a_job_of_users_in_the_files_runs_in_the_static_prolog_alone() {
 
 #[test]
 fn a_mig_job_is_handed_to_the_dynamic_build_and_refused_without_it() {
-    let Some((w, bin)) = static_world(&["tenancy-prolog", "tenancy-epilog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-prolog", "tenancy-epilog"], "tenancy-prolog")
+    else {
         return;
     };
     let job = 4202;
@@ -155,7 +140,7 @@ fn a_mig_job_is_handed_to_the_dynamic_build_and_refused_without_it() {
 /// refuse the job itself but hands it over, environment untouched; the dynamic build decides.
 #[test]
 fn a_user_missing_from_the_files_is_decided_by_the_dynamic_build() {
-    let Some((w, bin)) = static_world(&["tenancy-prolog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-prolog"], "tenancy-prolog") else {
         return;
     };
     let job = 4203;
@@ -216,7 +201,7 @@ fn a_user_missing_from_the_files_is_decided_by_the_dynamic_build() {
 /// build, even one whose user is in /etc/passwd: the static prolog cannot ask that source.
 #[test]
 fn a_node_with_other_nss_sources_hands_every_job_over() {
-    let Some((w, bin)) = static_world(&["tenancy-prolog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-prolog"], "tenancy-prolog") else {
         return;
     };
     let job = 4204;
@@ -258,7 +243,7 @@ fn a_node_with_other_nss_sources_hands_every_job_over() {
 /// refused at once instead of the two exec'ing each other forever.
 #[test]
 fn a_static_file_in_the_dynamic_builds_place_refuses_the_job_without_a_loop() {
-    let Some((w, bin)) = static_world(&["tenancy-prolog"]) else {
+    let Some((w, bin)) = static_world(&["tenancy-prolog"], "tenancy-prolog") else {
         return;
     };
     let job = 4205;

@@ -13,12 +13,5 @@ pub extern "C" fn main(
     argc: std::os::raw::c_int,
     _argv: *const *const std::os::raw::c_char,
 ) -> std::os::raw::c_int {
-    use tenancy_node::run;
-    let handed_off =
-        argc == 2 && std::env::args_os().nth(1).as_deref() == Some(run::HANDED_OFF_EPILOG.as_ref());
-    run::c_main(if handed_off {
-        run::handed_off_epilog_status
-    } else {
-        run::prolog_status
-    })
+    tenancy_node::run::prolog_main(argc)
 }

@@ -502,3 +502,20 @@ pub fn install(w: &World, dir: &str, names: &[&str]) -> Option<PathBuf> {
     }
     Some(bin)
 }
+
+/// A root test's world with `names` installed alone in its `bin` folder; None: skip (not
+/// root, no binaries, or `linked` built dynamically, which hands nothing off).
+pub fn static_world(names: &[&str], linked: &str) -> Option<(World, PathBuf)> {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return None;
+    }
+    let w = World::new(1, None)?;
+    let bin = install(&w, "bin", names)?;
+    if has_interpreter(&bin.join(linked)) {
+        // Built with TENANCY_DYNAMIC_PROLOG=1, TENANCY_DYNAMIC_EPILOG=1 or without glibc's
+        // archives (tests/tests/binaries.rs says how the binaries must be linked).
+        eprintln!("SKIP: this {linked} is dynamically linked");
+        return None;
+    }
+    Some((w, bin))
+}
