@@ -39,23 +39,26 @@ fn programs(slurm_conf: &str, key: &str) -> Vec<String> {
         .collect()
 }
 
-/// The file the static prolog and epilog hand jobs to, in their own folder.
-const DYNAMIC_BUILD: &str = "tenancy-prolog-dynamic";
-
 /// tenancy-prolog and tenancy-epilog are statically linked and hand the jobs that need a
 /// shared library (NVML for a MIG slice; the prolog also NSS modules) to
 /// tenancy-prolog-dynamic in their own folder: without it such jobs fail (and drain the node).
 /// A Prolog= that names tenancy-prolog-dynamic itself needs nothing beside it.
 fn handoff_rows(slurm_conf: &Path) -> Vec<Row> {
+    use tenancy_node::run::DYNAMIC_BUILD;
     let text = match std::fs::read_to_string(slurm_conf) {
         Ok(t) => t,
         Err(e) => {
-            return vec![row(
-                "slurm.prolog_epilog",
-                Severity::Warn,
-                format!("cannot read {}: {e}", slurm_conf.display()),
-                Some("pass --slurm-conf, or set SLURM_CONF".into()),
-            )]
+            return ["slurm.prolog", "slurm.epilog"]
+                .into_iter()
+                .map(|check| {
+                    row(
+                        check,
+                        Severity::Warn,
+                        format!("cannot read {}: {e}", slurm_conf.display()),
+                        Some("pass --slurm-conf, or set SLURM_CONF".into()),
+                    )
+                })
+                .collect()
         }
     };
     let mut rows = Vec::new();
