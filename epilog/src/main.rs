@@ -2,7 +2,8 @@
 //! `tenancy-epilog`: Slurm runs it as root on the node after the job (Epilog= in slurm.conf).
 //! It takes no arguments; the config is found through SLURM_CONF (see tenancy-config).
 //! It is statically linked (build-support/link.rs) and hands a job whose teardown needs NVML
-//! to `tenancy-prolog --epilog` in the same folder (see `tenancy_node::run::epilog_status`).
+//! to `tenancy-prolog-dynamic --epilog` in the same folder (see
+//! `tenancy_node::run::epilog_status`).
 //! C's `main` is defined here, not Rust's: see `tenancy_node::run::c_main`.
 
 #[cfg(not(test))]

@@ -23,9 +23,9 @@ impl MigLayer {
         if self.nvml.is_none() {
             if !self.runs_here() {
                 return Err(LayerError(format!(
-                    "NVML ({}) cannot be loaded by a statically linked process: tenancy-epilog \
-                     hands MIG jobs to the dynamically linked `tenancy-prolog --epilog`; run \
-                     that, or `tenancyctl reconcile --apply`",
+                    "NVML ({}) cannot be loaded by a statically linked process: tenancy-prolog \
+                     and tenancy-epilog hand MIG jobs to the dynamically linked \
+                     tenancy-prolog-dynamic; run that, or `tenancyctl reconcile --apply`",
                     self.library
                         .as_deref()
                         .map(|p| p.display().to_string())
