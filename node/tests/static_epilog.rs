@@ -7,8 +7,7 @@
 
 mod common;
 
-use common::{install, static_world, text, World};
-use std::os::unix::fs::PermissionsExt;
+use common::{fake_dynamic_build, install, static_world, text, World};
 use std::path::Path;
 use tenancy_audit::{Event, Outcome};
 
@@ -119,16 +118,7 @@ fn the_hand_off_passes_the_job_under_a_name_an_old_prolog_does_not_read() {
     assert!(out.status.success(), "{}", text(&out));
     // A stand-in for the program: it says what it got, and fails.
     let seen = w.root.join("seen");
-    let fake = bin.join("tenancy-prolog-dynamic");
-    std::fs::write(
-        &fake,
-        format!(
-            "#!/bin/sh\n{{ echo \"args=$*\"; env; }} > {}\nexit 3\n",
-            seen.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fake = fake_dynamic_build(&bin, &seen, 3);
     let out = epilog(&w, &bin, job, 0, Some("1g.18gb"));
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let got = std::fs::read_to_string(&seen).unwrap();

@@ -8,9 +8,8 @@
 
 mod common;
 
-use common::{install, static_world, text, World};
+use common::{fake_dynamic_build, install, static_world, text, World};
 use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Output;
 use tenancy_audit::{Event, Outcome};
@@ -26,21 +25,6 @@ fn prolog(w: &World, bin: &Path, env: &[(OsString, OsString)]) -> Output {
 fn files_speak_here() -> Result<(), String> {
     let text = std::fs::read_to_string(NSSWITCH).map_err(|e| e.to_string())?;
     files_speak_for_nss(&text, |p| p.exists())
-}
-
-/// A stand-in for tenancy-prolog-dynamic in `bin`: writes its arguments and environment to
-/// `seen`, and exits 7.
-fn fake_dynamic_build(bin: &Path, seen: &Path) {
-    let fake = bin.join("tenancy-prolog-dynamic");
-    std::fs::write(
-        &fake,
-        format!(
-            "#!/bin/sh\n{{ echo \"args=$*\"; env; }} > {}\nexit 7\n",
-            seen.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 #[test]
@@ -155,7 +139,7 @@ fn a_user_missing_from_the_files_is_decided_by_the_dynamic_build() {
         }
     }
     let seen = w.root.join("seen");
-    fake_dynamic_build(&bin, &seen);
+    fake_dynamic_build(&bin, &seen, 7);
     let out = prolog(&w, &bin, &env);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
     let got = std::fs::read_to_string(&seen).unwrap();
@@ -208,7 +192,7 @@ fn a_node_with_other_nss_sources_hands_every_job_over() {
     let conf = w.root.join("nsswitch.conf");
     std::fs::write(&conf, "passwd: files sss\ngroup: files sss\n").unwrap();
     let seen = w.root.join("seen");
-    fake_dynamic_build(&bin, &seen);
+    fake_dynamic_build(&bin, &seen, 7);
     let prolog = bin.join("tenancy-prolog");
     let out = w
         .command_of(

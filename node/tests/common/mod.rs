@@ -519,3 +519,20 @@ pub fn static_world(names: &[&str], linked: &str) -> Option<(World, PathBuf)> {
     }
     Some((w, bin))
 }
+
+/// A stand-in for tenancy-prolog-dynamic in `bin`: writes its arguments (`args=...`) and its
+/// environment to `seen`, and exits with `status`. Returns its path.
+pub fn fake_dynamic_build(bin: &Path, seen: &Path, status: u8) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = bin.join("tenancy-prolog-dynamic");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\n{{ echo \"args=$*\"; env; }} > {}\nexit {status}\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fake
+}
