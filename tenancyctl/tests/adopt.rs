@@ -2,6 +2,8 @@
 //! cgroup joins the job's isolation as a task does, or is refused. Root only: it moves real
 //! processes between real cgroup2 directories.
 
+mod common;
+
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
@@ -115,17 +117,7 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let r = dir.path();
     std::fs::create_dir(r.join("scratch")).unwrap();
-    let config = r.join("tenancy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
-             scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.acme]\ntier = \"internal\"\n\
-             groups = [\"root\"]\n",
-            r = r.display()
-        ),
-    )
-    .unwrap();
+    let config = common::minimal_config(r);
     let tag = format!("adopt{}", std::process::id());
     let root = cgroup2_root();
     let job: u64 = 4_200_000 + u64::from(std::process::id() % 100_000);

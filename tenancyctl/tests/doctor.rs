@@ -1,5 +1,7 @@
 //! `tenancyctl doctor` flags a node that could not isolate jobs.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -201,17 +203,7 @@ fn row<'a>(rows: &'a [serde_json::Value], check: &str) -> &'a serde_json::Value 
 fn the_doctor_wants_the_dynamic_build_beside_the_prolog_and_epilog_slurm_runs() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let config = root.join("tenancy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
-             scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.acme]\ntier = \"internal\"\n\
-             groups = [\"root\"]\n",
-            r = root.display()
-        ),
-    )
-    .unwrap();
+    let config = common::minimal_config(root);
     let bin = root.join("sbin");
     std::fs::create_dir(&bin).unwrap();
     let exe = |name: &str| {
