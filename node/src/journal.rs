@@ -4,8 +4,9 @@
 //!
 //! Writes are atomic: a temporary file, then a rename over the journal (an exchange, so the old
 //! file can be recycled). Intents, which must be on disk before anything they announce is made,
-//! also fsync the file and the folder; the final result is not fsynced (every layer undoes
-//! from its intent alone).
+//! are also written into the node's intent log and synced there ([`crate::intent_log`]: one
+//! write and one flush; the journal file itself is fsynced with its folder only when the log
+//! cannot take them); the final result is not synced (every layer undoes from its intent alone).
 
 use chrono::{DateTime, Utc};
 use rustix::fs::RenameFlags;
@@ -16,6 +17,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use crate::intent_log::{self, IntentLog};
 
 pub const VERSION: u32 = 1;
 
@@ -57,6 +60,10 @@ pub struct Journal {
     pub share_node: bool,
     pub started: DateTime<Utc>,
     pub steps: Vec<Step>,
+    /// The slot of the node's intent log that holds this journal's intents on disk (see
+    /// [`crate::intent_log`]); none when the journal file itself was made durable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent_slot: Option<u32>,
 }
 
 impl Journal {
@@ -279,6 +286,32 @@ impl JournalDir {
         })
     }
 
+    /// Records the job's intents before anything they announce is made: the journal file
+    /// (not synced) and a slot of the node's intent log, written in place and synced, which is
+    /// one write and one flush where a journal file of its own on disk needs two syncs (data,
+    /// inode, folder). Falls back to [`Self::save`] with `durable` when the log cannot be used
+    /// (no boot id, a journal too large for a slot, a full log). Call it under the node lock.
+    pub fn save_intents(&self, journal: &mut Journal) -> io::Result<()> {
+        if let Some(boot) = intent_log::boot_id() {
+            let mut log = IntentLog::open(&self.dir)?;
+            let slot = log.claim(journal.job_id, &boot, |r| {
+                // A record of this boot whose job has no journal: its job ended, or its prolog
+                // died before the journal file was written (that comes first, below).
+                r.boot == boot && !self.journal_path(r.job_id).exists()
+            })?;
+            if let Some(slot) = slot {
+                journal.intent_slot = Some(slot);
+                let bytes = serde_json::to_vec(journal).map_err(io::Error::other)?;
+                if bytes.len() <= intent_log::CAPACITY {
+                    self.replace_file(&format!("job_{}.json", journal.job_id), &bytes, false)?;
+                    return log.write(slot, journal.job_id, &boot, &bytes);
+                }
+            }
+        }
+        journal.intent_slot = None;
+        self.save(journal, true)
+    }
+
     /// Replaces the job's journal atomically; `durable` also fsyncs the file and the folder
     /// (needed before anything the journal announces is made).
     pub fn save(&self, journal: &Journal, durable: bool) -> io::Result<()> {
@@ -394,9 +427,65 @@ impl JournalDir {
     /// a journal that a power loss brings back only makes `reconcile` undo its job again, and
     /// every undo is idempotent (what it names is gone: cgroups, programs and MIG instances do
     /// not survive a reboot, and the scratch folder was removed first).
-    pub fn remove(&self, job_id: u64) -> io::Result<()> {
+    /// The job's intent log slot is released first, so a crash in between leaves a journal
+    /// (undone again by reconcile), never a slot no journal accounts for.
+    pub fn remove(&self, journal: &Journal) -> io::Result<()> {
+        let job_id = journal.job_id;
+        if let Some(slot) = journal.intent_slot {
+            if let Some(log) = IntentLog::open_existing(&self.dir)? {
+                log.release(slot, job_id)?;
+            }
+        }
         let _ = fs::remove_file(self.dir.join(format!(".job_{job_id}.json.tmp")));
         self.keep_spare(&self.journal_path(job_id))
+    }
+
+    /// After a restart: the journals whose intents the intent log holds from an earlier boot
+    /// and whose file is missing, unreadable or older (a power loss can take what was written
+    /// since the last sync), in job order. With `apply`, each is written back (durably) and
+    /// every slot of an earlier boot, or of a job without a journal, is released; without,
+    /// nothing changes. Call it under the node lock.
+    /// Records that cannot be read as a journal are named in the second list and kept.
+    pub fn recover_intents(&self, apply: bool) -> io::Result<(Vec<Journal>, Vec<String>)> {
+        let Some(log) = IntentLog::open_existing(&self.dir)? else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let boot = intent_log::boot_id();
+        let mut lost = Vec::new();
+        let mut unreadable = Vec::new();
+        for rec in log.records()? {
+            let this_boot = boot == Some(rec.boot);
+            if !this_boot {
+                let from_log: Journal = match serde_json::from_slice(&rec.payload) {
+                    Ok(j) => j,
+                    Err(e) => {
+                        unreadable.push(format!(
+                            "slot {} of {} (job {}) is not a journal this build reads: {e}",
+                            rec.slot,
+                            self.dir.join(intent_log::FILE).display(),
+                            rec.job_id
+                        ));
+                        continue;
+                    }
+                };
+                // The file is the newer one when it is this attempt's and at least as far on.
+                let file_holds_it = matches!(
+                    self.load(rec.job_id),
+                    Ok(Some(j)) if j.started == from_log.started && j.steps.len() >= from_log.steps.len()
+                );
+                if !file_holds_it {
+                    if apply {
+                        self.save(&from_log, true)?;
+                    }
+                    lost.push(from_log);
+                }
+            }
+            if apply && (!this_boot || !self.journal_path(rec.job_id).exists()) {
+                log.release(rec.slot, rec.job_id)?;
+            }
+        }
+        lost.sort_by_key(|j| j.job_id);
+        Ok((lost, unreadable))
     }
 
     fn sync_dir(&self) -> io::Result<()> {
@@ -565,6 +654,7 @@ mod tests {
                 intent: serde_json::json!({"path": "/x"}),
                 made: None,
             }],
+            intent_slot: None,
         }
     }
 
@@ -579,8 +669,8 @@ mod tests {
         assert_eq!(dir.load(7).unwrap(), Some(j));
         assert_eq!(dir.job_ids().unwrap(), vec![7, 8]);
         assert_eq!(dir.others(7).unwrap().len(), 1);
-        dir.remove(7).unwrap();
-        dir.remove(7).unwrap();
+        dir.remove(&sample(7)).unwrap();
+        dir.remove(&sample(7)).unwrap();
         assert_eq!(dir.job_ids().unwrap(), vec![8]);
         // No temporary file is left behind.
         let names: Vec<_> = fs::read_dir(dir.path())
@@ -682,7 +772,7 @@ mod tests {
         let mut long = sample(1);
         long.user = "u".repeat(5000);
         dir.save(&long, true).unwrap();
-        dir.remove(1).unwrap();
+        dir.remove(&long).unwrap();
         assert_eq!(dir.load(1).unwrap(), None);
         let kept = spares();
         assert_eq!(kept.len(), 1);
@@ -702,10 +792,120 @@ mod tests {
             dir.save(&sample(job), true).unwrap();
         }
         for job in 10..40 {
-            dir.remove(job).unwrap();
+            dir.remove(&sample(job)).unwrap();
         }
         assert_eq!(spares().len(), MAX_SPARES);
         assert_eq!(dir.job_ids().unwrap(), vec![2]);
+    }
+
+    #[test]
+    fn intents_go_to_the_intent_log_and_leave_it_with_the_journal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut j = sample(70);
+        dir.save_intents(&mut j).unwrap();
+        let slot = j.intent_slot.expect("a slot");
+        assert_eq!(dir.load(70).unwrap(), Some(j.clone()));
+        let log = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
+        let recs = log.records().unwrap();
+        assert_eq!(recs.len(), 1);
+        assert_eq!((recs[0].slot, recs[0].job_id), (slot, 70));
+        assert_eq!(recs[0].boot, intent_log::boot_id().unwrap());
+        let logged: Journal = serde_json::from_slice(&recs[0].payload).unwrap();
+        assert_eq!(logged, j);
+        // A later, larger result does not touch the log.
+        let mut done = j.clone();
+        done.steps[0].state = StepState::Made;
+        done.steps[0].made = Some(serde_json::json!({"path": "/x", "uid": 1}));
+        dir.save(&done, false).unwrap();
+        assert_eq!(log.records().unwrap(), recs);
+        // The job ends: the slot is free, the journal gone.
+        dir.remove(&done).unwrap();
+        assert!(log.records().unwrap().is_empty());
+        assert_eq!(dir.load(70).unwrap(), None);
+    }
+
+    #[test]
+    fn a_journal_too_large_for_a_slot_is_made_durable_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut j = sample(5);
+        j.user = "u".repeat(intent_log::CAPACITY);
+        dir.save_intents(&mut j).unwrap();
+        assert_eq!(j.intent_slot, None);
+        assert_eq!(dir.load(5).unwrap(), Some(j));
+        let log = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
+        assert!(log.records().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_slot_whose_job_left_no_journal_is_taken_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut a = sample(3);
+        dir.save_intents(&mut a).unwrap();
+        // Its journal went without its slot (a crash between the two).
+        fs::remove_file(dir.journal_path(3)).unwrap();
+        let mut b = sample(3 + 64);
+        dir.save_intents(&mut b).unwrap();
+        assert_eq!(b.intent_slot, a.intent_slot);
+        // A live job's slot is not.
+        let mut c = sample(3 + 128);
+        dir.save_intents(&mut c).unwrap();
+        assert_ne!(c.intent_slot, b.intent_slot);
+    }
+
+    #[test]
+    fn after_a_restart_journals_are_restored_from_the_intent_log() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let earlier = [0xee; 16];
+        let mut log = IntentLog::open(tmp.path()).unwrap();
+        let mut put = |j: &mut Journal| {
+            let slot = log.claim(j.job_id, &earlier, |_| false).unwrap().unwrap();
+            j.intent_slot = Some(slot);
+            log.write(slot, j.job_id, &earlier, &serde_json::to_vec(&*j).unwrap())
+                .unwrap();
+        };
+        // 1: the journal file is gone; 2: it is empty (written, never synced); 3: it holds the
+        // same attempt, further on; 4: an older attempt of the same job.
+        let mut lost = sample(1);
+        put(&mut lost);
+        let mut empty = sample(2);
+        put(&mut empty);
+        fs::write(dir.journal_path(2), b"").unwrap();
+        let mut kept = sample(3);
+        put(&mut kept);
+        let mut further = kept.clone();
+        further.steps[0].state = StepState::Made;
+        dir.save(&further, false).unwrap();
+        let mut newer = sample(4);
+        let mut older = newer.clone();
+        older.started -= chrono::Duration::seconds(60);
+        dir.save(&older, false).unwrap();
+        put(&mut newer);
+        // This boot's record of a live job stays.
+        let mut live = sample(5);
+        dir.save_intents(&mut live).unwrap();
+
+        // A dry run says what it would restore and changes nothing.
+        let (found, bad) = dir.recover_intents(false).unwrap();
+        assert!(bad.is_empty());
+        assert_eq!(found, vec![lost.clone(), empty.clone(), newer.clone()]);
+        assert_eq!(dir.load(1).unwrap(), None);
+        let log = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
+        assert_eq!(log.records().unwrap().len(), 5);
+
+        let (found, _) = dir.recover_intents(true).unwrap();
+        assert_eq!(found, vec![lost.clone(), empty.clone(), newer.clone()]);
+        assert_eq!(dir.load(1).unwrap(), Some(lost));
+        assert_eq!(dir.load(2).unwrap(), Some(empty));
+        assert_eq!(dir.load(3).unwrap(), Some(further));
+        assert_eq!(dir.load(4).unwrap(), Some(newer));
+        // Only the live job's slot is still held; a second pass finds nothing.
+        let recs = log.records().unwrap();
+        assert_eq!(recs.iter().map(|r| r.job_id).collect::<Vec<_>>(), [5]);
+        assert_eq!(dir.recover_intents(true).unwrap(), (vec![], vec![]));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod adopt;
 pub mod context;
+pub mod intent_log;
 pub mod journal;
 pub mod layer;
 pub mod layers;

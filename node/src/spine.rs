@@ -298,6 +298,7 @@ impl<'c> Spine<'c> {
             share_node: plan.tier.share_node,
             started: Utc::now(),
             steps: Vec::new(),
+            intent_slot: None,
         };
         match self.make_all(&mut plan, &mut journal) {
             Ok(()) => {}
@@ -409,8 +410,8 @@ impl<'c> Spine<'c> {
         Ok(())
     }
 
-    /// Makes every layer in order; every intent is journaled (durably, in one write) before the
-    /// first layer makes anything. Results need no fsync: every layer can undo from its intent
+    /// Makes every layer in order; every intent is journaled (on disk through the intent log,
+    /// in one write) before the first layer makes anything. Results need no fsync: every layer can undo from its intent
     /// alone, so the last write only informs the task entry.
     fn make_all(&mut self, plan: &mut JobPlan, journal: &mut Journal) -> Result<(), String> {
         let job = plan.job_id;
@@ -449,7 +450,7 @@ impl<'c> Spine<'c> {
             }
         }
         if !acting.is_empty() {
-            self.journals.save(journal, true).map_err(|e| {
+            self.journals.save_intents(journal).map_err(|e| {
                 format!(
                     "job {job}: cannot journal the intents of {} in {}: {e}",
                     self.layer_names(&acting),
@@ -603,7 +604,7 @@ impl<'c> Spine<'c> {
             }
         }
         let saved = if failures.is_empty() {
-            self.journals.remove(journal.job_id)
+            self.journals.remove(&journal)
         } else {
             self.journals.save(&journal, true)
         };

@@ -56,6 +56,24 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
     assert_eq!(last, format!("boundary {n} {want}"));
     // Every boundary comes after the first journal write: the epilog has something to undo.
     assert!(w.journal_path(job).exists(), "crash at {want}: no journal");
+    // And after the intents are on disk, in the node's intent log: every layer, intended.
+    let logged: Vec<_> = w
+        .intent_records()
+        .into_iter()
+        .filter(|r| r.0 == job)
+        .collect();
+    assert_eq!(logged.len(), 1, "crash at {want}: intent log");
+    let layers: Vec<(&str, tenancy_node::StepState)> = logged[0]
+        .1
+        .steps
+        .iter()
+        .map(|s| (s.layer.as_str(), s.state))
+        .collect();
+    assert_eq!(
+        layers,
+        ["mig", "devices", "network", "scratch"].map(|l| (l, tenancy_node::StepState::Intended)),
+        "crash at {want}"
+    );
     // After "made X", X really exists (so the epilog below really removes something).
     match want {
         "made mig" => assert_eq!(w.gis().len(), 1),

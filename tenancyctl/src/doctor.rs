@@ -317,10 +317,76 @@ fn root_owned_dir(path: &Path, what: &str, out: &mut Vec<Row>) {
     }
 }
 
+/// The intent log: jobs whose intents were recorded before the last restart (a power loss may
+/// have taken their journal files) wait for `tenancyctl reconcile --apply`.
+fn intent_log_row(state_dir: &Path) -> Row {
+    use tenancy_node::intent_log::{boot_id, IntentLog, FILE};
+    let path = state_dir.join(FILE);
+    let records = match IntentLog::open_existing(state_dir) {
+        Ok(None) => {
+            return row(
+                "state.intent_log",
+                Severity::Ok,
+                format!(
+                    "{}: none yet (the first job's prolog makes it)",
+                    path.display()
+                ),
+                None,
+            )
+        }
+        Ok(Some(log)) => log.records().map(|r| (log.slots(), r)),
+        Err(e) => Err(e),
+    };
+    match records {
+        Ok((slots, records)) => {
+            let boot = boot_id();
+            let earlier: Vec<String> = records
+                .iter()
+                .filter(|r| boot != Some(r.boot))
+                .map(|r| r.job_id.to_string())
+                .collect();
+            if earlier.is_empty() {
+                row(
+                    "state.intent_log",
+                    Severity::Ok,
+                    format!(
+                        "{}: {} of {slots} slot(s) held by running jobs",
+                        path.display(),
+                        records.len()
+                    ),
+                    None,
+                )
+            } else {
+                row(
+                    "state.intent_log",
+                    Severity::Warn,
+                    format!(
+                        "{}: the intents of job(s) {} were recorded before the node restarted \
+                         and their resources may be left",
+                        path.display(),
+                        earlier.join(", ")
+                    ),
+                    Some("tenancyctl reconcile --apply".into()),
+                )
+            }
+        }
+        Err(e) => row(
+            "state.intent_log",
+            Severity::Error,
+            format!("{}: {e}", path.display()),
+            Some(format!(
+                "check {}; the prolog cannot record intents there",
+                path.display()
+            )),
+        ),
+    }
+}
+
 pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     root_owned_dir(&config.cluster.scratch_root, "scratch.root", &mut rows);
     root_owned_dir(&config.cluster.state_dir, "state.dir", &mut rows);
+    rows.push(intent_log_row(&config.cluster.state_dir));
     if let Some(dir) = config.cluster.audit_log.parent() {
         root_owned_dir(dir, "audit.dir", &mut rows);
     }

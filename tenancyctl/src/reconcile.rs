@@ -264,7 +264,7 @@ fn teardown_journal(
         }
     }
     let saved = if failures.is_empty() {
-        journals.remove(journal.job_id)
+        journals.remove(&journal)
     } else {
         journals.save(&journal, true)
     };
@@ -616,9 +616,58 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     };
     // Slurm is asked after the lock is held: every journal on disk is older than its answer.
     let running = running_jobs(&args, &node);
+    // After a power loss a journal file written since the last sync may be gone or empty; the
+    // intent log holds every job's intents on disk (restored with --apply, considered either way).
+    let (restored, unreadable) = journals
+        .recover_intents(args.apply)
+        .context("cannot read the intent log")?;
+    for why in unreadable {
+        cx.rows.push(
+            Row::new(
+                "journal",
+                journals
+                    .path()
+                    .join(tenancy_node::intent_log::FILE)
+                    .display()
+                    .to_string(),
+                why,
+            )
+            .left("inspect it with the build that wrote it; its resources are treated as owned"),
+        );
+    }
+    let mut from_log = Vec::new();
+    for j in restored {
+        let mut row = Row::new(
+            "journal",
+            journals.journal_path(j.job_id).display().to_string(),
+            "missing or older than the intents the intent log holds from before a restart",
+        )
+        .job(j.job_id)
+        .tenant(&j.tenant);
+        if args.apply {
+            row.action = "restored".into();
+        } else {
+            row.action = "would restore".into();
+            row.left = true;
+            // Not written in a dry run: judged below as if it were.
+            from_log.push(j);
+        }
+        cx.rows.push(row);
+    }
+    // (kept to judge orphans, as the dead journals a dry run leaves on disk are)
+    let dry_from_log = from_log.clone();
     let mut live = Vec::new();
     let mut dead = Vec::new();
+    for j in from_log {
+        match &running {
+            Ok(r) if !r.contains(&j.job_id) => dead.push(j),
+            _ => live.push(j),
+        }
+    }
     for id in journals.job_ids().context("cannot list the journals")? {
+        if live.iter().chain(&dead).any(|j| j.job_id == id) {
+            continue;
+        }
         match journals.load(id) {
             Ok(Some(j)) => match &running {
                 Ok(r) if !r.contains(&id) => dead.push(j),
@@ -672,6 +721,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     }
     // Orphans are judged against the journals that remain (live ones and failed teardowns).
     let mut remaining = live;
+    remaining.extend(dry_from_log);
     for id in journals.job_ids().unwrap_or_default() {
         if let Ok(Some(j)) = journals.load(id) {
             if !remaining.iter().any(|r| r.job_id == id) {

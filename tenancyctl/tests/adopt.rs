@@ -150,6 +150,7 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
             intent: json!({ "job_id": job }),
             made: Some(json!({ "join_cgroups": [product] })),
         }],
+        intent_slot: None,
     };
     JournalDir::open(&r.join("state"))
         .unwrap()

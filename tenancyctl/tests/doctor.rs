@@ -277,3 +277,40 @@ fn the_doctor_wants_the_dynamic_build_beside_the_prolog_and_epilog_slurm_runs() 
     std::fs::write(&slurm_conf, "ClusterName=t\nEpilog=/etc/slurm/epilog.sh\n").unwrap();
     assert_eq!(run()["severity"], "warn");
 }
+
+/// Intents recorded before the node restarted (a power loss may have taken their journal
+/// files) are a warning that names the jobs and `tenancyctl reconcile --apply`; this boot's
+/// are fine.
+#[test]
+fn the_doctor_names_jobs_whose_intents_predate_a_restart() {
+    use tenancy_node::intent_log::{boot_id, IntentLog};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let config = common::minimal_config(root);
+    let pam = root.join("pam.d");
+    std::fs::create_dir(&pam).unwrap();
+    let state = root.join("state");
+    std::fs::create_dir(&state).unwrap();
+    let (_, rows) = doctor(&config, &pam);
+    let r = row(&rows, "state.intent_log");
+    assert_eq!(r["severity"], "ok", "{r}");
+    assert!(r["message"].as_str().unwrap().contains("none yet"), "{r}");
+
+    let mut log = IntentLog::open(&state).unwrap();
+    let now = boot_id().unwrap();
+    let slot = log.claim(41, &now, |_| false).unwrap().unwrap();
+    log.write(slot, 41, &now, b"{}").unwrap();
+    let (_, rows) = doctor(&config, &pam);
+    let r = row(&rows, "state.intent_log");
+    assert_eq!(r["severity"], "ok", "{r}");
+    assert!(r["message"].as_str().unwrap().contains("1 of 64"), "{r}");
+
+    let slot = log.claim(42, &[0xee; 16], |_| false).unwrap().unwrap();
+    log.write(slot, 42, &[0xee; 16], b"{}").unwrap();
+    let (_, rows) = doctor(&config, &pam);
+    let r = row(&rows, "state.intent_log");
+    assert_eq!(r["severity"], "warn", "{r}");
+    let msg = r["message"].as_str().unwrap();
+    assert!(msg.contains("job(s) 42 ") && !msg.contains("41"), "{r}");
+    assert_eq!(r["remedy"], "tenancyctl reconcile --apply");
+}

@@ -1,8 +1,10 @@
 //! `tenancyctl reconcile` on a node with real leftovers: a journal of a job Slurm no longer runs
 //! (made by the real prolog), a live job's journal, an orphan MIG instance in the NVML shim, an
 //! orphan product cgroup with a BPF device program, an orphan scratch folder and a retained
-//! folder past retention. Dry run changes nothing; --apply removes exactly the orphans and the
-//! dead job, keeps the live job, and audits every action; without Slurm no journal is touched.
+//! folder past retention, and a job as a power loss leaves it (journal file empty, intents in
+//! the node's intent log from an earlier boot). Dry run changes nothing; --apply restores the
+//! lost journal, removes exactly the orphans and the dead jobs, keeps the live job, and audits
+//! every removal; without Slurm no journal is touched.
 //!
 //! The test runs in its own network namespace (this thread only), where the product's nft table
 //! is loaded, so the host's firewall is never touched.
@@ -14,6 +16,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 use tenancy_audit::{verify_paths, AnchorSet, Event, Outcome, Record};
 use tenancy_config::Config;
+use tenancy_node::intent_log::IntentLog;
 use tenancy_node::{layers, JobContext, Spine};
 
 const CGROUP2: &str = "/sys/fs/cgroup/unified";
@@ -237,7 +240,21 @@ groups = ["{b}"]
     };
     prolog(11, 0);
     prolog(12, 1);
-    assert_eq!(gis(root), 2);
+    // 13 as a power loss leaves it: its journal file was written but never synced (empty now),
+    // and its intents are in the node's intent log, recorded in an earlier boot.
+    prolog(13, 0);
+    let state = root.join("state");
+    let log = IntentLog::open_existing(&state).unwrap().unwrap();
+    let rec = log
+        .records()
+        .unwrap()
+        .into_iter()
+        .find(|r| r.job_id == 13)
+        .unwrap();
+    log.write(rec.slot, 13, &[0xee; 16], &rec.payload).unwrap();
+    drop(log);
+    std::fs::write(state.join("job_13.json"), b"").unwrap();
+    assert_eq!(gis(root), 3);
 
     // Orphans no journal owns.
     let mig = tenancy_mig::Mig::open(Some(&shim)).unwrap();
@@ -254,7 +271,7 @@ groups = ["{b}"]
         .unwrap();
     mig.create(&intent).unwrap();
     drop(mig);
-    assert_eq!(gis(root), 3);
+    assert_eq!(gis(root), 4);
     let orphan_cg = Path::new(CGROUP2)
         .join("tenancy")
         .join(&tenants[0])
@@ -334,6 +351,8 @@ groups = ["{b}"]
         vec![
             ("cgroup".into(), Some(77), w.clone()),
             ("journal".into(), Some(11), w.clone()),
+            ("journal".into(), Some(13), w.clone()),
+            ("journal".into(), Some(13), "would restore".into()),
             ("mig".into(), None, w.clone()),
             ("retained".into(), Some(98), w.clone()),
             ("scratch".into(), Some(88), w.clone()),
@@ -341,8 +360,9 @@ groups = ["{b}"]
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert_eq!(gis(root), 3);
+    assert_eq!(gis(root), 4);
     assert!(orphan_cg.is_dir() && spec(88, 0).job_dir().is_dir());
+    assert_eq!(std::fs::read(state.join("job_13.json")).unwrap(), b"");
     assert!(root.join("state/job_11.json").exists());
     let audit_len = |p: &Path| {
         std::fs::read_to_string(p)
@@ -366,8 +386,13 @@ groups = ["{b}"]
     assert!(slurm[0]["action"]
         .as_str()
         .unwrap()
-        .contains("2 journal(s) not checked, none touched"));
-    assert!(r.iter().all(|r| r["kind"] != "journal"));
+        .contains("3 journal(s) not checked, none touched"));
+    // (restoring a journal needs no answer from Slurm; a dry run only says so)
+    let journals: Vec<_> = kinds(&r).into_iter().filter(|k| k.0 == "journal").collect();
+    assert_eq!(
+        journals,
+        [("journal".into(), Some(13), "would restore".into())]
+    );
 
     // Apply.
     let out = run(&[
@@ -385,8 +410,13 @@ groups = ["{b}"]
         String::from_utf8_lossy(&out.stderr)
     );
     let done = kinds(&rows(&out));
-    assert!(done.iter().all(|(_, _, a)| a == "removed"), "{done:?}");
-    assert_eq!(done.len(), 5);
+    assert!(
+        done.iter()
+            .all(|(_, j, a)| a == "removed" || (*j == Some(13) && a == "restored")),
+        "{done:?}"
+    );
+    assert_eq!(done.len(), 7, "{done:?}");
+    assert!(done.contains(&("journal".into(), Some(13), "removed".into())));
     // Left: job 12's slice, cgroup, scratch and journal; the young retained folder.
     assert_eq!(gis(root), 1);
     assert!(!orphan_cg.exists());
@@ -402,8 +432,25 @@ groups = ["{b}"]
         .is_dir());
     assert!(!spec(88, 0).job_dir().exists());
     assert!(!spec(11, 0).job_dir().exists());
+    assert!(!spec(13, 0).job_dir().exists());
+    assert!(!Path::new(CGROUP2)
+        .join("tenancy")
+        .join(&tenants[0])
+        .join("job_13")
+        .exists());
     assert!(spec(12, 1).job_dir().is_dir());
     assert!(!root.join("state/job_11.json").exists());
+    assert!(!root.join("state/job_13.json").exists());
+    // The intent log holds only the live job.
+    let held: Vec<u64> = IntentLog::open_existing(&state)
+        .unwrap()
+        .unwrap()
+        .records()
+        .unwrap()
+        .iter()
+        .map(|r| r.job_id)
+        .collect();
+    assert_eq!(held, [12]);
     assert!(root.join("state/job_12.json").exists());
     // The occupancy index placement reads lists only the live job.
     let index = tenancy_node::JournalDir::open(&config.cluster.state_dir)
@@ -426,7 +473,7 @@ groups = ["{b}"]
         .skip(before)
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(recs.len(), 5, "{recs:?}");
+    assert_eq!(recs.len(), 6, "{recs:?}");
     assert!(recs.iter().all(|r| r.event == Event::Reconcile
         && r.outcome == Outcome::Success
         && r.origin == "tenancyctl"));

@@ -302,6 +302,20 @@ groups = ["{b}"]
         serde_json::to_value(j).unwrap()
     }
 
+    /// The journals the node's intent log holds on disk (job id, journal), in slot order.
+    pub fn intent_records(&self) -> Vec<(u64, tenancy_node::Journal)> {
+        let Some(log) =
+            tenancy_node::intent_log::IntentLog::open_existing(&self.root.join("state")).unwrap()
+        else {
+            return vec![];
+        };
+        log.records()
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.job_id, serde_json::from_slice(&r.payload).unwrap()))
+            .collect()
+    }
+
     pub fn journals(&self) -> Vec<String> {
         let Ok(rd) = std::fs::read_dir(self.root.join("state")) else {
             return vec![];
@@ -424,6 +438,8 @@ groups = ["{b}"]
             Vec::<String>::new(),
             "{when}: journals left"
         );
+        let held: Vec<u64> = self.intent_records().iter().map(|r| r.0).collect();
+        assert_eq!(held, Vec::<u64>::new(), "{when}: intent log slots held");
         // The firewall is static per tenant: nothing of a job may be in it.
         let table = self.nft_table();
         assert!(

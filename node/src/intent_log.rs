@@ -1,0 +1,352 @@
+//! The node's intent log: one preallocated file of fixed-size slots in the state folder, each
+//! holding the intents of one job (its journal as the prolog wrote it just before the first
+//! layer acts), written in place and made durable with one `fdatasync`.
+//!
+//! Why: the intents must be on disk before anything they announce is made. A journal file of
+//! its own needs its data, its inode and its folder on disk (two syncs, three or more writes);
+//! a slot whose blocks already exist and whose file keeps its size needs one write and one
+//! flush (no metadata). The journal files stay what everything reads; the log only matters
+//! after a power loss, when a journal file written since the last sync may be gone or empty:
+//! `tenancyctl reconcile` then restores the journals of an earlier boot from the log
+//! ([`crate::JournalDir::recover_intents`]).
+//!
+//! Every call is made under the node lock ([`crate::JournalDir::lock_node`]).
+
+use sha2::{Digest, Sha256};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// The log's file name in the state folder.
+pub const FILE: &str = "intents";
+/// One page: a slot is written, and flushed, as one block.
+pub const SLOT_SIZE: usize = 4096;
+/// Slots of a new log (256 KiB); it doubles when every slot is taken.
+const FIRST_SLOTS: u32 = 64;
+/// The most slots (64 MiB); past that the journal file itself is made durable.
+const MAX_SLOTS: u32 = 16384;
+const MAGIC: &[u8; 8] = b"TNCYINT1";
+/// Magic, job id, boot id, payload length, SHA-256 of the three and the payload.
+const HEADER: usize = 8 + 8 + 16 + 4 + 32;
+/// The largest payload a slot holds.
+pub const CAPACITY: usize = SLOT_SIZE - HEADER;
+
+/// This boot of the kernel (`/proc/sys/kernel/random/boot_id`): records of an earlier boot are
+/// what a power loss may have left unfinished. `None` when it cannot be read: the log is then
+/// not used.
+pub fn boot_id() -> Option<[u8; 16]> {
+    static BOOT: OnceLock<Option<[u8; 16]>> = OnceLock::new();
+    *BOOT
+        .get_or_init(|| parse_boot_id(&fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?))
+}
+
+fn parse_boot_id(text: &str) -> Option<[u8; 16]> {
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    let mut id = [0u8; 16];
+    hex::decode_to_slice(&hex, &mut id).ok()?;
+    Some(id)
+}
+
+/// What a slot holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// Never written, released, or a write a power loss tore (its job made nothing: the
+    /// prolog acts only after the write is on disk).
+    Free,
+    Held(Record),
+}
+
+/// One job's intents in the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub slot: u32,
+    pub job_id: u64,
+    pub boot: [u8; 16],
+    /// The journal's bytes (JSON) when its intents were recorded.
+    pub payload: Vec<u8>,
+}
+
+fn digest(job_id: u64, boot: &[u8; 16], payload: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(job_id.to_le_bytes());
+    h.update(boot);
+    h.update((payload.len() as u32).to_le_bytes());
+    h.update(payload);
+    h.finalize().into()
+}
+
+fn decode(slot: u32, bytes: &[u8]) -> Slot {
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return Slot::Free;
+    }
+    let job_id = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    let boot: [u8; 16] = bytes[16..32].try_into().unwrap();
+    let len = u32::from_le_bytes(bytes[32..36].try_into().unwrap()) as usize;
+    let Some(payload) = bytes.get(HEADER..HEADER + len) else {
+        return Slot::Free;
+    };
+    if bytes[36..HEADER] != digest(job_id, &boot, payload) {
+        return Slot::Free;
+    }
+    Slot::Held(Record {
+        slot,
+        job_id,
+        boot,
+        payload: payload.to_vec(),
+    })
+}
+
+/// The open log.
+pub struct IntentLog {
+    file: File,
+    slots: u32,
+}
+
+impl IntentLog {
+    /// Opens the log in `dir`, or `None` when there is none yet.
+    pub fn open_existing(dir: &Path) -> io::Result<Option<IntentLog>> {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(dir.join(FILE))
+        {
+            Ok(file) => {
+                let slots = (file.metadata()?.len() / SLOT_SIZE as u64).min(MAX_SLOTS as u64);
+                Ok(Some(IntentLog {
+                    file,
+                    slots: slots as u32,
+                }))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens the log in `dir`, creating it (zeroed, on disk with its name) when missing.
+    pub fn open(dir: &Path) -> io::Result<IntentLog> {
+        if let Some(log) = Self::open_existing(dir)? {
+            return Ok(log);
+        }
+        // Made under another name and renamed, so the log is never seen half made.
+        let tmp = dir.join(format!(".{FILE}.tmp"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        let mut log = IntentLog { file, slots: 0 };
+        log.grow(FIRST_SLOTS)?;
+        fs::rename(&tmp, dir.join(FILE))?;
+        File::open(dir)?.sync_all()?;
+        Ok(log)
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Extends the log to `slots` with zeroed blocks (written, not fallocated: a write into an
+    /// unwritten extent would change metadata again) and waits until they are on disk.
+    fn grow(&mut self, slots: u32) -> io::Result<()> {
+        let zeros = vec![0u8; 64 * SLOT_SIZE];
+        let mut at = self.slots as u64 * SLOT_SIZE as u64;
+        let end = slots as u64 * SLOT_SIZE as u64;
+        while at < end {
+            let n = (end - at).min(zeros.len() as u64) as usize;
+            self.file.write_all_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        self.file.sync_data()?;
+        self.slots = slots;
+        Ok(())
+    }
+
+    /// What slot `slot` holds.
+    pub fn read(&self, slot: u32) -> io::Result<Slot> {
+        let mut buf = vec![0u8; SLOT_SIZE];
+        self.file
+            .read_exact_at(&mut buf, slot as u64 * SLOT_SIZE as u64)?;
+        Ok(decode(slot, &buf))
+    }
+
+    /// Every record in the log, in slot order.
+    pub fn records(&self) -> io::Result<Vec<Record>> {
+        let mut all = vec![0u8; self.slots as usize * SLOT_SIZE];
+        self.file.read_exact_at(&mut all, 0)?;
+        Ok(all
+            .chunks(SLOT_SIZE)
+            .enumerate()
+            .filter_map(|(k, bytes)| match decode(k as u32, bytes) {
+                Slot::Held(r) => Some(r),
+                Slot::Free => None,
+            })
+            .collect())
+    }
+
+    /// A slot for `job_id` of boot `boot`: the first, from `job_id` modulo the slot count on,
+    /// that is free, holds this job already, or that `stale` says may be reused; the log
+    /// doubles when none is. `None` when the log is at its largest and full.
+    pub fn claim(
+        &mut self,
+        job_id: u64,
+        boot: &[u8; 16],
+        stale: impl Fn(&Record) -> bool,
+    ) -> io::Result<Option<u32>> {
+        if self.slots > 0 {
+            let start = (job_id % self.slots as u64) as u32;
+            for k in 0..self.slots {
+                let slot = (start + k) % self.slots;
+                match self.read(slot)? {
+                    Slot::Free => return Ok(Some(slot)),
+                    Slot::Held(r) if (r.job_id == job_id && &r.boot == boot) || stale(&r) => {
+                        return Ok(Some(slot))
+                    }
+                    Slot::Held(_) => {}
+                }
+            }
+        }
+        if self.slots >= MAX_SLOTS {
+            return Ok(None);
+        }
+        let first_new = self.slots;
+        self.grow((self.slots * 2).clamp(FIRST_SLOTS, MAX_SLOTS))?;
+        Ok(Some(first_new))
+    }
+
+    /// Writes `job_id`'s intents (`payload`, at most [`CAPACITY`] bytes) into `slot` and waits
+    /// until they are on disk: the blocks exist and the size stays, so this is one data write
+    /// and a flush.
+    pub fn write(&self, slot: u32, job_id: u64, boot: &[u8; 16], payload: &[u8]) -> io::Result<()> {
+        if payload.len() > CAPACITY || slot >= self.slots {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} bytes do not fit slot {slot} of {} ({CAPACITY} bytes each)",
+                    payload.len(),
+                    self.slots
+                ),
+            ));
+        }
+        let mut buf = Vec::with_capacity(HEADER + payload.len());
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&job_id.to_le_bytes());
+        buf.extend_from_slice(boot);
+        buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&digest(job_id, boot, payload));
+        buf.extend_from_slice(payload);
+        self.file
+            .write_all_at(&buf, slot as u64 * SLOT_SIZE as u64)?;
+        self.file.sync_data()
+    }
+
+    /// Frees `slot` when it holds `job_id`: not synced, as a release a power loss undoes
+    /// only makes reconcile undo that job once more (every undo is idempotent).
+    pub fn release(&self, slot: u32, job_id: u64) -> io::Result<()> {
+        if slot >= self.slots {
+            return Ok(());
+        }
+        // The header names the job; a torn record needs no release.
+        let at = slot as u64 * SLOT_SIZE as u64;
+        let mut head = [0u8; 16];
+        self.file.read_exact_at(&mut head, at)?;
+        if &head[..8] == MAGIC && head[8..16] == job_id.to_le_bytes() {
+            self.file.write_all_at(&[0u8; HEADER], at)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOOT: [u8; 16] = [7; 16];
+    const EARLIER: [u8; 16] = [1; 16];
+
+    #[test]
+    fn boot_id_is_read_and_parsed() {
+        assert_eq!(
+            parse_boot_id("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n"),
+            Some([
+                0x0f, 0x1e, 0x2d, 0x3c, 0x4b, 0x5a, 0x69, 0x78, 0x87, 0x96, 0xa5, 0xb4, 0xc3, 0xd2,
+                0xe1, 0xf0
+            ])
+        );
+        assert_eq!(parse_boot_id("not an id"), None);
+        assert!(boot_id().is_some(), "this kernel has a boot id");
+    }
+
+    #[test]
+    fn records_are_written_found_and_released() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut log = IntentLog::open(tmp.path()).unwrap();
+        assert_eq!(log.slots(), FIRST_SLOTS);
+        assert_eq!(
+            fs::metadata(tmp.path().join(FILE)).unwrap().len(),
+            FIRST_SLOTS as u64 * SLOT_SIZE as u64
+        );
+        let slot = log.claim(70, &BOOT, |_| false).unwrap().unwrap();
+        assert_eq!(slot, 70 % FIRST_SLOTS);
+        log.write(slot, 70, &BOOT, b"{\"job_id\":70}").unwrap();
+        // Another process (a new open) sees it.
+        let log2 = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
+        let recs = log2.records().unwrap();
+        assert_eq!(recs.len(), 1);
+        assert_eq!(
+            (recs[0].slot, recs[0].job_id, recs[0].boot),
+            (slot, 70, BOOT)
+        );
+        assert_eq!(recs[0].payload, b"{\"job_id\":70}");
+        // The same job (a retried prolog) gets its slot back; another job with the same
+        // remainder probes on.
+        assert_eq!(log.claim(70, &BOOT, |_| false).unwrap(), Some(slot));
+        assert_eq!(
+            log.claim(70 + 64, &BOOT, |_| false).unwrap(),
+            Some(slot + 1)
+        );
+        // Releasing another job's slot does nothing; the owner's frees it.
+        log.release(slot, 71).unwrap();
+        assert_eq!(log.records().unwrap().len(), 1);
+        log.release(slot, 70).unwrap();
+        assert!(log.records().unwrap().is_empty());
+        assert_eq!(log.read(slot).unwrap(), Slot::Free);
+    }
+
+    #[test]
+    fn a_torn_record_is_free_and_an_earlier_boots_is_kept_unless_stale() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut log = IntentLog::open(tmp.path()).unwrap();
+        log.write(5, 5, &EARLIER, b"{\"a\":1}").unwrap();
+        assert_eq!(log.claim(5, &BOOT, |_| false).unwrap(), Some(6));
+        assert_eq!(log.claim(5, &BOOT, |r| r.job_id == 5).unwrap(), Some(5));
+        // A torn write: the payload is not what the digest says.
+        let at = 5 * SLOT_SIZE as u64 + HEADER as u64;
+        log.file.write_all_at(b"{\"b\"", at).unwrap();
+        assert_eq!(log.read(5).unwrap(), Slot::Free);
+        assert_eq!(log.claim(5, &BOOT, |_| false).unwrap(), Some(5));
+    }
+
+    #[test]
+    fn a_full_log_doubles_and_too_large_a_payload_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut log = IntentLog::open(tmp.path()).unwrap();
+        for job in 0..FIRST_SLOTS as u64 {
+            let slot = log.claim(job, &BOOT, |_| false).unwrap().unwrap();
+            log.write(slot, job, &BOOT, b"{}").unwrap();
+        }
+        let slot = log.claim(1000, &BOOT, |_| false).unwrap().unwrap();
+        assert_eq!(slot, FIRST_SLOTS);
+        assert_eq!(log.slots(), 2 * FIRST_SLOTS);
+        assert_eq!(log.records().unwrap().len(), FIRST_SLOTS as usize);
+        let big = vec![b' '; CAPACITY + 1];
+        assert!(log.write(slot, 1000, &BOOT, &big).is_err());
+        log.write(slot, 1000, &BOOT, &big[..CAPACITY]).unwrap();
+        assert_eq!(log.records().unwrap().len(), FIRST_SLOTS as usize + 1);
+    }
+}
