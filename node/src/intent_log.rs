@@ -10,6 +10,12 @@
 //! `tenancyctl reconcile` then restores the journals of an earlier boot from the log
 //! ([`crate::JournalDir::recover_intents`]).
 //!
+//! Which slots are held is also kept in a map beside it (`intents.map`, one byte per slot, never
+//! synced): a prolog finds a free slot from one small read, whatever the number of running
+//! jobs, and checks only that slot's header. The map is a hint: a slot it calls free is checked
+//! before it is taken, and when it calls every slot held it is rebuilt from the slots themselves
+//! (releasing those a crash left) before the log grows.
+//!
 //! Every call is made under the node lock ([`crate::JournalDir::lock_node`]).
 
 use sha2::{Digest, Sha256};
@@ -21,6 +27,8 @@ use std::sync::OnceLock;
 
 /// The log's file name in the state folder.
 pub const FILE: &str = "intents";
+/// The map of held slots beside it.
+const MAP: &str = "intents.map";
 /// One page: a slot is written, and flushed, as one block.
 pub const SLOT_SIZE: usize = 4096;
 /// Slots of a new log (256 KiB); it doubles when every slot is taken.
@@ -101,22 +109,29 @@ fn decode(slot: u32, bytes: &[u8]) -> Slot {
 /// The open log.
 pub struct IntentLog {
     file: File,
+    map: File,
     slots: u32,
+}
+
+fn open_rw(path: &Path, create: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
 }
 
 impl IntentLog {
     /// Opens the log in `dir`, or `None` when there is none yet.
     pub fn open_existing(dir: &Path) -> io::Result<Option<IntentLog>> {
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(dir.join(FILE))
-        {
+        match open_rw(&dir.join(FILE), false) {
             Ok(file) => {
                 let slots = (file.metadata()?.len() / SLOT_SIZE as u64).min(MAX_SLOTS as u64);
                 Ok(Some(IntentLog {
                     file,
+                    map: open_rw(&dir.join(MAP), true)?,
                     slots: slots as u32,
                 }))
             }
@@ -132,15 +147,15 @@ impl IntentLog {
         }
         // Made under another name and renamed, so the log is never seen half made.
         let tmp = dir.join(format!(".{FILE}.tmp"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        let mut log = IntentLog { file, slots: 0 };
+        let file = open_rw(&tmp, true)?;
+        file.set_len(0)?;
+        let map = open_rw(&dir.join(MAP), true)?;
+        map.set_len(0)?;
+        let mut log = IntentLog {
+            file,
+            map,
+            slots: 0,
+        };
         log.grow(FIRST_SLOTS)?;
         fs::rename(&tmp, dir.join(FILE))?;
         File::open(dir)?.sync_all()?;
@@ -163,8 +178,50 @@ impl IntentLog {
             at += n as u64;
         }
         self.file.sync_data()?;
+        // The new slots are free.
+        self.map.set_len(slots as u64)?;
         self.slots = slots;
         Ok(())
+    }
+
+    /// The map of held slots (1 held, 0 free), rebuilt when it is shorter than the log (lost,
+    /// or made by an older build).
+    fn read_map(&self) -> io::Result<Vec<u8>> {
+        let mut map = vec![0u8; self.slots as usize];
+        let mut got = 0;
+        while got < map.len() {
+            match self.map.read_at(&mut map[got..], got as u64)? {
+                0 => break,
+                n => got += n,
+            }
+        }
+        if got < map.len() {
+            return self.rebuild_map(|_| false);
+        }
+        Ok(map)
+    }
+
+    /// Marks every slot holding a record as held, but those `stale` says may be reused.
+    fn rebuild_map(&self, stale: impl Fn(&Record) -> bool) -> io::Result<Vec<u8>> {
+        let mut map = vec![0u8; self.slots as usize];
+        for r in self.records()? {
+            map[r.slot as usize] = u8::from(!stale(&r));
+        }
+        self.map.write_all_at(&map, 0)?;
+        self.map.set_len(map.len() as u64)?;
+        Ok(map)
+    }
+
+    fn mark(&self, slot: u32, held: bool) -> io::Result<()> {
+        self.map.write_all_at(&[u8::from(held)], slot as u64)
+    }
+
+    /// The job a slot's header names, if any (its digest is not checked).
+    fn header_job(&self, slot: u32) -> io::Result<Option<u64>> {
+        let mut head = [0u8; 16];
+        self.file
+            .read_exact_at(&mut head, slot as u64 * SLOT_SIZE as u64)?;
+        Ok((&head[..8] == MAGIC).then(|| u64::from_le_bytes(head[8..16].try_into().unwrap())))
     }
 
     /// What slot `slot` holds.
@@ -189,25 +246,33 @@ impl IntentLog {
             .collect())
     }
 
-    /// A slot for `job_id` of boot `boot`: the first, from `job_id` modulo the slot count on,
-    /// that is free, holds this job already, or that `stale` says may be reused; the log
-    /// doubles when none is. `None` when the log is at its largest and full.
+    /// A free slot for a job: the first the map calls free, from `job_id` modulo the slot
+    /// count on, whose header holds no record. When the map calls every slot held it is rebuilt
+    /// from the slots, where a torn record, or one `stale` says may be reused (its job left no
+    /// journal), is free; when none is, the log doubles. `None` when the log is at its largest
+    /// and full.
     pub fn claim(
         &mut self,
         job_id: u64,
-        boot: &[u8; 16],
         stale: impl Fn(&Record) -> bool,
     ) -> io::Result<Option<u32>> {
         if self.slots > 0 {
-            let start = (job_id % self.slots as u64) as u32;
-            for k in 0..self.slots {
-                let slot = (start + k) % self.slots;
-                match self.read(slot)? {
-                    Slot::Free => return Ok(Some(slot)),
-                    Slot::Held(r) if (r.job_id == job_id && &r.boot == boot) || stale(&r) => {
-                        return Ok(Some(slot))
+            let mut map = self.read_map()?;
+            for rebuilt in [false, true] {
+                if rebuilt {
+                    map = self.rebuild_map(&stale)?;
+                }
+                let start = (job_id % self.slots as u64) as usize;
+                let order = (start..map.len()).chain(0..start);
+                for slot in order.map(|s| s as u32) {
+                    if map[slot as usize] != 0 {
+                        continue;
                     }
-                    Slot::Held(_) => {}
+                    if rebuilt || self.header_job(slot)?.is_none() {
+                        return Ok(Some(slot));
+                    }
+                    // The map was behind: note it and look on.
+                    self.mark(slot, true)?;
                 }
             }
         }
@@ -242,7 +307,8 @@ impl IntentLog {
         buf.extend_from_slice(payload);
         self.file
             .write_all_at(&buf, slot as u64 * SLOT_SIZE as u64)?;
-        self.file.sync_data()
+        self.file.sync_data()?;
+        self.mark(slot, true)
     }
 
     /// Frees `slot` when it holds `job_id`: not synced, as a release a power loss undoes
@@ -251,12 +317,11 @@ impl IntentLog {
         if slot >= self.slots {
             return Ok(());
         }
-        // The header names the job; a torn record needs no release.
-        let at = slot as u64 * SLOT_SIZE as u64;
-        let mut head = [0u8; 16];
-        self.file.read_exact_at(&mut head, at)?;
-        if &head[..8] == MAGIC && head[8..16] == job_id.to_le_bytes() {
-            self.file.write_all_at(&[0u8; HEADER], at)?;
+        // The header names the job.
+        if self.header_job(slot)? == Some(job_id) {
+            self.file
+                .write_all_at(&[0u8; HEADER], slot as u64 * SLOT_SIZE as u64)?;
+            self.mark(slot, false)?;
         }
         Ok(())
     }
@@ -291,7 +356,7 @@ mod tests {
             fs::metadata(tmp.path().join(FILE)).unwrap().len(),
             FIRST_SLOTS as u64 * SLOT_SIZE as u64
         );
-        let slot = log.claim(70, &BOOT, |_| false).unwrap().unwrap();
+        let slot = log.claim(70, |_| false).unwrap().unwrap();
         assert_eq!(slot, 70 % FIRST_SLOTS);
         log.write(slot, 70, &BOOT, b"{\"job_id\":70}").unwrap();
         // Another process (a new open) sees it.
@@ -303,44 +368,59 @@ mod tests {
             (slot, 70, BOOT)
         );
         assert_eq!(recs[0].payload, b"{\"job_id\":70}");
-        // The same job (a retried prolog) gets its slot back; another job with the same
-        // remainder probes on.
-        assert_eq!(log.claim(70, &BOOT, |_| false).unwrap(), Some(slot));
-        assert_eq!(
-            log.claim(70 + 64, &BOOT, |_| false).unwrap(),
-            Some(slot + 1)
-        );
+        // A job with the same remainder takes the next slot.
+        assert_eq!(log.claim(70 + 64, |_| false).unwrap(), Some(slot + 1));
         // Releasing another job's slot does nothing; the owner's frees it.
         log.release(slot, 71).unwrap();
         assert_eq!(log.records().unwrap().len(), 1);
         log.release(slot, 70).unwrap();
         assert!(log.records().unwrap().is_empty());
         assert_eq!(log.read(slot).unwrap(), Slot::Free);
+        assert_eq!(log.claim(70 + 64, |_| false).unwrap(), Some(slot));
     }
 
     #[test]
-    fn a_torn_record_is_free_and_an_earlier_boots_is_kept_unless_stale() {
+    fn a_lost_map_is_rebuilt_from_the_slots() {
         let tmp = tempfile::tempdir().unwrap();
         let mut log = IntentLog::open(tmp.path()).unwrap();
-        log.write(5, 5, &EARLIER, b"{\"a\":1}").unwrap();
-        assert_eq!(log.claim(5, &BOOT, |_| false).unwrap(), Some(6));
-        assert_eq!(log.claim(5, &BOOT, |r| r.job_id == 5).unwrap(), Some(5));
-        // A torn write: the payload is not what the digest says.
-        let at = 5 * SLOT_SIZE as u64 + HEADER as u64;
-        log.file.write_all_at(b"{\"b\"", at).unwrap();
-        assert_eq!(log.read(5).unwrap(), Slot::Free);
-        assert_eq!(log.claim(5, &BOOT, |_| false).unwrap(), Some(5));
+        for job in [3, 4] {
+            let slot = log.claim(job, |_| false).unwrap().unwrap();
+            log.write(slot, job, &BOOT, b"{}").unwrap();
+        }
+        drop(log);
+        fs::remove_file(tmp.path().join(MAP)).unwrap();
+        let mut log = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
+        assert_eq!(log.claim(3, |_| false).unwrap(), Some(5));
+        // A map that calls a held slot free is corrected by the slot's header.
+        log.map.write_all_at(&[0], 5).unwrap();
+        log.write(5, 5, &BOOT, b"{}").unwrap();
+        log.map.write_all_at(&[0], 5).unwrap();
+        assert_eq!(log.claim(5, |_| false).unwrap(), Some(6));
+        assert_eq!(log.read_map().unwrap()[3..7], [1, 1, 1, 0]);
     }
 
     #[test]
-    fn a_full_log_doubles_and_too_large_a_payload_is_refused() {
+    fn a_full_map_is_rebuilt_freeing_torn_and_stale_records_then_the_log_doubles() {
         let tmp = tempfile::tempdir().unwrap();
         let mut log = IntentLog::open(tmp.path()).unwrap();
         for job in 0..FIRST_SLOTS as u64 {
-            let slot = log.claim(job, &BOOT, |_| false).unwrap().unwrap();
-            log.write(slot, job, &BOOT, b"{}").unwrap();
+            let slot = log.claim(job, |_| false).unwrap().unwrap();
+            assert_eq!(slot as u64, job);
+            log.write(slot, job, if job == 9 { &EARLIER } else { &BOOT }, b"{}")
+                .unwrap();
         }
-        let slot = log.claim(1000, &BOOT, |_| false).unwrap().unwrap();
+        // Slot 5's job left no journal (the caller says so); slot 7 was torn by a power loss;
+        // slot 9 is of an earlier boot (kept: `stale` does not free it).
+        let stale = |r: &Record| r.job_id == 5 || r.job_id == 9 && r.boot == BOOT;
+        assert_eq!(log.claim(5, stale).unwrap(), Some(5));
+        log.write(5, 100, &BOOT, b"{}").unwrap();
+        let at = 7 * SLOT_SIZE as u64 + HEADER as u64;
+        log.file.write_all_at(b"[", at).unwrap();
+        assert_eq!(log.read(7).unwrap(), Slot::Free);
+        assert_eq!(log.claim(0, stale).unwrap(), Some(7));
+        log.write(7, 101, &BOOT, b"{}").unwrap();
+        // Now every slot is held: the log doubles.
+        let slot = log.claim(1000, stale).unwrap().unwrap();
         assert_eq!(slot, FIRST_SLOTS);
         assert_eq!(log.slots(), 2 * FIRST_SLOTS);
         assert_eq!(log.records().unwrap().len(), FIRST_SLOTS as usize);
@@ -348,5 +428,9 @@ mod tests {
         assert!(log.write(slot, 1000, &BOOT, &big).is_err());
         log.write(slot, 1000, &BOOT, &big[..CAPACITY]).unwrap();
         assert_eq!(log.records().unwrap().len(), FIRST_SLOTS as usize + 1);
+        assert_eq!(
+            log.claim(1000, stale).unwrap(),
+            Some(1000 % (2 * FIRST_SLOTS))
+        );
     }
 }

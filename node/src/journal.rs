@@ -64,9 +64,22 @@ pub struct Journal {
     /// [`crate::intent_log`]); none when the journal file itself was made durable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent_slot: Option<u32>,
+    /// The boot of the node the intents were recorded in (`/proc/sys/kernel/random/boot_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 impl Journal {
+    /// Whether the job's intents were recorded before the node last restarted: what its
+    /// volatile layers made is gone (see [`crate::Layer::survives_restart`]). False when
+    /// either boot is unknown.
+    pub fn from_earlier_boot(&self) -> bool {
+        match (&self.boot_id, intent_log::boot_id()) {
+            (Some(then), Some(now)) => *then != hex::encode(now),
+            _ => false,
+        }
+    }
+
     /// The made value of an earlier layer, for layers that build on it (devices on mig).
     pub fn made_by(&self, layer: &str) -> Option<&Value> {
         self.steps
@@ -293,8 +306,9 @@ impl JournalDir {
     /// (no boot id, a journal too large for a slot, a full log). Call it under the node lock.
     pub fn save_intents(&self, journal: &mut Journal) -> io::Result<()> {
         if let Some(boot) = intent_log::boot_id() {
+            journal.boot_id = Some(hex::encode(boot));
             let mut log = IntentLog::open(&self.dir)?;
-            let slot = log.claim(journal.job_id, &boot, |r| {
+            let slot = log.claim(journal.job_id, |r| {
                 // A record of this boot whose job has no journal: its job ended, or its prolog
                 // died before the journal file was written (that comes first, below).
                 r.boot == boot && !self.journal_path(r.job_id).exists()
@@ -655,6 +669,7 @@ mod tests {
                 made: None,
             }],
             intent_slot: None,
+            boot_id: None,
         }
     }
 
@@ -839,20 +854,32 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_whose_job_left_no_journal_is_taken_again() {
+    fn a_slot_whose_job_left_no_journal_is_taken_again_before_the_log_grows() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = JournalDir::open(tmp.path()).unwrap();
-        let mut a = sample(3);
-        dir.save_intents(&mut a).unwrap();
-        // Its journal went without its slot (a crash between the two).
+        let size = || {
+            fs::metadata(tmp.path().join(intent_log::FILE))
+                .unwrap()
+                .len()
+        };
+        let mut slots = Vec::new();
+        for job in 0..64 {
+            let mut j = sample(job);
+            dir.save_intents(&mut j).unwrap();
+            slots.push(j.intent_slot.unwrap());
+        }
+        let full = size();
+        // Job 3's journal went without its slot (a crash between the two).
         fs::remove_file(dir.journal_path(3)).unwrap();
-        let mut b = sample(3 + 64);
-        dir.save_intents(&mut b).unwrap();
-        assert_eq!(b.intent_slot, a.intent_slot);
-        // A live job's slot is not.
-        let mut c = sample(3 + 128);
-        dir.save_intents(&mut c).unwrap();
-        assert_ne!(c.intent_slot, b.intent_slot);
+        let mut next = sample(200);
+        dir.save_intents(&mut next).unwrap();
+        assert_eq!(next.intent_slot, Some(slots[3]));
+        assert_eq!(size(), full);
+        // Live jobs' slots are not: the log grows.
+        let mut more = sample(201);
+        dir.save_intents(&mut more).unwrap();
+        assert!(!slots.contains(&more.intent_slot.unwrap()));
+        assert_eq!(size(), 2 * full);
     }
 
     #[test]
@@ -862,7 +889,7 @@ mod tests {
         let earlier = [0xee; 16];
         let mut log = IntentLog::open(tmp.path()).unwrap();
         let mut put = |j: &mut Journal| {
-            let slot = log.claim(j.job_id, &earlier, |_| false).unwrap().unwrap();
+            let slot = log.claim(j.job_id, |_| false).unwrap().unwrap();
             j.intent_slot = Some(slot);
             log.write(slot, j.job_id, &earlier, &serde_json::to_vec(&*j).unwrap())
                 .unwrap();

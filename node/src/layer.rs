@@ -71,6 +71,14 @@ pub trait Layer {
         true
     }
 
+    /// Whether what the layer makes outlives a restart of the node (a folder on disk does; a
+    /// MIG instance, a cgroup, a BPF program do not). Teardown skips the others for a journal
+    /// of an earlier boot ([`Journal::from_earlier_boot`]): undoing them then could only hit
+    /// what a job of this boot made in their place (a GPU instance at the same placement).
+    fn survives_restart(&self) -> bool {
+        true
+    }
+
     /// A short identifier of the resource for audit records.
     fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
         let _ = (intent, made);

@@ -299,6 +299,7 @@ impl<'c> Spine<'c> {
             started: Utc::now(),
             steps: Vec::new(),
             intent_slot: None,
+            boot_id: None,
         };
         match self.make_all(&mut plan, &mut journal) {
             Ok(()) => {}
@@ -584,6 +585,7 @@ impl<'c> Spine<'c> {
                 )]
             }
         };
+        let earlier_boot = journal.from_earlier_boot();
         for idx in (0..journal.steps.len()).rev() {
             let step = &journal.steps[idx];
             if step.state == StepState::Undone {
@@ -596,6 +598,11 @@ impl<'c> Spine<'c> {
                 ));
                 continue;
             };
+            if earlier_boot && !self.layers[li].survives_restart() {
+                // Gone with the restart; what is there now is this boot's.
+                journal.steps[idx].state = StepState::Undone;
+                continue;
+            }
             match self.layers[li].undo(&step.intent, step.made.as_ref()) {
                 Ok(()) => journal.steps[idx].state = StepState::Undone,
                 Err(LayerError(e)) => {

@@ -14,6 +14,8 @@ struct FileLayer {
     name: &'static str,
     dir: PathBuf,
     fail_make: bool,
+    /// What it makes would not outlive a restart of the node.
+    volatile: bool,
     calls: Rc<RefCell<Vec<String>>>,
 }
 
@@ -47,6 +49,9 @@ impl Layer for FileLayer {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
         }
+    }
+    fn survives_restart(&self) -> bool {
+        !self.volatile
     }
 }
 
@@ -131,6 +136,7 @@ groups = ["root"]
                     name,
                     dir: self.root.join("made"),
                     fail_make: fail == Some(name),
+                    volatile: name == "second",
                     calls: self.calls.clone(),
                 }) as Box<dyn Layer>
             })
@@ -405,6 +411,29 @@ fn epilog_after_a_crashed_prolog_undoes_intended_steps() {
 }
 
 #[test]
+fn epilog_of_a_journal_from_an_earlier_boot_undoes_only_what_outlives_a_restart() {
+    let w = World::new();
+    let end = w.spine(None, "tenancy-prolog").prolog(ctx("9"));
+    assert_eq!(end.code, 0);
+    let dir = tenancy_node::JournalDir::open(&w.config.cluster.state_dir).unwrap();
+    let mut j = dir.load(9).unwrap().unwrap();
+    assert!(j.boot_id.is_some() && !j.from_earlier_boot());
+    j.boot_id = Some("ee".repeat(16));
+    assert!(j.from_earlier_boot());
+    dir.save(&j, false).unwrap();
+    w.calls.borrow_mut().clear();
+    let end = w.spine(None, "tenancy-epilog").epilog(&ctx("9").unwrap());
+    assert_eq!(end.code, 0, "{}", end.message);
+    // "second" is volatile: what stands in its place now is not this job's.
+    assert_eq!(
+        *w.calls.borrow(),
+        ["undo third made=true", "undo first made=true"]
+    );
+    assert_eq!(w.made_files(), ["second-9"]);
+    assert_eq!(dir.load(9).unwrap(), None);
+}
+
+#[test]
 fn epilog_without_journal_exits_zero_and_says_so() {
     let w = World::new();
     let end = w.spine(None, "tenancy-epilog").epilog(&ctx("5").unwrap());
@@ -424,6 +453,7 @@ fn unwritable_audit_log_fails_the_prolog_closed() {
         name: "first",
         dir: w.root.join("made"),
         fail_make: false,
+        volatile: false,
         calls: w.calls.clone(),
     })];
     let end = Spine::new(&config, layers, "tenancy-prolog")

@@ -246,6 +246,7 @@ fn teardown_journal(
     mut journal: Journal,
 ) -> Result<(), String> {
     let mut failures = Vec::new();
+    let earlier_boot = journal.from_earlier_boot();
     for idx in (0..journal.steps.len()).rev() {
         let step = &journal.steps[idx];
         if step.state == StepState::Undone {
@@ -258,6 +259,12 @@ fn teardown_journal(
             ));
             continue;
         };
+        if earlier_boot && !layer.survives_restart() {
+            // Gone with the restart; what is there now (a GPU instance at the same placement)
+            // is this boot's.
+            journal.steps[idx].state = StepState::Undone;
+            continue;
+        }
         match layer.undo(&step.intent, step.made.as_ref()) {
             Ok(()) => journal.steps[idx].state = StepState::Undone,
             Err(e) => failures.push(format!("layer {}: {}", step.layer, e.0)),

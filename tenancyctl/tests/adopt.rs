@@ -151,6 +151,7 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
             made: Some(json!({ "join_cgroups": [product] })),
         }],
         intent_slot: None,
+        boot_id: None,
     };
     JournalDir::open(&r.join("state"))
         .unwrap()

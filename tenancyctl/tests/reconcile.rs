@@ -4,7 +4,8 @@
 //! folder past retention, and a job as a power loss leaves it (journal file empty, intents in
 //! the node's intent log from an earlier boot). Dry run changes nothing; --apply restores the
 //! lost journal, removes exactly the orphans and the dead jobs, keeps the live job, and audits
-//! every removal; without Slurm no journal is touched.
+//! every removal; without Slurm no journal is touched. A journal of an earlier boot undoes only
+//! what outlives a restart (its folder), never a GPU instance or cgroup now at its place.
 //!
 //! The test runs in its own network namespace (this thread only), where the product's nft table
 //! is loaded, so the host's firewall is never touched.
@@ -320,6 +321,25 @@ groups = ["{b}"]
     )
     .unwrap();
 
+    // 14: a journal of an earlier boot (intents only) whose slice sat where live job 12's sits
+    // now: a copy of 12's with its own scratch folder. Its MIG, device and network steps died
+    // with the restart; undoing them would destroy job 12's slice and cgroup.
+    let journals = tenancy_node::JournalDir::open(&state).unwrap();
+    let mut old = journals.load(12).unwrap().unwrap();
+    old.job_id = 14;
+    old.boot_id = Some("ee".repeat(16));
+    old.intent_slot = None;
+    for step in &mut old.steps {
+        step.state = tenancy_node::StepState::Intended;
+        step.made = None;
+        if step.layer == "scratch" {
+            step.intent["spec"]["job_id"] = 14.into();
+            step.intent["on_exit"] = "wipe".into();
+        }
+    }
+    journals.save(&old, false).unwrap();
+    tenancy_scratch::create(&spec(14, 1)).unwrap();
+
     let running = root.join("running");
     std::fs::write(&running, "12\n").unwrap();
     let running_arg = running.to_str().unwrap();
@@ -353,6 +373,7 @@ groups = ["{b}"]
             ("journal".into(), Some(11), w.clone()),
             ("journal".into(), Some(13), w.clone()),
             ("journal".into(), Some(13), "would restore".into()),
+            ("journal".into(), Some(14), w.clone()),
             ("mig".into(), None, w.clone()),
             ("retained".into(), Some(98), w.clone()),
             ("scratch".into(), Some(88), w.clone()),
@@ -386,7 +407,7 @@ groups = ["{b}"]
     assert!(slurm[0]["action"]
         .as_str()
         .unwrap()
-        .contains("3 journal(s) not checked, none touched"));
+        .contains("4 journal(s) not checked, none touched"));
     // (restoring a journal needs no answer from Slurm; a dry run only says so)
     let journals: Vec<_> = kinds(&r).into_iter().filter(|k| k.0 == "journal").collect();
     assert_eq!(
@@ -415,7 +436,8 @@ groups = ["{b}"]
             .all(|(_, j, a)| a == "removed" || (*j == Some(13) && a == "restored")),
         "{done:?}"
     );
-    assert_eq!(done.len(), 7, "{done:?}");
+    assert_eq!(done.len(), 8, "{done:?}");
+    assert!(done.contains(&("journal".into(), Some(14), "removed".into())));
     assert!(done.contains(&("journal".into(), Some(13), "removed".into())));
     // Left: job 12's slice, cgroup, scratch and journal; the young retained folder.
     assert_eq!(gis(root), 1);
@@ -441,6 +463,9 @@ groups = ["{b}"]
     assert!(spec(12, 1).job_dir().is_dir());
     assert!(!root.join("state/job_11.json").exists());
     assert!(!root.join("state/job_13.json").exists());
+    // Job 14's folder is gone; job 12's slice, cgroup and folder were not touched (above).
+    assert!(!spec(14, 1).job_dir().exists());
+    assert!(!root.join("state/job_14.json").exists());
     // The intent log holds only the live job.
     let held: Vec<u64> = IntentLog::open_existing(&state)
         .unwrap()
@@ -473,7 +498,7 @@ groups = ["{b}"]
         .skip(before)
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(recs.len(), 6, "{recs:?}");
+    assert_eq!(recs.len(), 7, "{recs:?}");
     assert!(recs.iter().all(|r| r.event == Event::Reconcile
         && r.outcome == Outcome::Success
         && r.origin == "tenancyctl"));

@@ -27,6 +27,10 @@ impl Devices {
 }
 
 impl Layer for Devices {
+    fn survives_restart(&self) -> bool {
+        false
+    }
+
     fn name(&self) -> &'static str {
         "devices"
     }

@@ -44,6 +44,10 @@ impl MigLayer {
 }
 
 impl Layer for MigLayer {
+    fn survives_restart(&self) -> bool {
+        false
+    }
+
     fn name(&self) -> &'static str {
         "mig"
     }

@@ -83,6 +83,10 @@ impl Network<'_> {
 }
 
 impl Layer for Network<'_> {
+    fn survives_restart(&self) -> bool {
+        false
+    }
+
     fn name(&self) -> &'static str {
         "network"
     }
