@@ -50,6 +50,14 @@ pub fn boot_id() -> Option<[u8; 16]> {
         .get_or_init(|| parse_boot_id(&fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?))
 }
 
+/// When this boot began, by the wall clock now (the boot clock runs through suspend, as the
+/// wall clock does); from the vDSO, no system call.
+pub fn booted_at() -> Option<chrono::DateTime<chrono::Utc>> {
+    let since_boot = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    let since_boot = chrono::Duration::new(since_boot.tv_sec, since_boot.tv_nsec as u32)?;
+    chrono::Utc::now().checked_sub_signed(since_boot)
+}
+
 fn parse_boot_id(text: &str) -> Option<[u8; 16]> {
     let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
     let mut id = [0u8; 16];
@@ -246,25 +254,20 @@ impl IntentLog {
             .collect())
     }
 
-    /// A free slot for a job: the first the map calls free, from `job_id` modulo the slot
-    /// count on, whose header holds no record. When the map calls every slot held it is rebuilt
-    /// from the slots, where a torn record, or one `stale` says may be reused (its job left no
-    /// journal), is free; when none is, the log doubles. `None` when the log is at its largest
-    /// and full.
-    pub fn claim(
-        &mut self,
-        job_id: u64,
-        stale: impl Fn(&Record) -> bool,
-    ) -> io::Result<Option<u32>> {
+    /// A free slot: the lowest the map calls free whose header holds no record (the slot the
+    /// last epilog released is then most often the one taken next, and the page that release
+    /// left unsynced is the page this job's write syncs anyway: one block per flush, not two).
+    /// When the map calls every slot held it is rebuilt from the slots, where a torn record,
+    /// or one `stale` says may be reused (its job left no journal), is free; when none is, the
+    /// log doubles. `None` when the log is at its largest and full.
+    pub fn claim(&mut self, stale: impl Fn(&Record) -> bool) -> io::Result<Option<u32>> {
         if self.slots > 0 {
             let mut map = self.read_map()?;
             for rebuilt in [false, true] {
                 if rebuilt {
                     map = self.rebuild_map(&stale)?;
                 }
-                let start = (job_id % self.slots as u64) as usize;
-                let order = (start..map.len()).chain(0..start);
-                for slot in order.map(|s| s as u32) {
+                for slot in 0..self.slots {
                     if map[slot as usize] != 0 {
                         continue;
                     }
@@ -314,16 +317,46 @@ impl IntentLog {
     /// Frees `slot` when it holds `job_id`: not synced, as a release a power loss undoes
     /// only makes reconcile undo that job once more (every undo is idempotent).
     pub fn release(&self, slot: u32, job_id: u64) -> io::Result<()> {
-        if slot >= self.slots {
-            return Ok(());
-        }
-        // The header names the job.
-        if self.header_job(slot)? == Some(job_id) {
-            self.file
-                .write_all_at(&[0u8; HEADER], slot as u64 * SLOT_SIZE as u64)?;
-            self.mark(slot, false)?;
+        if slot < self.slots {
+            release_slot(&self.file, Some(&self.map), slot, job_id)?;
         }
         Ok(())
+    }
+
+    /// [`Self::release`] in the log in `dir` (gone is fine), opening only what it writes: the
+    /// epilog's way.
+    pub fn release_in(dir: &Path, slot: u32, job_id: u64) -> io::Result<()> {
+        let file = match open_rw(&dir.join(FILE), false) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let map = match open_rw(&dir.join(MAP), false) {
+            Ok(m) => Some(m),
+            // Rebuilt from the slots when next read.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        release_slot(&file, map.as_ref(), slot, job_id)
+    }
+}
+
+/// Clears `slot`'s header and its byte in `map` when the header names `job_id`; a slot past
+/// the end of the log holds nothing.
+fn release_slot(file: &File, map: Option<&File>, slot: u32, job_id: u64) -> io::Result<()> {
+    let at = slot as u64 * SLOT_SIZE as u64;
+    let mut head = [0u8; 16];
+    match file.read_exact_at(&mut head, at) {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+        r => r?,
+    }
+    if &head[..8] != MAGIC || head[8..16] != job_id.to_le_bytes() {
+        return Ok(());
+    }
+    file.write_all_at(&[0u8; HEADER], at)?;
+    match map {
+        Some(map) => map.write_all_at(&[0], slot as u64),
+        None => Ok(()),
     }
 }
 
@@ -356,8 +389,8 @@ mod tests {
             fs::metadata(tmp.path().join(FILE)).unwrap().len(),
             FIRST_SLOTS as u64 * SLOT_SIZE as u64
         );
-        let slot = log.claim(70, |_| false).unwrap().unwrap();
-        assert_eq!(slot, 70 % FIRST_SLOTS);
+        let slot = log.claim(|_| false).unwrap().unwrap();
+        assert_eq!(slot, 0);
         log.write(slot, 70, &BOOT, b"{\"job_id\":70}").unwrap();
         // Another process (a new open) sees it.
         let log2 = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
@@ -368,15 +401,18 @@ mod tests {
             (slot, 70, BOOT)
         );
         assert_eq!(recs[0].payload, b"{\"job_id\":70}");
-        // A job with the same remainder takes the next slot.
-        assert_eq!(log.claim(70 + 64, |_| false).unwrap(), Some(slot + 1));
+        // The next job takes the next slot; a released one is taken first.
+        assert_eq!(log.claim(|_| false).unwrap(), Some(slot + 1));
         // Releasing another job's slot does nothing; the owner's frees it.
         log.release(slot, 71).unwrap();
         assert_eq!(log.records().unwrap().len(), 1);
         log.release(slot, 70).unwrap();
         assert!(log.records().unwrap().is_empty());
         assert_eq!(log.read(slot).unwrap(), Slot::Free);
-        assert_eq!(log.claim(70 + 64, |_| false).unwrap(), Some(slot));
+        assert_eq!(log.claim(|_| false).unwrap(), Some(slot));
+        log.write(1, 71, &BOOT, b"{}").unwrap();
+        log.release(0, 70).unwrap();
+        assert_eq!(log.claim(|_| false).unwrap(), Some(0));
     }
 
     #[test]
@@ -384,19 +420,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut log = IntentLog::open(tmp.path()).unwrap();
         for job in [3, 4] {
-            let slot = log.claim(job, |_| false).unwrap().unwrap();
+            let slot = log.claim(|_| false).unwrap().unwrap();
             log.write(slot, job, &BOOT, b"{}").unwrap();
         }
         drop(log);
         fs::remove_file(tmp.path().join(MAP)).unwrap();
         let mut log = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
-        assert_eq!(log.claim(3, |_| false).unwrap(), Some(5));
+        assert_eq!(log.claim(|_| false).unwrap(), Some(2));
         // A map that calls a held slot free is corrected by the slot's header.
-        log.map.write_all_at(&[0], 5).unwrap();
-        log.write(5, 5, &BOOT, b"{}").unwrap();
-        log.map.write_all_at(&[0], 5).unwrap();
-        assert_eq!(log.claim(5, |_| false).unwrap(), Some(6));
-        assert_eq!(log.read_map().unwrap()[3..7], [1, 1, 1, 0]);
+        log.write(2, 5, &BOOT, b"{}").unwrap();
+        log.map.write_all_at(&[0], 2).unwrap();
+        assert_eq!(log.claim(|_| false).unwrap(), Some(3));
+        assert_eq!(log.read_map().unwrap()[..4], [1, 1, 1, 0]);
     }
 
     #[test]
@@ -404,7 +439,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut log = IntentLog::open(tmp.path()).unwrap();
         for job in 0..FIRST_SLOTS as u64 {
-            let slot = log.claim(job, |_| false).unwrap().unwrap();
+            let slot = log.claim(|_| false).unwrap().unwrap();
             assert_eq!(slot as u64, job);
             log.write(slot, job, if job == 9 { &EARLIER } else { &BOOT }, b"{}")
                 .unwrap();
@@ -412,15 +447,15 @@ mod tests {
         // Slot 5's job left no journal (the caller says so); slot 7 was torn by a power loss;
         // slot 9 is of an earlier boot (kept: `stale` does not free it).
         let stale = |r: &Record| r.job_id == 5 || r.job_id == 9 && r.boot == BOOT;
-        assert_eq!(log.claim(5, stale).unwrap(), Some(5));
+        assert_eq!(log.claim(stale).unwrap(), Some(5));
         log.write(5, 100, &BOOT, b"{}").unwrap();
         let at = 7 * SLOT_SIZE as u64 + HEADER as u64;
         log.file.write_all_at(b"[", at).unwrap();
         assert_eq!(log.read(7).unwrap(), Slot::Free);
-        assert_eq!(log.claim(0, stale).unwrap(), Some(7));
+        assert_eq!(log.claim(stale).unwrap(), Some(7));
         log.write(7, 101, &BOOT, b"{}").unwrap();
         // Now every slot is held: the log doubles.
-        let slot = log.claim(1000, stale).unwrap().unwrap();
+        let slot = log.claim(stale).unwrap().unwrap();
         assert_eq!(slot, FIRST_SLOTS);
         assert_eq!(log.slots(), 2 * FIRST_SLOTS);
         assert_eq!(log.records().unwrap().len(), FIRST_SLOTS as usize);
@@ -428,9 +463,6 @@ mod tests {
         assert!(log.write(slot, 1000, &BOOT, &big).is_err());
         log.write(slot, 1000, &BOOT, &big[..CAPACITY]).unwrap();
         assert_eq!(log.records().unwrap().len(), FIRST_SLOTS as usize + 1);
-        assert_eq!(
-            log.claim(1000, stale).unwrap(),
-            Some(1000 % (2 * FIRST_SLOTS))
-        );
+        assert_eq!(log.claim(stale).unwrap(), Some(FIRST_SLOTS + 1));
     }
 }

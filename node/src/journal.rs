@@ -74,10 +74,16 @@ impl Journal {
     /// volatile layers made is gone (see [`crate::Layer::survives_restart`]). False when
     /// either boot is unknown.
     pub fn from_earlier_boot(&self) -> bool {
-        match (&self.boot_id, intent_log::boot_id()) {
-            (Some(then), Some(now)) => *then != hex::encode(now),
-            _ => false,
+        let Some(then) = &self.boot_id else {
+            return false;
+        };
+        // A job that started an hour or more after this boot began is this boot's: no need to
+        // read the boot id (most epilogs). A clock stepped by more than that meanwhile only
+        // makes the answer "this boot", which undoes everything, as before boots were told apart.
+        if intent_log::booted_at().is_some_and(|b| self.started > b + chrono::Duration::hours(1)) {
+            return false;
         }
+        intent_log::boot_id().is_some_and(|now| *then != hex::encode(now))
     }
 
     /// The made value of an earlier layer, for layers that build on it (devices on mig).
@@ -308,7 +314,7 @@ impl JournalDir {
         if let Some(boot) = intent_log::boot_id() {
             journal.boot_id = Some(hex::encode(boot));
             let mut log = IntentLog::open(&self.dir)?;
-            let slot = log.claim(journal.job_id, |r| {
+            let slot = log.claim(|r| {
                 // A record of this boot whose job has no journal: its job ended, or its prolog
                 // died before the journal file was written (that comes first, below).
                 r.boot == boot && !self.journal_path(r.job_id).exists()
@@ -446,9 +452,7 @@ impl JournalDir {
     pub fn remove(&self, journal: &Journal) -> io::Result<()> {
         let job_id = journal.job_id;
         if let Some(slot) = journal.intent_slot {
-            if let Some(log) = IntentLog::open_existing(&self.dir)? {
-                log.release(slot, job_id)?;
-            }
+            IntentLog::release_in(&self.dir, slot, job_id)?;
         }
         let _ = fs::remove_file(self.dir.join(format!(".job_{job_id}.json.tmp")));
         self.keep_spare(&self.journal_path(job_id))
@@ -889,7 +893,7 @@ mod tests {
         let earlier = [0xee; 16];
         let mut log = IntentLog::open(tmp.path()).unwrap();
         let mut put = |j: &mut Journal| {
-            let slot = log.claim(j.job_id, |_| false).unwrap().unwrap();
+            let slot = log.claim(|_| false).unwrap().unwrap();
             j.intent_slot = Some(slot);
             log.write(slot, j.job_id, &earlier, &serde_json::to_vec(&*j).unwrap())
                 .unwrap();
@@ -933,6 +937,22 @@ mod tests {
         let recs = log.records().unwrap();
         assert_eq!(recs.iter().map(|r| r.job_id).collect::<Vec<_>>(), [5]);
         assert_eq!(dir.recover_intents(true).unwrap(), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_journal_is_from_an_earlier_boot_when_it_names_another_boot_and_started_before_this_one() {
+        let booted = intent_log::booted_at().unwrap();
+        let now = hex::encode(intent_log::boot_id().unwrap());
+        let mut j = sample(1);
+        assert!(!j.from_earlier_boot(), "no boot named");
+        j.started = booted - chrono::Duration::minutes(1);
+        j.boot_id = Some(now);
+        assert!(!j.from_earlier_boot(), "this boot");
+        j.boot_id = Some("ee".repeat(16));
+        assert!(j.from_earlier_boot());
+        // Started well after this boot began: this boot's, whatever it names.
+        j.started = booted + chrono::Duration::hours(2);
+        assert!(!j.from_earlier_boot());
     }
 
     #[test]

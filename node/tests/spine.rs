@@ -419,6 +419,7 @@ fn epilog_of_a_journal_from_an_earlier_boot_undoes_only_what_outlives_a_restart(
     let mut j = dir.load(9).unwrap().unwrap();
     assert!(j.boot_id.is_some() && !j.from_earlier_boot());
     j.boot_id = Some("ee".repeat(16));
+    j.started = tenancy_node::intent_log::booted_at().unwrap() - chrono::Duration::minutes(5);
     assert!(j.from_earlier_boot());
     dir.save(&j, false).unwrap();
     w.calls.borrow_mut().clear();

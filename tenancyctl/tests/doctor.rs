@@ -298,14 +298,14 @@ fn the_doctor_names_jobs_whose_intents_predate_a_restart() {
 
     let mut log = IntentLog::open(&state).unwrap();
     let now = boot_id().unwrap();
-    let slot = log.claim(41, |_| false).unwrap().unwrap();
+    let slot = log.claim(|_| false).unwrap().unwrap();
     log.write(slot, 41, &now, b"{}").unwrap();
     let (_, rows) = doctor(&config, &pam);
     let r = row(&rows, "state.intent_log");
     assert_eq!(r["severity"], "ok", "{r}");
     assert!(r["message"].as_str().unwrap().contains("1 of 64"), "{r}");
 
-    let slot = log.claim(42, |_| false).unwrap().unwrap();
+    let slot = log.claim(|_| false).unwrap().unwrap();
     log.write(slot, 42, &[0xee; 16], b"{}").unwrap();
     let (_, rows) = doctor(&config, &pam);
     let r = row(&rows, "state.intent_log");

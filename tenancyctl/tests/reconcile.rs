@@ -328,6 +328,7 @@ groups = ["{b}"]
     let mut old = journals.load(12).unwrap().unwrap();
     old.job_id = 14;
     old.boot_id = Some("ee".repeat(16));
+    old.started = tenancy_node::intent_log::booted_at().unwrap() - chrono::Duration::hours(2);
     old.intent_slot = None;
     for step in &mut old.steps {
         step.state = tenancy_node::StepState::Intended;
