@@ -447,6 +447,7 @@ impl JournalDir {
     /// a journal that a power loss brings back only makes `reconcile` undo its job again, and
     /// every undo is idempotent (what it names is gone: cgroups, programs and MIG instances do
     /// not survive a reboot, and the scratch folder was removed first).
+    ///
     /// The job's intent log slot is released first, so a crash in between leaves a journal
     /// (undone again by reconcile), never a slot no journal accounts for.
     pub fn remove(&self, journal: &Journal) -> io::Result<()> {
@@ -463,6 +464,7 @@ impl JournalDir {
     /// since the last sync), in job order. With `apply`, each is written back (durably) and
     /// every slot of an earlier boot, or of a job without a journal, is released; without,
     /// nothing changes. Call it under the node lock.
+    ///
     /// Records that cannot be read as a journal are named in the second list and kept.
     pub fn recover_intents(&self, apply: bool) -> io::Result<(Vec<Journal>, Vec<String>)> {
         let Some(log) = IntentLog::open_existing(&self.dir)? else {

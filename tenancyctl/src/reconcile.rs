@@ -711,13 +711,19 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             "journal",
             journals.journal_path(j.job_id).display().to_string(),
             format!(
-                "Slurm no longer runs the job ({} step(s): {})",
+                "Slurm no longer runs the job ({} step(s): {}){}",
                 j.steps.len(),
                 j.steps
                     .iter()
                     .map(|s| s.layer.as_str())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                if j.from_earlier_boot() {
+                    "; started before the node restarted: only what outlives a restart \
+                     (scratch) is undone"
+                } else {
+                    ""
+                }
             ),
         )
         .job(j.job_id)
@@ -728,7 +734,11 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     }
     // Orphans are judged against the journals that remain (live ones and failed teardowns).
     let mut remaining = live;
-    remaining.extend(dry_from_log);
+    for j in dry_from_log {
+        if !remaining.iter().any(|r| r.job_id == j.job_id) {
+            remaining.push(j);
+        }
+    }
     for id in journals.job_ids().unwrap_or_default() {
         if let Ok(Some(j)) = journals.load(id) {
             if !remaining.iter().any(|r| r.job_id == id) {

@@ -439,6 +439,14 @@ groups = ["{b}"]
     );
     assert_eq!(done.len(), 8, "{done:?}");
     assert!(done.contains(&("journal".into(), Some(14), "removed".into())));
+    let r14 = rows(&out).into_iter().find(|r| r["job_id"] == 14).unwrap();
+    assert!(
+        r14["finding"]
+            .as_str()
+            .unwrap()
+            .contains("started before the node restarted"),
+        "{r14}"
+    );
     assert!(done.contains(&("journal".into(), Some(13), "removed".into())));
     // Left: job 12's slice, cgroup, scratch and journal; the young retained folder.
     assert_eq!(gis(root), 1);
