@@ -242,16 +242,22 @@ impl IntentLog {
 
     /// Every record in the log, in slot order.
     pub fn records(&self) -> io::Result<Vec<Record>> {
-        let mut all = vec![0u8; self.slots as usize * SLOT_SIZE];
-        self.file.read_exact_at(&mut all, 0)?;
-        Ok(all
-            .chunks(SLOT_SIZE)
-            .enumerate()
-            .filter_map(|(k, bytes)| match decode(k as u32, bytes) {
-                Slot::Held(r) => Some(r),
-                Slot::Free => None,
-            })
-            .collect())
+        // Read 256 slots (1 MiB) at a time: a full log is 64 MiB.
+        const CHUNK: u32 = 256;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; CHUNK as usize * SLOT_SIZE];
+        for first in (0..self.slots).step_by(CHUNK as usize) {
+            let n = CHUNK.min(self.slots - first);
+            let buf = &mut buf[..n as usize * SLOT_SIZE];
+            self.file
+                .read_exact_at(buf, first as u64 * SLOT_SIZE as u64)?;
+            for (k, bytes) in buf.chunks(SLOT_SIZE).enumerate() {
+                if let Slot::Held(r) = decode(first + k as u32, bytes) {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// A free slot: the lowest the map calls free whose header holds no record (the slot the
@@ -413,6 +419,23 @@ mod tests {
         log.write(1, 71, &BOOT, b"{}").unwrap();
         log.release(0, 70).unwrap();
         assert_eq!(log.claim(|_| false).unwrap(), Some(0));
+    }
+
+    #[test]
+    fn records_are_found_across_read_chunks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut log = IntentLog::open(tmp.path()).unwrap();
+        log.grow(600).unwrap();
+        for slot in [0, 255, 256, 599] {
+            log.write(slot, slot as u64 + 1, &BOOT, b"{}").unwrap();
+        }
+        let found: Vec<(u32, u64)> = log
+            .records()
+            .unwrap()
+            .iter()
+            .map(|r| (r.slot, r.job_id))
+            .collect();
+        assert_eq!(found, [(0, 1), (255, 256), (256, 257), (599, 600)]);
     }
 
     #[test]
