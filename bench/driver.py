@@ -119,6 +119,19 @@ def main():
                 v.one(job); job += 1
         report["results"] = {v.name: summary(v.rows) for v in chosen}
         table(report["results"])
+        # The goals, from the same run: the shell's time over the product's for the
+        # same (non-GPU) work, >= 10x, and every product variant's median per job, < 10 ms.
+        res = report["results"]
+        for v in chosen:
+            if v.name == "baseline-sh":
+                continue
+            if v.name == "product" and "baseline-sh" in res:
+                for kind in ("wall", "cpu"):
+                    r = res["baseline-sh"]["total_" + kind]["median"] / res[v.name]["total_" + kind]["median"]
+                    res[f"{v.name}:total_{kind}:speedup"] = r
+                    print(f"{v.name}: shell / product total {kind} median = {r:.1f}x (goal >= 10x)")
+            ms = res[v.name]["total_wall"]["median"]
+            print(f"{v.name}: total wall median {ms:.2f} ms (goal < 10 ms)")
     else:
         # Rounds alternate the fill levels (0, 999, 0, 999, ...): the machine's drift over the
         # run then weighs on every level alike instead of on whichever was measured last.
