@@ -233,7 +233,8 @@ impl IntentLog {
     }
 
     /// What slot `slot` holds.
-    pub fn read(&self, slot: u32) -> io::Result<Slot> {
+    #[cfg(test)]
+    fn read(&self, slot: u32) -> io::Result<Slot> {
         let mut buf = vec![0u8; SLOT_SIZE];
         self.file
             .read_exact_at(&mut buf, slot as u64 * SLOT_SIZE as u64)?;

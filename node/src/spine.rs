@@ -412,8 +412,8 @@ impl<'c> Spine<'c> {
     }
 
     /// Makes every layer in order; every intent is journaled (on disk through the intent log,
-    /// in one write) before the first layer makes anything. Results need no fsync: every layer can undo from its intent
-    /// alone, so the last write only informs the task entry.
+    /// in one write) before the first layer makes anything. Results need no fsync: every layer
+    /// can undo from its intent alone, so the last write only informs the task entry.
     fn make_all(&mut self, plan: &mut JobPlan, journal: &mut Journal) -> Result<(), String> {
         let job = plan.job_id;
         let _lock = self.journals.lock_node().map_err(|e| {
@@ -572,7 +572,6 @@ impl<'c> Spine<'c> {
     /// Undoes every step in reverse; returns what could not be undone. The journal is removed
     /// when everything is gone, and otherwise kept holding only what is left.
     fn undo_all(&mut self, mut journal: Journal, ctx: &JobContext) -> Vec<String> {
-        let mut failures = Vec::new();
         // Teardown runs under the node lock, as make_all does: a GI destroyed meanwhile shifts
         // NVML's MIG device indexes under a prolog's slice lookup (tests/concurrency.rs).
         let _lock = match self.journals.lock_node() {
@@ -585,47 +584,10 @@ impl<'c> Spine<'c> {
                 )]
             }
         };
-        let earlier_boot = journal.from_earlier_boot();
-        for idx in (0..journal.steps.len()).rev() {
-            let step = &journal.steps[idx];
-            if step.state == StepState::Undone {
-                continue;
-            }
-            let Some(li) = self.layer_index(&step.layer) else {
-                failures.push(format!(
-                    "job {}: layer {}: this build does not know the layer; tear it down by hand",
-                    ctx.job_id, step.layer
-                ));
-                continue;
-            };
-            if earlier_boot && !self.layers[li].survives_restart() {
-                // Gone with the restart; what is there now is this boot's.
-                journal.steps[idx].state = StepState::Undone;
-                continue;
-            }
-            match self.layers[li].undo(&step.intent, step.made.as_ref()) {
-                Ok(()) => journal.steps[idx].state = StepState::Undone,
-                Err(LayerError(e)) => {
-                    failures.push(format!("job {}: layer {}: {e}", ctx.job_id, step.layer))
-                }
-            }
-        }
-        let saved = if failures.is_empty() {
-            self.journals.remove(&journal)
-        } else {
-            self.journals.save(&journal, true)
-        };
-        // What is left is owned by no running job: placement sees leftovers through NVML.
-        let unlisted = self.journals.set_occupant(journal.job_id, None);
-        let saved = saved.and(unlisted);
-        if let Err(e) = saved {
-            failures.push(format!(
-                "job {}: journal {}: {e}",
-                journal.job_id,
-                self.journals.journal_path(journal.job_id).display()
-            ));
-        }
-        failures
+        teardown(&mut self.layers, &self.journals, &mut journal)
+            .into_iter()
+            .map(|f| format!("job {}: {f}", ctx.job_id))
+            .collect()
     }
 
     /// The first layer with something left to undo in `journal` that cannot run here.
@@ -843,4 +805,53 @@ fn short_hostname() -> String {
     let uname = rustix::system::uname();
     let name = uname.nodename().to_string_lossy();
     name.split('.').next().unwrap_or("localhost").to_string()
+}
+
+/// Undoes every step of `journal` in reverse with `layers` (the epilog's and reconcile's
+/// teardown; the caller holds the node lock); returns what could not be undone, each naming
+/// its layer or the journal. The journal is removed when everything is gone, and otherwise kept
+/// holding only what is left; either way the job leaves the occupancy index (placement sees
+/// leftovers through NVML). A journal of an earlier boot undoes only the layers whose resources
+/// outlive a restart: what stands in the others' place now is this boot's.
+pub fn teardown(
+    layers: &mut [Box<dyn Layer + '_>],
+    journals: &JournalDir,
+    journal: &mut Journal,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    let earlier_boot = journal.from_earlier_boot();
+    for idx in (0..journal.steps.len()).rev() {
+        let step = &journal.steps[idx];
+        if step.state == StepState::Undone {
+            continue;
+        }
+        let Some(layer) = layers.iter_mut().find(|l| l.name() == step.layer) else {
+            failures.push(format!(
+                "layer {}: this build does not know the layer; tear it down by hand",
+                step.layer
+            ));
+            continue;
+        };
+        if earlier_boot && !layer.survives_restart() {
+            journal.steps[idx].state = StepState::Undone;
+            continue;
+        }
+        match layer.undo(&step.intent, step.made.as_ref()) {
+            Ok(()) => journal.steps[idx].state = StepState::Undone,
+            Err(LayerError(e)) => failures.push(format!("layer {}: {e}", step.layer)),
+        }
+    }
+    let saved = if failures.is_empty() {
+        journals.remove(journal)
+    } else {
+        journals.save(journal, true)
+    };
+    let saved = saved.and(journals.set_occupant(journal.job_id, None));
+    if let Err(e) = saved {
+        failures.push(format!(
+            "journal {}: {e}",
+            journals.journal_path(journal.job_id).display()
+        ));
+    }
+    failures
 }

@@ -25,7 +25,7 @@ use std::process::{Command, ExitCode};
 use std::time::SystemTime;
 use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
-use tenancy_node::{layers, Journal, JournalDir, Layer, StepState};
+use tenancy_node::{layers, Journal, JournalDir, Layer};
 use tenancy_output::Format;
 
 use crate::output::Rows;
@@ -238,52 +238,14 @@ impl Ctx<'_> {
     }
 }
 
-/// Tears one journal down as the epilog would: steps in reverse, journal removed when
-/// everything is gone, kept with what is left otherwise.
+/// Tears one journal down as the epilog would ([`tenancy_node::spine::teardown`]).
 fn teardown_journal(
     layers: &mut [Box<dyn Layer + '_>],
     journals: &JournalDir,
     mut journal: Journal,
 ) -> Result<(), String> {
-    let mut failures = Vec::new();
-    let earlier_boot = journal.from_earlier_boot();
-    for idx in (0..journal.steps.len()).rev() {
-        let step = &journal.steps[idx];
-        if step.state == StepState::Undone {
-            continue;
-        }
-        let Some(layer) = layers.iter_mut().find(|l| l.name() == step.layer) else {
-            failures.push(format!(
-                "layer {}: this build does not know the layer; tear it down by hand",
-                step.layer
-            ));
-            continue;
-        };
-        if earlier_boot && !layer.survives_restart() {
-            // Gone with the restart; what is there now (a GPU instance at the same placement)
-            // is this boot's.
-            journal.steps[idx].state = StepState::Undone;
-            continue;
-        }
-        match layer.undo(&step.intent, step.made.as_ref()) {
-            Ok(()) => journal.steps[idx].state = StepState::Undone,
-            Err(e) => failures.push(format!("layer {}: {}", step.layer, e.0)),
-        }
-    }
-    let saved = if failures.is_empty() {
-        journals.remove(&journal)
-    } else {
-        journals.save(&journal, true)
-    };
-    // A job Slurm no longer runs occupies nothing: placement sees leftovers through NVML.
     // (reconcile holds the node lock.)
-    let saved = saved.and(journals.set_occupant(journal.job_id, None));
-    if let Err(e) = saved {
-        failures.push(format!(
-            "journal {}: {e}",
-            journals.journal_path(journal.job_id).display()
-        ));
-    }
+    let failures = tenancy_node::spine::teardown(layers, journals, &mut journal);
     if failures.is_empty() {
         Ok(())
     } else {
