@@ -91,6 +91,7 @@ fn prolog(crash_at: Option<u32>) -> ExitCode {
         let what = match b {
             Boundary::Intended(l) => format!("intended {l}"),
             Boundary::Made(l) => format!("made {l}"),
+            Boundary::IntentsOnDisk => "intents-on-disk".to_string(),
             Boundary::AllMade => "all-made".to_string(),
         };
         let mut out = std::io::stdout().lock();

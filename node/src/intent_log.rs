@@ -2,10 +2,11 @@
 //! holding the intents of one job (its journal as the prolog wrote it just before the first
 //! layer acts), written in place and made durable with one `fdatasync`.
 //!
-//! Why: the intents must be on disk before anything they announce is made. A journal file of
-//! its own needs its data, its inode and its folder on disk (two syncs, three or more writes);
-//! a slot whose blocks already exist and whose file keeps its size needs one write and one
-//! flush (no metadata). The journal files stay what everything reads; the log only matters
+//! Why: the intents must be on disk before anything they announce that outlives a restart is
+//! made. A journal file of its own needs its data, its inode and its folder on disk (two
+//! syncs, with a block allocated); a slot whose blocks already exist and whose file keeps its
+//! size needs one sync, and its write can start before the prolog waits for it
+//! ([`IntentLog::write_flushing`]). The journal files stay what everything reads; the log only matters
 //! after a power loss, when a journal file written since the last sync may be gone or empty:
 //! `tenancyctl reconcile` then restores the journals of an earlier boot from the log
 //! ([`crate::JournalDir::recover_intents`]).
@@ -21,6 +22,7 @@
 use sha2::{Digest, Sha256};
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::OnceLock;
@@ -112,6 +114,32 @@ fn decode(slot: u32, bytes: &[u8]) -> Slot {
         boot,
         payload: payload.to_vec(),
     })
+}
+
+/// Intents written and on their way to the disk ([`IntentLog::write_flushing`]).
+#[must_use = "the intents are on disk only once `wait` returns"]
+pub struct Flushing {
+    file: Option<File>,
+}
+
+impl Flushing {
+    /// Intents that are on disk already (written with a sync).
+    pub fn done() -> Flushing {
+        Flushing { file: None }
+    }
+
+    /// Whether the intents may not be on disk yet.
+    pub fn is_pending(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Returns once the intents are on disk; at once when they were already.
+    pub fn wait(&mut self) -> io::Result<()> {
+        match self.file.take() {
+            Some(f) => f.sync_data(),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The open log.
@@ -295,9 +323,45 @@ impl IntentLog {
     }
 
     /// Writes `job_id`'s intents (`payload`, at most [`CAPACITY`] bytes) into `slot` and waits
-    /// until they are on disk: the blocks exist and the size stays, so this is one data write
-    /// and a flush.
+    /// until they are on disk: the blocks exist and the size stays, so no block is allocated.
     pub fn write(&self, slot: u32, job_id: u64, boot: &[u8; 16], payload: &[u8]) -> io::Result<()> {
+        self.put(slot, job_id, boot, payload)?;
+        self.file.sync_data()?;
+        self.mark(slot, true)
+    }
+
+    /// [`Self::write`] that returns once the record is in the page cache (every process reads
+    /// it from there) and its write to the disk has started; [`Flushing::wait`] waits until it
+    /// is on disk. The prolog acts on the layers whose resources a restart removes while the
+    /// write is under way, and waits before the first whose resource outlives one (see
+    /// `Spine::make_all`).
+    pub fn write_flushing(
+        self,
+        slot: u32,
+        job_id: u64,
+        boot: &[u8; 16],
+        payload: &[u8],
+    ) -> io::Result<Flushing> {
+        self.put(slot, job_id, boot, payload)?;
+        // Starts the write-back of the slot's page without waiting (the flush that follows
+        // then finds the data written); a hint: fdatasync in `wait` writes it anyway.
+        // SAFETY: a plain system call on an open descriptor; no memory is passed.
+        unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                slot as i64 * SLOT_SIZE as i64,
+                SLOT_SIZE as i64,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+        self.mark(slot, true)?;
+        Ok(Flushing {
+            file: Some(self.file),
+        })
+    }
+
+    /// Writes the record of `job_id` into `slot` (not synced).
+    fn put(&self, slot: u32, job_id: u64, boot: &[u8; 16], payload: &[u8]) -> io::Result<()> {
         if payload.len() > CAPACITY || slot >= self.slots {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -315,10 +379,7 @@ impl IntentLog {
         buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         buf.extend_from_slice(&digest(job_id, boot, payload));
         buf.extend_from_slice(payload);
-        self.file
-            .write_all_at(&buf, slot as u64 * SLOT_SIZE as u64)?;
-        self.file.sync_data()?;
-        self.mark(slot, true)
+        self.file.write_all_at(&buf, slot as u64 * SLOT_SIZE as u64)
     }
 
     /// Frees `slot` when it holds `job_id`: not synced, as a release a power loss undoes
@@ -420,6 +481,32 @@ mod tests {
         log.write(1, 71, &BOOT, b"{}").unwrap();
         log.release(0, 70).unwrap();
         assert_eq!(log.claim(|_| false).unwrap(), Some(0));
+    }
+
+    #[test]
+    fn a_record_on_its_way_to_the_disk_is_read_by_everyone_and_held() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut log = IntentLog::open(tmp.path()).unwrap();
+        let slot = log.claim(|_| false).unwrap().unwrap();
+        let mut flushing = log
+            .write_flushing(slot, 80, &BOOT, b"{\"job_id\":80}")
+            .unwrap();
+        assert!(flushing.is_pending());
+        // Before the wait, a new open (another process) reads it and the slot is held.
+        let mut log2 = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
+        let recs = log2.records().unwrap();
+        assert_eq!((recs.len(), recs[0].slot, recs[0].job_id), (1, slot, 80));
+        assert_eq!(log2.claim(|_| false).unwrap(), Some(slot + 1));
+        flushing.wait().unwrap();
+        assert!(!flushing.is_pending());
+        flushing.wait().unwrap();
+        assert!(!Flushing::done().is_pending());
+        // A payload too large is refused before anything is written.
+        let mut log3 = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
+        let next = log3.claim(|_| false).unwrap().unwrap();
+        let big = vec![b'x'; CAPACITY + 1];
+        assert!(log3.write_flushing(next, 81, &BOOT, &big).is_err());
+        assert_eq!(log2.records().unwrap().len(), 1);
     }
 
     #[test]

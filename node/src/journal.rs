@@ -18,7 +18,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::intent_log::{self, IntentLog};
+use crate::intent_log::{self, Flushing, IntentLog};
 
 pub const VERSION: u32 = 1;
 
@@ -306,11 +306,14 @@ impl JournalDir {
     }
 
     /// Records the job's intents before anything they announce is made: the journal file
-    /// (not synced) and a slot of the node's intent log, written in place and synced, which is
-    /// one write and one flush where a journal file of its own on disk needs two syncs (data,
-    /// inode, folder). Falls back to [`Self::save`] with `durable` when the log cannot be used
-    /// (no boot id, a journal too large for a slot, a full log). Call it under the node lock.
-    pub fn save_intents(&self, journal: &mut Journal) -> io::Result<()> {
+    /// (not synced) and a slot of the node's intent log, written in place, whose write to the
+    /// disk is under way when this returns: [`Flushing::wait`] returns once it is there, which
+    /// the prolog needs before it makes what outlives a restart. A slot needs no block
+    /// allocated and no size changed, where a journal file of its own on disk needs two syncs
+    /// (data, inode, folder). Falls back to [`Self::save`] with `durable` when the log cannot
+    /// be used (no boot id, a journal too large for a slot, a full log); the intents are then
+    /// on disk on return. Call it under the node lock.
+    pub fn save_intents(&self, journal: &mut Journal) -> io::Result<Flushing> {
         if let Some(boot) = intent_log::boot_id() {
             journal.boot_id = Some(hex::encode(boot));
             let mut log = IntentLog::open(&self.dir)?;
@@ -324,12 +327,13 @@ impl JournalDir {
                 let bytes = serde_json::to_vec(journal).map_err(io::Error::other)?;
                 if bytes.len() <= intent_log::CAPACITY {
                     self.replace_file(&format!("job_{}.json", journal.job_id), &bytes, false)?;
-                    return log.write(slot, journal.job_id, &boot, &bytes);
+                    return log.write_flushing(slot, journal.job_id, &boot, &bytes);
                 }
             }
         }
         journal.intent_slot = None;
-        self.save(journal, true)
+        self.save(journal, true)?;
+        Ok(Flushing::done())
     }
 
     /// Replaces the job's journal atomically; `durable` also fsyncs the file and the folder
@@ -824,7 +828,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = JournalDir::open(tmp.path()).unwrap();
         let mut j = sample(70);
-        dir.save_intents(&mut j).unwrap();
+        dir.save_intents(&mut j).unwrap().wait().unwrap();
         let slot = j.intent_slot.expect("a slot");
         assert_eq!(dir.load(70).unwrap(), Some(j.clone()));
         let log = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
@@ -852,7 +856,7 @@ mod tests {
         let dir = JournalDir::open(tmp.path()).unwrap();
         let mut j = sample(5);
         j.user = "u".repeat(intent_log::CAPACITY);
-        dir.save_intents(&mut j).unwrap();
+        dir.save_intents(&mut j).unwrap().wait().unwrap();
         assert_eq!(j.intent_slot, None);
         assert_eq!(dir.load(5).unwrap(), Some(j));
         let log = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
@@ -871,19 +875,19 @@ mod tests {
         let mut slots = Vec::new();
         for job in 0..64 {
             let mut j = sample(job);
-            dir.save_intents(&mut j).unwrap();
+            dir.save_intents(&mut j).unwrap().wait().unwrap();
             slots.push(j.intent_slot.unwrap());
         }
         let full = size();
         // Job 3's journal went without its slot (a crash between the two).
         fs::remove_file(dir.journal_path(3)).unwrap();
         let mut next = sample(200);
-        dir.save_intents(&mut next).unwrap();
+        dir.save_intents(&mut next).unwrap().wait().unwrap();
         assert_eq!(next.intent_slot, Some(slots[3]));
         assert_eq!(size(), full);
         // Live jobs' slots are not: the log grows.
         let mut more = sample(201);
-        dir.save_intents(&mut more).unwrap();
+        dir.save_intents(&mut more).unwrap().wait().unwrap();
         assert!(!slots.contains(&more.intent_slot.unwrap()));
         assert_eq!(size(), 2 * full);
     }
@@ -919,7 +923,7 @@ mod tests {
         put(&mut newer);
         // This boot's record of a live job stays.
         let mut live = sample(5);
-        dir.save_intents(&mut live).unwrap();
+        dir.save_intents(&mut live).unwrap().wait().unwrap();
 
         // A dry run says what it would restore and changes nothing.
         let (found, bad) = dir.recover_intents(false).unwrap();

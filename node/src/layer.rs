@@ -72,9 +72,11 @@ pub trait Layer {
     }
 
     /// Whether what the layer makes outlives a restart of the node (a folder on disk does; a
-    /// MIG instance, a cgroup, a BPF program do not). Teardown skips the others for a journal
-    /// of an earlier boot ([`Journal::from_earlier_boot`]): undoing them then could only hit
-    /// what a job of this boot made in their place (a GPU instance at the same placement).
+    /// MIG instance, a cgroup, a BPF program do not). The prolog waits until the intents are
+    /// on disk before such a layer acts, and lets the others act while they are written.
+    /// Teardown skips the others for a journal of an earlier boot
+    /// ([`Journal::from_earlier_boot`]): undoing them then could only hit what a job of this
+    /// boot made in their place (a GPU instance at the same placement).
     fn survives_restart(&self) -> bool {
         true
     }

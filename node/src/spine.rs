@@ -3,6 +3,7 @@
 //! fails closed. The epilog undoes in reverse from the journal. Both append audit records.
 
 use crate::context::{EnvError, JobContext};
+use crate::intent_log::Flushing;
 use crate::journal::{Journal, JournalDir, Occupant, Step, StepState, VERSION};
 use crate::layer::{JobPlan, Layer, LayerError};
 use crate::layers::network;
@@ -102,6 +103,9 @@ pub enum Boundary {
     Intended(&'static str),
     /// The layer made its resource; the result is not journaled yet.
     Made(&'static str),
+    /// The intents are on disk; the layer that comes next is the first whose resource
+    /// outlives a restart. The layers before it acted while the intents were being written.
+    IntentsOnDisk,
     /// Every layer is made and journaled; the job_start record is not written yet.
     AllMade,
 }
@@ -411,9 +415,13 @@ impl<'c> Spine<'c> {
         Ok(())
     }
 
-    /// Makes every layer in order; every intent is journaled (on disk through the intent log,
-    /// in one write) before the first layer makes anything. Results need no fsync: every layer
-    /// can undo from its intent alone, so the last write only informs the task entry.
+    /// Makes every layer in order; every intent is journaled before the first layer makes
+    /// anything, and on disk (through the intent log) before the first layer whose resource
+    /// outlives a restart of the node acts. The layers whose resources a restart removes (MIG,
+    /// devices, network) act while that write is under way: until a restart every process
+    /// reads the journal from the page cache, and after one there is nothing of theirs to
+    /// find. Results need no fsync: every layer can undo from its intent alone, so the last
+    /// write only informs the task entry.
     fn make_all(&mut self, plan: &mut JobPlan, journal: &mut Journal) -> Result<(), String> {
         let job = plan.job_id;
         let _lock = self.journals.lock_node().map_err(|e| {
@@ -450,8 +458,9 @@ impl<'c> Spine<'c> {
                 Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
             }
         }
+        let mut on_disk = Flushing::done();
         if !acting.is_empty() {
-            self.journals.save_intents(journal).map_err(|e| {
+            on_disk = self.journals.save_intents(journal).map_err(|e| {
                 format!(
                     "job {job}: cannot journal the intents of {} in {}: {e}",
                     self.layer_names(&acting),
@@ -462,6 +471,18 @@ impl<'c> Spine<'c> {
         for (k, &li) in acting.iter().enumerate() {
             let step = first_step + k;
             let name = self.layers[li].name();
+            if self.layers[li].survives_restart() && on_disk.is_pending() {
+                if let Err(e) = on_disk.wait() {
+                    // Nothing made yet outlives a restart; the rollback undoes the rest.
+                    journal.steps.truncate(step);
+                    return Err(format!(
+                        "job {job}: layer {name}: the intents did not reach the disk in {}: \
+                         {e}; check that file system",
+                        self.journals.path().display()
+                    ));
+                }
+                self.boundary(Boundary::IntentsOnDisk);
+            }
             self.boundary(Boundary::Intended(name));
             let intent = journal.steps[step].intent.clone();
             match self.layers[li].make(&intent, journal) {

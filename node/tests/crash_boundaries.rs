@@ -34,6 +34,15 @@ fn boundaries(w: &World, job: u64) -> Vec<String> {
             "{layer}: {seen:?}"
         );
     }
+    // The layers a restart removes act while the intents go to the disk; they are there
+    // before the first layer that outlives one (scratch).
+    let on_disk = seen.iter().position(|s| s == "intents-on-disk");
+    let scratch = seen.iter().position(|s| s == "intended scratch");
+    let network = seen.iter().position(|s| s == "made network");
+    assert!(
+        matches!((network, on_disk, scratch), (Some(n), Some(d), Some(s)) if n + 1 == d && d + 1 == s),
+        "{seen:?}"
+    );
     // The job really holds its resources.
     assert_eq!(w.gis().len(), 1);
     assert!(w.cgroup(0, job).is_dir());
@@ -56,7 +65,8 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
     assert_eq!(last, format!("boundary {n} {want}"));
     // Every boundary comes after the first journal write: the epilog has something to undo.
     assert!(w.journal_path(job).exists(), "crash at {want}: no journal");
-    // And after the intents are on disk, in the node's intent log: every layer, intended.
+    // And the node's intent log holds them (read back as every process reads it; on disk from
+    // the intents-on-disk boundary on): every layer, intended.
     let logged: Vec<_> = w
         .intent_records()
         .into_iter()

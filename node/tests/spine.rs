@@ -233,7 +233,7 @@ fn prolog_journals_then_epilog_tears_down_and_the_chain_verifies() {
 }
 
 #[test]
-fn every_intent_is_on_disk_before_the_first_make_and_a_make_sees_the_earlier_results() {
+fn every_intent_is_journaled_before_the_first_make_and_a_make_sees_the_earlier_results() {
     let w = World::new();
     let seen = Rc::new(RefCell::new(Vec::new()));
     let layers: Vec<Box<dyn Layer>> = [("mig", "none"), ("devices", "mig")]
@@ -251,8 +251,8 @@ fn every_intent_is_on_disk_before_the_first_make_and_a_make_sees_the_earlier_res
         .unwrap()
         .prolog(ctx("43"));
     assert_eq!(end.code, 0, "{}", end.message);
-    // One durable write holds both intents before anything is made; the device layer still
-    // gets the MIG result it needs.
+    // One write holds both intents before anything is made (each layer reads them back); the
+    // device layer still gets the MIG result it needs.
     assert_eq!(
         *seen.borrow(),
         [
@@ -260,6 +260,85 @@ fn every_intent_is_on_disk_before_the_first_make_and_a_make_sees_the_earlier_res
             r#"devices sees intents ["mig", "devices"] on disk, mig made: true"#,
         ]
     );
+}
+
+/// The calls of a prolog with layers `(name, volatile)` and its boundaries, in order.
+fn calls_and_boundaries(w: &World, layers: &[(&'static str, bool)], job: &str) -> Vec<String> {
+    let layers: Vec<Box<dyn Layer>> = layers
+        .iter()
+        .map(|&(name, volatile)| {
+            Box::new(FileLayer {
+                name,
+                dir: w.root.join("made"),
+                fail_make: false,
+                volatile,
+                calls: w.calls.clone(),
+            }) as Box<dyn Layer>
+        })
+        .collect();
+    let mut spine = Spine::new(&w.config, layers, "tenancy-prolog").unwrap();
+    let calls = w.calls.clone();
+    spine.boundary_hook = Some(Box::new(move |b| {
+        if b == tenancy_node::Boundary::IntentsOnDisk {
+            calls.borrow_mut().push("intents on disk".to_string());
+        }
+    }));
+    w.calls.borrow_mut().clear();
+    let end = spine.prolog(ctx(job));
+    assert_eq!(end.code, 0, "{}", end.message);
+    w.calls.borrow().clone()
+}
+
+#[test]
+fn layers_a_restart_removes_act_while_the_intents_reach_the_disk_the_others_after() {
+    let w = World::new();
+    // Volatile layers first (MIG, devices, network in the product): they act while the write
+    // is under way, and the wait comes just before the first layer that outlives a restart.
+    assert_eq!(
+        calls_and_boundaries(
+            &w,
+            &[("mig", true), ("devices", true), ("scratch", false)],
+            "60"
+        ),
+        [
+            "intend mig",
+            "intend devices",
+            "intend scratch",
+            "make mig",
+            "make devices",
+            "intents on disk",
+            "make scratch"
+        ]
+    );
+    // A lasting layer first: the intents are on disk before anything is made, and waited for
+    // once.
+    assert_eq!(
+        calls_and_boundaries(
+            &w,
+            &[("first", false), ("second", true), ("third", false)],
+            "61"
+        ),
+        [
+            "intend first",
+            "intend second",
+            "intend third",
+            "intents on disk",
+            "make first",
+            "make second",
+            "make third"
+        ]
+    );
+    // Only volatile layers: nothing of the job outlives a restart, so nothing waits.
+    assert_eq!(
+        calls_and_boundaries(&w, &[("mig", true), ("devices", true)], "62"),
+        ["intend mig", "intend devices", "make mig", "make devices"]
+    );
+    // Each job holds a slot of the intent log meanwhile, with all its intents.
+    let dir = tenancy_node::JournalDir::open(&w.config.cluster.state_dir).unwrap();
+    for job in [60, 61, 62] {
+        let j = dir.load(job).unwrap().unwrap();
+        assert!(j.intent_slot.is_some(), "job {job}: {j:?}");
+    }
 }
 
 #[test]
