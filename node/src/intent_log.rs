@@ -6,9 +6,9 @@
 //! made. A journal file of its own needs its data, its inode and its folder on disk (two
 //! syncs, with a block allocated); a slot whose blocks already exist and whose file keeps its
 //! size needs one sync, and its write can start before the prolog waits for it
-//! ([`IntentLog::write_flushing`]). The journal files stay what everything reads; the log only matters
-//! after a power loss, when a journal file written since the last sync may be gone or empty:
-//! `tenancyctl reconcile` then restores the journals of an earlier boot from the log
+//! ([`IntentLog::write_flushing`]). The journal files stay what everything reads; the log only
+//! matters after a power loss, when a journal file written since the last sync may be gone or
+//! empty: `tenancyctl reconcile` then restores the journals of an earlier boot from the log
 //! ([`crate::JournalDir::recover_intents`]).
 //!
 //! Which slots are held is also kept in a map beside it (`intents.map`, one byte per slot, never

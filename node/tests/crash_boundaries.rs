@@ -39,10 +39,11 @@ fn boundaries(w: &World, job: u64) -> Vec<String> {
     let on_disk = seen.iter().position(|s| s == "intents-on-disk");
     let scratch = seen.iter().position(|s| s == "intended scratch");
     let network = seen.iter().position(|s| s == "made network");
-    assert!(
-        matches!((network, on_disk, scratch), (Some(n), Some(d), Some(s)) if n + 1 == d && d + 1 == s),
-        "{seen:?}"
+    let in_order = matches!(
+        (network, on_disk, scratch),
+        (Some(n), Some(d), Some(s)) if n + 1 == d && d + 1 == s
     );
+    assert!(in_order, "{seen:?}");
     // The job really holds its resources.
     assert_eq!(w.gis().len(), 1);
     assert!(w.cgroup(0, job).is_dir());
