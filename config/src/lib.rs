@@ -17,6 +17,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
+/// Identifies the validated types' serialized form (a hash of the sources that define them,
+/// computed by build.rs): a cache of a validated config is only read by a build with the same.
+pub const SCHEMA: &str = env!("TENANCY_CONFIG_SCHEMA");
+
 /// Where the config is looked for when no explicit path is given (after `TENANCY_CONFIG` and
 /// `tenancy.toml` next to `SLURM_CONF`).
 pub const DEFAULT_PATH: &str = "/etc/slurm/tenancy.toml";
@@ -29,7 +33,8 @@ pub enum ScratchOnExit {
     Retain,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Cluster {
     pub name: String,
     pub state_dir: PathBuf,
@@ -43,13 +48,15 @@ pub struct Cluster {
 }
 
 /// Where this node's driver and kernel interfaces live (overridable for the stand-in).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodePaths {
     pub proc_devices: PathBuf,
     pub mig_minors: PathBuf,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Tier {
     pub name: String,
     pub mig_profiles: Vec<String>,
@@ -63,7 +70,8 @@ pub struct Tier {
     pub device_classes: Vec<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Tenant {
     pub name: String,
     pub tier: String,
@@ -73,7 +81,8 @@ pub struct Tenant {
 }
 
 /// A validated config.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     pub path: PathBuf,
     pub cluster: Cluster,

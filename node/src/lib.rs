@@ -3,6 +3,7 @@
 //! adapters.
 
 pub mod adopt;
+pub mod config_cache;
 pub mod context;
 pub mod intent_log;
 pub mod journal;
