@@ -223,12 +223,16 @@ impl Config {
     /// Finds and loads the config: `explicit`, then `TENANCY_CONFIG`, then `tenancy.toml` in the
     /// folder of `SLURM_CONF`, then [`DEFAULT_PATH`].
     pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
-        let path = Self::locate(
+        Self::from_file(&Self::find(explicit)?)
+    }
+
+    /// The path [`Self::load`] reads.
+    pub fn find(explicit: Option<&Path>) -> Result<PathBuf, ConfigError> {
+        Self::locate(
             explicit,
             std::env::var_os("TENANCY_CONFIG").map(PathBuf::from),
             std::env::var_os("SLURM_CONF").map(PathBuf::from),
-        )?;
-        Self::from_file(&path)
+        )
     }
 
     /// The search order, without touching the environment (testable).

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tenancy_config::{Config, ConfigError};
 
 /// Where the validated configs are kept: tmpfs, emptied at boot.
@@ -27,11 +27,7 @@ struct Entry {
 
 /// [`Config::load`] through the cache in [`CACHE_DIR`] when this process is root.
 pub fn load() -> Result<Config, ConfigError> {
-    let path = Config::locate(
-        None,
-        std::env::var_os("TENANCY_CONFIG").map(PathBuf::from),
-        std::env::var_os("SLURM_CONF").map(PathBuf::from),
-    )?;
+    let path = Config::find(None)?;
     if !rustix::process::geteuid().is_root() {
         return Config::from_file(&path);
     }
@@ -55,8 +51,41 @@ pub fn load_via(path: &Path, dir: &Path) -> Result<(Config, bool), ConfigError> 
         config: Config::parse(&text, path)?,
     };
     // A cache that cannot be written only costs the next process the parse.
-    let _ = write(dir, &file, &entry);
+    if write(dir, &file, &entry).is_ok() {
+        prune(dir, &file);
+    }
     Ok((entry.config, false))
+}
+
+/// Removes the entries of configs whose file is gone (a node whose config moved; tests), so the
+/// folder keeps one entry per config in use. Runs only when an entry was written.
+fn prune(dir: &Path, kept: &Path) {
+    #[derive(Deserialize)]
+    struct Head {
+        config: Source,
+    }
+    #[derive(Deserialize)]
+    struct Source {
+        path: std::path::PathBuf,
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if p == kept || !name.starts_with("config-") || !name.ends_with(".json") {
+            continue;
+        }
+        let gone = fs::read(&p)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Head>(&b).ok())
+            .is_none_or(|h| !h.config.path.exists());
+        if gone {
+            let _ = fs::remove_file(&p);
+        }
+    }
 }
 
 fn key(path: &Path, text: &str) -> String {
@@ -135,6 +164,7 @@ fn write(dir: &Path, file: &Path, entry: &Entry) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
 
     const TOML: &str = r#"
 [cluster]
@@ -253,5 +283,35 @@ egress = ["10.20.0.0/16:443/tcp"]
         assert!(!load_via(&path, &dir).unwrap().1);
         assert!(!file.is_symlink(), "the link was not replaced");
         assert!(load_via(&path, &dir).unwrap().1);
+    }
+
+    #[test]
+    fn entries_of_configs_that_are_gone_are_removed_when_one_is_written() {
+        if !root() {
+            return;
+        }
+        let (_tmp, path, dir) = world();
+        let (gone_tmp, gone_path, _) = world();
+        let (_kept_tmp, kept_path, _) = world();
+        load_via(&gone_path, &dir).unwrap();
+        load_via(&kept_path, &dir).unwrap();
+        let names = || {
+            let mut v: Vec<String> = fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names().len(), 2);
+        drop(gone_tmp);
+        // A hit writes nothing and removes nothing.
+        assert!(load_via(&kept_path, &dir).unwrap().1);
+        assert_eq!(names().len(), 2);
+        // A miss writes an entry and removes the one whose config is gone.
+        load_via(&path, &dir).unwrap();
+        let mut want = vec![file_name(&kept_path), file_name(&path)];
+        want.sort();
+        assert_eq!(names(), want);
     }
 }
