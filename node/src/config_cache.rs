@@ -1,7 +1,8 @@
-//! The prolog and epilog load the admin's config on every job, and parsing and validating the
-//! TOML grows with the number of tenants (about 0.5 ms of CPU per process for a hundred). So the
-//! validated config is kept, serialized, in a root-only folder on the node's tmpfs
-//! ([`CACHE_DIR`]), keyed by the SHA-256 of the file's path and text and of the types' schema
+//! The prolog, the epilog, slurmstepd's task entry and the PAM session module load the admin's
+//! config on every job or session, and parsing and validating the TOML grows with the number of
+//! tenants (about 0.5 ms of CPU per process for a hundred). So the validated config is kept,
+//! serialized, in a root-only folder under /run ([`CACHE_DIR`]), keyed by the SHA-256 of the
+//! file's path and text and of the types' schema
 //! ([`tenancy_config::SCHEMA`]): the TOML is still read on every job, and any change to it, or a
 //! build with other types, misses the cache and parses again. Nothing else is trusted from the
 //! cache: it is used only by root, only from a folder and file that root owns and nobody else
@@ -15,7 +16,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use tenancy_config::{Config, ConfigError};
 
-/// Where the validated configs are kept: tmpfs, emptied at boot.
+/// Where the validated configs are kept (/run: a tmpfs emptied at boot on systemd nodes).
 pub const CACHE_DIR: &str = "/run/slurm-tenancy";
 
 #[derive(Serialize, Deserialize)]
@@ -25,9 +26,10 @@ struct Entry {
     config: Config,
 }
 
-/// [`Config::load`] through the cache in [`CACHE_DIR`] when this process is root.
-pub fn load() -> Result<Config, ConfigError> {
-    let path = Config::find(None)?;
+/// [`Config::load`] through the cache in [`CACHE_DIR`] when this process is root (the prolog,
+/// the epilog, slurmstepd's task entry, the PAM session); others parse.
+pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+    let path = Config::find(explicit)?;
     if !rustix::process::geteuid().is_root() {
         return Config::from_file(&path);
     }

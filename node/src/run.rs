@@ -84,7 +84,7 @@ fn finish(end: Ending) -> u8 {
 }
 
 fn load(origin: &str) -> Result<Config, Ending> {
-    crate::config_cache::load().map_err(|e| Ending {
+    crate::config_cache::load(None).map_err(|e| Ending {
         code: 1,
         message: format!("tenancy: {origin}: cannot load the config, failing closed: {e}"),
     })

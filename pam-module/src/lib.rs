@@ -21,7 +21,6 @@
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::Path;
-use tenancy_config::Config;
 use tenancy_node::adopt::{session, slurm_job_of, Session};
 
 /// Linux-PAM's opaque handle.
@@ -125,7 +124,7 @@ fn open_session(pamh: *mut PamHandle, args: &[String]) -> c_int {
         Ok(a) => a,
         Err(e) => return refuse(format!("bad module line: {e}")),
     };
-    let config = match Config::load(args.config.as_deref().map(Path::new)) {
+    let config = match tenancy_node::config_cache::load(args.config.as_deref().map(Path::new)) {
         Ok(c) => c,
         Err(e) => {
             return refuse(format!(

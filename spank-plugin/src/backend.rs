@@ -13,7 +13,7 @@ pub fn decide(
     tenant: Option<&str>,
     mig: Option<&str>,
 ) -> Result<Resolved, String> {
-    let config = Config::load(config).map_err(|e| {
+    let config = tenancy_node::config_cache::load(config).map_err(|e| {
         format!(
             "cannot read the tenancy config ({}); ask your admin",
             one_line(&e.to_string())
@@ -27,7 +27,7 @@ pub fn decide(
 
 /// Puts task `pid` of `job` into the job's isolation; returns the variables to set in the task.
 pub fn enter(config: Option<&Path>, job: u64, pid: i32) -> Result<Vec<(String, String)>, String> {
-    let config = Config::load(config).map_err(|e| one_line(&e.to_string()))?;
+    let config = tenancy_node::config_cache::load(config).map_err(|e| one_line(&e.to_string()))?;
     node_enter(&config, job, pid)
 }
 
