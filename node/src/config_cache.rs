@@ -77,7 +77,9 @@ fn prune(dir: &Path, kept: &Path) {
         let p = e.path();
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if p == kept || !name.starts_with("config-") || !name.ends_with(".json") {
+        // Entries only: a link or anything else there is left alone, and never followed.
+        let is_file = e.file_type().is_ok_and(|t| t.is_file());
+        if p == kept || !is_file || !name.starts_with("config-") || !name.ends_with(".json") {
             continue;
         }
         let gone = fs::read(&p)
@@ -141,11 +143,8 @@ fn write(dir: &Path, file: &Path, entry: &Entry) -> std::io::Result<()> {
         return Err(std::io::Error::other("cache folder not root's own"));
     }
     let bytes = serde_json::to_vec(entry).map_err(std::io::Error::other)?;
-    let tmp = dir.join(format!(
-        ".{}.{}",
-        std::process::id(),
-        file_name(&entry.config.path)
-    ));
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{}.{name}", std::process::id()));
     let written = (|| {
         let mut f: File = OpenOptions::new()
             .write(true)
