@@ -34,20 +34,21 @@ impl LoopDisk {
             "mount",
             &["-t", "tmpfs", "-o", "size=16m", "tmpfs", s(tmpfs)],
         );
+        // From here on, a failing step still unmounts what was mounted (drop).
+        let mut disk = LoopDisk {
+            at: at.to_path_buf(),
+            tmpfs: tmpfs.to_path_buf(),
+            device: String::new(),
+        };
         let image = tmpfs.join("disk");
         run("truncate", &["-s", "12m", s(&image)]);
         run(
             "mkfs.ext4",
             &["-q", "-F", "-b", "4096", "-O", "^has_journal", s(&image)],
         );
-        let device = run("losetup", &["--find", "--show", s(&image)])
+        disk.device = run("losetup", &["--find", "--show", s(&image)])
             .trim()
             .to_string();
-        let disk = LoopDisk {
-            at: at.to_path_buf(),
-            tmpfs: tmpfs.to_path_buf(),
-            device,
-        };
         run("mount", &["-o", "errors=continue", &disk.device, s(at)]);
         std::fs::set_permissions(at, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
         disk
@@ -104,7 +105,9 @@ impl Drop for LoopDisk {
         let _ = std::fs::remove_file(self.tmpfs.join("filler"));
         let _ = std::fs::remove_file(self.tmpfs.join("filler2"));
         let _ = Command::new("umount").arg(&self.at).status();
-        let _ = Command::new("losetup").args(["-d", &self.device]).status();
+        if !self.device.is_empty() {
+            let _ = Command::new("losetup").args(["-d", &self.device]).status();
+        }
         let _ = Command::new("umount").arg(&self.tmpfs).status();
     }
 }
