@@ -1,7 +1,8 @@
 #!/bin/sh
 # What starting and ending a process costs on this machine before it does anything, the floor
-# under every prolog and epilog (BENCHMARKS.md, "What is left"). Four static PIEs, each spawned
-# and waited for as bench/driver.py does, cold (64 MiB read before each), N times (default 300):
+# under every prolog and epilog (BENCHMARKS.md, "What is left"). Five small programs, each
+# spawned and waited for as bench/driver.py does, cold (64 MiB read before each), N times
+# (default 300); all but the last are static PIEs:
 #   nolibc      `_start` calls exit: the kernel's exec, exit and wait alone
 #   cpuid100    the same plus 100 CPUID instructions (a trap to the hypervisor in a VM)
 #   bss100      the same plus 100 first writes to fresh pages (100 page faults)
