@@ -10,8 +10,9 @@
 //! <root>/<tenant>/.retained/job_<id>.<unix_secs>/   a retained job folder
 //! ```
 //!
-//! Every path below `root` is opened with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` and
-//! changed through file descriptors (`mkdirat`, `fchown`, `fchmod`, `unlinkat`, `renameat`), so a
+//! Every path below `root` is opened with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (where
+//! the kernel has no `openat2`: one `openat(O_NOFOLLOW)` per component, never `..`) and changed
+//! through file descriptors (`mkdirat`, `fchown`, `fchmod`, `unlinkat`, `renameat`), so a
 //! symlink planted anywhere under the root is never followed.
 
 pub mod audit;
