@@ -35,10 +35,7 @@ pub(crate) fn open_beneath(dir: &OwnedFd, name: &str) -> std::result::Result<Own
 /// that answers ENOSYS, as container runtimes do for system calls newer than their profile):
 /// one `openat` per component, each with O_NOFOLLOW, and no `.`, `..` or leading `/`, so that
 /// neither a symlink nor an escape can be resolved; a few system calls more per path.
-pub(crate) fn open_each_component(
-    dir: &OwnedFd,
-    name: &str,
-) -> std::result::Result<OwnedFd, Errno> {
+fn open_each_component(dir: &OwnedFd, name: &str) -> std::result::Result<OwnedFd, Errno> {
     if name.starts_with('/') {
         return Err(Errno::XDEV);
     }
