@@ -5,65 +5,15 @@
 //! under a real seccomp filter that makes `openat2` answer ENOSYS, with the real layers.
 
 mod common;
+#[path = "../../layers/scratch/tests/common/seccomp.rs"]
+mod seccomp;
 
 use common::{need_root, text, World};
-use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
-use rustix::io::Errno;
+use seccomp::{install, openat2_enosys, without_openat2};
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::process::Output;
-
-#[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xc000_003e;
-#[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH: u32 = 0xc000_00b7;
-
-/// A seccomp program: `openat2` fails with ENOSYS, everything else is allowed.
-fn openat2_enosys() -> Vec<libc::sock_filter> {
-    let stmt = |code: u32, k: u32| libc::sock_filter {
-        code: code as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
-        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-        jt,
-        jf,
-        k,
-    };
-    let load = |offset: u32| stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, offset);
-    vec![
-        load(4), // seccomp_data.arch
-        jeq(AUDIT_ARCH, 0, 3),
-        load(0), // seccomp_data.nr
-        jeq(libc::SYS_openat2 as u32, 0, 1),
-        stmt(
-            libc::BPF_RET | libc::BPF_K,
-            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
-        ),
-        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
-    ]
-}
-
-/// Puts `filter` on the calling thread (and what it executes). Only async-signal-safe calls:
-/// it also runs between fork and exec.
-fn install(filter: &[libc::sock_filter]) -> std::io::Result<()> {
-    let prog = libc::sock_fprog {
-        len: filter.len() as u16,
-        filter: filter.as_ptr().cast_mut(),
-    };
-    // SAFETY: plain system calls; `prog` points at `filter`, alive for the call.
-    unsafe {
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-            || libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &prog) != 0
-        {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
 
 /// The driver (`prolog` or `epilog`) as the world runs it, under the filter.
 fn run_without_openat2(w: &World, args: &[&str], env: &[(OsString, OsString)]) -> Output {
@@ -82,14 +32,7 @@ fn without_openat2_a_job_gets_its_scratch_folder_and_a_planted_symlink_is_still_
         return;
     }
     // The filter does what the test relies on: in a thread of its own, openat2 answers ENOSYS.
-    let seen = std::thread::spawn(|| {
-        install(&openat2_enosys()).unwrap();
-        let how = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        rustix::fs::openat2(CWD, "/", how, Mode::empty(), ResolveFlags::BENEATH).err()
-    })
-    .join()
-    .unwrap();
-    assert_eq!(seen, Some(Errno::NOSYS), "the seccomp filter");
+    without_openat2(|| ());
     let Some(w) = World::new(1, None) else { return };
 
     // A job: its folder is made, the user's and private, and removed by the epilog.

@@ -3,6 +3,7 @@
 use crate::{io_err, unsafe_path, Result};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
+use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,46 +20,89 @@ pub(crate) fn resolve_flags() -> ResolveFlags {
 /// Opens directory `name` (one or more components) beneath `dir`: no symlink anywhere, no `..`
 /// escape. ELOOP when a symlink is met, ENOTDIR when it is not a directory.
 pub(crate) fn open_beneath(dir: &OwnedFd, name: &str) -> std::result::Result<OwnedFd, Errno> {
+    open_beneath_on(dir, Path::new(name), false)
+}
+
+/// [`open_beneath`] that also stays on `dir`'s mount (the storage audit's walk): EXDEV when a
+/// component is a mount point. Without `openat2` the check is each component's file system
+/// (st_dev) against `dir`'s, as the walk itself checks the entries it descends into.
+pub(crate) fn open_beneath_same_fs(
+    dir: &OwnedFd,
+    name: &Path,
+) -> std::result::Result<OwnedFd, Errno> {
+    open_beneath_on(dir, name, true)
+}
+
+fn open_beneath_on(
+    dir: &OwnedFd,
+    name: &Path,
+    same_fs: bool,
+) -> std::result::Result<OwnedFd, Errno> {
     // Set when the kernel answered ENOSYS: the process asks once.
     static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+    let mut how = resolve_flags();
+    if same_fs {
+        how |= ResolveFlags::NO_XDEV;
+    }
     while !NO_OPENAT2.load(Ordering::Relaxed) {
-        match rfs::openat2(dir, name, DIR_FLAGS, Mode::empty(), resolve_flags()) {
+        match rfs::openat2(dir, name, DIR_FLAGS, Mode::empty(), how) {
             Err(Errno::AGAIN) | Err(Errno::INTR) => continue,
             Err(Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
             r => return r,
         }
     }
-    open_each_component(dir, name)
+    open_each_component(dir, name, same_fs)
 }
 
-/// [`open_beneath`] where the kernel has no `openat2` (Linux before 5.6, or a seccomp filter
-/// that answers ENOSYS, as container runtimes do for system calls newer than their profile):
-/// one `openat` per component, each with O_NOFOLLOW, and no `.`, `..` or leading `/`, so that
-/// neither a symlink nor an escape can be resolved; a few system calls more per path.
-fn open_each_component(dir: &OwnedFd, name: &str) -> std::result::Result<OwnedFd, Errno> {
-    if name.starts_with('/') {
-        return Err(Errno::XDEV);
+/// What `openat2` does for [`open_beneath_on`] where the kernel has none (Linux before 5.6, or
+/// a seccomp filter that answers ENOSYS, as container runtimes do for system calls newer than
+/// their profile): one `openat` per component, each with O_NOFOLLOW, and no `..`, `.` (but
+/// `name` itself) or leading `/`, so that neither a symlink nor an escape can be resolved; a
+/// few system calls more per path.
+fn open_each_component(
+    dir: &OwnedFd,
+    name: &Path,
+    same_fs: bool,
+) -> std::result::Result<OwnedFd, Errno> {
+    if name == Path::new(".") {
+        return openat_dir(dir, OsStr::new("."));
     }
+    let dev = if same_fs {
+        Some(rfs::fstat(dir)?.st_dev)
+    } else {
+        None
+    };
     let mut cur: Option<OwnedFd> = None;
-    for c in name.split('/').filter(|c| !c.is_empty()) {
-        if c == "." || c == ".." {
+    for c in name.components() {
+        let Component::Normal(c) = c else {
             return Err(Errno::XDEV);
-        }
-        let at = cur.as_ref().unwrap_or(dir);
-        let next = loop {
-            match rfs::openat(at, c, DIR_FLAGS, Mode::empty()) {
-                Err(Errno::INTR) => continue,
-                // O_DIRECTORY | O_NOFOLLOW says ENOTDIR for a symlink; openat2 says ELOOP.
-                Err(Errno::NOTDIR) if is_symlink(at, c) => return Err(Errno::LOOP),
-                r => break r?,
-            }
         };
+        let at = cur.as_ref().unwrap_or(dir);
+        let next = match openat_dir(at, c) {
+            // O_DIRECTORY | O_NOFOLLOW says ENOTDIR for a symlink; openat2 says ELOOP.
+            Err(Errno::NOTDIR) if is_symlink(at, c) => return Err(Errno::LOOP),
+            r => r?,
+        };
+        if let Some(dev) = dev {
+            if rfs::fstat(&next)?.st_dev != dev {
+                return Err(Errno::XDEV);
+            }
+        }
         cur = Some(next);
     }
     cur.ok_or(Errno::NOENT)
 }
 
-fn is_symlink(dir: &OwnedFd, name: &str) -> bool {
+fn openat_dir(dir: &OwnedFd, name: &OsStr) -> std::result::Result<OwnedFd, Errno> {
+    loop {
+        match rfs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
+            Err(Errno::INTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+fn is_symlink(dir: &OwnedFd, name: &OsStr) -> bool {
     rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
         .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink)
 }
@@ -164,7 +208,8 @@ mod tests {
         let root = rfs::open(t, DIR_FLAGS, Mode::empty()).unwrap();
 
         for ok in ["a", "a/b", "a//b/", "a/b/"] {
-            let fd = open_each_component(&root, ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+            let fd = open_each_component(&root, Path::new(ok), false)
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
             let want = rfs::open(t.join(ok), DIR_FLAGS, Mode::empty()).unwrap();
             assert_eq!(inode(&fd), inode(&want), "{ok}");
             // The same folder openat2 opens, where the kernel has it.
@@ -176,20 +221,68 @@ mod tests {
         // report as "is not a plain directory").
         for link in ["s", "a/inner", "s/etc"] {
             assert_eq!(
-                open_each_component(&root, link).err(),
+                open_each_component(&root, Path::new(link), false).err(),
                 Some(Errno::LOOP),
                 "{link}"
             );
         }
-        assert_eq!(open_each_component(&root, "f").err(), Some(Errno::NOTDIR));
+        assert_eq!(
+            open_each_component(&root, Path::new("f"), false).err(),
+            Some(Errno::NOTDIR)
+        );
         // No way up or out, not even one that would come back beneath.
         for escape in ["..", "a/..", "a/../a", "./a", "/etc", "/"] {
             assert_eq!(
-                open_each_component(&root, escape).err(),
+                open_each_component(&root, Path::new(escape), false).err(),
                 Some(Errno::XDEV),
                 "{escape}"
             );
         }
-        assert_eq!(open_each_component(&root, "").err(), Some(Errno::NOENT));
+        assert_eq!(
+            open_each_component(&root, Path::new(""), false).err(),
+            Some(Errno::NOENT)
+        );
+    }
+
+    /// The storage audit's walk stays on its mount without openat2 too: a folder another file
+    /// system is mounted on is refused with EXDEV, as RESOLVE_NO_XDEV refuses it.
+    #[test]
+    fn without_openat2_the_same_fs_walk_does_not_cross_a_mount() {
+        if !rustix::process::geteuid().is_root() {
+            assert!(std::env::var_os("CI").is_none(), "needs root: mount");
+            eprintln!("SKIP (needs root): mount");
+            return;
+        }
+        struct Mounted(std::path::PathBuf);
+        impl Drop for Mounted {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(&self.0).status();
+            }
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let m = tmp.path().join("m");
+        std::fs::create_dir(&m).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tenancy-test"])
+            .arg(&m)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount a tmpfs on {}", m.display());
+        let _mounted = Mounted(m.clone());
+        std::fs::create_dir(m.join("inner")).unwrap();
+        let root = rfs::open(tmp.path(), DIR_FLAGS, Mode::empty()).unwrap();
+        for name in ["m", "m/inner"] {
+            let path = Path::new(name);
+            assert_eq!(
+                open_each_component(&root, path, true).err(),
+                Some(Errno::XDEV)
+            );
+            assert!(open_each_component(&root, path, false).is_ok(), "{name}");
+            let how = resolve_flags() | ResolveFlags::NO_XDEV;
+            if let Err(e) = rfs::openat2(&root, path, DIR_FLAGS, Mode::empty(), how) {
+                assert_eq!(e, Errno::XDEV, "openat2 agrees");
+            }
+        }
+        assert!(open_each_component(&root, Path::new("."), true).is_ok());
     }
 }

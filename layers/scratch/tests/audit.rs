@@ -284,3 +284,39 @@ fn finds_wrong_group_symlink_out_setid_and_world_writable() {
     // victim untouched, symlinks not followed
     assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
 }
+
+/// Where the kernel has no `openat2` (here a seccomp filter answers ENOSYS, as a kernel before
+/// 5.6 or a container's profile does), the walk opens each path component with
+/// `openat(O_NOFOLLOW)` and audits the same tree: every folder opened, the same findings.
+#[test]
+fn without_openat2_the_audit_opens_every_folder_and_finds_the_same() {
+    if !need_root("real users, chown, seccomp") {
+        return;
+    }
+    let f = Fixture::new();
+    // Folders several levels down, so that the walk opens paths of several components.
+    let deep = f.j1().join("sub/deeper/deepest");
+    std::fs::create_dir_all(&deep).unwrap();
+    for d in [f.j1().join("sub/deeper"), deep.clone()] {
+        chown(&d, f.ua.uid, f.ua.gid);
+    }
+    std::fs::write(deep.join("data"), "secret").unwrap();
+    chown(&deep.join("data"), f.ua.uid, f.ua.gid);
+    // The tenant's and the job's folders open to others: the deep file is exposed.
+    chmod(&f.root.join("ta"), 0o751);
+    chmod(&f.j1(), 0o755);
+    chmod(&deep.join("data"), 0o644);
+    let with = f.audit();
+    assert!(
+        has(&with, Rule::Exposed, &deep.join("data"), "others", "r--"),
+        "{:#?}",
+        with.findings
+    );
+    let (root, map) = (f.root.clone(), f.map.clone());
+    let without = seccomp::without_openat2(move || {
+        audit_paths(std::slice::from_ref(&root), &map, Some(2), false).unwrap()
+    });
+    assert!(without.errors.is_empty(), "{:?}", without.errors);
+    assert_eq!(without.scanned, with.scanned);
+    assert_eq!(without.findings, with.findings);
+}

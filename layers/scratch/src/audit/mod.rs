@@ -15,7 +15,7 @@ pub mod acl;
 
 use acl::{perm_str, Acl, ACL_GROUP, ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
 use anyhow::{bail, Context as _};
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, ResolveFlags, Stat};
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, Stat};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -28,7 +28,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::fsutil::DIR_FLAGS;
+use crate::fsutil::{open_beneath_same_fs, DIR_FLAGS};
 
 /// Ids that belong to one tenant.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -596,11 +596,7 @@ impl Walker<'_> {
         } else {
             &rel
         };
-        let flags = ResolveFlags::BENEATH
-            | ResolveFlags::NO_SYMLINKS
-            | ResolveFlags::NO_MAGICLINKS
-            | ResolveFlags::NO_XDEV;
-        let dir = match rfs::openat2(&self.root_fd, rel_arg, DIR_FLAGS, Mode::empty(), flags) {
+        let dir = match open_beneath_same_fs(&self.root_fd, rel_arg) {
             Ok(d) => d,
             Err(e) => return self.err(&path, format!("open: {e} (not audited)")),
         };

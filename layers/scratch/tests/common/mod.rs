@@ -2,6 +2,8 @@
 //! Root-test helpers: real users and groups (useradd/groupadd, removed on drop), a scratch tree
 //! under a temp folder, and running a command as another user (setgroups/setgid/setuid in the child).
 
+pub mod seccomp;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
