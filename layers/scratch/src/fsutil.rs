@@ -38,7 +38,7 @@ fn open_beneath_on(
     name: &Path,
     same_fs: bool,
 ) -> std::result::Result<OwnedFd, Errno> {
-    // Set when the kernel answered ENOSYS: the process asks once.
+    // Set when openat2 turned out to be missing or filtered: the process asks once.
     static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
     let mut how = resolve_flags();
     if same_fs {
@@ -48,17 +48,32 @@ fn open_beneath_on(
         match rfs::openat2(dir, name, DIR_FLAGS, Mode::empty(), how) {
             Err(Errno::AGAIN) | Err(Errno::INTR) => continue,
             Err(Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+            Err(Errno::PERM) if openat2_filtered() => NO_OPENAT2.store(true, Ordering::Relaxed),
             r => return r,
         }
     }
     open_each_component(dir, name, same_fs)
 }
 
+/// Whether a seccomp filter refuses `openat2` itself, as older container profiles do with
+/// EPERM (newer ones answer ENOSYS): then it fails even for `/` as an O_PATH, which nothing
+/// else refuses. An EPERM with `openat2` working is the path's own, and is returned.
+fn openat2_filtered() -> bool {
+    let probe = rfs::openat2(
+        rfs::CWD,
+        "/",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::empty(),
+    );
+    matches!(probe, Err(Errno::PERM) | Err(Errno::NOSYS))
+}
+
 /// What `openat2` does for [`open_beneath_on`] where the kernel has none (Linux before 5.6, or
 /// a seccomp filter that answers ENOSYS, as container runtimes do for system calls newer than
-/// their profile): one `openat` per component, each with O_NOFOLLOW, and no `..`, `.` (but
-/// `name` itself) or leading `/`, so that neither a symlink nor an escape can be resolved; a
-/// few system calls more per path.
+/// their profile, or EPERM, as older profiles do): one `openat` per component, each with
+/// O_NOFOLLOW, and no `..`, `.` (but `name` itself) or leading `/`, so that neither a symlink
+/// nor an escape can be resolved; a few system calls more per path.
 fn open_each_component(
     dir: &OwnedFd,
     name: &Path,
@@ -187,10 +202,32 @@ pub(crate) fn open_root(root: &Path) -> Result<OwnedFd> {
     Ok(cur)
 }
 
+/// The integration tests' seccomp filter (a path from here: a module inside `tests` would be
+/// looked for under a folder that does not exist).
+#[cfg(test)]
+#[path = "../tests/common/seccomp.rs"]
+mod seccomp;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    /// A profile that refuses `openat2` with EPERM (older container runtimes) is told from an
+    /// EPERM of the path's own: the probe fails only under such a filter (or an ENOSYS one).
+    #[test]
+    fn an_openat2_that_seccomp_refuses_is_told_from_a_path_refused() {
+        assert!(!openat2_filtered());
+        assert!(seccomp::with_openat2_failing(libc::EPERM, openat2_filtered));
+        assert!(seccomp::with_openat2_failing(
+            libc::ENOSYS,
+            openat2_filtered
+        ));
+        assert!(!seccomp::with_openat2_failing(
+            libc::EACCES,
+            openat2_filtered
+        ));
+    }
 
     fn inode(fd: &OwnedFd) -> (u64, u64) {
         let st = rfs::fstat(fd).unwrap();

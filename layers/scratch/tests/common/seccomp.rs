@@ -1,6 +1,7 @@
-//! A seccomp filter that makes `openat2` answer ENOSYS, as a kernel before 5.6 or a container
-//! runtime's profile does: how the tests run the scratch code where it must do without
-//! `openat2`. (node/tests/no_openat2.rs includes this file too.)
+//! A seccomp filter that makes `openat2` fail, with ENOSYS as a kernel before 5.6 or a container
+//! runtime's profile does, or with EPERM as older profiles do: how the tests run the scratch
+//! code where it must do without `openat2`. (layers/scratch/src/fsutil.rs's unit tests and
+//! node/tests/no_openat2.rs include this file too.)
 
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH: u32 = 0xc000_003e;
@@ -8,7 +9,13 @@ const AUDIT_ARCH: u32 = 0xc000_003e;
 const AUDIT_ARCH: u32 = 0xc000_00b7;
 
 /// The filter's program: `openat2` fails with ENOSYS, everything else is allowed.
+#[allow(dead_code)] // not every test crate that includes this file uses it
 pub fn openat2_enosys() -> Vec<libc::sock_filter> {
+    openat2_failing_with(libc::ENOSYS)
+}
+
+/// The filter's program: `openat2` fails with `errno`, everything else is allowed.
+pub fn openat2_failing_with(errno: i32) -> Vec<libc::sock_filter> {
     let stmt = |code: u32, k: u32| libc::sock_filter {
         code: code as u16,
         jt: 0,
@@ -29,7 +36,7 @@ pub fn openat2_enosys() -> Vec<libc::sock_filter> {
         jeq(libc::SYS_openat2 as u32, 0, 1),
         stmt(
             libc::BPF_RET | libc::BPF_K,
-            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+            libc::SECCOMP_RET_ERRNO | errno as u32,
         ),
         stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
     ]
@@ -55,9 +62,19 @@ pub fn install(filter: &[libc::sock_filter]) -> std::io::Result<()> {
 
 /// Runs `f` in a thread of its own under the filter, after checking that `openat2` answers
 /// ENOSYS there.
+#[allow(dead_code)] // not every test crate that includes this file uses it
 pub fn without_openat2<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    with_openat2_failing(libc::ENOSYS, f)
+}
+
+/// Runs `f` in a thread of its own under the filter, after checking that `openat2` fails
+/// with `errno` there.
+pub fn with_openat2_failing<T: Send + 'static>(
+    errno: i32,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     std::thread::spawn(move || {
-        install(&openat2_enosys()).expect("seccomp filter");
+        install(&openat2_failing_with(errno)).expect("seccomp filter");
         let how = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY;
         let seen = rustix::fs::openat2(
             rustix::fs::CWD,
@@ -68,7 +85,7 @@ pub fn without_openat2<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static
         );
         assert_eq!(
             seen.err(),
-            Some(rustix::io::Errno::NOSYS),
+            Some(rustix::io::Errno::from_raw_os_error(errno)),
             "the seccomp filter"
         );
         f()
