@@ -159,6 +159,9 @@ struct AdoptingService {
     /// `file:line` of each session line naming a pam_tenancy.so that is not installed (PAM
     /// then fails every login of the service).
     missing: Vec<String>,
+    /// `file:line` of each `tenancyctl adopt` line without `--config`: adopt then reads
+    /// /etc/slurm/tenancy.toml, never the environment (tenancyctl/src/adopt.rs).
+    exec_default_config: Vec<String>,
 }
 
 /// Whether the PAM module `name` (a path, or a name Linux-PAM looks up in its module
@@ -229,6 +232,7 @@ fn pam_slurm_adopt_services(dir: &Path) -> std::io::Result<Vec<AdoptingService>>
             hook: None,
             lax: Vec::new(),
             missing: Vec::new(),
+            exec_default_config: Vec::new(),
         };
         for (n, line) in text.lines().enumerate() {
             let active = line.split('#').next().unwrap_or_default();
@@ -249,11 +253,14 @@ fn pam_slurm_adopt_services(dir: &Path) -> std::io::Result<Vec<AdoptingService>>
                 svc.missing.push(format!("{} ({})", at(), words[2]));
                 continue;
             }
+            // `tenancyctl [--config PATH] adopt [...]`
+            let tenancyctl = words.iter().position(|w| w.ends_with("tenancyctl"));
             let exec = session_required
                 && words[2].ends_with("pam_exec.so")
-                && words
-                    .windows(2)
-                    .any(|w| w[0].ends_with("tenancyctl") && w[1] == "adopt");
+                && tenancyctl.is_some_and(|i| words[i + 1..].contains(&"adopt"));
+            if exec && !words.iter().any(|w| w.starts_with("--config")) {
+                svc.exec_default_config.push(at());
+            }
             if module || exec {
                 svc.hook = Some(at());
             }
@@ -476,6 +483,27 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             ));
         }
     }
+    if let Ok(svcs) = &pam {
+        let lines: Vec<String> = svcs
+            .iter()
+            .flat_map(|s| s.exec_default_config.iter().cloned())
+            .collect();
+        if !lines.is_empty() && !Path::new(tenancy_config::DEFAULT_PATH).is_file() {
+            rows.push(row(
+                "slurm.pam_adopt_config",
+                Severity::Warn,
+                format!(
+                    "pam_exec runs tenancyctl adopt without --config ({}) and {} does not \
+                     exist: adopt reads no other config (never TENANCY_CONFIG or SLURM_CONF, \
+                     which a user can set in the PAM environment), so it refuses every session \
+                     pam_slurm_adopt adopts",
+                    lines.join(", "),
+                    tenancy_config::DEFAULT_PATH
+                ),
+                Some("put --config PATH on that line: `tenancyctl --config PATH adopt`".into()),
+            ));
+        }
+    }
     rows.push(match pam {
         Ok(svcs) if svcs.is_empty() => row(
             "slurm.pam_adopt",
@@ -544,7 +572,7 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
                         ),
                         Some(
                             "add `session required pam_tenancy.so` (or `session required \
-                             pam_exec.so /usr/local/bin/tenancyctl adopt`) to that PAM service, \
+                             pam_exec.so /usr/local/bin/tenancyctl --config PATH adopt`) to that PAM service, \
                              after pam_slurm_adopt, or remove pam_slurm_adopt"
                                 .into(),
                         ),

@@ -57,7 +57,8 @@ enum Command {
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
     StorageAudit(tenancy_scratch::AuditArgs),
     /// Move an ssh session pam_slurm_adopt put into a job into the job's isolation, or refuse
-    /// it (for pam_exec in the session phase; exit 1 refuses)
+    /// it (for pam_exec in the session phase; exit 1 refuses; config from --config or
+    /// /etc/slurm/tenancy.toml only)
     Adopt(adopt::AdoptArgs),
 }
 
@@ -77,6 +78,23 @@ enum FirewallCommand {
 
 fn load(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
     Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// The config of `adopt`: `--config` or /etc/slurm/tenancy.toml, never through the
+/// environment, which under pam_exec is the PAM environment the session's user can write to
+/// (adopt.rs).
+fn load_for_adopt(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    let path = path.unwrap_or(std::path::Path::new(tenancy_config::DEFAULT_PATH));
+    Config::from_file(path).map_err(|e| match e {
+        tenancy_config::ConfigError::Read { path, source } => anyhow::anyhow!(
+            "cannot read config {}: {source} (adopt reads --config or {}, never \
+             TENANCY_CONFIG or SLURM_CONF, which a user can set in the PAM environment: put \
+             --config PATH on the pam_exec line)",
+            path.display(),
+            tenancy_config::DEFAULT_PATH
+        ),
+        e => anyhow::anyhow!("{e}"),
+    })
 }
 
 /// Tenant -> gids of its groups, for storage-audit.
@@ -134,7 +152,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::StorageAudit(args) => {
             tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
         }
-        Command::Adopt(args) => adopt::run(&load(config)?, &args),
+        Command::Adopt(args) => adopt::run(&load_for_adopt(config)?, &args),
     }
 }
 

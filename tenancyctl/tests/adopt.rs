@@ -96,6 +96,40 @@ fn adopt_claiming(
     c.output().unwrap()
 }
 
+/// Runs tenancyctl with exactly `args` and `env`, in that order and duplicates included, as
+/// pam_exec does (the PAM environment, then its own PAM_USER, PAM_TYPE, ...), which
+/// `Command` cannot (it keeps one value per name). Returns the exit status.
+fn tenancyctl_with_raw_env(args: &[&str], env: &[(&str, &str)]) -> i32 {
+    use std::ffi::CString;
+    let bin = CString::new(env!("CARGO_BIN_EXE_tenancyctl")).unwrap();
+    let argv: Vec<CString> = std::iter::once("tenancyctl")
+        .chain(args.iter().copied())
+        .map(|a| CString::new(a).unwrap())
+        .collect();
+    let envp: Vec<CString> = env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")).unwrap())
+        .collect();
+    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_p.push(std::ptr::null());
+    let mut envp_p: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
+    envp_p.push(std::ptr::null());
+    // SAFETY: everything the child touches is built before the fork; it only calls execve
+    // and _exit, both async-signal-safe.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            libc::execve(bin.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr());
+            libc::_exit(127);
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(libc::WIFEXITED(status), "tenancyctl: wait status {status}");
+        libc::WEXITSTATUS(status)
+    }
+}
+
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
@@ -103,6 +137,78 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// A job as the prolog leaves it on this node: its journal (one layer whose cgroup a task
+/// joins), its product cgroup, and where Slurm keeps its extern steps.
+struct JobFixture {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    job: u64,
+    product: PathBuf,
+    tag: String,
+    tree: Tree,
+}
+
+impl JobFixture {
+    /// `name` keeps the cgroups of tests running side by side apart.
+    fn new(name: &str, first_job: u64) -> JobFixture {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        std::fs::create_dir(r.join("scratch")).unwrap();
+        let config = common::minimal_config(r);
+        let tag = format!("{name}{}", std::process::id());
+        let job: u64 = first_job + u64::from(std::process::id() % 100_000);
+        let product = cgroup2_root()
+            .join("tenancy")
+            .join(&tag)
+            .join(format!("job_{job}"));
+        let mut tree = Tree {
+            dirs: Vec::new(),
+            children: Vec::new(),
+        };
+        tree.mkdir(&product);
+        let journal = Journal {
+            version: tenancy_node::journal::VERSION,
+            job_id: job,
+            cluster: "t".into(),
+            node: "n".into(),
+            user: "root".into(),
+            uid: 0,
+            gid: 0,
+            tenant: "acme".into(),
+            tier: "internal".into(),
+            profile: None,
+            share_gpu: true,
+            share_node: true,
+            started: chrono::Utc::now(),
+            steps: vec![Step {
+                layer: "devices".into(),
+                state: StepState::Made,
+                intent: json!({ "job_id": job }),
+                made: Some(json!({ "join_cgroups": [product] })),
+            }],
+            intent_slot: None,
+            boot_id: None,
+        };
+        JournalDir::open(&r.join("state"))
+            .unwrap()
+            .save(&journal, true)
+            .unwrap();
+        JobFixture {
+            dir,
+            config,
+            job,
+            product,
+            tag,
+            tree,
+        }
+    }
+
+    /// Job `j`'s extern step cgroup, where pam_slurm_adopt puts an ssh session.
+    fn extern_step(&self, j: u64) -> PathBuf {
+        cgroup2_root().join(format!("{}-slurm/uid_0/job_{j}/step_extern", self.tag))
+    }
 }
 
 #[test]
@@ -114,60 +220,21 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path();
-    std::fs::create_dir(r.join("scratch")).unwrap();
-    let config = common::minimal_config(r);
-    let tag = format!("adopt{}", std::process::id());
+    let mut f = JobFixture::new("adopt", 4_200_000);
+    let (r, config, job) = (f.dir.path().to_path_buf(), f.config.clone(), f.job);
+    let product = f.product.clone();
     let root = cgroup2_root();
-    let job: u64 = 4_200_000 + u64::from(std::process::id() % 100_000);
-    // Where the prolog put the job's isolation, and where Slurm keeps its extern step.
-    let product = root.join("tenancy").join(&tag).join(format!("job_{job}"));
-    let extern_step = |j: u64| root.join(format!("{tag}-slurm/uid_0/job_{j}/step_extern"));
-    let mut tree = Tree {
-        dirs: Vec::new(),
-        children: Vec::new(),
-    };
-    tree.mkdir(&product);
-    // The job's journal, as the prolog leaves it: one layer whose cgroup a task joins.
-    let journal = Journal {
-        version: tenancy_node::journal::VERSION,
-        job_id: job,
-        cluster: "t".into(),
-        node: "n".into(),
-        user: "root".into(),
-        uid: 0,
-        gid: 0,
-        tenant: "acme".into(),
-        tier: "internal".into(),
-        profile: None,
-        share_gpu: true,
-        share_node: true,
-        started: chrono::Utc::now(),
-        steps: vec![Step {
-            layer: "devices".into(),
-            state: StepState::Made,
-            intent: json!({ "job_id": job }),
-            made: Some(json!({ "join_cgroups": [product] })),
-        }],
-        intent_slot: None,
-        boot_id: None,
-    };
-    JournalDir::open(&r.join("state"))
-        .unwrap()
-        .save(&journal, true)
-        .unwrap();
 
     // Another user's session in the job: refused, and left where it was.
-    let pid = tree.process_in(&extern_step(job));
+    let pid = f.tree.process_in(&f.extern_step(job));
     let o = adopt(&config, pid, "daemon", "open_session");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("belongs to uid 0"), "{}", text(&o));
-    assert_eq!(cgroup_of(pid), rel(&extern_step(job)));
+    assert_eq!(cgroup_of(pid), rel(&f.extern_step(job)));
     // At close_session nothing is done.
     let o = adopt(&config, pid, "root", "close_session");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert_eq!(cgroup_of(pid), rel(&extern_step(job)));
+    assert_eq!(cgroup_of(pid), rel(&f.extern_step(job)));
     // pam_slurm_adopt's claim (SLURM_JOB_ID) must match the job the process is in.
     let o = adopt_claiming(&config, pid, "root", "open_session", Some(job + 7));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -176,7 +243,7 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
         "{}",
         text(&o)
     );
-    assert_eq!(cgroup_of(pid), rel(&extern_step(job)));
+    assert_eq!(cgroup_of(pid), rel(&f.extern_step(job)));
     // The job's own user: the session now runs in the job's isolation.
     let o = adopt_claiming(&config, pid, "root", "open_session", Some(job));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -188,15 +255,15 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
     assert_eq!(cgroup_of(pid), rel(&product));
 
     // A job the prolog did not set up here (no journal): refused, never unisolated.
-    let other = tree.process_in(&extern_step(job + 1));
+    let other = f.tree.process_in(&f.extern_step(job + 1));
     let o = adopt(&config, other, "root", "open_session");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("no journal"), "{}", text(&o));
-    assert_eq!(cgroup_of(other), rel(&extern_step(job + 1)));
+    assert_eq!(cgroup_of(other), rel(&f.extern_step(job + 1)));
 
     // A login in no job (pam_slurm_adopt let it through): nothing to isolate, left alone.
-    let plain = root.join(format!("{tag}-slurm/plain"));
-    let login = tree.process_in(&plain);
+    let plain = root.join(format!("{}-slurm/plain", f.tag));
+    let login = f.tree.process_in(&plain);
     let o = adopt(&config, login, "root", "open_session");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("in no Slurm job"), "{}", text(&o));
@@ -235,4 +302,54 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
         .output()
         .unwrap();
     assert!(verify.status.success(), "{}", text(&verify));
+}
+
+/// pam_exec hands `tenancyctl adopt` the PAM environment, which the session's user can write to
+/// (`~/.pam_environment` through `pam_env.so user_readenv=1`), before its own variables. A
+/// PAM_TYPE or PAM_USER put there first must not make adopt skip the session (a session left
+/// outside the job's device allowlist and firewall), and TENANCY_CONFIG there must not pick
+/// the config (a user's config with its journals and audit log where they like).
+#[test]
+fn a_users_pam_environment_cannot_steer_adopt() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "SKIP a_users_pam_environment_cannot_steer_adopt: needs root (moves processes \
+             between cgroups)"
+        );
+        return;
+    }
+    let mut f = JobFixture::new("adoptenv", 4_300_000);
+    let (config, job) = (f.config.to_str().unwrap().to_string(), f.job);
+    let pid = f.tree.process_in(&f.extern_step(job));
+    let pid_s = pid.to_string();
+    // What the user put in the PAM environment first, then what pam_exec appends.
+    let user_first = [
+        ("PAM_TYPE", "close_session"),
+        ("PAM_USER", "daemon"),
+        ("SLURM_JOB_ID", &job.to_string()),
+    ];
+    let pam_exec = [("PAM_USER", "root"), ("PAM_TYPE", "open_session")];
+    let env: Vec<(&str, &str)> = user_first.iter().chain(&pam_exec).copied().collect();
+    let status = tenancyctl_with_raw_env(&["--config", &config, "adopt", "--pid", &pid_s], &env);
+    assert_eq!(status, 0);
+    assert_eq!(
+        cgroup_of(pid),
+        rel(&f.product),
+        "the session was not moved into job {job}'s isolation"
+    );
+
+    // A second session in the job, its config named through the PAM environment and no
+    // --config: that config (where the job has its journal) is not read, adopt reads
+    // /etc/slurm/tenancy.toml (absent here, or without this job), so the session is refused and
+    // stays where pam_slurm_adopt put it.
+    let second = f.tree.process_in(&f.extern_step(job));
+    let second_s = second.to_string();
+    let env: Vec<(&str, &str)> = [("TENANCY_CONFIG", config.as_str())]
+        .iter()
+        .chain(&pam_exec)
+        .copied()
+        .collect();
+    let status = tenancyctl_with_raw_env(&["adopt", "--pid", &second_s], &env);
+    assert_ne!(status, 0, "adopt took its config from TENANCY_CONFIG");
+    assert_eq!(cgroup_of(second), rel(&f.extern_step(job)));
 }

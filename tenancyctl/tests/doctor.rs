@@ -125,6 +125,34 @@ groups = ["root"]
             .contains("join the job's isolation through pam_tenancy.so or tenancyctl adopt"),
         "{strict}"
     );
+    // `tenancyctl --config PATH adopt` is the same hook; without --config, adopt reads only
+    // /etc/slurm/tenancy.toml (never the PAM environment's TENANCY_CONFIG): a warning when that
+    // file does not exist, as every adopted session would then be refused.
+    for (line, warned) in [
+        (
+            "session required pam_exec.so /usr/local/bin/tenancyctl --config /etc/t.toml adopt",
+            false,
+        ),
+        (
+            "session required pam_exec.so /usr/local/bin/tenancyctl adopt",
+            !Path::new(tenancy_config::DEFAULT_PATH).is_file(),
+        ),
+    ] {
+        std::fs::write(
+            pam.join("sshd"),
+            format!("account required pam_slurm_adopt.so action_no_jobs=deny\n{line}\n"),
+        )
+        .unwrap();
+        let (_, rows) = doctor(&config, &pam);
+        let r = row(&rows, "slurm.pam_adopt");
+        assert_eq!(r["severity"], "ok", "{line}: {r}");
+        let w = rows.iter().find(|r| r["check"] == "slurm.pam_adopt_config");
+        assert_eq!(w.is_some(), warned, "{line}: {rows:?}");
+        if let Some(w) = w {
+            assert_eq!(w["severity"], "warn", "{w}");
+            assert!(w["message"].as_str().unwrap().contains("sshd:2"), "{w}");
+        }
+    }
     // The PAM module does the same (and gives the session the job's environment); optional,
     // it would let a refused session go on; not installed, PAM would fail every login.
     let module = root.join("pam_tenancy.so");
