@@ -113,6 +113,10 @@ fn unlink_file(ctx: &Ctx, dir: &OwnedFd, name: &CString) -> Result<()> {
                 return Ok(());
             }
             Err(Errno::NOENT) => return Ok(()),
+            // A folder now, made by a process of the user's since readdir: the caller's next
+            // round sees it as one (an error here would fail the job's teardown at the user's
+            // will).
+            Err(Errno::ISDIR) => return Ok(()),
             Err(Errno::ACCESS) | Err(Errno::PERM) if !tried_chmod => {
                 tried_chmod = true;
                 let _ = rfs::fchmod(dir, Mode::from_raw_mode(0o700));
@@ -157,18 +161,23 @@ fn clear_dir(ctx: &Ctx, dir: &OwnedFd, depth: usize) -> Result<u64> {
     }
     let clear_sub = |name: &CString| -> Result<()> {
         if depth >= MAX_DEPTH {
-            let n = ctx.seq.fetch_add(1, Ordering::Relaxed);
-            let new = format!(".wipe-deep-{}-{n}", std::process::id());
-            return match rfs::renameat_with(
-                dir,
-                name.as_c_str(),
-                ctx.top,
-                new.as_str(),
-                rfs::RenameFlags::NOREPLACE,
-            ) {
-                Ok(()) | Err(Errno::NOENT) => Ok(()),
-                Err(e) => Err(io_err("renameat (flatten deep tree)", ctx.path, e)),
-            };
+            // The name is predictable, so the user may have taken it already: the next number
+            // then (each name taken is one more entry the wipe removes anyway).
+            loop {
+                let n = ctx.seq.fetch_add(1, Ordering::Relaxed);
+                let new = format!(".wipe-deep-{}-{n}", std::process::id());
+                match rfs::renameat_with(
+                    dir,
+                    name.as_c_str(),
+                    ctx.top,
+                    new.as_str(),
+                    rfs::RenameFlags::NOREPLACE,
+                ) {
+                    Ok(()) | Err(Errno::NOENT) => return Ok(()),
+                    Err(Errno::EXIST) => continue,
+                    Err(e) => return Err(io_err("renameat (flatten deep tree)", ctx.path, e)),
+                }
+            }
         }
         match open_dir(dir, name.as_c_str()) {
             Ok(Some(sub)) => {
@@ -210,4 +219,28 @@ fn clear_dir(ctx: &Ctx, dir: &OwnedFd, depth: usize) -> Result<u64> {
         dirs.iter().try_for_each(clear_sub)?;
     }
     Ok(seen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file the wipe saw that a user's process has replaced by a folder before its unlink:
+    /// left for the next round, not an error that fails the teardown.
+    #[test]
+    fn a_file_swapped_for_a_folder_is_left_for_the_next_round() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("f")).unwrap();
+        let top: OwnedFd = std::fs::File::open(t.path()).unwrap().into();
+        let ctx = Ctx {
+            top: &top,
+            dev: 0,
+            removed: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            path: t.path(),
+        };
+        unlink_file(&ctx, &top, &CString::new("f").unwrap()).unwrap();
+        assert_eq!(ctx.removed.load(Ordering::Relaxed), 0);
+        assert!(t.path().join("f").is_dir());
+    }
 }

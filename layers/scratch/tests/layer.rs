@@ -227,6 +227,17 @@ fn wipe_never_follows_symlinks_and_removes_mode_000_and_deep_trees() {
     }
     std::fs::create_dir_all(&deep).unwrap();
     std::fs::write(deep.join("bottom"), "x").unwrap();
+    // the names the wipe gives deep folders it moves up, taken already by the user (the
+    // first holds a deep chain itself, so it is still there when the wipe flattens it)
+    for n in 0..3 {
+        let taken = j.join(format!(".wipe-deep-{}-{n}", std::process::id()));
+        let mut d = taken.clone();
+        for _ in 0..if n == 0 { 60 } else { 1 } {
+            d = d.join("d");
+        }
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("x"), "x").unwrap();
+    }
     std::fs::create_dir(j.join("wide")).unwrap();
     for i in 0..2000 {
         std::fs::write(j.join("wide").join(i.to_string()), "").unwrap();
