@@ -841,6 +841,17 @@ pub fn teardown(
 ) -> Vec<String> {
     let mut failures = Vec::new();
     let earlier_boot = journal.from_earlier_boot();
+    // No process of the job may outlive any of its layers.
+    if let Err(e) = crate::task::end_tasks(journal, crate::task::END_WAIT) {
+        failures.push(e);
+        if let Err(e) = journals.save(journal, true) {
+            failures.push(format!(
+                "journal {}: {e}",
+                journals.journal_path(journal.job_id).display()
+            ));
+        }
+        return failures;
+    }
     for idx in (0..journal.steps.len()).rev() {
         let step = &journal.steps[idx];
         if step.state == StepState::Undone {

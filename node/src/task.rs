@@ -9,6 +9,7 @@
 use crate::journal::{Journal, JournalDir, StepState};
 use serde_json::Value;
 use std::path::Path;
+use std::time::{Duration, Instant};
 use tenancy_config::Config;
 
 /// Variables to set in the task's environment.
@@ -88,4 +89,133 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
 fn join(cgroup: &Path, pid: i32) -> Result<(), String> {
     std::fs::write(cgroup.join("cgroup.procs"), pid.to_string())
         .map_err(|e| format!("cannot move task {pid} into {}: {e}", cgroup.display()))
+}
+
+/// How long [`end_tasks`] waits for a job's killed processes to leave its cgroups.
+pub const END_WAIT: Duration = Duration::from_secs(5);
+
+/// Kills every process still in the cgroups the job's tasks joined, and waits until they are
+/// gone, before any layer is undone. On cgroup v2 the tasks left Slurm's step cgroups for the
+/// job's own, so Slurm's process tracking no longer ends them at job end; a process that
+/// outlived the job would otherwise race the wipe of its scratch folder or keep running after
+/// its device program is detached. Errors name the layer, the cgroup and the pids left (the
+/// caller names the job).
+pub fn end_tasks(journal: &Journal, wait: Duration) -> Result<(), String> {
+    let mut seen: Vec<&str> = Vec::new();
+    for step in journal
+        .steps
+        .iter()
+        .filter(|s| s.state != StepState::Undone)
+    {
+        let paths = step
+            .made
+            .as_ref()
+            .and_then(|m| m.get("join_cgroups"))
+            .and_then(Value::as_array);
+        for p in paths.into_iter().flatten().filter_map(Value::as_str) {
+            if seen.contains(&p) {
+                continue;
+            }
+            seen.push(p);
+            end_cgroup(Path::new(p), wait).map_err(|e| {
+                format!(
+                    "layer {}: {e}; every layer stays until they are gone, then run \
+                     `tenancyctl reconcile --apply`",
+                    step.layer
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The pids in `cgroup` (none when it is gone).
+fn pids_in(cgroup: &Path) -> Result<Vec<i32>, String> {
+    match std::fs::read_to_string(cgroup.join("cgroup.procs")) {
+        Ok(s) => Ok(s
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(format!(
+            "cannot read {}/cgroup.procs: {e}",
+            cgroup.display()
+        )),
+    }
+}
+
+fn end_cgroup(cgroup: &Path, wait: Duration) -> Result<(), String> {
+    // Most jobs leave nothing behind: one read.
+    if pids_in(cgroup)?.is_empty() {
+        return Ok(());
+    }
+    // cgroup v2 (Linux 5.14+) kills every process in it at once, forks in flight included;
+    // elsewhere each process is signalled, round after round, until none is left.
+    let whole = std::fs::write(cgroup.join("cgroup.kill"), "1").is_ok();
+    let deadline = Instant::now() + wait;
+    loop {
+        let pids = pids_in(cgroup)?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if !whole {
+            for pid in &pids {
+                kill_if_in(*pid, cgroup);
+            }
+        }
+        if Instant::now() >= deadline {
+            let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
+            return Err(format!(
+                "processes [{}] still in {} after SIGKILL",
+                pids.join(" "),
+                cgroup.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGKILL to `pid` if it is still in `cgroup`, through a pidfd: a pid read from cgroup.procs
+/// may have exited and been reused by an unrelated process since.
+fn kill_if_in(pid: i32, cgroup: &Path) {
+    use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+    let Some(p) = Pid::from_raw(pid) else { return };
+    let Ok(fd) = pidfd_open(p, PidfdFlags::empty()) else {
+        return;
+    };
+    // The pidfd holds this process: if /proc/<pid> now shows it in the cgroup, so it is.
+    let inside = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|s| {
+        s.lines().any(|l| {
+            let rel = l.splitn(3, ':').nth(2).unwrap_or_default();
+            rel.len() > 1 && cgroup.ends_with(rel.trim_start_matches('/'))
+        })
+    });
+    if inside {
+        let _ = pidfd_send_signal(&fd, Signal::KILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pid listed in a cgroup it is not in (exited, and the number reused by another
+    /// process) is not signalled; a cgroup that stays busy fails with its pids, never Ok.
+    #[test]
+    fn a_cgroup_that_stays_busy_fails_and_a_process_outside_it_is_not_signalled() {
+        let t = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        std::fs::write(t.path().join("cgroup.procs"), format!("{me}\n")).unwrap();
+        // No cgroup.kill to write: each pid is signalled only if it is in the cgroup.
+        std::fs::create_dir(t.path().join("cgroup.kill")).unwrap();
+        let e = end_cgroup(t.path(), Duration::from_millis(30)).unwrap_err();
+        assert!(
+            e.contains(&format!("processes [{me}] still in {}", t.path().display())),
+            "{e}"
+        );
+        // (this test process is still alive)
+        std::fs::write(t.path().join("cgroup.procs"), "").unwrap();
+        end_cgroup(t.path(), Duration::from_millis(30)).unwrap();
+        end_cgroup(&t.path().join("gone"), Duration::from_millis(30)).unwrap();
+    }
 }
