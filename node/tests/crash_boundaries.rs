@@ -215,3 +215,52 @@ fn an_epilog_killed_at_any_moment_is_finished_by_the_next_one() {
     assert!(w.chain_is_valid(), "audit chain broken");
     eprintln!("epilog kills: {interrupted} of {TRIES} interrupted (full epilog {full:?})");
 }
+
+/// A prolog killed after its MIG intent, before its GPU instance existed, leaves that
+/// placement free, and the next job's prolog may be given it. The first job's epilog has no
+/// recorded slice and looks for one at its intended placement: it must leave the second job's
+/// slice there alone.
+#[test]
+fn an_epilog_with_no_recorded_slice_leaves_another_jobs_slice_at_its_placement() {
+    if !need_root("real users, product cgroups, BPF device programs") {
+        return;
+    }
+    let Some(w) = World::new(1, None) else { return };
+    let seen = boundaries(&w, 400);
+    let out = w.run(&["epilog"], &w.job_env(400, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    let n = 1 + seen.iter().position(|s| s == "intended mig").unwrap();
+    crash_at(&w, 401, n, "intended mig");
+    assert_eq!(w.gis(), vec![], "the killed prolog made no slice");
+    let out = w.run(&["prolog"], &w.job_env(402, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    let placement = |job: u64, field: &str| {
+        let j = w.journal(job);
+        let mig = j["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["layer"] == "mig")
+            .unwrap()
+            .clone();
+        mig["intent"][field].clone()
+    };
+    assert_eq!(
+        placement(401, "placement_start"),
+        placement(402, "placement_start"),
+        "the second job was given the placement the first one intended"
+    );
+    let slices = w.gis();
+    assert_eq!(slices.len(), 1);
+
+    let out = w.run(&["epilog"], &w.job_env(401, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        w.gis(),
+        slices,
+        "job 401's epilog destroyed job 402's slice"
+    );
+    let out = w.run(&["epilog"], &w.job_env(402, 0, Some("1g.18gb")));
+    assert!(out.status.success(), "{}", text(&out));
+    w.assert_nothing_left("after both epilogs");
+}

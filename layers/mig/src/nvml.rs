@@ -935,6 +935,19 @@ impl Mig {
     /// error. With `made` None (the prolog died between create and journaling the slice) the
     /// GI is found on the intent's GPU by profile and placement start.
     pub fn destroy(&self, intent: &MigIntent, made: Option<&MigSlice>) -> Result<Teardown> {
+        self.destroy_leaving(intent, made, &[])
+    }
+
+    /// [`Self::destroy`], leaving alone the GIs in `claimed` ((GPU UUID, GI id) of slices
+    /// other jobs journaled as made). Without a recorded result the slice is looked for by
+    /// its intended placement and profile, and another job may have been given that
+    /// placement since: a prolog killed before its GI existed frees it for the next one.
+    pub fn destroy_leaving(
+        &self,
+        intent: &MigIntent,
+        made: Option<&MigSlice>,
+        claimed: &[(String, u32)],
+    ) -> Result<Teardown> {
         let (dev, gpu_index, at) = self.device_by_uuid(&intent.gpu_uuid, intent.gpu_index)?;
         let at = At {
             profile: Some(intent.profile.clone()),
@@ -993,6 +1006,18 @@ impl Mig {
                     if info.placement.start == intent.placement_start
                         && info.profileId == intent.gi_profile_id
                     {
+                        if claimed.iter().any(|(u, id)| u == uuid && *id == info.id) {
+                            return Ok(Self::gone(
+                                gpu_index,
+                                uuid,
+                                Some(info.id),
+                                Some(format!(
+                                    "GI {} at placement {}:{} is another job's (journaled \
+                                     as made); left alone",
+                                    info.id, info.placement.start, info.placement.size
+                                )),
+                            ));
+                        }
                         return self.teardown_gi(gi, info.id, gpu_index, uuid, &at, None);
                     }
                 }

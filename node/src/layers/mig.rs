@@ -5,7 +5,7 @@
 //! journals. When slurmctld allocated a plan slot (GPU GRES, SLURM_JOB_GPUS), exactly that slot
 //! is created, so Slurm's accounting and the placement always agree.
 
-use crate::journal::Journal;
+use crate::journal::{Journal, JournalDir};
 use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -18,6 +18,9 @@ pub struct MigLayer {
     /// functions makes a `Mig` 12 KB, which every job, MIG or not, would otherwise copy into
     /// place when the layers are built (5-6 page faults per process).
     pub nvml: Option<Box<Mig>>,
+    /// The node's journals: a slice undone without its recorded result must not be another
+    /// job's.
+    pub state_dir: PathBuf,
 }
 
 impl MigLayer {
@@ -42,6 +45,27 @@ impl MigLayer {
             self.nvml = Some(Box::new(mig));
         }
         Ok(self.nvml.as_ref().expect("just opened"))
+    }
+}
+
+impl MigLayer {
+    /// (GPU UUID, GI id) of every slice a journal on this node records as made.
+    fn made_slices(&self) -> LayerResult<Vec<(String, u32)>> {
+        let journals = JournalDir::at(&self.state_dir).others(0).map_err(|e| {
+            LayerError(format!(
+                "cannot read the journals in {} to tell this job's slice from another's: {e}",
+                self.state_dir.display()
+            ))
+        })?;
+        Ok(journals
+            .iter()
+            .filter_map(|j| j.made_by("mig"))
+            .filter_map(|m| {
+                let uuid = m.get("gpu_uuid")?.as_str()?.to_string();
+                let gi = u32::try_from(m.get("gi_id")?.as_u64()?).ok()?;
+                Some((uuid, gi))
+            })
+            .collect())
     }
 }
 
@@ -97,8 +121,15 @@ impl Layer for MigLayer {
             Some(v) => Some(serde_json::from_value(v.clone())?),
             None => None,
         };
+        // No recorded result (the prolog stopped before it journaled one): the GI is looked
+        // for at the intended placement, which another job may hold since. (Teardown runs
+        // under the node lock: no slice is made meanwhile.)
+        let claimed = match made {
+            Some(_) => Vec::new(),
+            None => self.made_slices()?,
+        };
         self.nvml()?
-            .destroy(&intent, made.as_ref())
+            .destroy_leaving(&intent, made.as_ref(), &claimed)
             .map(|_| ())
             .map_err(LayerError::from)
     }

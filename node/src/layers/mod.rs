@@ -25,6 +25,7 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
                 gpus: Default::default(),
             },
             nvml: None,
+            state_dir: config.cluster.state_dir.clone(),
         }),
         Box::new(devices::Devices {
             driver: tenancy_devices::DriverPaths {
