@@ -492,10 +492,17 @@ impl JournalDir {
                         continue;
                     }
                 };
-                // The file is the newer one when it is this attempt's and at least as far on.
+                // The file is the newer one when it is this attempt's and at least as far on,
+                // or a later attempt's: the job requeued onto this node since the restart (its
+                // journal names this boot), whose journal must not be replaced by the dead
+                // attempt's intents.
+                let this_boot_name = boot.map(hex::encode);
                 let file_holds_it = matches!(
                     self.load(rec.job_id),
-                    Ok(Some(j)) if j.started == from_log.started && j.steps.len() >= from_log.steps.len()
+                    Ok(Some(j)) if (j.started == from_log.started
+                        && j.steps.len() >= from_log.steps.len())
+                        || j.started > from_log.started
+                        || (j.boot_id.is_some() && j.boot_id == this_boot_name)
                 );
                 if !file_holds_it {
                     if apply {
@@ -924,6 +931,14 @@ mod tests {
         // This boot's record of a live job stays.
         let mut live = sample(5);
         dir.save_intents(&mut live).unwrap().wait().unwrap();
+        // 6: the job was requeued onto this node since the restart: its journal (this boot's)
+        // stays, the dead attempt's record only goes.
+        let mut dead = sample(6);
+        put(&mut dead);
+        let mut requeued = sample(6);
+        requeued.started = dead.started + chrono::Duration::seconds(90);
+        requeued.boot_id = intent_log::boot_id().map(hex::encode);
+        dir.save(&requeued, false).unwrap();
 
         // A dry run says what it would restore and changes nothing.
         let (found, bad) = dir.recover_intents(false).unwrap();
@@ -931,7 +946,7 @@ mod tests {
         assert_eq!(found, vec![lost.clone(), empty.clone(), newer.clone()]);
         assert_eq!(dir.load(1).unwrap(), None);
         let log = IntentLog::open_existing(tmp.path()).unwrap().unwrap();
-        assert_eq!(log.records().unwrap().len(), 5);
+        assert_eq!(log.records().unwrap().len(), 6);
 
         let (found, _) = dir.recover_intents(true).unwrap();
         assert_eq!(found, vec![lost.clone(), empty.clone(), newer.clone()]);
@@ -939,6 +954,7 @@ mod tests {
         assert_eq!(dir.load(2).unwrap(), Some(empty));
         assert_eq!(dir.load(3).unwrap(), Some(further));
         assert_eq!(dir.load(4).unwrap(), Some(newer));
+        assert_eq!(dir.load(6).unwrap(), Some(requeued));
         // Only the live job's slot is still held; a second pass finds nothing.
         let recs = log.records().unwrap();
         assert_eq!(recs.iter().map(|r| r.job_id).collect::<Vec<_>>(), [5]);
