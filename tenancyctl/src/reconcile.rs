@@ -523,6 +523,15 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
             .left("retained folders not checked"),
         ),
         Ok(actions) => {
+            let past = |path: &Path, tenant: &str, job_id: u64, age_days: u64| {
+                Row::new(
+                    "retained",
+                    path.display().to_string(),
+                    format!("retained {age_days} day(s), past {days}"),
+                )
+                .job(job_id)
+                .tenant(tenant)
+            };
             for a in actions {
                 match a {
                     tenancy_scratch::Action::Remove {
@@ -533,13 +542,7 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
                         dry_run,
                         ..
                     } => {
-                        let mut row = Row::new(
-                            "retained",
-                            path.display().to_string(),
-                            format!("retained {age_days} day(s), past {days}"),
-                        )
-                        .job(job_id)
-                        .tenant(&tenant);
+                        let mut row = past(&path, &tenant, job_id, age_days);
                         if dry_run {
                             row.action = "would remove".into();
                             row.left = true;
@@ -554,6 +557,20 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
                             Row::new("retained", path.display().to_string(), reason)
                                 .left("not ours or unsafe"),
                         );
+                    }
+                    tenancy_scratch::Action::Failed {
+                        path,
+                        tenant,
+                        job_id,
+                        age_days,
+                        error,
+                        ..
+                    } => {
+                        let mut row = past(&path, &tenant, job_id, age_days);
+                        row.action = format!("failed: {error}");
+                        row.left = true;
+                        cx.audit(&row, false);
+                        cx.rows.push(row);
                     }
                 }
             }

@@ -613,3 +613,165 @@ groups = ["{b}"]
     assert_eq!(end.code, 0, "{}", end.message);
     assert_eq!(gis(root), 0);
 }
+
+/// `root/tenancy.toml`: state, audit log and scratch under `root`, retention 2 days, one tenant
+/// of group root; `cluster` lines are added to `[cluster]`.
+fn small_config(root: &Path, tenant: &str, cluster: &str) -> PathBuf {
+    std::fs::create_dir_all(root.join("scratch")).unwrap();
+    let path = root.join("tenancy.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[cluster]\nname = \"rel\"\nstate_dir = \"{r}/state\"\naudit_log = \
+             \"{r}/audit.jsonl\"\nscratch_root = \"{r}/scratch\"\n{cluster}\n[tiers.keeper]\n\
+             scratch_on_exit = \"retain\"\nretain_days = 2\n[tenants.{tenant}]\ntier = \
+             \"keeper\"\ngroups = [\"root\"]\n",
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Scratch of job `job` of `tenant` (group root; the job runs as nobody) under `root/scratch`.
+fn root_spec(root: &Path, tenant: &str, job: u64) -> tenancy_scratch::ScratchSpec {
+    tenancy_scratch::ScratchSpec {
+        root: root.join("scratch"),
+        tenant: tenant.into(),
+        tenant_gid: 0,
+        job_id: job,
+        uid: 65534,
+        gid: 65534,
+        mode: 0o700,
+        quota: None,
+    }
+}
+
+fn audit_records(path: &Path) -> Vec<Record> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A file made immutable (`chattr +i`): not even root can remove it; cleared on drop.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn set(p: &Path) -> Option<Immutable> {
+        let out = Command::new("chattr").arg("+i").arg(p).output().unwrap();
+        if out.status.success() {
+            return Some(Immutable(p.into()));
+        }
+        let why = format!(
+            "chattr +i {}: {}",
+            p.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        if std::env::var_os("CI").is_some() {
+            panic!("{why}");
+        }
+        eprintln!("SKIP ({why})");
+        None
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn reconcile_purges_past_a_retained_folder_it_cannot_remove_and_audits_both() {
+    if !need_root() {
+        return;
+    }
+    let tenant = format!("rp{}", std::process::id());
+    let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
+    let root = tmp.path();
+    let cfg = small_config(root, &tenant, "");
+    // Jobs 1, 2 and 3 retained 10 days ago (past the 2 days); 2, sorted between the others,
+    // holds a file not even root can remove.
+    let mut retained = Vec::new();
+    for job in 1..=3 {
+        let spec = root_spec(root, &tenant, job);
+        let c = tenancy_scratch::create(&spec).unwrap();
+        std::fs::write(c.path.join("data"), b"kept for a while").unwrap();
+        let tenancy_scratch::Retained::Moved { to, .. } =
+            tenancy_scratch::retain(&spec, SystemTime::now() - Duration::from_secs(10 * 86_400))
+                .unwrap()
+        else {
+            panic!()
+        };
+        retained.push(to);
+    }
+    let Some(_pin) = Immutable::set(&retained[1].join("data")) else {
+        return;
+    };
+    let running = root.join("running");
+    std::fs::write(&running, "").unwrap();
+
+    let out = reconcile(
+        &cfg,
+        &[
+            "--apply",
+            "--format",
+            "json",
+            "--running-jobs-from",
+            running.to_str().unwrap(),
+            "--tenant",
+            &tenant,
+        ],
+    );
+    let r = rows(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:?}");
+    let got: Vec<(&str, Option<u64>, &str)> = r
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap(),
+                r["job_id"].as_u64(),
+                r["resource"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let paths: Vec<String> = retained.iter().map(|p| p.display().to_string()).collect();
+    assert_eq!(
+        got,
+        [
+            ("retained", Some(1), paths[0].as_str()),
+            ("retained", Some(2), paths[1].as_str()),
+            ("retained", Some(3), paths[2].as_str())
+        ],
+        "{r:?}"
+    );
+    assert_eq!(r[0]["action"], "removed");
+    assert_eq!(r[2]["action"], "removed");
+    let failed = r[1]["action"].as_str().unwrap();
+    assert!(
+        failed.starts_with("failed: ")
+            && failed.contains(&format!("{}/data", paths[1]))
+            && failed.contains("Operation not permitted"),
+        "{failed}"
+    );
+    assert!(!retained[0].exists() && !retained[2].exists());
+    assert!(retained[1].join("data").exists());
+
+    // Both removals and the failure are audited.
+    let recs = audit_records(&root.join("audit.jsonl"));
+    let got: Vec<_> = recs
+        .iter()
+        .map(|r| (r.event.clone(), r.outcome, r.job_id))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Event::Reconcile, Outcome::Success, Some(1)),
+            (Event::Reconcile, Outcome::Failure, Some(2)),
+            (Event::Reconcile, Outcome::Success, Some(3)),
+        ],
+        "{recs:?}"
+    );
+}
