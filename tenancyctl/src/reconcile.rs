@@ -6,7 +6,8 @@
 //!    When Slurm cannot be asked, no journal is touched, and the output says so.
 //! 2. Product resources no journal owns are found: MIG GPU instances (NVML), product cgroups
 //!    `<cgroup root>/tenancy/<tenant>/job_<id>` (cgroup2 and v1 devices), scratch job folders,
-//!    and retained scratch folders past retention.
+//!    and retained scratch folders past retention. What is named after a job whose journal
+//!    cannot be read is kept, and MIG instances are not checked then (an instance names no job).
 //!
 //! Without `--apply` nothing changes (dry run). Everything runs under the node lock the prolog
 //! takes, so no placement decision happens meanwhile, and Slurm is asked after the lock is held,
@@ -263,7 +264,13 @@ struct Owned {
     cgroups: BTreeSet<PathBuf>,
     /// (tenant, job id) of scratch folders.
     scratch: BTreeSet<(String, u64)>,
+    /// Jobs whose journal cannot be read: what is named after them may be theirs, and Slurm may
+    /// still run them.
+    unreadable: BTreeSet<u64>,
 }
+
+/// What is done with a resource named after a job whose journal cannot be read.
+const KEPT_UNREADABLE: &str = "kept: Slurm may still run the job; inspect its journal";
 
 fn owned_by(journals: &[Journal]) -> Owned {
     let mut o = Owned::default();
@@ -334,6 +341,23 @@ fn owned_by(journals: &[Journal]) -> Owned {
 fn mig_orphans(cx: &mut Ctx, owned: &Owned) {
     if cx.config.cluster.nvml_library.is_none() && !Path::new("/dev/nvidiactl").exists() {
         // A node without the NVIDIA driver holds no MIG instance.
+        return;
+    }
+    if !owned.unreadable.is_empty() {
+        // A GPU instance names no job: without the journal, none can be told from its slices.
+        let jobs: Vec<String> = owned.unreadable.iter().map(u64::to_string).collect();
+        cx.rows.push(
+            Row::new(
+                "mig",
+                "MIG instances",
+                format!(
+                    "the journal of job(s) {} is unreadable: which GPU instances they hold is \
+                     unknown",
+                    jobs.join(", ")
+                ),
+            )
+            .left("MIG instances not checked"),
+        );
         return;
     }
     if let Some(fixture) = &cx.config.cluster.nvml_shim_fixture {
@@ -432,6 +456,19 @@ fn cgroup_orphans(cx: &mut Ctx, owned: &Owned) {
                 if owned.cgroups.contains(&dir) {
                     continue;
                 }
+                if owned.unreadable.contains(&job) {
+                    cx.rows.push(
+                        Row::new(
+                            "cgroup",
+                            dir.display().to_string(),
+                            "product cgroup of a job whose journal is unreadable",
+                        )
+                        .job(job)
+                        .tenant(&tenant)
+                        .left(KEPT_UNREADABLE),
+                    );
+                    continue;
+                }
                 let row = Row::new(
                     "cgroup",
                     dir.display().to_string(),
@@ -481,6 +518,19 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
             if owned.scratch.contains(&(tenant.clone(), job)) {
                 continue;
             }
+            if owned.unreadable.contains(&job) {
+                cx.rows.push(
+                    Row::new(
+                        "scratch",
+                        dir.display().to_string(),
+                        "job folder of a job whose journal is unreadable",
+                    )
+                    .job(job)
+                    .tenant(&tenant)
+                    .left(KEPT_UNREADABLE),
+                );
+                continue;
+            }
             let row = Row::new(
                 "scratch",
                 dir.display().to_string(),
@@ -523,6 +573,15 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
             .left("retained folders not checked"),
         ),
         Ok(actions) => {
+            let past = |path: &Path, tenant: &str, job_id: u64, age_days: u64| {
+                Row::new(
+                    "retained",
+                    path.display().to_string(),
+                    format!("retained {age_days} day(s), past {days}"),
+                )
+                .job(job_id)
+                .tenant(tenant)
+            };
             for a in actions {
                 match a {
                     tenancy_scratch::Action::Remove {
@@ -533,13 +592,7 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
                         dry_run,
                         ..
                     } => {
-                        let mut row = Row::new(
-                            "retained",
-                            path.display().to_string(),
-                            format!("retained {age_days} day(s), past {days}"),
-                        )
-                        .job(job_id)
-                        .tenant(&tenant);
+                        let mut row = past(&path, &tenant, job_id, age_days);
                         if dry_run {
                             row.action = "would remove".into();
                             row.left = true;
@@ -554,6 +607,20 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
                             Row::new("retained", path.display().to_string(), reason)
                                 .left("not ours or unsafe"),
                         );
+                    }
+                    tenancy_scratch::Action::Failed {
+                        path,
+                        tenant,
+                        job_id,
+                        age_days,
+                        error,
+                        ..
+                    } => {
+                        let mut row = past(&path, &tenant, job_id, age_days);
+                        row.action = format!("failed: {error}");
+                        row.left = true;
+                        cx.audit(&row, false);
+                        cx.rows.push(row);
                     }
                 }
             }
@@ -633,6 +700,8 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             _ => live.push(j),
         }
     }
+    // Jobs whose journal cannot be read (corrupt, or of a newer format): named by its file.
+    let mut unreadable = BTreeSet::new();
     for id in journals.job_ids().context("cannot list the journals")? {
         if live.iter().chain(&dead).any(|j| j.job_id == id) {
             continue;
@@ -643,15 +712,18 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
                 _ => live.push(j),
             },
             Ok(None) => {}
-            Err(e) => cx.rows.push(
-                Row::new(
-                    "journal",
-                    journals.journal_path(id).display().to_string(),
-                    format!("unreadable: {e}"),
-                )
-                .job(id)
-                .left("inspect it; its resources are treated as owned"),
-            ),
+            Err(e) => {
+                unreadable.insert(id);
+                cx.rows.push(
+                    Row::new(
+                        "journal",
+                        journals.journal_path(id).display().to_string(),
+                        format!("unreadable: {e}"),
+                    )
+                    .job(id)
+                    .left("inspect it; its resources are treated as owned"),
+                );
+            }
         }
     }
     if let Err(why) = &running {
@@ -710,7 +782,10 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     }
     // In a dry run the dead journals still exist: their resources are reported with them, not
     // a second time as orphans.
-    let owned = owned_by(&remaining);
+    let owned = Owned {
+        unreadable,
+        ..owned_by(&remaining)
+    };
     mig_orphans(&mut cx, &owned);
     cgroup_orphans(&mut cx, &owned);
     scratch_orphans(&mut cx, &owned);

@@ -14,6 +14,7 @@ use serde_json::Value;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 use tenancy_audit::{verify_paths, AnchorSet, Event, Outcome, Record};
 use tenancy_config::Config;
@@ -21,6 +22,13 @@ use tenancy_node::intent_log::IntentLog;
 use tenancy_node::{layers, JobContext, Spine};
 
 const CGROUP2: &str = "/sys/fs/cgroup/unified";
+
+/// Tests that open NVML here set NVML_SHIM_FIXTURE, shared by the whole process: one at a time.
+static NVML_ENV: Mutex<()> = Mutex::new(());
+
+fn nvml_env() -> std::sync::MutexGuard<'static, ()> {
+    NVML_ENV.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn need_root() -> bool {
     if rustix::process::geteuid().is_root() {
@@ -155,6 +163,7 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
         return;
     }
     let Some(shim) = shim_lib() else { return };
+    let _env = nvml_env();
     // This thread (and what it spawns) gets a network namespace of its own.
     // SAFETY: only the network namespace of this thread changes; no file descriptor table,
     // filesystem or memory state is unshared.
@@ -612,4 +621,302 @@ groups = ["{b}"]
         );
     assert_eq!(end.code, 0, "{}", end.message);
     assert_eq!(gis(root), 0);
+}
+
+/// `root/tenancy.toml`: state, audit log and scratch under `root`, retention 2 days, one tenant
+/// of group root; `cluster` lines are added to `[cluster]`.
+fn small_config(root: &Path, tenant: &str, cluster: &str) -> PathBuf {
+    std::fs::create_dir_all(root.join("scratch")).unwrap();
+    let path = root.join("tenancy.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[cluster]\nname = \"rel\"\nstate_dir = \"{r}/state\"\naudit_log = \
+             \"{r}/audit.jsonl\"\nscratch_root = \"{r}/scratch\"\n{cluster}\n[tiers.keeper]\n\
+             scratch_on_exit = \"retain\"\nretain_days = 2\n[tenants.{tenant}]\ntier = \
+             \"keeper\"\ngroups = [\"root\"]\n",
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Scratch of job `job` of `tenant` (group root; the job runs as nobody) under `root/scratch`.
+fn root_spec(root: &Path, tenant: &str, job: u64) -> tenancy_scratch::ScratchSpec {
+    tenancy_scratch::ScratchSpec {
+        root: root.join("scratch"),
+        tenant: tenant.into(),
+        tenant_gid: 0,
+        job_id: job,
+        uid: 65534,
+        gid: 65534,
+        mode: 0o700,
+        quota: None,
+    }
+}
+
+fn audit_records(path: &Path) -> Vec<Record> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A file made immutable (`chattr +i`): not even root can remove it; cleared on drop.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn set(p: &Path) -> Option<Immutable> {
+        let out = Command::new("chattr").arg("+i").arg(p).output().unwrap();
+        if out.status.success() {
+            return Some(Immutable(p.into()));
+        }
+        let why = format!(
+            "chattr +i {}: {}",
+            p.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        if std::env::var_os("CI").is_some() {
+            panic!("{why}");
+        }
+        eprintln!("SKIP ({why})");
+        None
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn reconcile_purges_past_a_retained_folder_it_cannot_remove_and_audits_both() {
+    if !need_root() {
+        return;
+    }
+    let tenant = format!("rp{}", std::process::id());
+    let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
+    let root = tmp.path();
+    let cfg = small_config(root, &tenant, "");
+    // Jobs 1, 2 and 3 retained 10 days ago (past the 2 days); 2, sorted between the others,
+    // holds a file not even root can remove.
+    let mut retained = Vec::new();
+    for job in 1..=3 {
+        let spec = root_spec(root, &tenant, job);
+        let c = tenancy_scratch::create(&spec).unwrap();
+        std::fs::write(c.path.join("data"), b"kept for a while").unwrap();
+        let tenancy_scratch::Retained::Moved { to, .. } =
+            tenancy_scratch::retain(&spec, SystemTime::now() - Duration::from_secs(10 * 86_400))
+                .unwrap()
+        else {
+            panic!()
+        };
+        retained.push(to);
+    }
+    let Some(_pin) = Immutable::set(&retained[1].join("data")) else {
+        return;
+    };
+    let running = root.join("running");
+    std::fs::write(&running, "").unwrap();
+
+    let out = reconcile(
+        &cfg,
+        &[
+            "--apply",
+            "--format",
+            "json",
+            "--running-jobs-from",
+            running.to_str().unwrap(),
+            "--tenant",
+            &tenant,
+        ],
+    );
+    let r = rows(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:?}");
+    let got: Vec<(&str, Option<u64>, &str)> = r
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap(),
+                r["job_id"].as_u64(),
+                r["resource"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let paths: Vec<String> = retained.iter().map(|p| p.display().to_string()).collect();
+    assert_eq!(
+        got,
+        [
+            ("retained", Some(1), paths[0].as_str()),
+            ("retained", Some(2), paths[1].as_str()),
+            ("retained", Some(3), paths[2].as_str())
+        ],
+        "{r:?}"
+    );
+    assert_eq!(r[0]["action"], "removed");
+    assert_eq!(r[2]["action"], "removed");
+    let failed = r[1]["action"].as_str().unwrap();
+    assert!(
+        failed.starts_with("failed: ")
+            && failed.contains(&format!("{}/data", paths[1]))
+            && failed.contains("Operation not permitted"),
+        "{failed}"
+    );
+    assert!(!retained[0].exists() && !retained[2].exists());
+    assert!(retained[1].join("data").exists());
+
+    // Both removals and the failure are audited.
+    let recs = audit_records(&root.join("audit.jsonl"));
+    let got: Vec<_> = recs
+        .iter()
+        .map(|r| (r.event.clone(), r.outcome, r.job_id))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Event::Reconcile, Outcome::Success, Some(1)),
+            (Event::Reconcile, Outcome::Failure, Some(2)),
+            (Event::Reconcile, Outcome::Success, Some(3)),
+        ],
+        "{recs:?}"
+    );
+}
+
+/// Removes the test's product cgroups (children first) on drop.
+struct CgroupGuard(PathBuf);
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(&self.0) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn reconcile_keeps_what_an_unreadable_journal_may_own() {
+    if !need_root() {
+        return;
+    }
+    let Some(shim) = shim_lib() else { return };
+    let _env = nvml_env();
+    let tenant = format!("ru{}", std::process::id());
+    let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
+    let root = tmp.path();
+    let fixture = root.join("fixture.toml");
+    std::fs::write(
+        &fixture,
+        format!(
+            "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\nmig_minors = \
+             \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n[[gpus]]\nmodel = \
+             \"H200-141GB\"\n",
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    let cfg = small_config(
+        root,
+        &tenant,
+        &format!(
+            "nvml_library = \"{}\"\nnvml_shim_fixture = \"{}\"",
+            shim.display(),
+            fixture.display()
+        ),
+    );
+    // Job 21's journal is garbage (corrupt, or of a newer format); job 22 has none.
+    std::fs::create_dir(root.join("state")).unwrap();
+    let journal = root.join("state/job_21.json");
+    std::fs::write(&journal, b"{\"format\": 99, \"steps\": [").unwrap();
+    for job in [21, 22] {
+        tenancy_scratch::create(&root_spec(root, &tenant, job)).unwrap();
+    }
+    let tdir = Path::new(CGROUP2).join("tenancy").join(&tenant);
+    let _cg = CgroupGuard(tdir.clone());
+    for job in [21, 22] {
+        std::fs::create_dir_all(tdir.join(format!("job_{job}"))).unwrap();
+    }
+    // A GPU instance no readable journal references: it may be job 21's.
+    std::env::set_var("NVML_SHIM_FIXTURE", &fixture);
+    let mig = tenancy_mig::Mig::open(Some(&shim)).unwrap();
+    let intent = mig
+        .choose(
+            &tenancy_mig::Request {
+                profile: Some("1g.18gb".into()),
+                slot: None,
+                tenant: tenant.clone(),
+                share_gpu: true,
+            },
+            &[],
+        )
+        .unwrap();
+    mig.create(&intent).unwrap();
+    drop(mig);
+    assert_eq!(gis(root), 1);
+    let running = root.join("running");
+    std::fs::write(&running, "").unwrap();
+
+    let out = reconcile(
+        &cfg,
+        &[
+            "--apply",
+            "--format",
+            "json",
+            "--running-jobs-from",
+            running.to_str().unwrap(),
+            "--tenant",
+            &tenant,
+        ],
+    );
+    let r = rows(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:?}");
+    let kept = "left: kept: Slurm may still run the job; inspect its journal".to_string();
+    assert_eq!(
+        kinds(&r),
+        [
+            ("cgroup".into(), Some(21), kept.clone()),
+            ("cgroup".into(), Some(22), "removed".into()),
+            (
+                "journal".into(),
+                Some(21),
+                "left: inspect it; its resources are treated as owned".into()
+            ),
+            ("mig".into(), None, "left: MIG instances not checked".into()),
+            ("scratch".into(), Some(21), kept),
+            ("scratch".into(), Some(22), "removed".into()),
+        ],
+        "{r:?}"
+    );
+    let finding = |kind: &str, job: Option<u64>| {
+        r.iter()
+            .find(|r| r["kind"] == kind && r["job_id"].as_u64() == job)
+            .unwrap()["finding"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        finding("cgroup", Some(21)),
+        "product cgroup of a job whose journal is unreadable"
+    );
+    assert_eq!(
+        finding("scratch", Some(21)),
+        "job folder of a job whose journal is unreadable"
+    );
+    assert!(
+        finding("mig", None).contains("job(s) 21 is unreadable"),
+        "{r:?}"
+    );
+    // Job 21's folder, cgroup, GPU instance and journal are there; job 22's are gone.
+    assert!(root_spec(root, &tenant, 21).job_dir().is_dir());
+    assert!(tdir.join("job_21").is_dir());
+    assert_eq!(gis(root), 1);
+    assert!(journal.exists());
+    assert!(!root_spec(root, &tenant, 22).job_dir().exists());
+    assert!(!tdir.join("job_22").exists());
 }

@@ -116,6 +116,16 @@ pub enum Action {
     },
     /// Left alone: something that is not ours or not safe to touch.
     Skip { path: PathBuf, reason: String },
+    /// Past retention, but removing it failed (part of it may be gone); the others are still
+    /// purged.
+    Failed {
+        path: PathBuf,
+        tenant: String,
+        job_id: u64,
+        retained_at: u64,
+        age_days: u64,
+        error: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -458,7 +468,8 @@ fn parse_retained(name: &str) -> Option<(u64, u64)> {
 }
 
 /// Removes retained job folders older than `retain_days` under every tenant folder of `root`.
-/// Used by `tenancyctl reconcile`. Tenant folders that fail the safety checks are skipped.
+/// Used by `tenancyctl reconcile`. Tenant folders that fail the safety checks are skipped; a
+/// folder that cannot be removed is reported as [`Action::Failed`] and the purge goes on.
 pub fn purge_retained(
     root: &Path,
     retain_days: u64,
@@ -533,7 +544,22 @@ pub fn purge_retained(
             let entries = if dry_run {
                 0
             } else {
-                wipe::remove_entry(&rfd, &n, &path)?.unwrap_or(0)
+                match wipe::remove_entry(&rfd, &n, &path) {
+                    Ok(entries) => entries.unwrap_or(0),
+                    // One folder that cannot go (an immutable file, a mount point) must neither
+                    // keep the others nor hide from the caller what was already removed.
+                    Err(e) => {
+                        actions.push(Action::Failed {
+                            path,
+                            tenant: tenant.clone(),
+                            job_id,
+                            retained_at,
+                            age_days: age / 86_400,
+                            error: e.to_string(),
+                        });
+                        continue;
+                    }
+                }
             };
             actions.push(Action::Remove {
                 path,

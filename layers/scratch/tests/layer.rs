@@ -333,6 +333,58 @@ fn retain_then_purge_after_retention() {
 }
 
 #[test]
+fn purge_goes_on_past_a_folder_it_cannot_remove() {
+    if !need_root("chown, chattr") {
+        return;
+    }
+    let ga = Group::new("a");
+    let ua = User::new("ua", &ga);
+    let t = Tree::new();
+    let root = t.scratch_root();
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut retained = Vec::new();
+    for job in 1..=3 {
+        let s = spec(&root, "ta", ga.gid, job, &ua);
+        let c = create(&s).unwrap();
+        std::fs::write(c.path.join("result"), "x").unwrap();
+        let Retained::Moved { to, .. } = retain(&s, now).unwrap() else {
+            panic!()
+        };
+        retained.push(to);
+    }
+    // Job 2's folder, sorted between the others, holds a file not even root can remove.
+    let Some(_pin) = Immutable::set(&retained[1].join("result")) else {
+        return;
+    };
+    let acts = purge_retained(&root, 7, now + Duration::from_secs(8 * 86_400), false).unwrap();
+    let [Action::Remove {
+        job_id: 1,
+        dry_run: false,
+        ..
+    }, Action::Failed {
+        path,
+        job_id: 2,
+        age_days: 8,
+        error,
+        ..
+    }, Action::Remove {
+        job_id: 3,
+        dry_run: false,
+        ..
+    }] = &acts[..]
+    else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(path, &retained[1]);
+    assert!(
+        error.contains("unlinkat") && error.contains("Operation not permitted"),
+        "{error}"
+    );
+    assert!(!retained[0].exists() && !retained[2].exists());
+    assert!(retained[1].join("result").exists());
+}
+
+#[test]
 fn project_quota_reports_unsupported_plainly() {
     if !need_root("chown") {
         return;
