@@ -3,6 +3,8 @@
 //!
 //! 1. Journals of jobs Slurm no longer runs (asked with `squeue -h -o %A -w <node>` by absolute
 //!    path) are torn down through the layers, exactly as the epilog would, in reverse order.
+//!    Scratch job folders are judged against every job Slurm still has (`squeue -h -a -o %A`),
+//!    as a scratch_root the nodes share holds the folders of jobs running elsewhere.
 //!    When Slurm cannot be asked, no journal is touched, and the output says so.
 //! 2. Product resources no journal owns are found: MIG GPU instances (NVML), product cgroups
 //!    `<cgroup root>/tenancy/<tenant>/job_<id>` (cgroup2 and v1 devices), scratch job folders,
@@ -48,6 +50,11 @@ pub struct ReconcileArgs {
     /// line, instead of asking squeue
     #[arg(long, value_name = "FILE")]
     pub running_jobs_from: Option<PathBuf>,
+    /// For tests and recovery without Slurm: the ids of every job Slurm still has in the
+    /// cluster (on any node, pending included), one per line, instead of asking squeue
+    /// (default with --running-jobs-from: that file's jobs)
+    #[arg(long, value_name = "FILE")]
+    pub known_jobs_from: Option<PathBuf>,
     /// Only look at these tenants' cgroups and scratch job folders (repeatable; default: all).
     /// Retained folders past retention are purged for every tenant regardless.
     #[arg(long = "tenant", value_name = "NAME")]
@@ -99,31 +106,54 @@ impl Row {
 
 /// Which jobs Slurm runs on the node, or why it could not be asked.
 fn running_jobs(args: &ReconcileArgs, node: &str) -> Result<BTreeSet<u64>, String> {
-    let text = match &args.running_jobs_from {
-        Some(file) => std::fs::read_to_string(file)
-            .map_err(|e| format!("cannot read {}: {e}", file.display()))?,
-        None => {
-            if !args.squeue.is_absolute() {
-                return Err(format!(
-                    "--squeue {} is not an absolute path",
-                    args.squeue.display()
-                ));
-            }
-            let out = Command::new(&args.squeue)
-                .args(["-h", "-o", "%A", "-w", node])
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", args.squeue.display()))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "{} -h -o %A -w {node} failed ({}): {}",
-                    args.squeue.display(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-            String::from_utf8(out.stdout).map_err(|_| "squeue printed non-UTF-8".to_string())?
-        }
-    };
+    match &args.running_jobs_from {
+        Some(file) => job_ids_in_file(file),
+        None => squeue_jobs(args, &["-h", "-o", "%A", "-w", node]),
+    }
+}
+
+/// Every job Slurm still has in the cluster, on any node and in any state squeue lists
+/// (pending, running, suspended, completing), or why it could not be asked. A scratch_root on
+/// a file system the nodes share holds the folders of jobs that run on other nodes, which no
+/// journal of this node owns.
+fn known_jobs(args: &ReconcileArgs) -> Result<BTreeSet<u64>, String> {
+    match (&args.known_jobs_from, &args.running_jobs_from) {
+        (Some(file), _) | (None, Some(file)) => job_ids_in_file(file),
+        (None, None) => squeue_jobs(args, &["-h", "-a", "-o", "%A"]),
+    }
+}
+
+fn job_ids_in_file(file: &Path) -> Result<BTreeSet<u64>, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    job_ids(&text)
+}
+
+/// The job ids `squeue ARGS` prints, one per line.
+fn squeue_jobs(args: &ReconcileArgs, squeue_args: &[&str]) -> Result<BTreeSet<u64>, String> {
+    if !args.squeue.is_absolute() {
+        return Err(format!(
+            "--squeue {} is not an absolute path",
+            args.squeue.display()
+        ));
+    }
+    let out = Command::new(&args.squeue)
+        .args(squeue_args)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", args.squeue.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {} failed ({}): {}",
+            args.squeue.display(),
+            squeue_args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    job_ids(&String::from_utf8(out.stdout).map_err(|_| "squeue printed non-UTF-8".to_string())?)
+}
+
+fn job_ids(text: &str) -> Result<BTreeSet<u64>, String> {
     let mut ids = BTreeSet::new();
     for (i, line) in text.lines().enumerate() {
         let l = line.trim();
@@ -498,12 +528,30 @@ fn cgroup_orphans(cx: &mut Ctx, owned: &Owned) {
     }
 }
 
-fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
+/// `known`: the jobs Slurm still has anywhere in the cluster ([`known_jobs`]).
+fn scratch_orphans(cx: &mut Ctx, owned: &Owned, known: &Result<BTreeSet<u64>, String>) {
     let root = cx.config.cluster.scratch_root.clone();
     if !root.is_dir() {
         return;
     }
-    for (tenant, tdir) in subdirs(&root) {
+    let known = match known {
+        Ok(k) => Some(k),
+        Err(why) => {
+            cx.rows.push(
+                Row::new(
+                    "scratch",
+                    root.display().to_string(),
+                    format!("Slurm cannot be asked which jobs it still has: {why}"),
+                )
+                .left(
+                    "job folders not checked (on a scratch_root the nodes share, they may be \
+                     jobs running on other nodes)",
+                ),
+            );
+            None
+        }
+    };
+    for (tenant, tdir) in subdirs(&root).into_iter().filter(|_| known.is_some()) {
         if !cx.wanted(&tenant) || tenancy_scratch::validate_tenant_name(&tenant).is_err() {
             continue;
         }
@@ -515,7 +563,11 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned) {
             let Some(job) = job_id_of(&name) else {
                 continue;
             };
-            if owned.scratch.contains(&(tenant.clone(), job)) {
+            // Owned here, or a job Slurm still has, here or on another node sharing the
+            // scratch_root.
+            if owned.scratch.contains(&(tenant.clone(), job))
+                || known.is_some_and(|k| k.contains(&job))
+            {
                 continue;
             }
             if owned.unreadable.contains(&job) {
@@ -652,6 +704,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     };
     // Slurm is asked after the lock is held: every journal on disk is older than its answer.
     let running = running_jobs(&args, &node);
+    let known = known_jobs(&args);
     // After a power loss a journal file written since the last sync may be gone or empty; the
     // intent log holds every job's intents on disk (restored with --apply, considered either way).
     let (restored, unreadable) = journals
@@ -788,7 +841,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     };
     mig_orphans(&mut cx, &owned);
     cgroup_orphans(&mut cx, &owned);
-    scratch_orphans(&mut cx, &owned);
+    scratch_orphans(&mut cx, &owned, &known);
 
     let left = cx.rows.iter().any(|r| r.left);
     Rows {

@@ -530,11 +530,13 @@ groups = ["{b}"]
     .is_clean());
 
     // A second run finds nothing; table output says so. Slurm is asked through --squeue: a
-    // stand-in that checks its arguments and names job 12.
+    // stand-in that checks its arguments (the node's jobs, and every job of the cluster) and
+    // names job 12.
     let squeue = root.join("squeue");
     std::fs::write(
         &squeue,
-        "#!/bin/sh\n[ \"$*\" = \"-h -o %A -w node1\" ] || { echo \"bad args: $*\" >&2; exit 1; }\necho 12\n",
+        "#!/bin/sh\ncase \"$*\" in \"-h -o %A -w node1\"|\"-h -a -o %A\") echo 12 ;;\n\
+         *) echo \"bad args: $*\" >&2; exit 1 ;; esac\n",
     )
     .unwrap();
     std::fs::set_permissions(&squeue, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -919,4 +921,81 @@ fn reconcile_keeps_what_an_unreadable_journal_may_own() {
     assert!(journal.exists());
     assert!(!root_spec(root, &tenant, 22).job_dir().exists());
     assert!(!tdir.join("job_22").exists());
+}
+
+/// A scratch_root the nodes share (Lustre, GPFS, NFS) holds the job folders of jobs running on
+/// other nodes, which no journal of this node owns: reconcile removes a job folder only when
+/// Slurm no longer has its job anywhere, and touches none when Slurm cannot be asked.
+#[test]
+fn reconcile_leaves_the_scratch_of_jobs_running_on_other_nodes() {
+    if !need_root() {
+        return;
+    }
+    let tenant = format!("rs{}", std::process::id());
+    let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
+    let root = tmp.path();
+    let cfg = small_config(root, &tenant, "");
+    std::fs::create_dir(root.join("state")).unwrap();
+    // No journal here for either: job 41 runs on another node, job 42 has ended.
+    for job in [41, 42] {
+        tenancy_scratch::create(&root_spec(root, &tenant, job)).unwrap();
+    }
+    let folder = |job: u64| root.join(format!("scratch/{tenant}/job_{job}"));
+
+    // Slurm cannot be asked: no job folder is judged.
+    let out = reconcile(
+        &cfg,
+        &[
+            "--apply",
+            "--format",
+            "json",
+            "--squeue",
+            "/bin/false",
+            "--tenant",
+            &tenant,
+        ],
+    );
+    let r = rows(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:?}");
+    assert!(
+        r.iter().any(|row| row["kind"] == "scratch"
+            && row["action"]
+                .as_str()
+                .unwrap()
+                .starts_with("left: job folders not checked")),
+        "{r:?}"
+    );
+    assert!(folder(41).is_dir() && folder(42).is_dir());
+
+    // Slurm has job 41 (elsewhere), not job 42.
+    let running = root.join("running");
+    std::fs::write(&running, "").unwrap();
+    let known = root.join("known");
+    std::fs::write(&known, "41\n").unwrap();
+    let out = reconcile(
+        &cfg,
+        &[
+            "--apply",
+            "--format",
+            "json",
+            "--running-jobs-from",
+            running.to_str().unwrap(),
+            "--known-jobs-from",
+            known.to_str().unwrap(),
+            "--tenant",
+            &tenant,
+        ],
+    );
+    let r = rows(&out);
+    assert_eq!(out.status.code(), Some(0), "{r:?}");
+    assert_eq!(
+        kinds(&r),
+        [("scratch".into(), Some(42), "removed".into())],
+        "{r:?}"
+    );
+    assert!(
+        folder(41).is_dir(),
+        "job 41's folder, of a job Slurm still runs, was removed"
+    );
+    assert!(!folder(42).exists());
 }
