@@ -112,6 +112,9 @@ pub struct Occupant {
     pub jobs: u32,
 }
 
+/// An intent log record this build cannot read as a journal: its job and why.
+pub type Unreadable = (u64, String);
+
 impl Occupant {
     /// What a journal says about its job's occupancy.
     pub fn of(journal: &Journal) -> Occupant {
@@ -469,8 +472,9 @@ impl JournalDir {
     /// every slot of an earlier boot, or of a job without a journal, is released; without,
     /// nothing changes. Call it under the node lock.
     ///
-    /// Records that cannot be read as a journal are named in the second list and kept.
-    pub fn recover_intents(&self, apply: bool) -> io::Result<(Vec<Journal>, Vec<String>)> {
+    /// Records that cannot be read as a journal are named in the second list, with their job,
+    /// and kept.
+    pub fn recover_intents(&self, apply: bool) -> io::Result<(Vec<Journal>, Vec<Unreadable>)> {
         let Some(log) = IntentLog::open_existing(&self.dir)? else {
             return Ok((Vec::new(), Vec::new()));
         };
@@ -483,11 +487,14 @@ impl JournalDir {
                 let from_log: Journal = match serde_json::from_slice(&rec.payload) {
                     Ok(j) => j,
                     Err(e) => {
-                        unreadable.push(format!(
-                            "slot {} of {} (job {}) is not a journal this build reads: {e}",
-                            rec.slot,
-                            self.dir.join(intent_log::FILE).display(),
-                            rec.job_id
+                        unreadable.push((
+                            rec.job_id,
+                            format!(
+                                "slot {} of {} (job {}) is not a journal this build reads: {e}",
+                                rec.slot,
+                                self.dir.join(intent_log::FILE).display(),
+                                rec.job_id
+                            ),
                         ));
                         continue;
                     }

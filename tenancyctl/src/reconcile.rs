@@ -707,10 +707,14 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     let known = known_jobs(&args);
     // After a power loss a journal file written since the last sync may be gone or empty; the
     // intent log holds every job's intents on disk (restored with --apply, considered either way).
-    let (restored, unreadable) = journals
+    let (restored, unreadable_records) = journals
         .recover_intents(args.apply)
         .context("cannot read the intent log")?;
-    for why in unreadable {
+    // Jobs whose journal (or intent log record) cannot be read (corrupt, or of a newer
+    // format): what is named after them is kept.
+    let mut unreadable = BTreeSet::new();
+    for (job, why) in unreadable_records {
+        unreadable.insert(job);
         cx.rows.push(
             Row::new(
                 "journal",
@@ -721,6 +725,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
                     .to_string(),
                 why,
             )
+            .job(job)
             .left("inspect it with the build that wrote it; its resources are treated as owned"),
         );
     }
@@ -753,8 +758,6 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             _ => live.push(j),
         }
     }
-    // Jobs whose journal cannot be read (corrupt, or of a newer format): named by its file.
-    let mut unreadable = BTreeSet::new();
     for id in journals.job_ids().context("cannot list the journals")? {
         if live.iter().chain(&dead).any(|j| j.job_id == id) {
             continue;

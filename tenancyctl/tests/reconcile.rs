@@ -999,3 +999,52 @@ fn reconcile_leaves_the_scratch_of_jobs_running_on_other_nodes() {
     );
     assert!(!folder(42).exists());
 }
+
+/// After a restart, an intent log record of an earlier boot that this build cannot read as a
+/// journal names its job: the job's scratch folder and cgroup are kept, not judged orphans.
+#[test]
+fn reconcile_keeps_what_an_unreadable_intent_record_may_own() {
+    if !need_root() {
+        return;
+    }
+    let tenant = format!("ri{}", std::process::id());
+    let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
+    let root = tmp.path();
+    let cfg = small_config(root, &tenant, "");
+    std::fs::create_dir(root.join("state")).unwrap();
+    let mut log = tenancy_node::intent_log::IntentLog::open(&root.join("state")).unwrap();
+    let slot = log.claim(|_| false).unwrap().unwrap();
+    log.write(slot, 23, &[0xee; 16], b"{\"format\": 99")
+        .unwrap();
+    drop(log);
+    tenancy_scratch::create(&root_spec(root, &tenant, 23)).unwrap();
+    let tdir = Path::new(CGROUP2).join("tenancy").join(&tenant);
+    let _cg = CgroupGuard(tdir.clone());
+    std::fs::create_dir_all(tdir.join("job_23")).unwrap();
+    let running = root.join("running");
+    std::fs::write(&running, "").unwrap();
+
+    let out = reconcile(
+        &cfg,
+        &[
+            "--apply",
+            "--format",
+            "json",
+            "--running-jobs-from",
+            running.to_str().unwrap(),
+            "--tenant",
+            &tenant,
+        ],
+    );
+    let r = rows(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:?}");
+    let kept = "left: kept: Slurm may still run the job; inspect its journal".to_string();
+    let k = kinds(&r);
+    assert!(
+        k.contains(&("cgroup".into(), Some(23), kept.clone())),
+        "{r:?}"
+    );
+    assert!(k.contains(&("scratch".into(), Some(23), kept)), "{r:?}");
+    assert!(tdir.join("job_23").is_dir());
+    assert!(root.join(format!("scratch/{tenant}/job_23")).is_dir());
+}
