@@ -138,12 +138,7 @@ groups = ["root"]
             !Path::new(tenancy_config::DEFAULT_PATH).is_file(),
         ),
     ] {
-        std::fs::write(
-            pam.join("sshd"),
-            format!("account required pam_slurm_adopt.so action_no_jobs=deny\n{line}\n"),
-        )
-        .unwrap();
-        let (_, rows) = doctor(&config, &pam);
+        let rows = doctor_with_session_line(&config, &pam, line);
         let r = row(&rows, "slurm.pam_adopt");
         assert_eq!(r["severity"], "ok", "{line}: {r}");
         let w = rows.iter().find(|r| r["check"] == "slurm.pam_adopt_config");
@@ -176,12 +171,7 @@ groups = ["root"]
             "pam_tenancy.so, which is not installed (",
         ),
     ] {
-        std::fs::write(
-            pam.join("sshd"),
-            format!("account required pam_slurm_adopt.so action_no_jobs=deny\n{line}\n"),
-        )
-        .unwrap();
-        let (_, rows) = doctor(&config, &pam);
+        let rows = doctor_with_session_line(&config, &pam, &line);
         let r = row(&rows, "slurm.pam_adopt");
         assert_eq!(r["severity"], want, "{line}: {r}");
         assert!(r["message"].as_str().unwrap().contains(says), "{line}: {r}");
@@ -192,6 +182,17 @@ groups = ["root"]
     assert_eq!(row(&again, "slurm.pam_adopt")["severity"], "ok");
     // No NVML: reported, not fatal by itself (jobs asking for --mig are refused).
     assert_eq!(row(&rows, "nvml.load")["severity"], "warn");
+}
+
+/// The doctor's rows with an sshd PAM service of pam_slurm_adopt and `session` as its session
+/// line.
+fn doctor_with_session_line(config: &Path, pam: &Path, session: &str) -> Vec<serde_json::Value> {
+    std::fs::write(
+        pam.join("sshd"),
+        format!("account required pam_slurm_adopt.so action_no_jobs=deny\n{session}\n"),
+    )
+    .unwrap();
+    doctor(config, pam).1
 }
 
 /// `tenancyctl doctor --format json`: its exit code and rows.

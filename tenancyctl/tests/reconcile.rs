@@ -109,6 +109,39 @@ fn id(flag: &str, user: &str) -> u32 {
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
+/// A 1g.18gb slice of `tenant` made directly through NVML (no journal names it).
+fn make_slice(mig: &tenancy_mig::Mig, tenant: &str) {
+    let intent = mig
+        .choose(
+            &tenancy_mig::Request {
+                profile: Some("1g.18gb".into()),
+                slot: None,
+                tenant: tenant.to_string(),
+                share_gpu: true,
+            },
+            &[],
+        )
+        .unwrap();
+    mig.create(&intent).unwrap();
+}
+
+/// `root/fixture.toml`: the NVML stand-in with `gpus` H200s, its state and driver files under
+/// `root`. Returns its path.
+fn shim_fixture(root: &Path, gpus: usize) -> PathBuf {
+    let path = root.join("fixture.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\nmig_minors = \
+             \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n{}",
+            "[[gpus]]\nmodel = \"H200-141GB\"\n".repeat(gpus),
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
 fn reconcile(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
         .arg("--config")
@@ -118,6 +151,23 @@ fn reconcile(config: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+/// `reconcile --apply --format json` for `tenant` alone, with no job running on the node.
+fn apply_with_no_job_running(cfg: &Path, root: &Path, tenant: &str, more: &[&str]) -> Output {
+    let running = root.join("running");
+    std::fs::write(&running, "").unwrap();
+    let mut args = vec![
+        "--apply",
+        "--format",
+        "json",
+        "--running-jobs-from",
+        running.to_str().unwrap(),
+        "--tenant",
+        tenant,
+    ];
+    args.extend_from_slice(more);
+    reconcile(cfg, &args)
 }
 
 fn rows(out: &Output) -> Vec<Value> {
@@ -186,16 +236,7 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
         );
     }
     std::fs::create_dir(root.join("scratch")).unwrap();
-    std::fs::write(
-        root.join("fixture.toml"),
-        format!(
-            "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\nmig_minors = \
-             \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n[[gpus]]\nmodel = \
-             \"H200-141GB\"\n[[gpus]]\nmodel = \"H200-141GB\"\n",
-            r = root.display()
-        ),
-    )
-    .unwrap();
+    shim_fixture(root, 2);
     let text = format!(
         r#"[cluster]
 name = "rel"
@@ -268,18 +309,7 @@ groups = ["{b}"]
 
     // Orphans no journal owns.
     let mig = tenancy_mig::Mig::open(Some(&shim)).unwrap();
-    let intent = mig
-        .choose(
-            &tenancy_mig::Request {
-                profile: Some("1g.18gb".into()),
-                slot: None,
-                tenant: tenants[0].clone(),
-                share_gpu: true,
-            },
-            &[],
-        )
-        .unwrap();
-    mig.create(&intent).unwrap();
+    make_slice(&mig, &tenants[0]);
     drop(mig);
     assert_eq!(gis(root), 4);
     let orphan_cg = Path::new(CGROUP2)
@@ -644,6 +674,16 @@ fn small_config(root: &Path, tenant: &str, cluster: &str) -> PathBuf {
     path
 }
 
+/// A tenant named `prefix` and this process's id, a temp folder with its [`small_config`] and
+/// an empty state folder.
+fn small_node(prefix: &str) -> (String, tempfile::TempDir, PathBuf) {
+    let tenant = format!("{prefix}{}", std::process::id());
+    let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
+    let cfg = small_config(tmp.path(), &tenant, "");
+    std::fs::create_dir(tmp.path().join("state")).unwrap();
+    (tenant, tmp, cfg)
+}
+
 /// Scratch of job `job` of `tenant` (group root; the job runs as nobody) under `root/scratch`.
 fn root_spec(root: &Path, tenant: &str, job: u64) -> tenancy_scratch::ScratchSpec {
     tenancy_scratch::ScratchSpec {
@@ -666,33 +706,9 @@ fn audit_records(path: &Path) -> Vec<Record> {
         .collect()
 }
 
-/// A file made immutable (`chattr +i`): not even root can remove it; cleared on drop.
-struct Immutable(PathBuf);
-
-impl Immutable {
-    fn set(p: &Path) -> Option<Immutable> {
-        let out = Command::new("chattr").arg("+i").arg(p).output().unwrap();
-        if out.status.success() {
-            return Some(Immutable(p.into()));
-        }
-        let why = format!(
-            "chattr +i {}: {}",
-            p.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        if std::env::var_os("CI").is_some() {
-            panic!("{why}");
-        }
-        eprintln!("SKIP ({why})");
-        None
-    }
-}
-
-impl Drop for Immutable {
-    fn drop(&mut self) {
-        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
-    }
-}
+#[path = "../../layers/scratch/tests/common/immutable.rs"]
+mod immutable;
+use immutable::Immutable;
 
 #[test]
 fn reconcile_purges_past_a_retained_folder_it_cannot_remove_and_audits_both() {
@@ -721,21 +737,7 @@ fn reconcile_purges_past_a_retained_folder_it_cannot_remove_and_audits_both() {
     let Some(_pin) = Immutable::set(&retained[1].join("data")) else {
         return;
     };
-    let running = root.join("running");
-    std::fs::write(&running, "").unwrap();
-
-    let out = reconcile(
-        &cfg,
-        &[
-            "--apply",
-            "--format",
-            "json",
-            "--running-jobs-from",
-            running.to_str().unwrap(),
-            "--tenant",
-            &tenant,
-        ],
-    );
+    let out = apply_with_no_job_running(&cfg, root, &tenant, &[]);
     let r = rows(&out);
     assert_eq!(out.status.code(), Some(1), "{r:?}");
     let got: Vec<(&str, Option<u64>, &str)> = r
@@ -811,17 +813,7 @@ fn reconcile_keeps_what_an_unreadable_journal_may_own() {
     let tenant = format!("ru{}", std::process::id());
     let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
     let root = tmp.path();
-    let fixture = root.join("fixture.toml");
-    std::fs::write(
-        &fixture,
-        format!(
-            "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\nmig_minors = \
-             \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n[[gpus]]\nmodel = \
-             \"H200-141GB\"\n",
-            r = root.display()
-        ),
-    )
-    .unwrap();
+    let fixture = shim_fixture(root, 1);
     let cfg = small_config(
         root,
         &tenant,
@@ -846,35 +838,10 @@ fn reconcile_keeps_what_an_unreadable_journal_may_own() {
     // A GPU instance no readable journal references: it may be job 21's.
     std::env::set_var("NVML_SHIM_FIXTURE", &fixture);
     let mig = tenancy_mig::Mig::open(Some(&shim)).unwrap();
-    let intent = mig
-        .choose(
-            &tenancy_mig::Request {
-                profile: Some("1g.18gb".into()),
-                slot: None,
-                tenant: tenant.clone(),
-                share_gpu: true,
-            },
-            &[],
-        )
-        .unwrap();
-    mig.create(&intent).unwrap();
+    make_slice(&mig, &tenant);
     drop(mig);
     assert_eq!(gis(root), 1);
-    let running = root.join("running");
-    std::fs::write(&running, "").unwrap();
-
-    let out = reconcile(
-        &cfg,
-        &[
-            "--apply",
-            "--format",
-            "json",
-            "--running-jobs-from",
-            running.to_str().unwrap(),
-            "--tenant",
-            &tenant,
-        ],
-    );
+    let out = apply_with_no_job_running(&cfg, root, &tenant, &[]);
     let r = rows(&out);
     assert_eq!(out.status.code(), Some(1), "{r:?}");
     let kept = "left: kept: Slurm may still run the job; inspect its journal".to_string();
@@ -931,11 +898,8 @@ fn reconcile_leaves_the_scratch_of_jobs_running_on_other_nodes() {
     if !need_root() {
         return;
     }
-    let tenant = format!("rs{}", std::process::id());
-    let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
+    let (tenant, tmp, cfg) = small_node("rs");
     let root = tmp.path();
-    let cfg = small_config(root, &tenant, "");
-    std::fs::create_dir(root.join("state")).unwrap();
     // No journal here for either: job 41 runs on another node, job 42 has ended.
     for job in [41, 42] {
         tenancy_scratch::create(&root_spec(root, &tenant, job)).unwrap();
@@ -968,23 +932,13 @@ fn reconcile_leaves_the_scratch_of_jobs_running_on_other_nodes() {
     assert!(folder(41).is_dir() && folder(42).is_dir());
 
     // Slurm has job 41 (elsewhere), not job 42.
-    let running = root.join("running");
-    std::fs::write(&running, "").unwrap();
     let known = root.join("known");
     std::fs::write(&known, "41\n").unwrap();
-    let out = reconcile(
+    let out = apply_with_no_job_running(
         &cfg,
-        &[
-            "--apply",
-            "--format",
-            "json",
-            "--running-jobs-from",
-            running.to_str().unwrap(),
-            "--known-jobs-from",
-            known.to_str().unwrap(),
-            "--tenant",
-            &tenant,
-        ],
+        root,
+        &tenant,
+        &["--known-jobs-from", known.to_str().unwrap()],
     );
     let r = rows(&out);
     assert_eq!(out.status.code(), Some(0), "{r:?}");
@@ -1007,11 +961,8 @@ fn reconcile_keeps_what_an_unreadable_intent_record_may_own() {
     if !need_root() {
         return;
     }
-    let tenant = format!("ri{}", std::process::id());
-    let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
+    let (tenant, tmp, cfg) = small_node("ri");
     let root = tmp.path();
-    let cfg = small_config(root, &tenant, "");
-    std::fs::create_dir(root.join("state")).unwrap();
     let mut log = tenancy_node::intent_log::IntentLog::open(&root.join("state")).unwrap();
     let slot = log.claim(|_| false).unwrap().unwrap();
     log.write(slot, 23, &[0xee; 16], b"{\"format\": 99")
@@ -1021,21 +972,7 @@ fn reconcile_keeps_what_an_unreadable_intent_record_may_own() {
     let tdir = Path::new(CGROUP2).join("tenancy").join(&tenant);
     let _cg = CgroupGuard(tdir.clone());
     std::fs::create_dir_all(tdir.join("job_23")).unwrap();
-    let running = root.join("running");
-    std::fs::write(&running, "").unwrap();
-
-    let out = reconcile(
-        &cfg,
-        &[
-            "--apply",
-            "--format",
-            "json",
-            "--running-jobs-from",
-            running.to_str().unwrap(),
-            "--tenant",
-            &tenant,
-        ],
-    );
+    let out = apply_with_no_job_running(&cfg, root, &tenant, &[]);
     let r = rows(&out);
     assert_eq!(out.status.code(), Some(1), "{r:?}");
     let kept = "left: kept: Slurm may still run the job; inspect its journal".to_string();

@@ -2,7 +2,11 @@
 //! Root-test helpers: real users and groups (useradd/groupadd, removed on drop), a scratch tree
 //! under a temp folder, and running a command as another user (setgroups/setgid/setuid in the child).
 
+#[path = "immutable.rs"]
+mod immutable;
 pub mod seccomp;
+#[allow(unused_imports)] // (not every test file of the crate uses it)
+pub use immutable::Immutable;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -185,33 +189,6 @@ pub fn snapshot(p: &Path) -> Vec<(PathBuf, u32, u32, u32)> {
     }
     v.sort();
     v
-}
-
-/// A file made immutable (`chattr +i`): not even root can remove it. The flag is cleared on
-/// drop, so the tree can go. `None` (SKIP) where the filesystem has no such flag.
-pub struct Immutable(PathBuf);
-impl Immutable {
-    pub fn set(p: &Path) -> Option<Immutable> {
-        let out = Command::new("chattr").arg("+i").arg(p).output().unwrap();
-        if out.status.success() {
-            return Some(Immutable(p.into()));
-        }
-        let why = format!(
-            "chattr +i {}: {}",
-            p.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        if std::env::var_os("CI").is_some() {
-            panic!("{why}");
-        }
-        eprintln!("SKIP ({why})");
-        None
-    }
-}
-impl Drop for Immutable {
-    fn drop(&mut self) {
-        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
-    }
 }
 
 pub fn chown(p: &Path, uid: u32, gid: u32) {
