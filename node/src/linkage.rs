@@ -65,10 +65,14 @@ pub fn identity_from_files() -> Result<(), String> {
 pub fn files_speak_for_nss(nsswitch: &str, exists: impl Fn(&Path) -> bool) -> Result<(), String> {
     let mut with_systemd = false;
     for db in DATABASES {
-        let line = nsswitch.lines().find_map(|l| {
-            let l = l.split('#').next().unwrap_or_default();
-            let (name, sources) = l.split_once(':')?;
-            (name.trim() == db).then(|| sources.trim().to_string())
+        // Read as glibc (2.33+) reads it: the database's name ends at a blank or a colon, and
+        // a later line for the same database replaces an earlier one.
+        let line = nsswitch.lines().rev().find_map(|l| {
+            let l = l.split('#').next().unwrap_or_default().trim_start();
+            let end = l.find(|c: char| c == ':' || c.is_whitespace())?;
+            let (name, rest) = l.split_at(end);
+            let sources = rest.trim_start_matches(|c: char| c == ':' || c.is_whitespace());
+            (name == db).then(|| sources.trim_end().to_string())
         });
         let Some(sources) = line else {
             // getgrouplist falls back to `group` without an `initgroups` line.
@@ -149,6 +153,9 @@ mod tests {
         assert_eq!(files_speak_for_nss(DEBIAN, |_| false), Ok(()));
         let plain = "passwd: files\ngroup: files # local\ninitgroups: files\n";
         assert_eq!(files_speak_for_nss(plain, |_| true), Ok(()));
+        // The last line for a database is the one glibc uses.
+        let later = "passwd: sss\npasswd files\ngroup: files\n";
+        assert_eq!(files_speak_for_nss(later, |_| true), Ok(()));
         // A drop-in folder can give a user of /etc/passwd more groups: not with systemd listed.
         let e = files_speak_for_nss(DEBIAN, |p| p == Path::new("/etc/userdb")).unwrap_err();
         assert!(e.contains("/etc/userdb"), "{e}");
@@ -169,6 +176,10 @@ mod tests {
                 "initgroups: files ldap",
             ),
             ("passwd: files\n", "no `group:` line"),
+            // glibc takes the last line of a database, and its name may end at a blank.
+            ("passwd: files\ngroup: files\ngroup: sss\n", "group: sss"),
+            ("passwd: files\ngroup: files\ngroup sss\n", "group: sss"),
+            ("passwd: files\ngroup: files\ngroup:\n", "group: `"),
             (
                 "passwd: systemd files\ngroup: files\n",
                 "passwd: systemd files",
