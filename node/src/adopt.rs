@@ -260,10 +260,7 @@ fn record(config: &Config, node: &str, user: &str, uid: u32, source: &str, event
 }
 
 fn append(config: &Config, rec: &mut Record) -> Result<(), String> {
-    AuditLog::open(&config.cluster.audit_log)
-        .and_then(|mut log| log.append(rec))
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    crate::spine::append_anchored(config, rec).map(|_| ())
 }
 
 /// The node name this node's audit chain uses: that of the log's last record (the prolog

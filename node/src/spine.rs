@@ -146,19 +146,7 @@ impl<'c> Spine<'c> {
 
     /// Appends one audit record; the caller decides what a failure means (fail closed).
     pub fn audit(&self, rec: &mut Record) -> Result<tenancy_audit::Appended, String> {
-        AuditLog::open(&self.config.cluster.audit_log)
-            .and_then(|mut log| log.append(rec))
-            .map_err(|e| e.to_string())
-    }
-
-    fn anchor(&self, node: &str, appended: &tenancy_audit::Appended) {
-        // The anchor is extra evidence; its absence is reported by `audit verify`, not fatal.
-        let _ = tenancy_audit::send_anchor(
-            node,
-            appended.seq,
-            &appended.hash,
-            self.config.cluster.audit_anchor.as_deref(),
-        );
+        append_anchored(self.config, rec)
     }
 
     fn boundary(&mut self, b: Boundary) {
@@ -709,10 +697,7 @@ impl<'c> Spine<'c> {
                 .job_id(ctx.job_id)
                 .reason("no journal: the prolog made nothing for this job");
             return match self.audit(&mut rec) {
-                Ok(a) => {
-                    self.anchor(&ctx.node, &a);
-                    Ending::ok(format!("tenancy: job {}: nothing to tear down", ctx.job_id))
-                }
+                Ok(_) => Ending::ok(format!("tenancy: job {}: nothing to tear down", ctx.job_id)),
                 // Nothing was made, so nothing is left unisolated: report, do not drain.
                 Err(e) => Ending::ok(format!(
                     "tenancy: job {}: nothing to tear down; audit record not written: {e}",
@@ -773,9 +758,6 @@ impl<'c> Spine<'c> {
             rec = rec.reason(failures.join("; "));
         }
         let audit = self.audit(&mut rec);
-        if let Ok(a) = &audit {
-            self.anchor(&ctx.node, a);
-        }
         match (failures.is_empty(), audit) {
             (true, Ok(_)) => Ending::ok(format!("tenancy: job {} torn down", ctx.job_id)),
             // Everything is gone; only the record is missing. Draining the node would not bring
@@ -834,6 +816,30 @@ fn short_hostname() -> String {
 /// holding only what is left; either way the job leaves the occupancy index (placement sees
 /// leftovers through NVML). A journal of an earlier boot undoes only the layers whose resources
 /// outlive a restart: what stands in the others' place now is this boot's.
+/// Appends `rec` to the node's audit log and anchors the new chain head outside the log
+/// (syslog, and `cluster.audit_anchor` when set), but for a `job_start`, whose job's `job_end`
+/// anchors a head past it (one send less on every job's start). Every other record is
+/// anchored itself (refusals, rollbacks, teardown failures, sessions, reconcile actions), so
+/// cutting it off before the next job end shows. The anchor is extra evidence: its absence is
+/// reported by `audit verify`, not fatal here.
+pub fn append_anchored(
+    config: &Config,
+    rec: &mut Record,
+) -> Result<tenancy_audit::Appended, String> {
+    let appended = AuditLog::open(&config.cluster.audit_log)
+        .and_then(|mut log| log.append(rec))
+        .map_err(|e| e.to_string())?;
+    if rec.event != Event::JobStart {
+        let _ = tenancy_audit::send_anchor(
+            &rec.node,
+            appended.seq,
+            &appended.hash,
+            config.cluster.audit_anchor.as_deref(),
+        );
+    }
+    Ok(appended)
+}
+
 pub fn teardown(
     layers: &mut [Box<dyn Layer + '_>],
     journals: &JournalDir,

@@ -101,8 +101,14 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::with_cluster_keys("")
+    }
+
+    /// `keys`: more `[cluster]` lines, `{r}` standing for the world's folder.
+    fn with_cluster_keys(keys: &str) -> World {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_path_buf();
+        let keys = keys.replace("{r}", &root.display().to_string());
         let text = format!(
             r#"
 [cluster]
@@ -110,6 +116,7 @@ name = "test"
 state_dir = "{r}/state"
 audit_log = "{r}/audit.jsonl"
 scratch_root = "{r}/scratch"
+{keys}
 [tiers.internal]
 mig_profiles = ["1g.18gb"]
 [tenants.acme]
@@ -563,4 +570,62 @@ fn an_unreadable_earlier_journal_fails_the_prolog_instead_of_being_overwritten()
     assert_eq!(std::fs::read(dir.journal_path(13)).unwrap(), b"{torn");
     let recs = w.records();
     assert_eq!(recs.last().unwrap().event, Event::TeardownFailed);
+}
+
+/// Every record but a `job_start` anchors the chain head outside the log (here the
+/// `cluster.audit_anchor` file): a refusal, a rollback or a job end cut off the log before
+/// the next job end shows in `audit verify`. A `job_start` is covered by its job's `job_end`.
+#[test]
+fn every_record_but_a_job_start_is_anchored() {
+    let w = World::with_cluster_keys("audit_anchor = \"{r}/anchors\"");
+    let anchored = || -> Vec<u64> {
+        std::fs::read_to_string(w.root.join("anchors"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find_map(|t| t.strip_prefix("seq="))
+                    .map(|n| n.parse().unwrap())
+            })
+            .collect()
+    };
+    assert_eq!(w.spine(None, "tenancy-prolog").prolog(ctx("43")).code, 0);
+    assert_eq!(anchored(), Vec::<u64>::new(), "a job_start was anchored");
+    let denied: Vec<_> = job_env("44")
+        .into_iter()
+        .map(|(k, v)| match k.to_str() {
+            Some("SPANK_TENANCY_TENANT") => (k, "globex".into()),
+            _ => (k, v),
+        })
+        .collect();
+    assert_eq!(
+        w.spine(None, "tenancy-prolog")
+            .prolog(JobContext::from_vars(denied))
+            .code,
+        1
+    );
+    assert_eq!(
+        w.spine(Some("second"), "tenancy-prolog")
+            .prolog(ctx("45"))
+            .code,
+        1
+    );
+    assert_eq!(
+        w.spine(None, "tenancy-epilog")
+            .epilog(&ctx("43").unwrap())
+            .code,
+        0
+    );
+    let recs = w.records();
+    let events: Vec<(Event, u64)> = recs.iter().map(|r| (r.event.clone(), r.seq)).collect();
+    assert_eq!(
+        events.iter().map(|e| e.0.clone()).collect::<Vec<_>>(),
+        [
+            Event::JobStart,
+            Event::JobDenied,
+            Event::Rollback,
+            Event::JobEnd
+        ]
+    );
+    assert_eq!(anchored(), [events[1].1, events[2].1, events[3].1]);
 }

@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::SystemTime;
-use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
 use tenancy_node::{layers, Journal, JournalDir, Layer};
 use tenancy_output::Format;
@@ -228,8 +228,7 @@ impl Ctx<'_> {
         if let Some(t) = &row.tenant {
             rec = rec.tenant(t.clone());
         }
-        let res =
-            AuditLog::open(&self.config.cluster.audit_log).and_then(|mut l| l.append(&mut rec));
+        let res = tenancy_node::spine::append_anchored(self.config, &mut rec);
         if let Err(e) = res {
             self.rows.push(
                 Row::new(
