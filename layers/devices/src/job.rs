@@ -349,6 +349,17 @@ pub fn teardown(r: &DevicesRecord) -> Result<TeardownReport> {
         removed_dir: false,
     };
     match r.backend {
+        // An owned cgroup is removed, not emptied of its program first: a process still in it
+        // (EBUSY) must keep its allowlist, and the kernel releases the programs of a removed
+        // cgroup itself.
+        Backend::V2 if r.owned => {
+            out.removed_dir = rmdir(&r.cgroup_dir)?;
+            out.detached = Some(if out.removed_dir {
+                Detached::Detached
+            } else {
+                Detached::AlreadyGone
+            });
+        }
         Backend::V2 => {
             out.detached = Some(match &r.v2 {
                 Some(a) => v2::detach(&r.cgroup_dir, a.prog_id)?,
@@ -360,9 +371,6 @@ pub fn teardown(r: &DevicesRecord) -> Result<TeardownReport> {
                     }
                 }
             });
-            if r.owned {
-                out.removed_dir = rmdir(&r.cgroup_dir)?;
-            }
         }
         Backend::V1 => {
             if r.owned {

@@ -77,16 +77,23 @@ fn v2_two_jobs_share_a_gpu_but_not_caps() {
         ],
     );
 
-    // Teardown: program detached and freed, product cgroup removed; twice is fine.
+    // Teardown: product cgroup removed, and with it its program, which the kernel then frees
+    // (asynchronously: a moment after the rmdir); twice is fine.
     let id = a.v2.as_ref().unwrap().prog_id;
     let t = job::teardown(&a).unwrap();
     assert_eq!(t.detached, Some(Detached::Detached));
     assert!(t.removed_dir);
     assert!(!a.cgroup_dir.exists());
-    assert_eq!(
-        sys::prog_get_fd_by_id(id).unwrap_err().raw_os_error(),
-        Some(libc::ENOENT)
-    );
+    let freed = (0..200).any(|_| {
+        let gone = sys::prog_get_fd_by_id(id)
+            .err()
+            .is_some_and(|e| e.raw_os_error() == Some(libc::ENOENT));
+        if !gone {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        gone
+    });
+    assert!(freed, "program {id} still loaded 2 s after its cgroup went");
     let t = job::teardown(&a).unwrap();
     assert_eq!(t.detached, Some(Detached::AlreadyGone));
     assert!(!t.removed_dir);
@@ -149,13 +156,14 @@ fn v2_setup_rerun_replaces_program() {
         second.v2.as_ref().unwrap().prog_id
     );
     check(&fx, &second.cgroup_dir, &job_a_cases());
-    // Teardown with the stale record is harmless; the current one removes everything.
+    // Teardown with either record removes the job's cgroup, and with it the current
+    // program; the other is then harmless.
+    assert!(job::teardown(&first).unwrap().removed_dir);
+    assert!(!first.cgroup_dir.exists());
     assert_eq!(
-        job::teardown(&first).unwrap().detached,
+        job::teardown(&second).unwrap().detached,
         Some(Detached::AlreadyGone)
     );
-    assert!(!first.cgroup_dir.exists());
-    job::teardown(&second).unwrap();
 }
 
 /// Why BPF_F_ALLOW_MULTI: a program attached below ours (a container runtime in the job, or
@@ -330,4 +338,48 @@ fn v2_jobs_with_one_allowlist_share_its_program() {
         sys::prog_get_fd_by_id(first).unwrap_err().raw_os_error(),
         Some(libc::ENOENT)
     );
+}
+
+/// A process still in the job's cgroup at teardown (EBUSY) keeps its device program: the
+/// teardown fails and nothing is detached, so the process never runs without its allowlist.
+#[test]
+fn v2_teardown_of_a_busy_cgroup_keeps_its_program() {
+    if !need_root("v2_teardown_of_a_busy_cgroup_keeps_its_program") {
+        return;
+    }
+    let fx = Fixture::new();
+    let tree = CgTree::new(v2_root().to_str().unwrap(), "v2busy");
+    let target = Target::Owned {
+        root: tree.root.clone(),
+        backend: Backend::V2,
+    };
+    let a = job::setup(&params(&fx, 4001, "lab", &[SLICE_A], target)).unwrap();
+    let mut sleeper = std::process::Command::new("/bin/sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    std::fs::write(a.cgroup_dir.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    let e = job::teardown(&a).unwrap_err();
+    assert!(
+        e.to_string().contains("processes are still in the cgroup"),
+        "{e}"
+    );
+    let (ids, _) = v2::query(&a.cgroup_dir).unwrap();
+    assert_eq!(
+        ids,
+        vec![a.v2.as_ref().unwrap().prog_id],
+        "the program was detached"
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    // (the killed process leaves the cgroup a moment after it is reaped)
+    let removed = (0..200).any(|_| {
+        let r = job::teardown(&a).is_ok();
+        if !r {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        r
+    });
+    assert!(removed);
+    assert!(!a.cgroup_dir.exists());
 }
