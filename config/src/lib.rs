@@ -427,12 +427,12 @@ impl Validator<'_> {
             };
             let mut classes = Vec::new();
             for d in &t.device_classes {
-                if !valid_device_class(d.get_ref()) {
+                if let Err(why) = valid_device_class(d.get_ref()) {
                     self.problem(
                         d,
                         format!(
-                            "bad device class '{}': write 'c MAJOR:MINOR ACCESS' like 'c 1:3 rwm' \
-                             (MINOR may be *)",
+                            "bad device class '{}': {why}; write 'c MAJOR:MINOR ACCESS' like \
+                             'c 1:3 rwm' (MINOR may be *)",
                             d.get_ref()
                         ),
                     );
@@ -548,21 +548,12 @@ impl Validator<'_> {
     }
 }
 
-/// `c 1:3 rwm`, `b 8:* r`: the cgroup v1 `devices.allow` syntax, one class.
-fn valid_device_class(s: &str) -> bool {
-    let parts: Vec<&str> = s.split_whitespace().collect();
-    let [kind, numbers, access] = parts.as_slice() else {
-        return false;
-    };
-    let Some((major, minor)) = numbers.split_once(':') else {
-        return false;
-    };
-    let number = |n: &str| n == "*" || n.parse::<u32>().is_ok();
-    matches!(*kind, "c" | "b")
-        && number(major)
-        && number(minor)
-        && !access.is_empty()
-        && access.chars().all(|c| matches!(c, 'r' | 'w' | 'm'))
+/// `c 1:3 rwm`, `b 8:* r`: the cgroup v1 `devices.allow` syntax, one class, as the devices
+/// layer parses it and accepts it as a tier's extra class (one parser: a class the config
+/// accepts never fails the prolog).
+fn valid_device_class(s: &str) -> Result<(), String> {
+    let class: tenancy_devices::DeviceClass = s.parse().map_err(|e| format!("{e}"))?;
+    class.refusal_as_extra().map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -283,10 +283,20 @@ fn profile_and_device_class_syntax() {
     for bad in ["", "1g", "8g.10gb", "1g.gb", "1g.18gb+xx", "../1g.18gb"] {
         assert!(!valid_profile(bad), "{bad}");
     }
-    assert!(valid_device_class("c 1:3 rwm"));
-    assert!(valid_device_class("c 195:* r"));
-    assert!(!valid_device_class("a *:* rwm"));
-    assert!(!valid_device_class("c 1:3"));
+    assert!(valid_device_class("c 1:3 rwm").is_ok());
+    assert!(valid_device_class("c 195:* r").is_ok());
+    assert!(valid_device_class("b *:* r").is_ok());
+    // What the devices layer would refuse at every job start is refused here.
+    for bad in [
+        "a *:* rwm",
+        "c 1:3",
+        "c *:* rw",
+        "c 5000:0 r",
+        "c 1:1 rr",
+        "c 1:+5 r",
+    ] {
+        assert!(valid_device_class(bad).is_err(), "{bad}");
+    }
 }
 
 #[test]

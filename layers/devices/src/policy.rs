@@ -123,6 +123,19 @@ impl fmt::Display for DeviceClass {
     }
 }
 
+impl DeviceClass {
+    /// Why this class may not be one of a tier's extra device classes (`device_classes`), if it
+    /// may not: the config check and the prolog use the same rule.
+    pub fn refusal_as_extra(&self) -> Option<String> {
+        (self.dev_type == DevType::Char && self.major.is_none()).then(|| {
+            format!(
+                "extra device class `{self}` has a wildcard major and would open every NVIDIA \
+                 device; name the major"
+            )
+        })
+    }
+}
+
 impl FromStr for DeviceClass {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -318,10 +331,8 @@ impl DevicePolicy {
             }
         }
         for x in extra {
-            if x.dev_type == DevType::Char && x.major.is_none() {
-                return Err(Error::Policy(format!(
-                    "extra device class `{x}` has a wildcard major and would open every NVIDIA device; name the major"
-                )));
+            if let Some(why) = x.refusal_as_extra() {
+                return Err(Error::Policy(why));
             }
             push(*x, "extra (tier config)".into());
         }
