@@ -598,6 +598,7 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned, known: &Result<BTreeSet<u64>, St
                 gid: 65534,
                 mode: tenancy_scratch::DEFAULT_JOB_MODE,
                 quota: None,
+                tenant_groups: Vec::new(),
             };
             cx.act(row, || {
                 tenancy_scratch::wipe(&spec)

@@ -342,6 +342,7 @@ groups = ["{b}"]
         gid: id("-g", &users[t]),
         mode: 0o700,
         quota: None,
+        tenant_groups: Vec::new(),
     };
     tenancy_scratch::create(&spec(88, 0)).unwrap();
     std::fs::write(spec(88, 0).job_dir().join("data"), b"left behind").unwrap();
@@ -695,6 +696,7 @@ fn root_spec(root: &Path, tenant: &str, job: u64) -> tenancy_scratch::ScratchSpe
         gid: 65534,
         mode: 0o700,
         quota: None,
+        tenant_groups: Vec::new(),
     }
 }
 

@@ -63,6 +63,7 @@ fn main() -> anyhow::Result<ExitCode> {
                 gid: 1,
                 mode: DEFAULT_JOB_MODE,
                 quota: None,
+                tenant_groups: Vec::new(),
             };
             println!("{:?}", wipe(&spec)?);
             Ok(ExitCode::SUCCESS)

@@ -61,6 +61,10 @@ pub struct ScratchSpec {
     /// Optional per-tenant project quota.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<QuotaSpec>,
+    /// The gids of the tenant's other groups: their members reach the tenant folder (group
+    /// `tenant_gid`) through its access ACL, `group:<gid>:r-x` each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenant_groups: Vec<u32>,
 }
 
 fn default_mode() -> u32 {
@@ -293,6 +297,53 @@ fn open_or_make_tenant_owned(
     }
 }
 
+/// The access ACL of a tenant folder whose tenant has groups besides its first (`gid`, the
+/// folder's group): what mode 0750 says, plus `group:<g>:r-x` for each of `groups`.
+fn tenant_acl(gid: u32, groups: &[u32]) -> Vec<u8> {
+    use audit::acl::{ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER_OBJ};
+    const UNDEFINED: u32 = u32::MAX;
+    let mut named: Vec<u32> = groups.iter().copied().filter(|g| *g != gid).collect();
+    named.sort_unstable();
+    named.dedup();
+    let mut entries = vec![
+        (ACL_USER_OBJ, 7u16, UNDEFINED),
+        (ACL_GROUP_OBJ, 5, UNDEFINED),
+    ];
+    entries.extend(named.into_iter().map(|g| (ACL_GROUP, 5, g)));
+    entries.extend([(ACL_MASK, 5, UNDEFINED), (ACL_OTHER, 0, UNDEFINED)]);
+    let mut out = audit::acl::ACL_XATTR_VERSION.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        out.extend(tag.to_le_bytes());
+        out.extend(perm.to_le_bytes());
+        out.extend(id.to_le_bytes());
+    }
+    out
+}
+
+/// Members of the tenant's other groups reach the tenant folder through its access ACL (a
+/// folder has one group). Written only when it differs from what is there. A file system
+/// without POSIX ACLs fails the job: its user may be a member through one of those groups, and
+/// would get a scratch folder it cannot reach.
+fn ensure_tenant_acl(fd: &OwnedFd, path: &Path, gid: u32, groups: &[u32]) -> Result<()> {
+    const NAME: &str = "system.posix_acl_access";
+    let want = tenant_acl(gid, groups);
+    let mut have = vec![0u8; want.len()];
+    match rfs::fgetxattr(fd, NAME, &mut have) {
+        Ok(n) if n == want.len() && have == want => return Ok(()),
+        Ok(_) | Err(Errno::NODATA) | Err(Errno::RANGE) => {}
+        Err(e) => return Err(io_err("fgetxattr system.posix_acl_access", path, e)),
+    }
+    rfs::fsetxattr(fd, NAME, &want, rfs::XattrFlags::empty()).map_err(|e| match e {
+        Errno::OPNOTSUPP => unsafe_path(
+            path,
+            "its file system has no POSIX ACLs, and the tenant has several groups: members \
+             through any group but the first could not enter it; mount scratch_root with ACLs \
+             or give the tenant one group",
+        ),
+        e => io_err("fsetxattr system.posix_acl_access", path, e),
+    })
+}
+
 fn open_error(parent: &OwnedFd, name: &str, path: &Path, e: Errno) -> ScratchError {
     match e {
         Errno::LOOP | Errno::NOTDIR | Errno::XDEV => unsafe_path(
@@ -327,6 +378,9 @@ pub fn create(spec: &ScratchSpec) -> Result<Created> {
     let tenant_path = spec.tenant_dir();
     let (tenant, created_tenant_dir) =
         open_or_make_tenant_owned(&root, &spec.root, &spec.tenant, spec.tenant_gid)?;
+    if !spec.tenant_groups.is_empty() {
+        ensure_tenant_acl(&tenant, &tenant_path, spec.tenant_gid, &spec.tenant_groups)?;
+    }
     let name = spec.job_name();
     let path = spec.job_dir();
     match rfs::statat(&tenant, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {

@@ -31,6 +31,7 @@ impl Fixture {
             gid: ua.gid,
             mode: 0o700,
             quota: None,
+            tenant_groups: Vec::new(),
         })
         .unwrap();
         create(&ScratchSpec {
@@ -42,6 +43,7 @@ impl Fixture {
             gid: ub.gid,
             mode: 0o700,
             quota: None,
+            tenant_groups: Vec::new(),
         })
         .unwrap();
         let j1 = root.join("ta/job_1");

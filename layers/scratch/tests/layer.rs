@@ -16,6 +16,7 @@ fn spec(root: &Path, tenant: &str, tgid: u32, job: u64, u: &User) -> ScratchSpec
         gid: u.gid,
         mode: DEFAULT_JOB_MODE,
         quota: None,
+        tenant_groups: Vec::new(),
     }
 }
 
@@ -426,4 +427,42 @@ fn project_quota_reports_unsupported_plainly() {
     let back: Created = serde_json::from_str(&j).unwrap();
     assert_eq!(back, c);
     assert!(std::fs::metadata(&c.path).unwrap().permissions().mode() & 0o777 == 0o700);
+}
+
+/// A tenant with two groups: its folder belongs to the first, and a member through the second
+/// reaches their own job folder through the folder's ACL; another tenant still cannot.
+#[test]
+fn a_member_through_a_tenants_second_group_reaches_their_folder() {
+    if !need_root("real users and chown") {
+        return;
+    }
+    let (g1, g2, gc) = (Group::new("m1"), Group::new("m2"), Group::new("mc"));
+    let (u2, uc) = (User::new("m2u", &g2), User::new("mcu", &gc));
+    let t = Tree::new();
+    let root = t.scratch_root();
+    let s = ScratchSpec {
+        tenant_groups: vec![g1.gid, g2.gid],
+        ..spec(&root, "tm", g1.gid, 301, &u2)
+    };
+    let c = create(&s).unwrap();
+    let tm = std::fs::metadata(&c.tenant_dir).unwrap();
+    assert_eq!((tm.uid(), tm.gid(), tm.mode() & 0o7777), (0, g1.gid, 0o750));
+    let jp = c.path.to_str().unwrap();
+    let made = u2.run("touch", &[&format!("{jp}/ckpt")]);
+    assert!(
+        made.status.success(),
+        "a member through the second group cannot use its scratch: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    assert!(denied(&uc.run("ls", &[c.tenant_dir.to_str().unwrap()])));
+    assert!(denied(&uc.run("ls", &[jp])));
+    // A second job finds the ACL in place and the folder as it was.
+    let c2 = create(&ScratchSpec {
+        job_id: 302,
+        ..s.clone()
+    })
+    .unwrap();
+    assert!(!c2.created_tenant_dir);
+    wipe(&s).unwrap();
+    wipe(&ScratchSpec { job_id: 302, ..s }).unwrap();
 }

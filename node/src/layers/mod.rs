@@ -38,6 +38,7 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
         Box::new(network::Network { spec: None, config }),
         Box::new(scratch::Scratch {
             root: config.cluster.scratch_root.clone(),
+            config,
         }),
     ]
 }

@@ -5,13 +5,30 @@ use crate::journal::Journal;
 use crate::layer::{JobPlan, Layer, LayerResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 use tenancy_config::ScratchOnExit;
 use tenancy_scratch::{Created, ScratchSpec};
 
-pub struct Scratch {
+pub struct Scratch<'a> {
     pub root: PathBuf,
+    pub config: &'a tenancy_config::Config,
+}
+
+impl Scratch<'_> {
+    /// The gids of the tenant's groups when it has more than one (members through any of them
+    /// reach the tenant folder through its ACL); none for a tenant of one group, the usual
+    /// case, which costs no lookup.
+    fn tenant_groups(&self, tenant: &str) -> Vec<u32> {
+        match self.config.tenants.get(tenant) {
+            Some(t) if t.groups.len() > 1 => t
+                .groups
+                .iter()
+                .filter_map(|g| tenancy_config::group_gid(g))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// Everything teardown needs, including the tier's policy at job start.
@@ -21,7 +38,7 @@ struct Intent {
     on_exit: ScratchOnExit,
 }
 
-impl Layer for Scratch {
+impl Layer for Scratch<'_> {
     fn name(&self) -> &'static str {
         "scratch"
     }
@@ -36,6 +53,7 @@ impl Layer for Scratch {
             gid: plan.gid,
             mode: plan.tier.scratch_mode,
             quota: None,
+            tenant_groups: self.tenant_groups(&plan.tenant),
         };
         spec.validate()?;
         Ok(Some(serde_json::to_value(Intent {
@@ -67,5 +85,46 @@ impl Layer for Scratch {
         serde_json::from_value::<Intent>(intent.clone())
             .map(|i| i.spec.job_dir().display().to_string())
             .unwrap_or_else(|_| "scratch".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tenant of several groups gets them all in its scratch intent (the tenant folder's
+    /// ACL lets members through any of them in); a tenant of one group needs none.
+    #[test]
+    fn the_intent_names_every_group_of_a_tenant_of_several() {
+        let text = "[cluster]\nname = \"t\"\nstate_dir = \"/s\"\naudit_log = \"/a.jsonl\"\n\
+                    scratch_root = \"/scratch\"\n[tiers.internal]\n[tenants.acme]\n\
+                    tier = \"internal\"\ngroups = [\"root\", \"daemon\"]\n[tenants.solo]\n\
+                    tier = \"internal\"\ngroups = [\"bin\"]\n";
+        let config = tenancy_config::Config::parse(text, Path::new("/t.toml")).unwrap();
+        let mut layer = Scratch {
+            root: "/scratch".into(),
+            config: &config,
+        };
+        let plan = |tenant: &str| JobPlan {
+            job_id: 7,
+            uid: 1000,
+            gid: 1000,
+            user: "u1000".into(),
+            node: "n".into(),
+            tenant: tenant.into(),
+            tenant_gid: 0,
+            tier: config.tiers["internal"].clone(),
+            profile: None,
+            gres_gpus: None,
+            others: Vec::new(),
+        };
+        let mut groups = |tenant: &str| -> Vec<u32> {
+            let intent: Intent =
+                serde_json::from_value(layer.intend(&plan(tenant)).unwrap().unwrap()).unwrap();
+            intent.spec.tenant_groups
+        };
+        let daemon = tenancy_config::group_gid("daemon").unwrap();
+        assert_eq!(groups("acme"), vec![0, daemon]);
+        assert_eq!(groups("solo"), Vec::<u32>::new());
     }
 }
