@@ -5,7 +5,7 @@ use crate::journal::Journal;
 use crate::layer::{JobPlan, Layer, LayerResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::SystemTime;
 use tenancy_config::ScratchOnExit;
 use tenancy_scratch::{Created, ScratchSpec};
@@ -100,7 +100,7 @@ mod tests {
                     scratch_root = \"/scratch\"\n[tiers.internal]\n[tenants.acme]\n\
                     tier = \"internal\"\ngroups = [\"root\", \"daemon\"]\n[tenants.solo]\n\
                     tier = \"internal\"\ngroups = [\"bin\"]\n";
-        let config = tenancy_config::Config::parse(text, Path::new("/t.toml")).unwrap();
+        let config = tenancy_config::Config::parse(text, std::path::Path::new("/t.toml")).unwrap();
         let mut layer = Scratch {
             root: "/scratch".into(),
             config: &config,
