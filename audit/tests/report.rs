@@ -12,7 +12,7 @@ use gen::{generate, Truth};
 use tenancy_audit::report::{
     aggregate_paths, parse_month, write_statement, Figures, GroupBy, Query,
 };
-use tenancy_audit::Format;
+use tenancy_audit::{AuditLog, Event, Format, Outcome, Record};
 
 fn write_logs(dir: &std::path::Path, seed: u64, nodes: usize, per_node: usize) -> Vec<Truth> {
     let mut files: Vec<std::io::BufWriter<std::fs::File>> = (0..nodes)
@@ -284,4 +284,70 @@ fn filters_and_cli_args() {
         .filter(|t| matches!(t, Truth::Job { tenant, .. } if tenant == "acme"))
         .count() as u64;
     assert_eq!(agg.groups[&vec!["acme".to_string()]].jobs, jobs);
+}
+
+/// One record as the prolog/epilog write it: job `job` of alice, tenant acme.
+fn job_rec(job: u64, event: Event, outcome: Outcome, t: DateTime<Utc>) -> Record {
+    Record::new(
+        "c1",
+        "gpu001",
+        "alice",
+        2001,
+        event,
+        outcome,
+        "tenancy-epilog",
+    )
+    .job_id(job)
+    .tenant("acme")
+    .time(t)
+}
+
+fn aggregate_records(recs: Vec<Record>, q: Query) -> tenancy_audit::report::Aggregate {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gpu001.audit.jsonl");
+    let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
+    for mut r in recs {
+        log.append(&mut r).unwrap();
+    }
+    aggregate_paths(&[p], q, None).unwrap()
+}
+
+#[test]
+fn teardown_failed_ends_the_job_and_bills_its_slices() {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
+    let h = TimeDelta::hours(1);
+    let start = |job, slices| {
+        job_rec(job, Event::JobStart, Outcome::Success, t0)
+            .profile("2g.35gb")
+            .compute_slices(slices)
+    };
+    let failed = |job, t| job_rec(job, Event::TeardownFailed, Outcome::Failure, t);
+    let agg = aggregate_records(
+        vec![
+            // the epilog could not tear down (hand-off failed): no started/profile in the record
+            start(1, 2),
+            failed(1, t0 + h * 10),
+            // the epilog's teardown_failed carries started, profile and slices itself
+            failed(2, t0 + h * 3)
+                .started(t0 + h)
+                .profile("2g.35gb")
+                .compute_slices(3),
+            // a prolog's teardown_failed (an earlier attempt's journal): no start to close
+            failed(3, t0 + h),
+            // never ended
+            start(4, 1),
+        ],
+        Query {
+            by: vec![GroupBy::Tenant, GroupBy::Profile],
+            ..Default::default()
+        },
+    );
+    let f = agg.groups[&vec!["acme".to_string(), "2g.35gb".to_string()]];
+    assert_eq!(f.slice_ms, (10 + 2) * 3_600_000, "{f:?}");
+    assert_eq!(f.compute_slice_ms, (10 * 2 + 2 * 3) * 3_600_000, "{f:?}");
+    assert_eq!((f.jobs, f.job_ends, f.teardown_failures), (2, 0, 2));
+    assert_eq!(agg.total.teardown_failures, 3);
+    assert_eq!(agg.total.job_ends, 0);
+    assert_eq!(agg.unmatched_ends, 0);
+    assert_eq!(agg.open_starts, 1, "job 4 has no end");
 }
