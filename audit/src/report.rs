@@ -2,7 +2,8 @@
 //!
 //! Figures per group:
 //! * `jobs`: successful `job_start` records;
-//! * `job_ends`: `job_end` records;
+//! * `job_ends`: `job_end` records, except the epilog's "no journal" ones that end no started
+//!   job (a denied job, or a second epilog run): those are counted apart;
 //! * `slice_hours`: MIG-slice wall hours, from `job_end.started` (or the matching `job_start`)
 //!   to `job_end.time`, clipped to `--since/--until` and split across days/months when grouped
 //!   by `day`/`month`; a `teardown_failed` ends its job's slice time the same way (the job held
@@ -112,6 +113,9 @@ pub struct Aggregate {
     /// teardown_failed closed: jobs still running, or whose end was not recorded. Their slice
     /// time is not counted.
     pub open_starts: u64,
+    /// "no journal" job_end records that closed no started job (the epilog of a denied or
+    /// rolled-back job, or a second epilog run); not counted as job ends.
+    pub no_journal_ends: u64,
 }
 
 /// The fields the report needs; everything else in a line is skipped.
@@ -143,6 +147,8 @@ struct Row<'a> {
     started: Option<Cow<'a, str>>,
     #[serde(default)]
     firewall_drops: Option<u64>,
+    #[serde(default, borrow)]
+    reason: Option<Cow<'a, str>>,
 }
 
 struct Pending {
@@ -285,6 +291,17 @@ impl Aggregator {
                 .or(pend.as_ref().and_then(|p| p.slices))
                 .unwrap_or(0) as u64;
             let is_end = event == "job_end";
+            // The epilog (node/src/spine.rs) writes this when the prolog made nothing: a denied
+            // job, or a second epilog run. It ends no job of its own.
+            if is_end
+                && start.is_none()
+                && r.reason
+                    .as_deref()
+                    .is_some_and(|w| w.starts_with("no journal"))
+            {
+                self.out.no_journal_ends += 1;
+                return;
+            }
             if self.in_window(t) {
                 self.build_key(&r, profile, t);
                 let f = self.figures_mut();

@@ -351,3 +351,46 @@ fn teardown_failed_ends_the_job_and_bills_its_slices() {
     assert_eq!(agg.unmatched_ends, 0);
     assert_eq!(agg.open_starts, 1, "job 4 has no end");
 }
+
+#[test]
+fn no_journal_job_end_is_not_another_job_end() {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
+    let h = TimeDelta::hours(1);
+    // what the epilog writes when it finds no journal (node/src/spine.rs)
+    let no_journal = |job, t| {
+        job_rec(job, Event::JobEnd, Outcome::Success, t)
+            .reason("no journal: the prolog made nothing for this job")
+    };
+    let start = |job| {
+        job_rec(job, Event::JobStart, Outcome::Success, t0)
+            .profile("1g.18gb")
+            .compute_slices(1)
+    };
+    let agg = aggregate_records(
+        vec![
+            // a normal job, then a second epilog run for it
+            start(1),
+            job_rec(1, Event::JobEnd, Outcome::Success, t0 + h)
+                .started(t0)
+                .profile("1g.18gb")
+                .compute_slices(1),
+            no_journal(1, t0 + h * 2),
+            // a denied job: its epilog finds no journal
+            job_rec(2, Event::JobDenied, Outcome::Denied, t0),
+            no_journal(2, t0 + h),
+            // a started job whose journal was lost: its end still ends it
+            start(3),
+            no_journal(3, t0 + h * 4),
+        ],
+        Query {
+            by: vec![GroupBy::Tenant],
+            ..Default::default()
+        },
+    );
+    let f = agg.groups[&vec!["acme".to_string()]];
+    assert_eq!((f.jobs, f.job_ends, f.denied), (2, 2, 1), "{f:?}");
+    assert_eq!(f.slice_ms, (1 + 4) * 3_600_000);
+    assert_eq!(agg.unmatched_ends, 0);
+    assert_eq!(agg.no_journal_ends, 2);
+    assert_eq!(agg.open_starts, 0);
+}
