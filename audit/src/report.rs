@@ -162,13 +162,13 @@ struct Pending {
 /// Streaming aggregator: feed lines, then [`Aggregator::finish`].
 pub struct Aggregator {
     q: Query,
-    groups: HashMap<String, Figures>,
+    /// Keyed by one value per `by` entry, kept apart: any separator could be in a value.
+    groups: HashMap<Vec<String>, Figures>,
     pending: HashMap<(String, String, u64), Pending>,
-    key: String,
+    /// The key being built, its strings reused from record to record.
+    key: Vec<String>,
     out: Aggregate,
 }
-
-const SEP: char = '\u{1f}';
 
 impl Aggregator {
     pub fn new(q: Query) -> Self {
@@ -180,7 +180,7 @@ impl Aggregator {
             q,
             groups: HashMap::new(),
             pending: HashMap::new(),
-            key: String::new(),
+            key: Vec::new(),
         }
     }
 
@@ -190,12 +190,9 @@ impl Aggregator {
 
     fn build_key(&mut self, r: &Row, profile: Option<&str>, t: DateTime<Utc>) {
         use std::fmt::Write as _;
-        self.key.clear();
-        for (i, g) in self.q.by.iter().enumerate() {
-            if i > 0 {
-                self.key.push(SEP);
-            }
-            let k = &mut self.key;
+        self.key.resize_with(self.q.by.len(), String::new);
+        for (k, g) in self.key.iter_mut().zip(&self.q.by) {
+            k.clear();
             match g {
                 GroupBy::Tenant => k.push_str(r.tenant.as_deref().unwrap_or("-")),
                 GroupBy::Tier => k.push_str(r.tier.as_deref().unwrap_or("-")),
@@ -213,10 +210,10 @@ impl Aggregator {
     }
 
     fn figures_mut(&mut self) -> &mut Figures {
-        if !self.groups.contains_key(self.key.as_str()) {
+        if !self.groups.contains_key(self.key.as_slice()) {
             self.groups.insert(self.key.clone(), Figures::default());
         }
-        self.groups.get_mut(self.key.as_str()).expect("inserted")
+        self.groups.get_mut(self.key.as_slice()).expect("inserted")
     }
 
     /// Feeds one stored line (without `\n`). Malformed lines are counted and skipped.
@@ -381,12 +378,7 @@ impl Aggregator {
             .count() as u64;
         for (k, f) in self.groups {
             self.out.total.add(&f);
-            let key: Vec<String> = if self.q.by.is_empty() {
-                Vec::new()
-            } else {
-                k.split(SEP).map(str::to_string).collect()
-            };
-            self.out.groups.insert(key, f);
+            self.out.groups.insert(k, f);
         }
         self.out
     }

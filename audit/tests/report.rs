@@ -394,3 +394,37 @@ fn no_journal_job_end_is_not_another_job_end() {
     assert_eq!(agg.no_journal_ends, 2);
     assert_eq!(agg.open_starts, 0);
 }
+
+#[test]
+fn group_values_may_hold_any_character() {
+    // U+001F once joined the group key's parts: a user name holding it split into two columns
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
+    let mut r = job_rec(1, Event::JobDenied, Outcome::Denied, t0).profile("1g\u{1f}18gb");
+    r.user = "a\u{1f}b".into();
+    let agg = aggregate_records(
+        vec![r],
+        Query {
+            by: vec![GroupBy::User, GroupBy::Profile],
+            ..Default::default()
+        },
+    );
+    let key = vec!["a\u{1f}b".to_string(), "1g\u{1f}18gb".to_string()];
+    assert_eq!(agg.groups[&key].denied, 1, "{:?}", agg.groups);
+    let write = |format| {
+        let mut out = Vec::new();
+        tenancy_audit::report::write_report(&mut out, &agg, format).unwrap();
+        String::from_utf8(out).unwrap()
+    };
+    let table = write(Format::Table);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("a\u{1f}b ") && l.contains(" 1g\u{1f}18gb ")),
+        "{table}"
+    );
+    let csv = write(Format::Csv);
+    assert!(csv.contains("\na\u{1f}b,1g\u{1f}18gb,0,"), "{csv}");
+    let doc: serde_json::Value = serde_json::from_str(&write(Format::Json)).unwrap();
+    assert_eq!(doc["groups"][0]["user"], "a\u{1f}b");
+    assert_eq!(doc["groups"][0]["profile"], "1g\u{1f}18gb");
+}
