@@ -1,8 +1,9 @@
 //! Anchors: copies of the chain head kept outside the log (syslog, an anchor file elsewhere), so
 //! a cut-off tail — which a hash chain alone cannot reveal — is detected by `verify --anchor`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, Write};
+use std::ops::Bound;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
@@ -126,10 +127,58 @@ pub struct Anchor {
     pub source: String,
 }
 
-/// Newest (highest seq) anchor per node.
+/// Where an anchor was first read: an index into the set's sources, and its line (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    source: u32,
+    line: u64,
+}
+
+/// Every anchor of one node: (seq, hash) -> where it was first read. A seq with two hashes
+/// means a forged anchor or a rewritten log. Hashes are kept as bytes and sources by index:
+/// anchors come one per job end, so a year of a busy cluster is millions of them.
+#[derive(Debug, Clone, Default)]
+pub struct NodeAnchors {
+    by_seq: BTreeMap<(u64, [u8; 32]), Origin>,
+}
+
+impl NodeAnchors {
+    /// The distinct hashes anchored for `seq`.
+    pub fn at(&self, seq: u64) -> impl Iterator<Item = (&[u8; 32], Origin)> {
+        self.by_seq
+            .range((seq, [0; 32])..=(seq, [0xff; 32]))
+            .map(|((_, h), o)| (h, *o))
+    }
+
+    /// Anchors with a seq above `seq`, by seq.
+    pub fn after(&self, seq: u64) -> impl Iterator<Item = (u64, &[u8; 32], Origin)> {
+        self.by_seq
+            .range((Bound::Excluded((seq, [0xff; 32])), Bound::Unbounded))
+            .map(|((s, h), o)| (*s, h, *o))
+    }
+
+    /// The highest anchored seq (the first of its hashes).
+    pub fn newest(&self) -> Option<(u64, &[u8; 32], Origin)> {
+        let ((s, _), _) = self.by_seq.last_key_value()?;
+        self.at(*s).next().map(|(h, o)| (*s, h, o))
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_seq.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_seq.is_empty()
+    }
+}
+
+/// Anchors read for verify: the newest per node, and every (seq, hash) per node.
 #[derive(Debug, Clone, Default)]
 pub struct AnchorSet {
+    /// Newest (highest seq) anchor per node.
     pub by_node: HashMap<String, Anchor>,
+    all: HashMap<String, NodeAnchors>,
+    sources: Vec<String>,
 }
 
 /// Extracts `node=`, `seq=`, `hash=` from one line; `None` unless all three are present and valid.
@@ -156,9 +205,33 @@ pub fn parse_anchor_line(line: &str) -> Option<(String, u64, String)> {
 }
 
 impl AnchorSet {
-    pub fn add(&mut self, node: String, seq: u64, hash: String, source: String) {
+    /// Adds one anchor read from `source`. `hash` must be 64 hex digits (as
+    /// [`parse_anchor_line`] gives); another value cannot match any record and is not kept
+    /// (returns false).
+    pub fn add(&mut self, node: String, seq: u64, hash: String, source: String) -> bool {
+        // Callers add run after run from one source: only the last one is looked at.
+        if self.sources.last() != Some(&source) {
+            self.sources.push(source);
+        }
+        let src = self.sources.len() - 1;
+        self.add_at(node, seq, hash, src as u32, 0)
+    }
+
+    fn add_at(&mut self, node: String, seq: u64, hash: String, source: u32, line: u64) -> bool {
+        let mut bytes = [0u8; 32];
+        if hash.len() != 64 || hex::decode_to_slice(&hash, &mut bytes).is_err() {
+            return false;
+        }
+        // The same anchor read twice (syslog and anchor file) keeps where it was seen first.
+        self.all
+            .entry(node.clone())
+            .or_default()
+            .by_seq
+            .entry((seq, bytes))
+            .or_insert(Origin { source, line });
         let newer = self.by_node.get(&node).is_none_or(|a| seq >= a.seq);
         if newer {
+            let source = self.source(Origin { source, line });
             self.by_node.insert(
                 node.clone(),
                 Anchor {
@@ -169,17 +242,39 @@ impl AnchorSet {
                 },
             );
         }
+        true
+    }
+
+    /// Every anchor of `node`.
+    pub fn node(&self, node: &str) -> Option<&NodeAnchors> {
+        self.all.get(node)
+    }
+
+    /// `file:line` (or the source given to [`AnchorSet::add`]) of an anchor.
+    pub fn source(&self, o: Origin) -> String {
+        let s = self
+            .sources
+            .get(o.source as usize)
+            .map(String::as_str)
+            .unwrap_or("?");
+        if o.line == 0 {
+            s.to_string()
+        } else {
+            format!("{s}:{}", o.line)
+        }
     }
 
     /// Reads anchors from a file (an anchor file or a syslog file; other lines are skipped).
     pub fn read_file(&mut self, path: &Path) -> std::io::Result<usize> {
         let f = std::fs::File::open(path)?;
+        self.sources.push(path.display().to_string());
+        let src = (self.sources.len() - 1) as u32;
         let mut n = 0;
         for (i, line) in std::io::BufReader::new(f).split(b'\n').enumerate() {
             let line = line?;
             let line = String::from_utf8_lossy(&line);
             if let Some((node, seq, hash)) = parse_anchor_line(&line) {
-                self.add(node, seq, hash, format!("{}:{}", path.display(), i + 1));
+                self.add_at(node, seq, hash, src, i as u64 + 1);
                 n += 1;
             }
         }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 pub use anchor::{
     anchor_line, parse_anchor_line, send_anchor, send_anchor_to, Anchor, AnchorSet, AnchorStatus,
-    SyslogStatus,
+    NodeAnchors, Origin, SyslogStatus,
 };
 pub use log::{Appended, AuditError, AuditLog, Head};
 pub use record::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};

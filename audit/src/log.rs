@@ -60,11 +60,13 @@ pub enum AuditError {
         seq: u64,
         source: std::io::Error,
     },
-    #[error("audit log {path}: fsync after record seq {seq} failed: {source}")]
+    #[error("audit log {path}: fsync after record seq {seq} failed: {source}; {state}")]
     Sync {
         path: PathBuf,
         seq: u64,
         source: std::io::Error,
+        /// What the file holds now: whether the record could be taken out again.
+        state: String,
     },
     #[error("audit log {path}: record for job {job:?} rejected: {what}")]
     Invalid {
@@ -83,6 +85,9 @@ pub struct AuditLog {
     file: File,
     path: PathBuf,
     fsync: bool,
+    /// Unit tests: this many coming fsyncs fail (no file system here fails one on demand).
+    #[cfg(test)]
+    failing_syncs: std::cell::Cell<u32>,
 }
 
 /// Chain head: last seq and hash (seq 0 and GENESIS for an empty log).
@@ -130,6 +135,8 @@ impl AuditLog {
             file,
             path,
             fsync: true,
+            #[cfg(test)]
+            failing_syncs: Default::default(),
         })
     }
 
@@ -144,7 +151,8 @@ impl AuditLog {
     }
 
     /// Appends `rec`, filling its `seq`, `prev` and `hash`. On any error nothing is left in the
-    /// log (a partial write is truncated away under the lock) and the caller must fail closed.
+    /// log (a partial write, or a written record whose fsync failed, is truncated away under the
+    /// lock; should that fail too, the error says so) and the caller must fail closed.
     pub fn append(&mut self, rec: &mut Record) -> Result<Appended> {
         for (name, v) in [
             ("cluster", &rec.cluster),
@@ -200,11 +208,29 @@ impl AuditLog {
             }
         }
         if self.fsync {
-            if let Err(source) = self.file.sync_data() {
+            if let Err(source) = self.sync() {
+                // An Err must mean "not written": take the record out again, still under the lock.
+                let state = match self.file.set_len(len) {
+                    Err(e) => format!(
+                        "taking the record out again failed too ({e}): the log holds record \
+                         seq {seq} although this append failed"
+                    ),
+                    Ok(()) => match self.sync() {
+                        Ok(()) => {
+                            format!("the record was taken out again (log back to {len} bytes)")
+                        }
+                        Err(e) => format!(
+                            "the record was taken out again (log back to {len} bytes) but that \
+                             could not be synced either ({e}): after a crash the log may still \
+                             hold record seq {seq}"
+                        ),
+                    },
+                };
                 return Err(AuditError::Sync {
                     path: self.path.clone(),
                     seq,
                     source,
+                    state,
                 });
             }
         }
@@ -212,6 +238,15 @@ impl AuditLog {
             seq,
             hash: rec.hash.clone(),
         })
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self.failing_syncs.get() > 0 {
+            self.failing_syncs.set(self.failing_syncs.get() - 1);
+            return Err(std::io::Error::other("injected fsync failure"));
+        }
+        self.file.sync_data()
     }
 
     /// Reads the current chain head under a shared lock.
@@ -307,4 +342,55 @@ impl AuditLog {
 
 fn memrchr(needle: u8, hay: &[u8]) -> Option<usize> {
     hay.iter().rposition(|&b| b == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Event, Outcome};
+
+    fn rec(job: u64) -> Record {
+        Record::new(
+            "c1",
+            "gpu001",
+            "alice",
+            2001,
+            Event::JobStart,
+            Outcome::Success,
+            "tenancy-prolog",
+        )
+        .job_id(job)
+    }
+
+    #[test]
+    fn failed_fsync_takes_the_record_out_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("audit.jsonl");
+        let mut log = AuditLog::open(&p).unwrap();
+        log.append(&mut rec(1)).unwrap();
+        let before = std::fs::read(&p).unwrap();
+        log.failing_syncs.set(1);
+        let e = log.append(&mut rec(2)).unwrap_err();
+        assert!(matches!(e, AuditError::Sync { seq: 2, .. }), "{e}");
+        assert!(e.to_string().contains("taken out again"), "{e}");
+        assert_eq!(
+            std::fs::read(&p).unwrap(),
+            before,
+            "an Err left the record in"
+        );
+        // the next append takes seq 2: the failed one is not in the chain
+        assert_eq!(log.append(&mut rec(3)).unwrap().seq, 2);
+    }
+
+    #[test]
+    fn failed_undo_says_what_the_log_may_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("audit.jsonl");
+        let mut log = AuditLog::open(&p).unwrap();
+        log.append(&mut rec(1)).unwrap();
+        log.failing_syncs.set(2);
+        let e = log.append(&mut rec(2)).unwrap_err().to_string();
+        assert!(e.contains("could not be synced either"), "{e}");
+        assert!(e.contains("may still hold record seq 2"), "{e}");
+    }
 }

@@ -2,10 +2,12 @@
 //!
 //! Figures per group:
 //! * `jobs`: successful `job_start` records;
-//! * `job_ends`: `job_end` records;
+//! * `job_ends`: `job_end` records, except the epilog's "no journal" ones that end no started
+//!   job (a denied job, or a second epilog run): those are counted apart;
 //! * `slice_hours`: MIG-slice wall hours, from `job_end.started` (or the matching `job_start`)
 //!   to `job_end.time`, clipped to `--since/--until` and split across days/months when grouped
-//!   by `day`/`month`;
+//!   by `day`/`month`; a `teardown_failed` ends its job's slice time the same way (the job held
+//!   its slices until then, at least);
 //! * `compute_slice_hours`: `slice_hours` × `compute_slices` of the job;
 //! * `denied` (`job_denied`), `rollbacks`, `teardown_failures`, `firewall_drops` (sum of
 //!   `firewall_drops`).
@@ -107,6 +109,13 @@ pub struct Aggregate {
     pub malformed: u64,
     /// job_end records whose start could not be found (no `started`, no `job_start` seen).
     pub unmatched_ends: u64,
+    /// Successful job_start records (passing the filters, before `until`) that no job_end or
+    /// teardown_failed closed: jobs still running, or whose end was not recorded. Their slice
+    /// time is not counted.
+    pub open_starts: u64,
+    /// "no journal" job_end records that closed no started job (the epilog of a denied or
+    /// rolled-back job, or a second epilog run); not counted as job ends.
+    pub no_journal_ends: u64,
 }
 
 /// The fields the report needs; everything else in a line is skipped.
@@ -138,24 +147,28 @@ struct Row<'a> {
     started: Option<Cow<'a, str>>,
     #[serde(default)]
     firewall_drops: Option<u64>,
+    #[serde(default, borrow)]
+    reason: Option<Cow<'a, str>>,
 }
 
 struct Pending {
     start: DateTime<Utc>,
     profile: Option<String>,
     slices: Option<u32>,
+    /// Passed the tenant/user/node filters: an open start is only worth a warning then.
+    selected: bool,
 }
 
 /// Streaming aggregator: feed lines, then [`Aggregator::finish`].
 pub struct Aggregator {
     q: Query,
-    groups: HashMap<String, Figures>,
+    /// Keyed by one value per `by` entry, kept apart: any separator could be in a value.
+    groups: HashMap<Vec<String>, Figures>,
     pending: HashMap<(String, String, u64), Pending>,
-    key: String,
+    /// The key being built, its strings reused from record to record.
+    key: Vec<String>,
     out: Aggregate,
 }
-
-const SEP: char = '\u{1f}';
 
 impl Aggregator {
     pub fn new(q: Query) -> Self {
@@ -167,7 +180,7 @@ impl Aggregator {
             q,
             groups: HashMap::new(),
             pending: HashMap::new(),
-            key: String::new(),
+            key: Vec::new(),
         }
     }
 
@@ -177,12 +190,9 @@ impl Aggregator {
 
     fn build_key(&mut self, r: &Row, profile: Option<&str>, t: DateTime<Utc>) {
         use std::fmt::Write as _;
-        self.key.clear();
-        for (i, g) in self.q.by.iter().enumerate() {
-            if i > 0 {
-                self.key.push(SEP);
-            }
-            let k = &mut self.key;
+        self.key.resize_with(self.q.by.len(), String::new);
+        for (k, g) in self.key.iter_mut().zip(&self.q.by) {
+            k.clear();
             match g {
                 GroupBy::Tenant => k.push_str(r.tenant.as_deref().unwrap_or("-")),
                 GroupBy::Tier => k.push_str(r.tier.as_deref().unwrap_or("-")),
@@ -200,10 +210,10 @@ impl Aggregator {
     }
 
     fn figures_mut(&mut self) -> &mut Figures {
-        if !self.groups.contains_key(self.key.as_str()) {
+        if !self.groups.contains_key(self.key.as_slice()) {
             self.groups.insert(self.key.clone(), Figures::default());
         }
-        self.groups.get_mut(self.key.as_str()).expect("inserted")
+        self.groups.get_mut(self.key.as_slice()).expect("inserted")
     }
 
     /// Feeds one stored line (without `\n`). Malformed lines are counted and skipped.
@@ -224,8 +234,13 @@ impl Aggregator {
             list.is_empty() || v.is_some_and(|v| list.iter().any(|x| x == v))
         };
         let event = r.event.as_ref();
+        let selected = pass(&self.q.tenants, r.tenant.as_deref())
+            && pass(&self.q.users, Some(&r.user))
+            && pass(&self.q.nodes, Some(&r.node));
         // Pair bookkeeping happens before filtering so that a start before --since still counts.
         let mut pend = None;
+        // A failed teardown ends the job too: it no longer runs, and its slices must be billed.
+        let closes = event == "job_end" || event == "teardown_failed";
         match event {
             "job_start" if r.outcome == "success" => {
                 if let Some(id) = r.job_id {
@@ -235,11 +250,12 @@ impl Aggregator {
                             start: t,
                             profile: r.profile.as_deref().map(str::to_string),
                             slices: r.compute_slices,
+                            selected,
                         },
                     );
                 }
             }
-            "job_end" => {
+            _ if closes => {
                 if let Some(id) = r.job_id {
                     // lookup by borrowed parts without allocating when absent
                     if !self.pending.is_empty() {
@@ -251,13 +267,10 @@ impl Aggregator {
             }
             _ => {}
         }
-        if !pass(&self.q.tenants, r.tenant.as_deref())
-            || !pass(&self.q.users, Some(&r.user))
-            || !pass(&self.q.nodes, Some(&r.node))
-        {
+        if !selected {
             return;
         }
-        if event == "job_end" {
+        if closes {
             let start = match r.started.as_deref().map(ts::parse) {
                 Some(Ok(s)) => Some(s),
                 _ => pend.as_ref().map(|p| p.start),
@@ -274,14 +287,29 @@ impl Aggregator {
                 .compute_slices
                 .or(pend.as_ref().and_then(|p| p.slices))
                 .unwrap_or(0) as u64;
+            let is_end = event == "job_end";
+            // The epilog (node/src/spine.rs) writes this when the prolog made nothing: a denied
+            // job, or a second epilog run. It ends no job of its own.
+            if is_end
+                && start.is_none()
+                && r.reason
+                    .as_deref()
+                    .is_some_and(|w| w.starts_with("no journal"))
+            {
+                self.out.no_journal_ends += 1;
+                return;
+            }
             if self.in_window(t) {
                 self.build_key(&r, profile, t);
                 let f = self.figures_mut();
-                f.job_ends += 1;
+                f.job_ends += u64::from(is_end);
+                f.teardown_failures += u64::from(!is_end);
                 f.firewall_drops += r.firewall_drops.unwrap_or(0);
             }
             match start {
-                None => self.out.unmatched_ends += 1,
+                // A teardown_failed of a job that never started (a prolog's) closes nothing.
+                None if is_end => self.out.unmatched_ends += 1,
+                None => {}
                 Some(s) if s < t => {
                     let mut lo = s;
                     let mut hi = t;
@@ -317,15 +345,14 @@ impl Aggregator {
         if !self.in_window(t) {
             return;
         }
-        let (jobs, denied, rollbacks, teardown) = match event {
-            "job_start" => (u64::from(r.outcome == "success"), 0, 0, 0),
-            "job_denied" => (0, 1, 0, 0),
-            "rollback" => (0, 0, 1, 0),
-            "teardown_failed" => (0, 0, 0, 1),
-            _ => (0, 0, 0, 0),
+        let (jobs, denied, rollbacks) = match event {
+            "job_start" => (u64::from(r.outcome == "success"), 0, 0),
+            "job_denied" => (0, 1, 0),
+            "rollback" => (0, 0, 1),
+            _ => (0, 0, 0),
         };
         let drops = r.firewall_drops.unwrap_or(0);
-        if jobs + denied + rollbacks + teardown + drops == 0 {
+        if jobs + denied + rollbacks + drops == 0 {
             return;
         }
         let profile = r.profile.as_deref().map(str::to_string);
@@ -334,7 +361,6 @@ impl Aggregator {
         f.jobs += jobs;
         f.denied += denied;
         f.rollbacks += rollbacks;
-        f.teardown_failures += teardown;
         f.firewall_drops += drops;
     }
 
@@ -344,14 +370,15 @@ impl Aggregator {
     }
 
     pub fn finish(mut self) -> Aggregate {
+        let until = self.q.until;
+        self.out.open_starts = self
+            .pending
+            .values()
+            .filter(|p| p.selected && until.is_none_or(|u| p.start < u))
+            .count() as u64;
         for (k, f) in self.groups {
             self.out.total.add(&f);
-            let key: Vec<String> = if self.q.by.is_empty() {
-                Vec::new()
-            } else {
-                k.split(SEP).map(str::to_string).collect()
-            };
-            self.out.groups.insert(key, f);
+            self.out.groups.insert(k, f);
         }
         self.out
     }
@@ -557,6 +584,12 @@ pub fn run_report(args: ReportArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "report: warning: {} job_end record(s) without a start time; their slice-hours are not counted",
             agg.unmatched_ends
+        );
+    }
+    if agg.open_starts > 0 {
+        eprintln!(
+            "report: warning: {} job_start record(s) without an end (still running, or the end was not recorded); their slice-hours are not counted",
+            agg.open_starts
         );
     }
     let mut out = std::io::stdout().lock();

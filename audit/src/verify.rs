@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::anchor::AnchorSet;
+use crate::anchor::{AnchorSet, NodeAnchors, Origin};
 use crate::record::{check_line_hash, LineHash, Record, GENESIS};
 use crate::{expand_paths, Format};
 
@@ -42,6 +42,13 @@ pub enum FindingKind {
         anchor_hash: String,
         log_hash: String,
         anchor: String,
+    },
+    /// Different hashes anchored for one seq: one anchor is forged, or the log was rewritten
+    /// (cut and grown again) between them.
+    ConflictingAnchors {
+        seq: u64,
+        hashes: Vec<String>,
+        anchors: Vec<String>,
     },
 }
 
@@ -108,6 +115,17 @@ impl std::fmt::Display for Finding {
                 f,
                 "chain rewritten: record seq {seq} hashes to {log_hash} but anchor {anchor} says {anchor_hash}"
             ),
+            FindingKind::ConflictingAnchors {
+                seq,
+                hashes,
+                anchors,
+            } => {
+                write!(f, "conflicting anchors for seq {seq}:")?;
+                for (h, a) in hashes.iter().zip(anchors) {
+                    write!(f, " {h} ({a})")?;
+                }
+                write!(f, "; one is forged or the log was rewritten")
+            }
         }
     }
 }
@@ -152,7 +170,9 @@ struct ChainState<'a> {
     last_seq: u64,
     last_hash: String,
     records: u64,
-    anchor: Option<&'a crate::anchor::Anchor>,
+    /// Every anchor of this node: each is checked against the record with its seq.
+    anchors: Option<&'a NodeAnchors>,
+    set: &'a AnchorSet,
     /// indices into report.findings of open gaps: (index, expected, found)
     gaps: Vec<(usize, u64, u64)>,
     findings: Vec<Finding>,
@@ -165,6 +185,40 @@ impl ChainState<'_> {
         self.total += 1;
         if self.findings.len() < self.max {
             self.findings.push(f);
+        }
+    }
+
+    fn conflict(&self, seq: u64, found: &[(&[u8; 32], Origin)]) -> FindingKind {
+        FindingKind::ConflictingAnchors {
+            seq,
+            hashes: found.iter().map(|(h, _)| hex::encode(h)).collect(),
+            anchors: found.iter().map(|(_, o)| self.set.source(*o)).collect(),
+        }
+    }
+
+    /// Checks every anchor of `seq` against its record's `hash`; `mk` places a finding there.
+    fn check_anchors(&mut self, seq: u64, hash: &str, mk: impl Fn(FindingKind) -> Finding) {
+        let Some(na) = self.anchors else { return };
+        if na.at(seq).next().is_none() {
+            return;
+        }
+        let found: Vec<_> = na.at(seq).collect();
+        if found.len() > 1 {
+            let f = mk(self.conflict(seq, &found));
+            self.push(f);
+        }
+        let mut log = [0u8; 32];
+        let log_ok = hex::decode_to_slice(hash, &mut log).is_ok();
+        for (h, o) in found {
+            if !log_ok || *h != log {
+                let f = mk(FindingKind::AnchorMismatch {
+                    seq,
+                    anchor_hash: hex::encode(h),
+                    log_hash: hash.to_string(),
+                    anchor: self.set.source(o),
+                });
+                self.push(f);
+            }
         }
     }
 }
@@ -217,7 +271,8 @@ pub fn verify_paths(
             last_seq: 0,
             last_hash: GENESIS.to_string(),
             records: 0,
-            anchor: anchors.by_node.get(&node),
+            anchors: anchors.node(&node),
+            set: anchors,
             gaps: Vec::new(),
             findings: Vec::new(),
             total: 0,
@@ -228,18 +283,34 @@ pub fn verify_paths(
             let lines = check_file(path, &cluster, &node, &mut st)?;
             last_pos = (path.clone(), lines);
         }
-        if let Some(a) = st.anchor {
-            if a.seq > st.last_seq {
+        let newest = st
+            .anchors
+            .and_then(|na| na.newest().map(|(s, _, o)| (s, o)));
+        if let Some((anchor_seq, o)) = newest.filter(|(s, _)| *s > st.last_seq) {
+            st.push(Finding {
+                node: st.key.clone(),
+                file: last_pos.0.clone(),
+                line: last_pos.1 + 1,
+                seq: Some(st.last_seq + 1),
+                kind: FindingKind::TruncatedTail {
+                    last_seq: st.last_seq,
+                    anchor_seq,
+                    anchor: anchors.source(o),
+                },
+            });
+        }
+        // Anchors past the end have no record to be checked against, but may still disagree.
+        if let Some(na) = st.anchors {
+            let past: Vec<_> = na.after(st.last_seq).collect();
+            for run in past.chunk_by(|a, b| a.0 == b.0).filter(|r| r.len() > 1) {
+                let found: Vec<_> = run.iter().map(|(_, h, o)| (*h, *o)).collect();
+                let kind = st.conflict(run[0].0, &found);
                 st.push(Finding {
                     node: st.key.clone(),
                     file: last_pos.0.clone(),
                     line: last_pos.1 + 1,
-                    seq: Some(st.last_seq + 1),
-                    kind: FindingKind::TruncatedTail {
-                        last_seq: st.last_seq,
-                        anchor_seq: a.seq,
-                        anchor: a.source.clone(),
-                    },
+                    seq: Some(run[0].0),
+                    kind,
                 });
             }
         }
@@ -250,7 +321,7 @@ pub fn verify_paths(
             records: st.records,
             last_seq: st.last_seq,
             head_hash: st.last_hash.clone(),
-            anchor_seq: st.anchor.map(|a| a.seq),
+            anchor_seq: newest.map(|(s, _)| s),
             findings: st.total as usize,
         });
         report.total_findings += st.total;
@@ -403,20 +474,7 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
             }
             continue;
         }
-        if let Some(a) = st.anchor {
-            if a.seq == seq && a.hash != hash {
-                let f = mk(
-                    Some(seq),
-                    FindingKind::AnchorMismatch {
-                        seq,
-                        anchor_hash: a.hash.clone(),
-                        log_hash: hash.clone(),
-                        anchor: a.source.clone(),
-                    },
-                );
-                st.push(f);
-            }
-        }
+        st.check_anchors(seq, &hash, |k| mk(Some(seq), k));
         st.last_seq = seq;
         st.last_hash = hash;
         st.records += 1;
@@ -427,8 +485,8 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
 /// `tenancyctl audit verify`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct VerifyArgs {
-    /// Anchor file(s) or syslog file(s) with `node=.. seq=.. hash=..` lines; the newest anchor
-    /// per node detects a cut-off tail.
+    /// Anchor file(s) or syslog file(s) with `node=.. seq=.. hash=..` lines; every anchor is
+    /// checked against the record with its seq, and the newest per node detects a cut-off tail.
     #[arg(long = "anchor", value_name = "FILE")]
     pub anchors: Vec<PathBuf>,
     /// Output format.

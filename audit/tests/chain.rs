@@ -246,10 +246,11 @@ fn cut_tail_detected_only_with_anchor() {
         "a chain alone cannot see a cut tail"
     );
     let mut anchors = AnchorSet::default();
-    // an older anchor first and a syslog-style line: the newest wins
+    // an older anchor (syslog-style line) holds too: the newest tells of the cut
+    let rec3: Record = serde_json::from_str(&lines(&p)[2]).unwrap();
     let older = format!(
         "Nov 29 18:50:00 gpu001 tenancy-audit[42]: {}\n",
-        anchor_line("gpu001", 3, &"a".repeat(64))
+        anchor_line("gpu001", 3, &rec3.hash)
     );
     let mut f = std::fs::OpenOptions::new()
         .append(true)
@@ -312,6 +313,135 @@ fn rewritten_chain_caught_by_anchor() {
     let f = r.first().unwrap();
     assert_eq!(f.line, 5);
     assert!(matches!(f.kind, FindingKind::AnchorMismatch { seq: 5, .. }));
+}
+
+/// Seals every record again after `edit`: a valid chain, with new hashes from the edit on.
+fn rechain(p: &Path, edit: impl Fn(&mut Record)) {
+    let mut prev = GENESIS.to_string();
+    let mut out = Vec::new();
+    for l in lines(p) {
+        let mut r: Record = serde_json::from_str(&l).unwrap();
+        edit(&mut r);
+        let seq = r.seq;
+        let line = r.seal(seq, &prev).unwrap();
+        prev = r.hash.clone();
+        out.push(String::from_utf8(line).unwrap().trim_end().to_string());
+    }
+    write_lines(p, &out);
+}
+
+fn syslog_line(seq: u64, hash: &str) -> String {
+    format!(
+        "Nov 29 18:50:{:02} gpu001 tenancy-audit[42]: {}\n",
+        seq % 60,
+        anchor_line("gpu001", seq, hash)
+    )
+}
+
+fn anchors_from(dir: &Path, syslog: &str) -> AnchorSet {
+    let f = dir.join("syslog");
+    std::fs::write(&f, syslog).unwrap();
+    let mut a = AnchorSet::default();
+    a.read_file(&f).unwrap();
+    a
+}
+
+#[test]
+fn older_anchors_catch_a_rewrite_after_a_newer_head() {
+    // Record 2 edited and the chain re-sealed to the end; the next job end then anchors the
+    // new head normally. Only the anchors older than it still know the old hashes.
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 5);
+    let mut syslog: String = lines(&p)
+        .iter()
+        .map(|l| serde_json::from_str::<Record>(l).unwrap())
+        .map(|r| syslog_line(r.seq, &r.hash))
+        .collect();
+    rechain(&p, |r| {
+        if r.seq == 2 {
+            r.tenant = Some("other".into());
+        }
+    });
+    let a6 = AuditLog::open(&p)
+        .unwrap()
+        .with_fsync(false)
+        .append(&mut rec(6))
+        .unwrap();
+    syslog += &syslog_line(a6.seq, &a6.hash);
+    let r = verify(&p, &anchors_from(dir.path(), &syslog));
+    assert_eq!(r.total_findings, 4, "{:?}", r.findings);
+    for (f, seq) in r.findings.iter().zip(2..) {
+        assert_eq!((f.line, f.seq), (seq, Some(seq)));
+        assert!(
+            matches!(f.kind, FindingKind::AnchorMismatch { seq: s, .. } if s == seq),
+            "{f}"
+        );
+    }
+    assert_eq!(r.nodes[0].anchor_seq, Some(6));
+}
+
+#[test]
+fn cut_and_regrown_tail_caught_by_its_older_anchor() {
+    // Records 3..5 cut, then the log grows past the cut again, each new head anchored.
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 5);
+    let head = AuditLog::open(&p).unwrap().head().unwrap();
+    let mut syslog = syslog_line(5, &head.hash);
+    let mut ls = lines(&p);
+    ls.truncate(2);
+    write_lines(&p, &ls);
+    let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
+    for i in 103..=106 {
+        let a = log.append(&mut rec(i)).unwrap();
+        syslog += &syslog_line(a.seq, &a.hash);
+    }
+    let r = verify(&p, &anchors_from(dir.path(), &syslog));
+    assert_eq!(r.total_findings, 2, "{:?}", r.findings);
+    let (c, m) = (&r.findings[0], &r.findings[1]);
+    assert_eq!((c.line, c.seq, m.line, m.seq), (5, Some(5), 5, Some(5)));
+    match &c.kind {
+        FindingKind::ConflictingAnchors { seq: 5, hashes, .. } => {
+            assert!(hashes.contains(&head.hash), "{c}")
+        }
+        _ => panic!("{c}"),
+    }
+    assert!(
+        matches!(&m.kind, FindingKind::AnchorMismatch { seq: 5, anchor_hash, .. } if *anchor_hash == head.hash),
+        "{m}"
+    );
+}
+
+#[test]
+fn conflicting_anchors_past_the_end_and_a_repeated_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 3);
+    let head = AuditLog::open(&p).unwrap().head().unwrap();
+    // the same anchor in syslog and in the anchor file is one anchor
+    let same = syslog_line(3, &head.hash).repeat(2);
+    let r = verify(&p, &anchors_from(dir.path(), &same));
+    assert!(r.is_clean(), "{:?}", r.findings);
+    let forked = format!(
+        "{same}{}{}",
+        syslog_line(7, &"a".repeat(64)),
+        syslog_line(7, &"b".repeat(64))
+    );
+    let r = verify(&p, &anchors_from(dir.path(), &forked));
+    assert_eq!(r.total_findings, 2, "{:?}", r.findings);
+    assert!(matches!(
+        r.findings[0].kind,
+        FindingKind::TruncatedTail {
+            last_seq: 3,
+            anchor_seq: 7,
+            ..
+        }
+    ));
+    let f = &r.findings[1];
+    assert_eq!((f.line, f.seq), (4, Some(7)));
+    assert!(
+        matches!(&f.kind, FindingKind::ConflictingAnchors { seq: 7, hashes, anchors }
+            if hashes.len() == 2 && anchors[1].ends_with("syslog:4")),
+        "{f}"
+    );
 }
 
 #[test]

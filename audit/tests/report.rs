@@ -12,7 +12,7 @@ use gen::{generate, Truth};
 use tenancy_audit::report::{
     aggregate_paths, parse_month, write_statement, Figures, GroupBy, Query,
 };
-use tenancy_audit::Format;
+use tenancy_audit::{AuditLog, Event, Format, Outcome, Record};
 
 fn write_logs(dir: &std::path::Path, seed: u64, nodes: usize, per_node: usize) -> Vec<Truth> {
     let mut files: Vec<std::io::BufWriter<std::fs::File>> = (0..nodes)
@@ -284,4 +284,147 @@ fn filters_and_cli_args() {
         .filter(|t| matches!(t, Truth::Job { tenant, .. } if tenant == "acme"))
         .count() as u64;
     assert_eq!(agg.groups[&vec!["acme".to_string()]].jobs, jobs);
+}
+
+/// One record as the prolog/epilog write it: job `job` of alice, tenant acme.
+fn job_rec(job: u64, event: Event, outcome: Outcome, t: DateTime<Utc>) -> Record {
+    Record::new(
+        "c1",
+        "gpu001",
+        "alice",
+        2001,
+        event,
+        outcome,
+        "tenancy-epilog",
+    )
+    .job_id(job)
+    .tenant("acme")
+    .time(t)
+}
+
+fn aggregate_records(recs: Vec<Record>, q: Query) -> tenancy_audit::report::Aggregate {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gpu001.audit.jsonl");
+    let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
+    for mut r in recs {
+        log.append(&mut r).unwrap();
+    }
+    aggregate_paths(&[p], q, None).unwrap()
+}
+
+#[test]
+fn teardown_failed_ends_the_job_and_bills_its_slices() {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
+    let h = TimeDelta::hours(1);
+    let start = |job, slices| {
+        job_rec(job, Event::JobStart, Outcome::Success, t0)
+            .profile("2g.35gb")
+            .compute_slices(slices)
+    };
+    let failed = |job, t| job_rec(job, Event::TeardownFailed, Outcome::Failure, t);
+    let agg = aggregate_records(
+        vec![
+            // the epilog could not tear down (hand-off failed): no started/profile in the record
+            start(1, 2),
+            failed(1, t0 + h * 10),
+            // the epilog's teardown_failed carries started, profile and slices itself
+            failed(2, t0 + h * 3)
+                .started(t0 + h)
+                .profile("2g.35gb")
+                .compute_slices(3),
+            // a prolog's teardown_failed (an earlier attempt's journal): no start to close
+            failed(3, t0 + h),
+            // never ended
+            start(4, 1),
+        ],
+        Query {
+            by: vec![GroupBy::Tenant, GroupBy::Profile],
+            ..Default::default()
+        },
+    );
+    let f = agg.groups[&vec!["acme".to_string(), "2g.35gb".to_string()]];
+    assert_eq!(f.slice_ms, (10 + 2) * 3_600_000, "{f:?}");
+    assert_eq!(f.compute_slice_ms, (10 * 2 + 2 * 3) * 3_600_000, "{f:?}");
+    assert_eq!((f.jobs, f.job_ends, f.teardown_failures), (2, 0, 2));
+    assert_eq!(agg.total.teardown_failures, 3);
+    assert_eq!(agg.total.job_ends, 0);
+    assert_eq!(agg.unmatched_ends, 0);
+    assert_eq!(agg.open_starts, 1, "job 4 has no end");
+}
+
+#[test]
+fn no_journal_job_end_is_not_another_job_end() {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
+    let h = TimeDelta::hours(1);
+    // what the epilog writes when it finds no journal (node/src/spine.rs)
+    let no_journal = |job, t| {
+        job_rec(job, Event::JobEnd, Outcome::Success, t)
+            .reason("no journal: the prolog made nothing for this job")
+    };
+    let start = |job| {
+        job_rec(job, Event::JobStart, Outcome::Success, t0)
+            .profile("1g.18gb")
+            .compute_slices(1)
+    };
+    let agg = aggregate_records(
+        vec![
+            // a normal job, then a second epilog run for it
+            start(1),
+            job_rec(1, Event::JobEnd, Outcome::Success, t0 + h)
+                .started(t0)
+                .profile("1g.18gb")
+                .compute_slices(1),
+            no_journal(1, t0 + h * 2),
+            // a denied job: its epilog finds no journal
+            job_rec(2, Event::JobDenied, Outcome::Denied, t0),
+            no_journal(2, t0 + h),
+            // a started job whose journal was lost: its end still ends it
+            start(3),
+            no_journal(3, t0 + h * 4),
+        ],
+        Query {
+            by: vec![GroupBy::Tenant],
+            ..Default::default()
+        },
+    );
+    let f = agg.groups[&vec!["acme".to_string()]];
+    assert_eq!((f.jobs, f.job_ends, f.denied), (2, 2, 1), "{f:?}");
+    assert_eq!(f.slice_ms, (1 + 4) * 3_600_000);
+    assert_eq!(agg.unmatched_ends, 0);
+    assert_eq!(agg.no_journal_ends, 2);
+    assert_eq!(agg.open_starts, 0);
+}
+
+#[test]
+fn group_values_may_hold_any_character() {
+    // U+001F once joined the group key's parts: a user name holding it split into two columns
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
+    let mut r = job_rec(1, Event::JobDenied, Outcome::Denied, t0).profile("1g\u{1f}18gb");
+    r.user = "a\u{1f}b".into();
+    let agg = aggregate_records(
+        vec![r],
+        Query {
+            by: vec![GroupBy::User, GroupBy::Profile],
+            ..Default::default()
+        },
+    );
+    let key = vec!["a\u{1f}b".to_string(), "1g\u{1f}18gb".to_string()];
+    assert_eq!(agg.groups[&key].denied, 1, "{:?}", agg.groups);
+    let write = |format| {
+        let mut out = Vec::new();
+        tenancy_audit::report::write_report(&mut out, &agg, format).unwrap();
+        String::from_utf8(out).unwrap()
+    };
+    let table = write(Format::Table);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("a\u{1f}b ") && l.contains(" 1g\u{1f}18gb ")),
+        "{table}"
+    );
+    let csv = write(Format::Csv);
+    assert!(csv.contains("\na\u{1f}b,1g\u{1f}18gb,0,"), "{csv}");
+    let doc: serde_json::Value = serde_json::from_str(&write(Format::Json)).unwrap();
+    assert_eq!(doc["groups"][0]["user"], "a\u{1f}b");
+    assert_eq!(doc["groups"][0]["profile"], "1g\u{1f}18gb");
 }
