@@ -273,20 +273,23 @@ impl DevicePolicy {
                 })
             };
             let nv = need(drv.majors.nvidia, "nvidia-frontend/nvidia")?;
-            let uvm = need(drv.majors.uvm, "nvidia-uvm")?;
             let caps = need(drv.majors.caps, "nvidia-caps")?;
             push(
                 DeviceClass::char(nv, NVIDIACTL_MINOR, Access::RW),
                 "nvidiactl".into(),
             );
-            push(
-                DeviceClass::char(uvm, UVM_MINOR, Access::RW),
-                "nvidia-uvm".into(),
-            );
-            push(
-                DeviceClass::char(uvm, UVM_TOOLS_MINOR, Access::RW),
-                "nvidia-uvm-tools".into(),
-            );
+            // nvidia-uvm is loaded on first use on some nodes: not registered yet, it is in no
+            // deny list either, so the job reaches it once it is (it separates no tenants).
+            if let Some(uvm) = drv.majors.uvm {
+                push(
+                    DeviceClass::char(uvm, UVM_MINOR, Access::RW),
+                    "nvidia-uvm".into(),
+                );
+                push(
+                    DeviceClass::char(uvm, UVM_TOOLS_MINOR, Access::RW),
+                    "nvidia-uvm-tools".into(),
+                );
+            }
             for s in slices {
                 if s.gpu_minor >= NVIDIA_MODESET_MINOR {
                     return Err(Error::Policy(format!(
@@ -389,6 +392,29 @@ pub(crate) mod tests {
             &["c 1:* rwm".parse().unwrap(), "c 195:254 r".parse().unwrap()],
         )
         .unwrap()
+    }
+
+    /// A node that loads nvidia-uvm on first use registers no uvm major yet: a job with a
+    /// slice still gets its slice (not a failed prolog and a drained node).
+    #[test]
+    fn a_driver_without_uvm_yet_still_gives_a_job_its_slice() {
+        let devs = "Character devices:\n195 nvidia-frontend\n235 nvidia-caps\n";
+        let drv = DriverInfo {
+            majors: NvidiaMajors::parse(devs, Path::new("d")).unwrap(),
+            ..driver()
+        };
+        assert_eq!(drv.majors.uvm, None);
+        let slice = SliceRef {
+            gpu_minor: 0,
+            gi_id: 1,
+            ci_id: 0,
+        };
+        let p = DevicePolicy::for_job(&drv, &[slice], &[]).unwrap();
+        let whys: Vec<&str> = p.allow.iter().map(|r| r.why.as_str()).collect();
+        assert!(whys.contains(&"nvidiactl"), "{whys:?}");
+        assert!(whys.iter().any(|w| w.ends_with("/access")), "{whys:?}");
+        assert!(!whys.iter().any(|w| w.contains("uvm")), "{whys:?}");
+        assert!(!p.deny_majors.contains(&237));
     }
 
     #[test]
