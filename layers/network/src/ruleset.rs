@@ -6,15 +6,29 @@
 //!   sends packets of sockets created inside `tenancy/<tenant>/...` to the tenant's chain; all
 //!   other sockets (slurmd, root, users outside jobs) match nothing and are accepted by policy.
 //! * `out_<id>`: replies (`ct direction reply`) are accepted only on connections whose ct mark is
-//!   0 (opened by a non-job process or a remote host) or the tenant's own id; the first packet of
-//!   a connection gets `ct mark set <id>` (the sender's tenant); local destinations
-//!   (`fib daddr type local`: loopback and the node's own addresses) are accepted here and judged
-//!   at input; then the tenant's egress list and the cluster's infrastructure list are accepted;
-//!   everything else goes to `deny_<id>`.
+//!   the tenant's own id (a connection a job of the tenant opened, or one `in_<id>` stamped when
+//!   it reached a socket of the tenant): a flow a remote host or a non-job process opened to
+//!   anything else (mark 0) is no way out. The first packet of a connection gets
+//!   `ct mark set <id>` (the sender's tenant). Broadcast and multicast destinations go to
+//!   `deny_<id>` (the kernel delivers them to every socket bound to the port, while the input
+//!   hook judges only the one its lookup finds). Local destinations (`fib daddr type local`:
+//!   loopback and the node's own addresses) are accepted for TCP, UDP and ICMP only and judged
+//!   at input; other protocols (UDP-Lite, SCTP, ...), which the input hook's socket lookup does
+//!   not see, fall through to the egress rules like any destination. Then the tenant's egress
+//!   list and the cluster's infrastructure list are accepted; everything else goes to
+//!   `deny_<id>`.
 //! * `input` (hook input): the receiving socket (listener or connected socket, found by the
-//!   socket lookup of the input hook) is dispatched the same way to `in_<id>`, which accepts
-//!   ct mark 0 or the own id and sends other tenants' connections to the sender's deny chain via
-//!   the `sender_deny` map (so attempts are counted for the tenant that made them).
+//!   socket lookup of the input hook) is dispatched the same way to `in_<id>`, which stamps a new
+//!   flow (ct mark 0: opened by a remote host or a non-job process) with the tenant's id, accepts
+//!   the own id and sends other tenants' connections to the sender's deny chain via the
+//!   `sender_deny` map (so attempts are counted for the tenant that made them).
+//!   A packet whose receiving socket is not a tenant job's (a node daemon, no socket at all, or
+//!   a protocol the lookup does not cover) and whose flow a tenant's job opened
+//!   (`ct direction original`, ct mark = the tenant's id) goes to `local_<id>`: the tenant's
+//!   egress and infrastructure lists are accepted, the rest (a ping of a node address too) goes
+//!   to `deny_<id>`. An established TCP connection is accepted there: its first packet was
+//!   judged, and later ones can meet a request or time-wait socket, whose cgroup the lookup
+//!   cannot read. Flows with ct mark 0 are accepted by policy.
 //! * `deny_<id>`: rate-limited `log prefix "tenancy drop <tenant>: "` and
 //!   `counter name "drop_<tenant>" drop`.
 //!
@@ -23,7 +37,7 @@
 
 use std::fmt::Write;
 
-use crate::{validate_spec, FirewallSpec, Result};
+use crate::{validate_spec, FirewallSpec, Result, TenantNet};
 
 /// Log lines per second per tenant (burst twice that); drops beyond it are counted, not logged.
 pub const LOG_RATE_PER_SEC: u32 = 10;
@@ -73,19 +87,31 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
         let _ = writeln!(w, "\t}}\n");
 
         let _ = writeln!(w, "\tchain out_{id} {{");
-        let _ = writeln!(w, "\t\tct direction reply ct mark {{ 0, {id} }} accept");
+        let _ = writeln!(w, "\t\tct direction reply ct mark {id} accept");
         let _ = writeln!(w, "\t\tct direction reply goto deny_{id}");
         let _ = writeln!(w, "\t\tct mark != {{ 0, {id} }} goto deny_{id}");
         let _ = writeln!(w, "\t\tct mark set {id}");
-        let _ = writeln!(w, "\t\tfib daddr type local accept");
-        for d in t.egress.iter().chain(spec.infrastructure.iter()) {
-            let _ = writeln!(w, "\t\t{} accept", d.nft_match());
-        }
+        let _ = writeln!(
+            w,
+            "\t\tfib daddr type {{ broadcast, multicast }} goto deny_{id}"
+        );
+        let _ = writeln!(
+            w,
+            "\t\tmeta l4proto {{ tcp, udp, icmp, ipv6-icmp }} fib daddr type local accept"
+        );
+        write_allowed(w, spec, t);
+        let _ = writeln!(w, "\t\tgoto deny_{id}");
+        let _ = writeln!(w, "\t}}\n");
+
+        let _ = writeln!(w, "\tchain local_{id} {{");
+        let _ = writeln!(w, "\t\tmeta l4proto tcp ct state established accept");
+        write_allowed(w, spec, t);
         let _ = writeln!(w, "\t\tgoto deny_{id}");
         let _ = writeln!(w, "\t}}\n");
 
         let _ = writeln!(w, "\tchain in_{id} {{");
-        let _ = writeln!(w, "\t\tct mark {{ 0, {id} }} accept");
+        let _ = writeln!(w, "\t\tct mark 0 ct mark set {id} accept");
+        let _ = writeln!(w, "\t\tct mark {id} accept");
         let _ = writeln!(w, "\t\tct mark vmap @sender_deny");
         let _ = writeln!(w, "\t\tgoto deny_{id}");
         let _ = writeln!(w, "\t}}\n");
@@ -113,11 +139,30 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
                 "\t\tsocket cgroupv2 level {level} vmap {{ {} }}",
                 elems.join(", ")
             );
+            if hook == "input" {
+                let elems: Vec<String> = spec
+                    .tenants
+                    .iter()
+                    .map(|t| format!("{} : goto local_{}", t.id, t.id))
+                    .collect();
+                let _ = writeln!(
+                    w,
+                    "\t\tct direction original ct mark vmap {{ {} }}",
+                    elems.join(", ")
+                );
+            }
         }
         let _ = writeln!(w, "\t}}{}", if hook == "output" { "\n" } else { "" });
     }
     let _ = writeln!(w, "}}");
     Ok(s)
+}
+
+/// Accept rules for the tenant's egress list and the cluster's infrastructure list.
+fn write_allowed(w: &mut String, spec: &FirewallSpec, t: &TenantNet) {
+    for d in t.egress.iter().chain(spec.infrastructure.iter()) {
+        let _ = writeln!(w, "\t\t{} accept", d.nft_match());
+    }
 }
 
 /// The full transaction [`crate::apply`] feeds to `nft -f -`: create-if-missing, delete, and

@@ -1,5 +1,6 @@
 //! Root integration tests: real nft tables in private network namespaces, real cgroup v2
-//! job directories, real TCP/UDP probes placed in them (as uid 65534 for both tenants).
+//! job directories, real TCP, UDP and UDP-Lite probes placed in them (as uid 65534 for both
+//! tenants).
 //! Only addresses inside the namespaces created here are used.
 
 mod common;
@@ -37,6 +38,65 @@ fn spec(tree: &CgroupTree) -> FirewallSpec {
     }
 }
 
+/// Node namespace N (the firewall is loaded there) and "remote host" R on a veth pair:
+/// N is 10.77.0.1/24 (broadcast 10.77.0.255, multicast routed to the veth), R holds
+/// 10.77.1.2 (in a's egress list), 10.77.2.2 (in no list) and 10.77.3.2 (infrastructure).
+fn topology(node_prefix: &str, remote_prefix: &str) -> (Netns, Netns) {
+    let node = Netns::new(node_prefix);
+    let remote = Netns::new(remote_prefix);
+    let (v0, v1) = (unique("tv"), unique("tv"));
+    node.ip(&[
+        "link",
+        "add",
+        &v0,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &v1,
+        "netns",
+        &remote.name,
+    ]);
+    node.ip(&["addr", "add", "10.77.0.1/24", "brd", "+", "dev", &v0]);
+    node.ip(&["link", "set", &v0, "up"]);
+    node.ip(&["route", "add", "10.77.0.0/16", "dev", &v0]);
+    node.ip(&["route", "add", "224.0.0.0/4", "dev", &v0]);
+    for a in ["10.77.1.2/24", "10.77.2.2/24", "10.77.3.2/24"] {
+        remote.ip(&["addr", "add", a, "dev", &v1]);
+    }
+    remote.ip(&["link", "set", &v1, "up"]);
+    remote.ip(&["route", "add", "10.77.0.0/24", "dev", &v1]);
+    (node, remote)
+}
+
+/// One datagram case: a `dgram-recv` probe, then a `dgram-send` probe; what each reported.
+struct Dgram<'a> {
+    name: &'a str,
+    recv: &'a str,
+    recv_cg: Option<&'a std::path::Path>,
+    recv_ns: Option<&'a Netns>,
+    send: &'a str,
+    send_cg: Option<&'a std::path::Path>,
+    /// (receiver, sender): Timeout = nothing arrived; Denied = the output hook refused it.
+    want: (Outcome, Outcome),
+}
+
+fn run_dgram_cases(cases: &[Dgram]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for c in cases {
+        let r = start_receiver(c.recv, c.recv_cg, c.recv_ns);
+        let sent = client(c.send, c.send_cg);
+        let got = (received(r), sent);
+        if got != c.want {
+            failures.push(format!(
+                "{}: [{}] <- [{}]: got (received, sent) {got:?}, want {:?}",
+                c.name, c.recv, c.send, c.want
+            ));
+        }
+    }
+    failures
+}
+
 fn drops(spec: &FirewallSpec, tenant: &str) -> u64 {
     counters(spec)
         .unwrap()
@@ -51,30 +111,7 @@ fn tenants_are_isolated_and_egress_is_filtered() {
     if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
         return;
     }
-    // Node namespace N (firewall loaded here) and "remote host" R on a veth pair.
-    let node = Netns::new("tnwn");
-    let remote = Netns::new("tnwr");
-    let (v0, v1) = (unique("tv"), unique("tv"));
-    node.ip(&[
-        "link",
-        "add",
-        &v0,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &v1,
-        "netns",
-        &remote.name,
-    ]);
-    node.ip(&["addr", "add", "10.77.0.1/24", "dev", &v0]);
-    node.ip(&["link", "set", &v0, "up"]);
-    node.ip(&["route", "add", "10.77.0.0/16", "dev", &v0]);
-    for a in ["10.77.1.2/24", "10.77.2.2/24", "10.77.3.2/24"] {
-        remote.ip(&["addr", "add", a, "dev", &v1]);
-    }
-    remote.ip(&["link", "set", &v1, "up"]);
-    remote.ip(&["route", "add", "10.77.0.0/24", "dev", &v1]);
+    let (node, remote) = topology("tnwn", "tnwr");
 
     let tree = CgroupTree::new("tnw-test-");
     let spec = spec(&tree);
@@ -240,4 +277,281 @@ fn add_job_fails_closed_when_table_missing_or_tenant_recreated() {
         add_job(&spec, "b", 3).unwrap();
         remove_job(&spec, "b", 3).unwrap();
     });
+}
+
+/// Protocols the input hook's socket lookup does not see (UDP-Lite here; SCTP alike) are not
+/// accepted to local addresses by the output chain: they follow the egress list there, so
+/// another tenant's UDP-Lite socket on the node is out of reach and the send fails at once.
+#[test]
+fn udplite_to_local_addresses_follows_the_egress_list() {
+    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+        return;
+    }
+    let (node, _remote) = topology("tnw1n", "tnw1r");
+    let tree = CgroupTree::new("tnw-test-");
+    let spec = spec(&tree);
+    in_netns(&node, move || {
+        apply(&spec).unwrap();
+        let a1 = add_job(&spec, "a", 31).unwrap().cgroup_path;
+        let a2 = add_job(&spec, "a", 32).unwrap().cgroup_path;
+        let b1 = add_job(&spec, "b", 33).unwrap().cgroup_path;
+        let (a, a2, b) = (Some(a1.as_path()), Some(a2.as_path()), Some(b1.as_path()));
+        use Outcome::*;
+        let case = |name, recv, send, send_cg, want| Dgram {
+            name,
+            recv,
+            recv_cg: a,
+            recv_ns: None,
+            send,
+            send_cg,
+            want,
+        };
+        let before = drops(&spec, "b");
+        let failures = run_dgram_cases(&[
+            case(
+                "b->a udplite lo",
+                "dgram-recv udplite 0.0.0.0:5101",
+                "dgram-send udplite 127.0.0.1:5101",
+                b,
+                (Timeout, Denied),
+            ),
+            case(
+                "b->a udplite node addr",
+                "dgram-recv udplite 0.0.0.0:5102",
+                "dgram-send udplite 10.77.0.1:5102",
+                b,
+                (Timeout, Denied),
+            ),
+            case(
+                "b->a udplite ::1",
+                "dgram-recv udplite [::]:5103",
+                "dgram-send udplite [::1]:5103",
+                b,
+                (Timeout, Denied),
+            ),
+            // controls: the probe and the protocol work; UDP still goes through the input hook
+            case(
+                "root->a udplite lo",
+                "dgram-recv udplite 0.0.0.0:5104",
+                "dgram-send udplite 127.0.0.1:5104",
+                None,
+                (Ok, Ok),
+            ),
+            case(
+                "a->a udp lo",
+                "dgram-recv udp 0.0.0.0:5105",
+                "dgram-send udp 127.0.0.1:5105",
+                a2,
+                (Ok, Ok),
+            ),
+            case(
+                "b->a udp lo (dropped at input)",
+                "dgram-recv udp 0.0.0.0:5106",
+                "dgram-send udp 127.0.0.1:5106",
+                b,
+                (Timeout, Ok),
+            ),
+        ]);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        assert!(drops(&spec, "b") >= before + 9, "drop_b");
+    });
+}
+
+/// The kernel hands a broadcast or multicast datagram to every socket bound to the port, while
+/// the input hook judges only the one socket its lookup finds (here b's own sender, bound to
+/// the port after a's receiver): a job may send neither, even where its egress list covers the
+/// address (b's here: the node's subnet and a multicast range).
+#[test]
+fn broadcast_and_multicast_from_a_job_are_denied() {
+    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+        return;
+    }
+    let (node, _remote) = topology("tnw2n", "tnw2r");
+    let tree = CgroupTree::new("tnw-test-");
+    let mut spec = spec(&tree);
+    spec.tenants[1].egress = vec![
+        Dest::parse("10.77.0.0/24").unwrap(),
+        Dest::parse("239.0.0.0/8").unwrap(),
+    ];
+    in_netns(&node, move || {
+        apply(&spec).unwrap();
+        let a1 = add_job(&spec, "a", 41).unwrap().cgroup_path;
+        let b1 = add_job(&spec, "b", 42).unwrap().cgroup_path;
+        let (a, b) = (Some(a1.as_path()), Some(b1.as_path()));
+        use Outcome::*;
+        let case = |name, recv, send, send_cg, want| Dgram {
+            name,
+            recv,
+            recv_cg: a,
+            recv_ns: None,
+            send,
+            send_cg,
+            want,
+        };
+        let failures = run_dgram_cases(&[
+            case(
+                "b->a subnet broadcast, b bound to the port",
+                "dgram-recv udp 0.0.0.0:5201 reuse",
+                "dgram-send udp 10.77.0.255:5201 bind=0.0.0.0:5201",
+                b,
+                (Timeout, Denied),
+            ),
+            case(
+                "b->a multicast, b bound to the port",
+                "dgram-recv udp 0.0.0.0:5202 reuse join=239.7.7.7@10.77.0.1",
+                "dgram-send udp 239.7.7.7:5202 bind=0.0.0.0:5202",
+                b,
+                (Timeout, Denied),
+            ),
+            // controls: a non-job process reaches the same receivers the same way
+            case(
+                "root->a subnet broadcast",
+                "dgram-recv udp 0.0.0.0:5203 reuse",
+                "dgram-send udp 10.77.0.255:5203 bind=0.0.0.0:5203",
+                None,
+                (Ok, Ok),
+            ),
+            case(
+                "root->a multicast",
+                "dgram-recv udp 0.0.0.0:5204 reuse join=239.7.7.7@10.77.0.1",
+                "dgram-send udp 239.7.7.7:5204 bind=0.0.0.0:5204",
+                None,
+                (Ok, Ok),
+            ),
+        ]);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    });
+}
+
+/// A connection a job opens to a node-local socket that is no tenant job's (a daemon, root's
+/// listener) is judged by the tenant's egress and infrastructure lists at input, like one to
+/// another host; connections between jobs of a tenant and from outside to a job still work.
+#[test]
+fn node_local_services_are_reached_only_through_the_egress_list() {
+    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+        return;
+    }
+    let (node, remote) = topology("tnw3n", "tnw3r");
+    // Node addresses inside a's egress CIDR and inside the infrastructure CIDR.
+    node.ip(&["addr", "add", "10.77.1.1/32", "dev", "lo"]);
+    node.ip(&["addr", "add", "10.77.3.1/32", "dev", "lo"]);
+    let tree = CgroupTree::new("tnw-test-");
+    let spec = spec(&tree);
+    let remote = in_netns(&node, move || {
+        let mut procs = Procs::default();
+        apply(&spec).unwrap();
+        let a1 = add_job(&spec, "a", 51).unwrap().cgroup_path;
+        let a2 = add_job(&spec, "a", 52).unwrap().cgroup_path;
+        let b1 = add_job(&spec, "b", 53).unwrap().cgroup_path;
+        // Node daemons (root, outside any tenant cgroup) on every local address.
+        start_listener(&mut procs, "tcp-listen [::]:7001", None, None);
+        start_listener(&mut procs, "udp-listen 0.0.0.0:7302", None, None);
+        start_listener(&mut procs, "tcp-listen 0.0.0.0:5301", Some(&a1), None);
+        let (a, b) = (Some(a2.as_path()), Some(b1.as_path()));
+        use Outcome::*;
+        let cases: Vec<(&str, Option<&std::path::Path>, &str, Outcome)> = vec![
+            ("a->daemon lo", a, "tcp 127.0.0.1:7001", Timeout),
+            ("a->daemon node addr", a, "tcp 10.77.0.1:7001", Timeout),
+            ("a->daemon ::1", a, "tcp [::1]:7001", Timeout),
+            ("a->daemon lo udp", a, "udp 127.0.0.1:7302", Timeout),
+            ("b->daemon lo", b, "tcp 127.0.0.1:7001", Timeout),
+            ("b->daemon in a's egress", b, "tcp 10.77.1.1:7001", Timeout),
+            // allowed by the lists
+            ("a->daemon in a's egress", a, "tcp 10.77.1.1:7001", Ok),
+            ("a->daemon in infrastructure", a, "tcp 10.77.3.1:7001", Ok),
+            (
+                "b->daemon in infrastructure udp",
+                b,
+                "udp 10.77.3.1:7302",
+                Ok,
+            ),
+            // unchanged: same tenant, non-job processes
+            ("a->a node addr", a, "tcp 10.77.0.1:5301", Ok),
+            ("root->daemon lo", None, "tcp 127.0.0.1:7001", Ok),
+            ("root->a lo", None, "tcp 127.0.0.1:5301", Ok),
+        ];
+        let before = drops(&spec, "a");
+        let mut failures = Vec::new();
+        for (name, cg, args, want) in &cases {
+            let got = client(args, *cg);
+            if got != *want {
+                failures.push(format!("{name}: {args}: got {got:?}, want {want:?}"));
+            }
+        }
+        // A remote host opens a connection to a job's listener (its handshake's last ACK
+        // meets a request socket, whose cgroup the lookup cannot read).
+        let got = client_in("tcp 10.77.0.1:5301", None, Some(&remote));
+        if got != Ok {
+            failures.push(format!("remote->a listener: got {got:?}, want Ok"));
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        assert!(drops(&spec, "a") >= before + 4, "drop_a");
+        drop(procs);
+        remote
+    });
+    drop(remote);
+}
+
+/// A flow that a remote host or a non-job process opened (here datagrams to a port where
+/// nothing listened yet) is no way out for a job that binds that port later: replies leave a
+/// job only on flows of its own tenant. A host that reaches a job's socket still gets answers.
+#[test]
+fn a_flow_opened_from_outside_is_no_way_out_for_a_job() {
+    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+        return;
+    }
+    let (node, remote) = topology("tnw4n", "tnw4r");
+    let tree = CgroupTree::new("tnw-test-");
+    let spec = spec(&tree);
+    let remote = in_netns(&node, move || {
+        let mut procs = Procs::default();
+        apply(&spec).unwrap();
+        let a1 = add_job(&spec, "a", 61).unwrap().cgroup_path;
+        let a2 = add_job(&spec, "a", 62).unwrap().cgroup_path;
+        let a = Some(a2.as_path());
+        use Outcome::*;
+        // 10.77.2.2 is in no list of a's; nothing listens on 6402 / 6406 when the seeds come.
+        let failures = run_dgram_cases(&[
+            Dgram {
+                name: "remote seeds node:6402, then a replies from 6402",
+                recv: "dgram-recv udp 10.77.2.2:6401 seed=10.77.0.1:6402",
+                recv_cg: None,
+                recv_ns: Some(&remote),
+                send: "dgram-send udp 10.77.2.2:6401 bind=0.0.0.0:6402",
+                send_cg: a,
+                want: (Timeout, Denied),
+            },
+            Dgram {
+                name: "root seeds 127.0.0.1:6406, then a replies from 6406",
+                recv: "dgram-recv udp 127.0.0.1:6405 seed=127.0.0.1:6406",
+                recv_cg: None,
+                recv_ns: None,
+                send: "dgram-send udp 127.0.0.1:6405 bind=127.0.0.1:6406",
+                send_cg: a,
+                want: (Timeout, Denied),
+            },
+        ]);
+        // Inbound to a job's sockets: the job's answers go back (the flow carries a's mark).
+        start_listener(&mut procs, "udp-listen 0.0.0.0:6403", Some(&a1), None);
+        start_listener(&mut procs, "tcp-listen 0.0.0.0:6404", Some(&a1), None);
+        let mut failures = failures;
+        for (args, ns) in [
+            ("udp 10.77.0.1:6403", Some(&remote)),
+            ("tcp 10.77.0.1:6404", Some(&remote)),
+            ("udp 127.0.0.1:6403", None),
+            ("tcp 127.0.0.1:6404", None),
+        ] {
+            let got = client_in(args, None, ns);
+            if got != Ok {
+                failures.push(format!(
+                    "{args} from {ns:?}: got {got:?}, want Ok",
+                    ns = ns.map(|n| &n.name)
+                ));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        drop(procs);
+        remote
+    });
+    drop(remote);
 }

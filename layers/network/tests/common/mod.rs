@@ -233,23 +233,63 @@ pub enum Outcome {
     /// TCP connected but the echo never came back.
     NoReply,
     Refused,
+    /// A datagram's send failed with EPERM: the output hook dropped it.
+    Denied,
     Other(i32),
 }
 
-/// Run a client probe ("tcp ADDR" / "udp ADDR") and report how it went.
-pub fn client(args: &str, cgroup: Option<&Path>) -> Outcome {
-    let st = probe_cmd(args, cgroup, None, cgroup.map(|_| JOB_UID))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
+fn outcome(st: std::process::ExitStatus) -> Outcome {
     match st.code() {
         Some(0) => Outcome::Ok,
         Some(11) => Outcome::Timeout,
         Some(12) => Outcome::Refused,
         Some(15) => Outcome::NoReply,
+        Some(16) => Outcome::Denied,
         c => Outcome::Other(c.unwrap_or(-1)),
     }
 }
+
+/// Run a client probe ("tcp ADDR" / "udp ADDR") and report how it went.
+pub fn client(args: &str, cgroup: Option<&Path>) -> Outcome {
+    client_in(args, cgroup, None)
+}
+
+/// [`client`] run in `netns` (through nsenter) instead of the calling thread's namespace.
+pub fn client_in(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>) -> Outcome {
+    let st = probe_cmd(args, cgroup, netns, cgroup.map(|_| JOB_UID))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    outcome(st)
+}
+
+/// Start a `dgram-recv` probe and return it once its socket is bound (READY); [`received`]
+/// then tells whether a datagram reached it.
+pub fn start_receiver(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>) -> Child {
+    let mut child = probe_cmd(args, cgroup, netns, cgroup.map(|_| JOB_UID))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut r = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = r.read_line(&mut line).unwrap();
+        assert!(n > 0, "receiver {args} exited before READY");
+        if line.trim_end().ends_with("READY") {
+            break;
+        }
+    }
+    child
+}
+
+/// Ok: the receiver got a datagram within [`RECV_WINDOW`]; Timeout: it got none.
+pub fn received(mut child: Child) -> Outcome {
+    outcome(child.wait().unwrap())
+}
+
+/// How long a `dgram-recv` probe waits for a datagram once bound.
+pub const RECV_WINDOW: Duration = Duration::from_millis(2500);
 
 pub const CLIENT_TIMEOUT: Duration = Duration::from_millis(800);
 pub const LISTENER_LIFETIME: Duration = Duration::from_secs(120);
@@ -258,12 +298,17 @@ pub const LISTENER_LIFETIME: Duration = Duration::from_secs(120);
 pub fn probe_main(spec: &str) -> ! {
     let mut it = spec.split_whitespace();
     let mode = it.next().unwrap_or("");
-    let addr: SocketAddr = it.next().unwrap_or("").parse().expect("probe address");
     // Watchdog: no probe outlives a stuck test.
     std::thread::spawn(|| {
         std::thread::sleep(LISTENER_LIFETIME);
         std::process::exit(14);
     });
+    if mode.starts_with("dgram-") {
+        let proto = it.next().unwrap_or("");
+        let addr: SocketAddr = it.next().unwrap_or("").parse().expect("probe address");
+        std::process::exit(dgram_probe(mode, proto, addr, it.collect()));
+    }
+    let addr: SocketAddr = it.next().unwrap_or("").parse().expect("probe address");
     let code = match mode {
         "tcp-listen" => {
             let l = TcpListener::bind(addr).expect("bind");
@@ -348,6 +393,104 @@ pub fn probe_main(spec: &str) -> ! {
         m => panic!("unknown probe mode {m:?}"),
     };
     std::process::exit(code)
+}
+
+/// Datagram probes over UDP or UDP-Lite (`PROTO` = udp | udplite):
+///
+/// * `dgram-recv PROTO ADDR [reuse] [seed=ADDR] [join=GROUP@IFADDR]`: binds ADDR (SO_REUSEADDR
+///   with `reuse`), joins an IPv4 multicast group, sends five datagrams to the `seed` address
+///   from the bound socket, prints READY and waits [`RECV_WINDOW`] for a datagram: 0 when one
+///   came, 11 when none did.
+/// * `dgram-send PROTO ADDR [bind=ADDR]`: sends three datagrams (SO_BROADCAST set; from ADDR,
+///   with SO_REUSEADDR, with `bind`): 0 when all were sent, 16 when the output hook refused
+///   one (EPERM), 13 on another error.
+fn dgram_probe(mode: &str, proto: &str, addr: SocketAddr, opts: Vec<&str>) -> i32 {
+    use rustix::net::{ipproto, sockopt, AddressFamily, SocketFlags, SocketType};
+    let udp = |a: &SocketAddr| -> UdpSocket {
+        let family = if a.is_ipv4() {
+            AddressFamily::INET
+        } else {
+            AddressFamily::INET6
+        };
+        let p = match proto {
+            "udp" => ipproto::UDP,
+            "udplite" => ipproto::UDPLITE,
+            p => panic!("unknown datagram protocol {p:?}"),
+        };
+        let fd = rustix::net::socket_with(family, SocketType::DGRAM, SocketFlags::CLOEXEC, Some(p))
+            .expect("socket");
+        UdpSocket::from(fd)
+    };
+    let opt = |name: &str| {
+        opts.iter()
+            .find_map(|o| o.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+    };
+    match mode {
+        "dgram-recv" => {
+            let u = udp(&addr);
+            if opts.contains(&"reuse") {
+                sockopt::set_socket_reuseaddr(&u, true).unwrap();
+            }
+            rustix::net::bind(&u, &addr).expect("bind");
+            if let Some(j) = opt("join") {
+                let (group, ifaddr) = j.split_once('@').expect("join=GROUP@IFADDR");
+                u.join_multicast_v4(&group.parse().unwrap(), &ifaddr.parse().unwrap())
+                    .expect("join");
+            }
+            if let Some(seed) = opt("seed") {
+                let seed: SocketAddr = seed.parse().expect("seed address");
+                for _ in 0..5 {
+                    let _ = u.send_to(b"seed", seed);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            println!("READY");
+            let _ = std::io::stdout().flush();
+            let deadline = std::time::Instant::now() + RECV_WINDOW;
+            let mut buf = [0u8; 64];
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return 11;
+                }
+                u.set_read_timeout(Some(left)).unwrap();
+                match u.recv_from(&mut buf) {
+                    // (stdout is closed by now: the test stopped reading at READY)
+                    Ok(_) => return 0,
+                    // ICMP errors that the seeds drew (port unreachable) are not datagrams
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => continue,
+                    Err(_) => return 11,
+                }
+            }
+        }
+        "dgram-send" => {
+            let u = match opt("bind") {
+                Some(b) => {
+                    let b: SocketAddr = b.parse().expect("bind address");
+                    let u = udp(&b);
+                    sockopt::set_socket_reuseaddr(&u, true).unwrap();
+                    rustix::net::bind(&u, &b).expect("bind");
+                    u
+                }
+                None => udp(&addr),
+            };
+            sockopt::set_socket_broadcast(&u, true).unwrap();
+            let mut code = 0;
+            for _ in 0..3 {
+                match u.send_to(b"ping", addr) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => code = 16,
+                    Err(e) => {
+                        eprintln!("send {addr}: {e}");
+                        return 13;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            code
+        }
+        m => panic!("unknown probe mode {m:?}"),
+    }
 }
 
 /// Run `body` on a fresh thread that has entered `ns` (the test thread itself stays put).
