@@ -322,3 +322,49 @@ fn without_openat2_the_audit_opens_every_folder_and_finds_the_same() {
     assert_eq!(without.scanned, with.scanned);
     assert_eq!(without.findings, with.findings);
 }
+
+/// A name that is not UTF-8 (any job user can make one) still serializes in the JSON report,
+/// reversibly, so it cannot hide the report's findings from JSON-based monitoring; another
+/// file system mounted inside the tree is reported, not passed over.
+#[test]
+fn odd_names_serialize_and_a_mount_inside_the_tree_is_reported() {
+    if !need_root("real users, chown, mount") {
+        return;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let f = Fixture::new();
+    let odd = f.j1().join(std::ffi::OsStr::from_bytes(b"x\xff\\y"));
+    std::fs::write(&odd, "s").unwrap();
+    chmod(&odd, 0o4755);
+    let r = f.audit();
+    let found = r
+        .findings
+        .iter()
+        .find(|x| x.path == odd)
+        .expect("set-id file found");
+    let json = serde_json::to_string(found).unwrap();
+    assert!(json.contains(r"x\\xff\\x5cy"), "{json}");
+    let back: Finding = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.path, odd);
+
+    let mnt = f.j1().join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tenancy-audit-test"])
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
+    assert!(mounted, "mount tmpfs on {}", mnt.display());
+    std::fs::write(mnt.join("open"), "s").unwrap();
+    chmod(&mnt.join("open"), 0o4777);
+    let r = audit_paths(std::slice::from_ref(&f.root), &f.map, Some(2), false).unwrap();
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.contains(mnt.to_str().unwrap()) && e.contains("another file system")),
+        "{:?}",
+        r.errors
+    );
+}

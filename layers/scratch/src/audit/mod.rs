@@ -115,6 +115,9 @@ impl Rule {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
     pub rule: Rule,
+    /// (JSON: the path as text, bytes that are not UTF-8 escaped as `\xNN`, so any name a
+    /// user can make still serializes.)
+    #[serde(with = "lossless_path")]
     pub path: PathBuf,
     /// Tenant whose tree holds the entry (none above the tenant trees).
     pub tenant: Option<String>,
@@ -662,6 +665,13 @@ impl Walker<'_> {
                 if st.st_dev == self.dev {
                     let crel = rel.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
                     scope.spawn(move |s| self.walk_dir(s, crel, child));
+                } else {
+                    // Another file system (a mount, a btrfs subvolume a user made): said, not
+                    // passed over in silence, so a clean report never hides it.
+                    self.err(
+                        &cpath,
+                        "another file system mounted here (not audited; audit it as its own PATH)",
+                    );
                 }
             }
         }
@@ -885,4 +895,46 @@ pub fn run_storage_audit(args: &AuditArgs, tenants: &TenantMap) -> anyhow::Resul
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// A path as JSON text whatever its bytes: UTF-8 as is, other bytes (and a backslash, so the
+/// form is reversible) as `\xNN`.
+mod lossless_path {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    use std::path::{Path, PathBuf};
+
+    pub fn serialize<S: Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+        let mut out = String::new();
+        for chunk in p.as_os_str().as_bytes().utf8_chunks() {
+            out.push_str(&chunk.valid().replace('\\', "\\x5c"));
+            for b in chunk.invalid() {
+                out.push_str(&format!("\\x{b:02x}"));
+            }
+        }
+        s.serialize_str(&out)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+        let text = String::deserialize(d)?;
+        let mut bytes = Vec::with_capacity(text.len());
+        let mut rest = text.as_bytes();
+        while let Some((&b, tail)) = rest.split_first() {
+            let hex = tail
+                .get(1..3)
+                .filter(|_| b == b'\\' && tail.first() == Some(&b'x'))
+                .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+            match hex {
+                Some(v) => {
+                    bytes.push(v);
+                    rest = &tail[3..];
+                }
+                None => {
+                    bytes.push(b);
+                    rest = tail;
+                }
+            }
+        }
+        Ok(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+    }
 }
