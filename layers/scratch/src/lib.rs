@@ -252,6 +252,15 @@ fn check_tenant_owned(fd: &OwnedFd, path: &Path, gid: u32) -> Result<()> {
             format!("mode {mode:04o} gives others access, expected {TENANT_DIR_MODE:04o}"),
         ));
     }
+    if mode & 0o050 != 0o050 {
+        return Err(unsafe_path(
+            path,
+            format!(
+                "mode {mode:04o} keeps the tenant's group out (its members could not reach \
+                 their folders), expected {TENANT_DIR_MODE:04o}"
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -270,28 +279,54 @@ fn open_or_make_tenant_owned(
             Ok((fd, false))
         }
         Err(Errno::NOENT) => {
-            match rfs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
-                Ok(()) => {}
-                Err(Errno::EXIST) => {
-                    // Lost a race with another prolog: verify what is there now.
-                    let fd = open_beneath(parent, name)
-                        .map_err(|e| open_error(parent, name, &path, e))?;
+            // Made whole under a name of its own, then renamed into place: a process killed
+            // half-way (after mkdir, before chown or chmod) leaves no folder of the wrong owner
+            // or mode under the real name, which every later job would meet.
+            let temp = format!(".{name}.new-{}", std::process::id());
+            let _ = rfs::unlinkat(parent, temp.as_str(), AtFlags::REMOVEDIR);
+            rfs::mkdirat(parent, temp.as_str(), Mode::from_raw_mode(0o700))
+                .map_err(|e| io_err("mkdirat", &parent_path.join(&temp), e))?;
+            let made = open_beneath(parent, &temp)
+                .map_err(|e| io_err("open new folder", &parent_path.join(&temp), e))
+                .and_then(|fd| {
+                    rfs::fchown(
+                        &fd,
+                        Some(rustix::fs::Uid::ROOT),
+                        Some(rfs::Gid::from_raw(gid)),
+                    )
+                    .map_err(|e| io_err("fchown", &path, e))?;
+                    rfs::fchmod(&fd, Mode::from_raw_mode(TENANT_DIR_MODE))
+                        .map_err(|e| io_err("fchmod", &path, e))?;
+                    Ok(fd)
+                });
+            let placed = made.and_then(|fd| {
+                rfs::renameat_with(
+                    parent,
+                    temp.as_str(),
+                    parent,
+                    name,
+                    rfs::RenameFlags::NOREPLACE,
+                )
+                .map(|()| fd)
+                .map_err(|e| io_err("renameat", &path, e))
+            });
+            match placed {
+                Ok(fd) => {
                     check_tenant_owned(&fd, &path, gid)?;
-                    return Ok((fd, false));
+                    Ok((fd, true))
                 }
-                Err(e) => return Err(io_err("mkdirat", &path, e)),
+                Err(e) => {
+                    let _ = rfs::unlinkat(parent, temp.as_str(), AtFlags::REMOVEDIR);
+                    // Lost a race with another prolog: verify what is there now.
+                    match open_beneath(parent, name) {
+                        Ok(fd) => {
+                            check_tenant_owned(&fd, &path, gid)?;
+                            Ok((fd, false))
+                        }
+                        Err(_) => Err(e),
+                    }
+                }
             }
-            let fd = open_beneath(parent, name).map_err(|e| io_err("open new folder", &path, e))?;
-            rfs::fchown(
-                &fd,
-                Some(rustix::fs::Uid::ROOT),
-                Some(rfs::Gid::from_raw(gid)),
-            )
-            .map_err(|e| io_err("fchown", &path, e))?;
-            rfs::fchmod(&fd, Mode::from_raw_mode(TENANT_DIR_MODE))
-                .map_err(|e| io_err("fchmod", &path, e))?;
-            check_tenant_owned(&fd, &path, gid)?;
-            Ok((fd, true))
         }
         Err(e) => Err(open_error(parent, name, &path, e)),
     }
@@ -321,11 +356,24 @@ fn tenant_acl(gid: u32, groups: &[u32]) -> Vec<u8> {
 }
 
 /// Members of the tenant's other groups reach the tenant folder through its access ACL (a
-/// folder has one group). Written only when it differs from what is there. A file system
+/// folder has one group); a tenant of one group has none. Written only when it differs from
+/// what is there. A file system
 /// without POSIX ACLs fails the job: its user may be a member through one of those groups, and
 /// would get a scratch folder it cannot reach.
 fn ensure_tenant_acl(fd: &OwnedFd, path: &Path, gid: u32, groups: &[u32]) -> Result<()> {
     const NAME: &str = "system.posix_acl_access";
+    if groups.iter().all(|g| *g == gid) {
+        // One group: no ACL. One left from when the tenant had more groups would still let
+        // their members in (one look per job, nothing written in the usual case).
+        return match rfs::fgetxattr(fd, NAME, &mut [0u8; 0]) {
+            Err(Errno::NODATA) | Err(Errno::OPNOTSUPP) => Ok(()),
+            Ok(_) | Err(Errno::RANGE) => match rfs::fremovexattr(fd, NAME) {
+                Ok(()) | Err(Errno::NODATA) => Ok(()),
+                Err(e) => Err(io_err("fremovexattr system.posix_acl_access", path, e)),
+            },
+            Err(e) => Err(io_err("fgetxattr system.posix_acl_access", path, e)),
+        };
+    }
     let want = tenant_acl(gid, groups);
     let mut have = vec![0u8; want.len()];
     match rfs::fgetxattr(fd, NAME, &mut have) {
@@ -378,9 +426,7 @@ pub fn create(spec: &ScratchSpec) -> Result<Created> {
     let tenant_path = spec.tenant_dir();
     let (tenant, created_tenant_dir) =
         open_or_make_tenant_owned(&root, &spec.root, &spec.tenant, spec.tenant_gid)?;
-    if !spec.tenant_groups.is_empty() {
-        ensure_tenant_acl(&tenant, &tenant_path, spec.tenant_gid, &spec.tenant_groups)?;
-    }
+    ensure_tenant_acl(&tenant, &tenant_path, spec.tenant_gid, &spec.tenant_groups)?;
     let name = spec.job_name();
     let path = spec.job_dir();
     match rfs::statat(&tenant, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {

@@ -464,5 +464,44 @@ fn a_member_through_a_tenants_second_group_reaches_their_folder() {
     .unwrap();
     assert!(!c2.created_tenant_dir);
     wipe(&s).unwrap();
-    wipe(&ScratchSpec { job_id: 302, ..s }).unwrap();
+    wipe(&ScratchSpec {
+        job_id: 302,
+        ..s.clone()
+    })
+    .unwrap();
+    // The tenant is cut to its first group: the next job takes the other group's entry away.
+    let one = ScratchSpec {
+        job_id: 303,
+        tenant_groups: Vec::new(),
+        ..s
+    };
+    create(&one).unwrap();
+    assert!(
+        denied(&u2.run("ls", &[c.tenant_dir.to_str().unwrap()])),
+        "a group the tenant no longer has still enters its folder"
+    );
+    wipe(&one).unwrap();
+}
+
+/// A tenant folder left half-made by an older build killed between its chown and chmod
+/// (root, the tenant's group, 0700) is refused: its members could not reach their folders.
+#[test]
+fn a_tenant_folder_that_keeps_its_group_out_is_refused() {
+    if !need_root("real users and chown") {
+        return;
+    }
+    let g = Group::new("k1");
+    let u = User::new("k1u", &g);
+    let t = Tree::new();
+    let root = t.scratch_root();
+    let tdir = root.join("tk");
+    std::fs::create_dir(&tdir).unwrap();
+    chown(&tdir, 0, g.gid);
+    chmod(&tdir, 0o700);
+    let e = create(&spec(&root, "tk", g.gid, 401, &u)).unwrap_err();
+    assert!(
+        e.to_string().contains("keeps the tenant's group out"),
+        "{e}"
+    );
+    assert!(!tdir.join("job_401").exists());
 }
