@@ -121,7 +121,7 @@ pub fn adopt(
     let journals =
         crate::JournalDir::open(&config.cluster.state_dir).map_err(|e| refused(e.to_string()))?;
     let journal = journals
-        .load(job)
+        .load_unlocked(job)
         .map_err(|e| refused(format!("job {job}: {e}")))?
         .ok_or_else(|| {
             refused(format!(

@@ -300,12 +300,42 @@ impl JournalDir {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+        let journal: Journal = serde_json::from_slice(&bytes).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("journal {} is unreadable: {e}", path.display()),
             )
-        })
+        })?;
+        // Files are replaced by recycled spares: after a power loss (or, for a reader without
+        // the node lock, while a spare is being recycled) the name can hold another job's
+        // journal. Acting on it would act on that job's resources.
+        if journal.job_id != job_id {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "journal {} holds job {}'s journal, not job {job_id}'s",
+                    path.display(),
+                    journal.job_id
+                ),
+            ));
+        }
+        Ok(Some(journal))
+    }
+
+    /// [`Self::load`] for readers that do not hold the node lock: a spare being recycled
+    /// between its open and read can show a partial or another job's journal, so a parse
+    /// error or an id mismatch is retried a few times before it is returned.
+    pub fn load_unlocked(&self, job_id: u64) -> io::Result<Option<Journal>> {
+        let mut tries = 0;
+        loop {
+            match self.load(job_id) {
+                Err(e) if e.kind() == io::ErrorKind::InvalidData && tries < 3 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Records the job's intents before anything they announce is made: the journal file
@@ -580,6 +610,38 @@ impl JournalDir {
         let rebuilt = self.rebuild_occupancy()?;
         group_occupancy(&rebuilt, job_id)
             .ok_or_else(|| io::Error::other("the rebuilt occupancy index does not parse"))
+    }
+
+    /// Rewrites the index from the journals (`tenancyctl reconcile --apply`, which holds the
+    /// node lock: an entry left by an epilog killed mid-teardown is otherwise never removed).
+    /// Returns the jobs the old index listed, or `None` when it was missing or damaged, and
+    /// the jobs the new one lists, when they differ (a missing index that rebuilds empty does
+    /// not).
+    #[allow(clippy::type_complexity)]
+    pub fn rebuild_occupancy_index(&self) -> io::Result<Option<(Option<Vec<u64>>, Vec<u64>)>> {
+        let old = match fs::read_to_string(self.dir.join(OCCUPANCY)) {
+            Ok(text) => fold_occupancy(&text).map(|(live, _)| {
+                live.iter()
+                    .map(|&(job, desc)| (job, desc.to_string()))
+                    .collect::<Vec<_>>()
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => None,
+            Err(e) => return Err(e),
+        };
+        let text = self.rebuild_occupancy()?;
+        let new: Vec<(u64, String)> = fold_occupancy(&text)
+            .ok_or_else(|| io::Error::other("the rebuilt occupancy index does not parse"))?
+            .0
+            .iter()
+            .map(|&(job, desc)| (job, desc.to_string()))
+            .collect();
+        // (a missing index that rebuilds empty lost nothing)
+        if old.as_ref().map_or(new.is_empty(), |o| *o == new) {
+            return Ok(None);
+        }
+        let ids = |v: &[(u64, String)]| v.iter().map(|e| e.0).collect::<Vec<_>>();
+        Ok(Some((old.as_deref().map(ids), ids(&new))))
     }
 
     /// Writes the index afresh from the journals; returns its text.
@@ -990,5 +1052,87 @@ mod tests {
         let dir = JournalDir::open(tmp.path()).unwrap();
         fs::write(dir.journal_path(9), b"{not json").unwrap();
         assert!(dir.load(9).is_err());
+    }
+
+    #[test]
+    fn load_refuses_another_jobs_journal_under_a_jobs_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        // A recycled spare, after a power loss, can hold an older journal of another job.
+        fs::write(dir.journal_path(5), serde_json::to_vec(&sample(9)).unwrap()).unwrap();
+        let e = dir.load(5).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("job_5.json") && msg.contains("job 9") && msg.contains("job 5"),
+            "{msg}"
+        );
+        // Every job's own journal under every job's name: placement reads refuse a mixed one.
+        dir.save(&sample(6), false).unwrap();
+        assert!(dir.others(6).is_err());
+        assert!(dir.load_unlocked(5).is_err(), "retries end");
+    }
+
+    #[test]
+    fn recovery_restores_the_intents_over_another_jobs_journal_under_the_jobs_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut log = IntentLog::open(tmp.path()).unwrap();
+        let mut n = sample(5);
+        let slot = log.claim(|_| false).unwrap().unwrap();
+        n.intent_slot = Some(slot);
+        log.write(slot, 5, &[0xee; 16], &serde_json::to_vec(&n).unwrap())
+            .unwrap();
+        // job_5.json holds job 9's journal, started later: without the id check it passed as
+        // job 5's newer journal and job 5's intents were dropped.
+        let mut m = sample(9);
+        m.started = n.started + chrono::Duration::seconds(2);
+        fs::write(dir.journal_path(5), serde_json::to_vec(&m).unwrap()).unwrap();
+        let (found, _) = dir.recover_intents(true).unwrap();
+        assert_eq!(found, vec![n.clone()]);
+        assert_eq!(dir.load(5).unwrap(), Some(n));
+    }
+
+    #[test]
+    fn an_unlocked_reader_retries_past_a_spare_being_recycled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        fs::write(dir.journal_path(7), serde_json::to_vec(&sample(8)).unwrap()).unwrap();
+        let own = tmp.path().join("own");
+        fs::write(&own, serde_json::to_vec(&sample(7)).unwrap()).unwrap();
+        let path = dir.journal_path(7);
+        let fixer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            fs::rename(own, path).unwrap();
+        });
+        let got = dir.load_unlocked(7);
+        fixer.join().unwrap();
+        assert_eq!(got.unwrap().unwrap().job_id, 7);
+    }
+
+    #[test]
+    fn teardown_removes_the_occupancy_entry_before_the_journal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut j = sample(1);
+        j.steps.clear();
+        j.share_node = false;
+        dir.save(&j, true).unwrap();
+        dir.set_occupant(1, Some(Occupant::of(&j))).unwrap();
+        // The `- 1` append fails (as if the epilog were killed there): the journal, which the
+        // next epilog or reconcile tears down again, must still be there; an index entry
+        // without a journal is never removed.
+        let index = tmp.path().join(OCCUPANCY);
+        fs::rename(&index, tmp.path().join("kept")).unwrap();
+        std::os::unix::fs::symlink("kept", &index).unwrap();
+        let failures = crate::spine::teardown(&mut [], &dir, &mut j);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(dir.load(1).unwrap(), Some(j.clone()));
+        // With the index writable again it goes as the epilog would.
+        fs::remove_file(&index).unwrap();
+        fs::rename(tmp.path().join("kept"), &index).unwrap();
+        assert!(crate::spine::teardown(&mut [], &dir, &mut j).is_empty());
+        assert_eq!(dir.load(1).unwrap(), None);
+        assert_eq!(dir.occupants(0).unwrap(), vec![]);
     }
 }

@@ -879,12 +879,17 @@ pub fn teardown(
             Err(LayerError(e)) => failures.push(format!("layer {}: {e}", step.layer)),
         }
     }
-    let saved = if failures.is_empty() {
-        journals.remove(journal)
-    } else {
-        journals.save(journal, true)
-    };
-    let saved = saved.and(journals.set_occupant(journal.job_id, None));
+    // The occupancy entry goes first: a kill between the two then leaves a journal without an
+    // entry (the journal is torn down again by the next epilog or reconcile, which rebuilds the
+    // index), never an entry without a journal, which nothing removes and which blocks
+    // placement for tiers that do not share the node.
+    let saved = journals.set_occupant(journal.job_id, None).and_then(|()| {
+        if failures.is_empty() {
+            journals.remove(journal)
+        } else {
+            journals.save(journal, true)
+        }
+    });
     if let Err(e) = saved {
         failures.push(format!(
             "journal {}: {e}",

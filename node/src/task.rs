@@ -23,7 +23,7 @@ pub struct TaskEnv {
 pub fn enter(config: &Config, job_id: u64, pid: i32) -> Result<TaskEnv, String> {
     let journals = JournalDir::open(&config.cluster.state_dir).map_err(|e| e.to_string())?;
     let journal = journals
-        .load(job_id)
+        .load_unlocked(job_id)
         .map_err(|e| format!("job {job_id}: {e}"))?
         .ok_or_else(|| {
             format!(

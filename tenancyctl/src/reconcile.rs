@@ -64,7 +64,7 @@ pub struct ReconcileArgs {
 /// One finding and what was (or would be) done about it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Row {
-    /// journal, mig, cgroup, scratch, retained, slurm, nvml, audit
+    /// journal, mig, cgroup, scratch, retained, slurm, nvml, audit, occupancy
     pub kind: String,
     pub job_id: Option<u64>,
     pub tenant: Option<String>,
@@ -821,6 +821,36 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         let journals = &journals;
         let layers = &mut node_layers;
         cx.act(row, move || teardown_journal(layers, journals, j));
+    }
+    // The occupancy index is derived from the journals; an epilog killed mid-teardown (or a
+    // crash, the index is not synced) can leave an entry without a journal, which would keep
+    // refusing tiers that do not share the node. Rewritten from the journals that remain.
+    if args.apply {
+        let index = journals.path().join("occupancy").display().to_string();
+        match journals.rebuild_occupancy_index() {
+            Ok(None) => {}
+            Ok(Some((old, new))) => {
+                let list = |v: &[u64]| {
+                    if v.is_empty() {
+                        "none".to_string()
+                    } else {
+                        v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                    }
+                };
+                let was = old.map_or_else(|| "missing or damaged".to_string(), |o| list(&o));
+                let mut row = Row::new(
+                    "occupancy",
+                    index,
+                    format!("listed jobs {was}; the journals hold {}", list(&new)),
+                );
+                row.action = "rebuilt".into();
+                cx.rows.push(row);
+            }
+            Err(e) => cx.rows.push(
+                Row::new("occupancy", index, format!("cannot be rebuilt: {e}"))
+                    .left("kept as it is (its entries still refuse sharing); rerun once every journal reads"),
+            ),
+        }
     }
     // Orphans are judged against the journals that remain (live ones and failed teardowns).
     let mut remaining = live;

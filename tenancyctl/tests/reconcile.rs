@@ -858,6 +858,13 @@ fn reconcile_keeps_what_an_unreadable_journal_may_own() {
                 "left: inspect it; its resources are treated as owned".into()
             ),
             ("mig".into(), None, "left: MIG instances not checked".into()),
+            (
+                "occupancy".into(),
+                None,
+                "left: kept as it is (its entries still refuse sharing); rerun once every \
+                 journal reads"
+                    .into()
+            ),
             ("scratch".into(), Some(21), kept),
             ("scratch".into(), Some(22), "removed".into()),
         ],
@@ -986,4 +993,52 @@ fn reconcile_keeps_what_an_unreadable_intent_record_may_own() {
     assert!(k.contains(&("scratch".into(), Some(23), kept)), "{r:?}");
     assert!(tdir.join("job_23").is_dir());
     assert!(root.join(format!("scratch/{tenant}/job_23")).is_dir());
+}
+
+/// An epilog killed between its journal's removal and the `- N` line (or a crash: the index is
+/// not synced) left an occupancy entry without a journal, which refuses tiers that do not share
+/// the node until the index is rebuilt: `--apply` rebuilds it from the journals.
+#[test]
+fn reconcile_rebuilds_an_occupancy_index_that_lists_a_job_without_a_journal() {
+    if !need_root() {
+        return;
+    }
+    let (tenant, tmp, cfg) = small_node("ro");
+    let root = tmp.path();
+    let index = root.join("state/occupancy");
+    std::fs::write(&index, "+ 31 globex internal 1 0 -\n").unwrap();
+    let dir = tenancy_node::JournalDir::open(&root.join("state")).unwrap();
+    assert_eq!(dir.occupants(0).unwrap().len(), 1);
+
+    // A dry run changes nothing.
+    let running = root.join("running");
+    std::fs::write(&running, "").unwrap();
+    let out = reconcile(
+        &cfg,
+        &[
+            "--format",
+            "json",
+            "--running-jobs-from",
+            running.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(kinds(&rows(&out)), [], "{out:?}");
+    assert_eq!(dir.occupants(0).unwrap().len(), 1);
+
+    let out = apply_with_no_job_running(&cfg, root, &tenant, &[]);
+    let r = rows(&out);
+    assert_eq!(out.status.code(), Some(0), "{r:?}");
+    assert_eq!(
+        kinds(&r),
+        [("occupancy".into(), None, "rebuilt".into())],
+        "{r:?}"
+    );
+    assert!(
+        r[0]["finding"].as_str().unwrap().contains("listed jobs 31"),
+        "{r:?}"
+    );
+    assert_eq!(dir.occupants(0).unwrap(), vec![]);
+    // A second pass finds the index as the journals say.
+    let out = apply_with_no_job_running(&cfg, root, &tenant, &[]);
+    assert_eq!(kinds(&rows(&out)), [], "{out:?}");
 }
