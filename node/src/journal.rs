@@ -326,12 +326,25 @@ impl JournalDir {
     /// between its open and read can show a partial or another job's journal, so a parse
     /// error or an id mismatch is retried a few times before it is returned.
     pub fn load_unlocked(&self, job_id: u64) -> io::Result<Option<Journal>> {
+        self.load_retrying(job_id, 3, || {
+            std::thread::sleep(std::time::Duration::from_millis(20))
+        })
+    }
+
+    /// [`Self::load`], tried again up to `retries` times on a torn or foreign file, with
+    /// `pause` before each new try.
+    fn load_retrying(
+        &self,
+        job_id: u64,
+        retries: u32,
+        mut pause: impl FnMut(),
+    ) -> io::Result<Option<Journal>> {
         let mut tries = 0;
         loop {
             match self.load(job_id) {
-                Err(e) if e.kind() == io::ErrorKind::InvalidData && tries < 3 => {
+                Err(e) if e.kind() == io::ErrorKind::InvalidData && tries < retries => {
                     tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    pause();
                 }
                 r => return r,
             }
@@ -1101,13 +1114,20 @@ mod tests {
         let own = tmp.path().join("own");
         fs::write(&own, serde_json::to_vec(&sample(7)).unwrap()).unwrap();
         let path = dir.journal_path(7);
-        let fixer = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-            fs::rename(own, path).unwrap();
+        // The prolog that recycled the spare finishes its write while the reader pauses.
+        let mut pauses = 0;
+        let got = dir.load_retrying(7, 3, || {
+            pauses += 1;
+            if pauses == 1 {
+                fs::rename(&own, &path).unwrap();
+            }
         });
-        let got = dir.load_unlocked(7);
-        fixer.join().unwrap();
         assert_eq!(got.unwrap().unwrap().job_id, 7);
+        assert_eq!(pauses, 1);
+        // A file that stays foreign is an error after the retries, never another job's journal.
+        fs::write(dir.journal_path(9), serde_json::to_vec(&sample(8)).unwrap()).unwrap();
+        let e = dir.load_retrying(9, 3, || ()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]
