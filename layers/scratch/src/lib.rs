@@ -61,8 +61,9 @@ pub struct ScratchSpec {
     /// Optional per-tenant project quota.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<QuotaSpec>,
-    /// The gids of the tenant's other groups: their members reach the tenant folder (group
-    /// `tenant_gid`) through its access ACL, `group:<gid>:r-x` each.
+    /// The gids of the tenant's groups when it has several: the folder's group is
+    /// `tenant_gid`, and each other one gets a `group:<gid>:r-x` entry in the folder's access
+    /// ACL, so its members reach their job folders. Empty (one group): the folder has no ACL.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenant_groups: Vec<u32>,
 }
