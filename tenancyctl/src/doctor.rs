@@ -280,6 +280,52 @@ struct Row {
     remedy: String,
 }
 
+/// A tier's extra device classes (`device_classes`) are allowed to every job of the tier on top
+/// of its own slice: one on the nvidia-caps major, or a whole NVIDIA major (`c 195:* rw`),
+/// opens other jobs' MIG slices or other GPUs. The majors are the driver's, so this is checked
+/// on the node, not in the config.
+fn extra_device_rows(config: &Config, majors: &tenancy_devices::driver::NvidiaMajors) -> Vec<Row> {
+    let mut found = Vec::new();
+    for tier in config.tiers.values() {
+        for text in &tier.device_classes {
+            let Ok(class) = text.parse::<tenancy_devices::DeviceClass>() else {
+                continue;
+            };
+            let char_major = class
+                .major
+                .filter(|_| class.dev_type == tenancy_devices::DevType::Char);
+            let Some(major) = char_major else { continue };
+            let Some((name, _)) = majors.all.iter().find(|(_, m)| *m == major) else {
+                continue;
+            };
+            let why = if majors.caps == Some(major) {
+                "the MIG capability files: other jobs' slices, and config/monitor"
+            } else if class.minor.is_none() {
+                "every device of that NVIDIA major"
+            } else {
+                continue;
+            };
+            found.push(format!("tier {}: `{text}` ({name}): {why}", tier.name));
+        }
+    }
+    if found.is_empty() {
+        return Vec::new();
+    }
+    vec![row(
+        "tier.device_classes",
+        Severity::Error,
+        format!(
+            "extra device classes open NVIDIA devices to every job of their tier: {}",
+            found.join("; ")
+        ),
+        Some(
+            "remove them: a job's slice, its GPU, nvidiactl and nvidia-uvm are allowed by the \
+             devices layer itself; name single non-MIG devices only"
+                .into(),
+        ),
+    )]
+}
+
 const YAMA_PTRACE_SCOPE: &str = "/proc/sys/kernel/yama/ptrace_scope";
 
 /// A user may belong to two tenants and run a job of each on one node, under one uid: without
@@ -633,6 +679,15 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     rows.push(ptrace_row(
         std::fs::read_to_string(YAMA_PTRACE_SCOPE).ok().as_deref(),
     ));
+    if let Ok(majors) = std::fs::read_to_string(&config.node.proc_devices)
+        .map_err(|e| e.to_string())
+        .and_then(|t| {
+            tenancy_devices::driver::NvidiaMajors::parse(&t, &config.node.proc_devices)
+                .map_err(|e| e.to_string())
+        })
+    {
+        rows.extend(extra_device_rows(config, &majors));
+    }
     let cgroup_conf = args.slurm_cgroup_conf.clone().unwrap_or_else(|| {
         std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)
@@ -685,5 +740,41 @@ mod tests {
         let none = ptrace_row(None);
         assert_eq!(none.severity, "warn");
         assert!(none.message.contains("no Yama"), "{}", none.message);
+    }
+}
+
+#[cfg(test)]
+mod device_class_tests {
+    use super::extra_device_rows;
+
+    /// A tier's extra class on the nvidia-caps major, or a whole NVIDIA major, is an error on
+    /// a node whose driver registers those majors; a single nvidia device or another major is
+    /// not.
+    #[test]
+    fn extra_classes_that_open_nvidia_devices_to_a_tier_are_errors() {
+        let text = "[cluster]\nname = \"t\"\nstate_dir = \"/s\"\naudit_log = \"/a.jsonl\"\n\
+                    scratch_root = \"/scratch\"\n[tiers.wide]\ndevice_classes = \
+                    [\"c 235:* rw\", \"c 195:* r\", \"c 195:254 r\", \"c 1:3 rw\"]\n\
+                    [tenants.acme]\ntier = \"wide\"\ngroups = [\"root\"]\n";
+        let config = tenancy_config::Config::parse(text, std::path::Path::new("/t.toml")).unwrap();
+        let devices = "Character devices:\n  1 mem\n195 nvidia-frontend\n235 nvidia-caps\n";
+        let majors = tenancy_devices::driver::NvidiaMajors::parse(
+            devices,
+            std::path::Path::new("/proc/devices"),
+        )
+        .unwrap();
+        let rows = extra_device_rows(&config, &majors);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].severity, "error");
+        let m = &rows[0].message;
+        assert!(m.contains("`c 235:* rw` (nvidia-caps)"), "{m}");
+        assert!(m.contains("`c 195:* r` (nvidia-frontend)"), "{m}");
+        assert!(!m.contains("195:254") && !m.contains("c 1:3"), "{m}");
+        let config = tenancy_config::Config::parse(
+            &text.replace("\"c 235:* rw\", \"c 195:* r\", ", ""),
+            std::path::Path::new("/t.toml"),
+        )
+        .unwrap();
+        assert!(extra_device_rows(&config, &majors).is_empty());
     }
 }
