@@ -14,9 +14,10 @@
 //! (`pam_env.so user_readenv=1` reads `~/.pam_environment`, as Debian's sshd service does),
 //! then pam_exec's own PAM_USER, PAM_TYPE, ... appended after it: a name can be there twice,
 //! and `getenv` returns the first, the user's. So PAM_TYPE and PAM_USER are taken from their
-//! last occurrence ([`pam_exec_var`]), and the config is never looked for through the
-//! environment (main.rs: `--config` or /etc/slurm/tenancy.toml), or a user could name a config
-//! of their own, with its journals and audit log where they like.
+//! last occurrence ([`pam_exec_var`]), and under pam_exec a config found through the
+//! environment (TENANCY_CONFIG, SLURM_CONF) is used only when root owns it and nobody else can
+//! write it (main.rs), or a user could name a config of their own, with its journals and audit
+//! log where they like.
 
 use std::process::ExitCode;
 use tenancy_config::Config;
@@ -69,6 +70,11 @@ pub fn run(config: &Config, args: &AdoptArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Whether pam_exec runs this process: it always sets PAM_TYPE, after the PAM environment.
+pub fn under_pam_exec() -> bool {
+    pam_exec_var(std::env::vars_os(), "PAM_TYPE").is_some()
 }
 
 /// The value pam_exec gave `name`: its last occurrence in `env` (the process's environment in

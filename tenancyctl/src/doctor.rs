@@ -159,8 +159,8 @@ struct AdoptingService {
     /// `file:line` of each session line naming a pam_tenancy.so that is not installed (PAM
     /// then fails every login of the service).
     missing: Vec<String>,
-    /// `file:line` of each `tenancyctl adopt` line without `--config`: adopt then reads
-    /// /etc/slurm/tenancy.toml, never the environment (tenancyctl/src/adopt.rs).
+    /// `file:line` of each `tenancyctl adopt` line without `--config`: pam_exec gives adopt only
+    /// the PAM environment, so it then reads /etc/slurm/tenancy.toml.
     exec_default_config: Vec<String>,
 }
 
@@ -577,9 +577,9 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
                 Severity::Warn,
                 format!(
                     "pam_exec runs tenancyctl adopt without --config ({}) and {} does not \
-                     exist: adopt reads no other config (never TENANCY_CONFIG or SLURM_CONF, \
-                     which a user can set in the PAM environment), so it refuses every session \
-                     pam_slurm_adopt adopts",
+                     exist: pam_exec passes adopt only the PAM environment, where TENANCY_CONFIG \
+                     and SLURM_CONF are not set by sshd, so adopt finds no config and refuses \
+                     every session pam_slurm_adopt adopts",
                     lines.join(", "),
                     tenancy_config::DEFAULT_PATH
                 ),

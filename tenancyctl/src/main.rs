@@ -57,8 +57,8 @@ enum Command {
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
     StorageAudit(tenancy_scratch::AuditArgs),
     /// Move an ssh session pam_slurm_adopt put into a job into the job's isolation, or refuse
-    /// it (for pam_exec in the session phase; exit 1 refuses; config from --config or
-    /// /etc/slurm/tenancy.toml only)
+    /// it (for pam_exec in the session phase; exit 1 refuses; under pam_exec a config found
+    /// through the environment must be root's alone)
     Adopt(adopt::AdoptArgs),
 }
 
@@ -80,21 +80,28 @@ fn load(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
     Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// The config of `adopt`: `--config` or /etc/slurm/tenancy.toml, never through the
-/// environment, which under pam_exec is the PAM environment the session's user can write to
-/// (adopt.rs).
-fn load_for_adopt(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
-    let path = path.unwrap_or(std::path::Path::new(tenancy_config::DEFAULT_PATH));
-    Config::from_file(path).map_err(|e| match e {
-        tenancy_config::ConfigError::Read { path, source } => anyhow::anyhow!(
-            "cannot read config {}: {source} (adopt reads --config or {}, never \
-             TENANCY_CONFIG or SLURM_CONF, which a user can set in the PAM environment: put \
-             --config PATH on the pam_exec line)",
-            path.display(),
-            tenancy_config::DEFAULT_PATH
-        ),
-        e => anyhow::anyhow!("{e}"),
-    })
+/// The config of `adopt`, found as every command finds it. Under pam_exec the environment is
+/// the PAM environment, which the session's user can write to (adopt.rs): a config found
+/// through it is used only when root owns it and nobody else can write it, so a user cannot
+/// point adopt at a config of their own (with its journals and audit log where they like).
+fn load_for_adopt(explicit: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    use std::os::unix::fs::MetadataExt;
+    let path = Config::find(explicit).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if explicit.is_none() && adopt::under_pam_exec() {
+        let m = std::fs::metadata(&path)
+            .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
+        if m.uid() != 0 || m.mode() & 0o022 != 0 {
+            anyhow::bail!(
+                "config {} is not root's alone (owner uid {}, mode {:04o}): under pam_exec the \
+                 environment that named it is one the session's user can set; not used. Put \
+                 --config PATH on the pam_exec line",
+                path.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            );
+        }
+    }
+    Config::from_file(&path).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Tenant -> gids of its groups, for storage-audit.

@@ -307,8 +307,8 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
 /// pam_exec hands `tenancyctl adopt` the PAM environment, which the session's user can write to
 /// (`~/.pam_environment` through `pam_env.so user_readenv=1`), before its own variables. A
 /// PAM_TYPE or PAM_USER put there first must not make adopt skip the session (a session left
-/// outside the job's device allowlist and firewall), and TENANCY_CONFIG there must not pick
-/// the config (a user's config with its journals and audit log where they like).
+/// outside the job's device allowlist and firewall), and a TENANCY_CONFIG there must not make
+/// adopt read a config the user wrote (with its journals and audit log where they like).
 #[test]
 fn a_users_pam_environment_cannot_steer_adopt() {
     if !rustix::process::geteuid().is_root() {
@@ -338,18 +338,30 @@ fn a_users_pam_environment_cannot_steer_adopt() {
         "the session was not moved into job {job}'s isolation"
     );
 
-    // A second session in the job, its config named through the PAM environment and no
-    // --config: that config (where the job has its journal) is not read, adopt reads
-    // /etc/slurm/tenancy.toml (absent here, or without this job), so the session is refused and
-    // stays where pam_slurm_adopt put it.
+    // A second session in the job, its config named through the PAM environment (no
+    // --config) by the user: a copy the user owns (or could write) is not used, the session is
+    // refused and stays where pam_slurm_adopt put it.
     let second = f.tree.process_in(&f.extern_step(job));
     let second_s = second.to_string();
-    let env: Vec<(&str, &str)> = [("TENANCY_CONFIG", config.as_str())]
-        .iter()
-        .chain(&pam_exec)
-        .copied()
-        .collect();
+    let users_copy = f.dir.path().join("mine.toml");
+    std::fs::copy(&config, &users_copy).unwrap();
+    std::os::unix::fs::chown(&users_copy, Some(65534), Some(65534)).unwrap();
+    let named = |path: &str| -> Vec<(String, String)> {
+        [("TENANCY_CONFIG", path)]
+            .iter()
+            .chain(&pam_exec)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let env = named(users_copy.to_str().unwrap());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let status = tenancyctl_with_raw_env(&["adopt", "--pid", &second_s], &env);
-    assert_ne!(status, 0, "adopt took its config from TENANCY_CONFIG");
+    assert_ne!(status, 0, "adopt used a config its user owns");
     assert_eq!(cgroup_of(second), rel(&f.extern_step(job)));
+    // The admin's config (root's alone) named the same way is used.
+    let env = named(&config);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let status = tenancyctl_with_raw_env(&["adopt", "--pid", &second_s], &env);
+    assert_eq!(status, 0);
+    assert_eq!(cgroup_of(second), rel(&f.product));
 }
