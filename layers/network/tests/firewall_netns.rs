@@ -81,6 +81,18 @@ struct Dgram<'a> {
     want: (Outcome, Outcome),
 }
 
+/// The node and remote namespaces, the cgroup tree and the firewall spec most tests start
+/// from; None (the test skips) without root.
+fn isolated_node(node: &str, remote: &str) -> Option<(Netns, Netns, CgroupTree, FirewallSpec)> {
+    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+        return None;
+    }
+    let (node, remote) = topology(node, remote);
+    let tree = CgroupTree::new("tnw-test-");
+    let spec = spec(&tree);
+    Some((node, remote, tree, spec))
+}
+
 fn run_dgram_cases(cases: &[Dgram]) -> Vec<String> {
     let mut failures = Vec::new();
     for c in cases {
@@ -108,13 +120,9 @@ fn drops(spec: &FirewallSpec, tenant: &str) -> u64 {
 
 #[test]
 fn tenants_are_isolated_and_egress_is_filtered() {
-    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+    let Some((node, remote, _tree, spec)) = isolated_node("tnwn", "tnwr") else {
         return;
-    }
-    let (node, remote) = topology("tnwn", "tnwr");
-
-    let tree = CgroupTree::new("tnw-test-");
-    let spec = spec(&tree);
+    };
     let mut procs = Procs::default();
     // Remote listeners (not jobs): one in a's allowed CIDR, one outside, one infrastructure.
     for a in ["10.77.1.2:7001", "10.77.2.2:7001", "10.77.3.2:7001"] {
@@ -284,12 +292,9 @@ fn add_job_fails_closed_when_table_missing_or_tenant_recreated() {
 /// another tenant's UDP-Lite socket on the node is out of reach and the send fails at once.
 #[test]
 fn udplite_to_local_addresses_follows_the_egress_list() {
-    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+    let Some((node, _remote, _tree, spec)) = isolated_node("tnw1n", "tnw1r") else {
         return;
-    }
-    let (node, _remote) = topology("tnw1n", "tnw1r");
-    let tree = CgroupTree::new("tnw-test-");
-    let spec = spec(&tree);
+    };
     in_netns(&node, move || {
         apply(&spec).unwrap();
         let a1 = add_job(&spec, "a", 31).unwrap().cgroup_path;
@@ -363,12 +368,9 @@ fn udplite_to_local_addresses_follows_the_egress_list() {
 /// address (b's here: the node's subnet and a multicast range).
 #[test]
 fn broadcast_and_multicast_from_a_job_are_denied() {
-    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+    let Some((node, _remote, _tree, mut spec)) = isolated_node("tnw2n", "tnw2r") else {
         return;
-    }
-    let (node, _remote) = topology("tnw2n", "tnw2r");
-    let tree = CgroupTree::new("tnw-test-");
-    let mut spec = spec(&tree);
+    };
     spec.tenants[1].egress = vec![
         Dest::parse("10.77.0.0/24").unwrap(),
         Dest::parse("239.0.0.0/8").unwrap(),
@@ -497,12 +499,9 @@ fn node_local_services_are_reached_only_through_the_egress_list() {
 /// job only on flows of its own tenant. A host that reaches a job's socket still gets answers.
 #[test]
 fn a_flow_opened_from_outside_is_no_way_out_for_a_job() {
-    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+    let Some((node, remote, _tree, spec)) = isolated_node("tnw4n", "tnw4r") else {
         return;
-    }
-    let (node, remote) = topology("tnw4n", "tnw4r");
-    let tree = CgroupTree::new("tnw-test-");
-    let spec = spec(&tree);
+    };
     let remote = in_netns(&node, move || {
         let mut procs = Procs::default();
         apply(&spec).unwrap();
