@@ -39,6 +39,48 @@ fn programs(slurm_conf: &str, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether slurmctld refuses at submission what the prolog would refuse (`JobSubmitPlugins`
+/// lists `tenancy`). Without it a user who leaves the sbatch check out hands the prolog a job it
+/// refuses, and Slurm drains the node: a warning, as the node still isolates every job it runs.
+fn job_submit_row(slurm_conf: &Path, text: Option<&str>) -> Row {
+    const CHECK: &str = "slurm.job_submit";
+    let Some(text) = text else {
+        return row(
+            CHECK,
+            Severity::Warn,
+            format!("cannot read {}", slurm_conf.display()),
+            Some("pass --slurm-conf, or set SLURM_CONF".into()),
+        );
+    };
+    let listed = programs(text, "JobSubmitPlugins")
+        .iter()
+        .any(|p| p == "tenancy" || p == "job_submit/tenancy");
+    if listed {
+        return row(
+            CHECK,
+            Severity::Ok,
+            "JobSubmitPlugins lists tenancy: slurmctld refuses what the prolog would refuse".into(),
+            None,
+        );
+    }
+    row(
+        CHECK,
+        Severity::Warn,
+        format!(
+            "{} has no JobSubmitPlugins=tenancy: a user who leaves the sbatch check out (a \
+             plugstack of their own) can submit jobs the prolog refuses, and Slurm drains the \
+             node for each",
+            slurm_conf.display()
+        ),
+        Some(
+            "on the slurmctld host: install -m 0755 target/release/libjob_submit_tenancy.so \
+             <PluginDir>/job_submit_tenancy.so, add JobSubmitPlugins=tenancy to slurm.conf, \
+             scontrol reconfigure"
+                .into(),
+        ),
+    )
+}
+
 /// tenancy-prolog and tenancy-epilog are statically linked and hand the jobs that need a
 /// shared library (NVML for a MIG slice; the prolog also NSS modules) to
 /// tenancy-prolog-dynamic in their own folder: without it such jobs fail (and drain the node).
@@ -676,6 +718,10 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| PathBuf::from("/etc/slurm/slurm.conf"))
     });
     rows.extend(handoff_rows(&slurm_conf));
+    rows.push(job_submit_row(
+        &slurm_conf,
+        std::fs::read_to_string(&slurm_conf).ok().as_deref(),
+    ));
     rows.push(ptrace_row(
         std::fs::read_to_string(YAMA_PTRACE_SCOPE).ok().as_deref(),
     ));
@@ -728,7 +774,28 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::ptrace_row;
+    use super::{job_submit_row, ptrace_row};
+
+    #[test]
+    fn a_cluster_without_the_job_submit_check_is_warned_about() {
+        let p = std::path::Path::new("/etc/slurm/slurm.conf");
+        for listed in [
+            "JobSubmitPlugins=tenancy\n",
+            "jobsubmitplugins = lua, job_submit/tenancy # both\n",
+        ] {
+            assert_eq!(job_submit_row(p, Some(listed)).severity, "ok", "{listed}");
+        }
+        for missing in [
+            "ClusterName=t\n",
+            "JobSubmitPlugins=lua\n",
+            "#JobSubmitPlugins=tenancy\n",
+        ] {
+            let r = job_submit_row(p, Some(missing));
+            assert_eq!(r.severity, "warn", "{missing}");
+            assert!(r.message.contains("drains"), "{}", r.message);
+        }
+        assert_eq!(job_submit_row(p, None).severity, "warn");
+    }
 
     #[test]
     fn a_node_without_yama_ptrace_restriction_is_warned_about() {

@@ -51,6 +51,11 @@ pub struct ClusterOptions {
     pub epilog: Option<PathBuf>,
     /// The SPANK plugin .so; copied into the cluster folder (readable by every user).
     pub spank_plugin: Option<PathBuf>,
+    /// The job_submit plugin .so (`libjob_submit_tenancy.so`): installed as
+    /// `job_submit_tenancy.so` in a plugin folder of the cluster's (`PluginDir` lists it after
+    /// Slurm's own) with `JobSubmitPlugins=tenancy`; slurmctld finds the config next to
+    /// slurm.conf.
+    pub job_submit_plugin: Option<PathBuf>,
     /// The tenancy config text; written as tenancy.toml next to slurm.conf and passed to the
     /// plugin as `config=`.
     pub tenancy_toml: Option<String>,
@@ -253,6 +258,19 @@ impl Cluster {
         }
         write_file(&plugstack, &stack, 0o644)?;
         conf.push(format!("PlugStackConfig={}", plugstack.display()));
+        if let Some(so) = &opts.job_submit_plugin {
+            let plugins = d.join("lib/plugins");
+            fs::create_dir(&plugins)?;
+            let dest = plugins.join("job_submit_tenancy.so");
+            fs::copy(so, &dest).with_context(|| format!("copy {}", so.display()))?;
+            fs::set_permissions(&dest, fs::Permissions::from_mode(0o755))?;
+            conf.push(format!(
+                "PluginDir={}:{}",
+                slurm_plugin_dir()?.display(),
+                plugins.display()
+            ));
+            conf.push("JobSubmitPlugins=tenancy".into());
+        }
         conf.extend(opts.extra_conf.iter().cloned());
         conf.push(format!(
             "NodeName={node} CPUs={cpus} RealMemory=1000 State=UNKNOWN"
@@ -679,6 +697,25 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// A built artifact by file name (target/<profile>/NAME or its deps/), or a clear error.
+/// The folder of Slurm's own plugins (the compiled-in `PluginDir`): where this Slurm keeps
+/// `select_cons_tres.so`.
+pub fn slurm_plugin_dir() -> Result<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/slurm-wlm",
+        "/usr/lib/aarch64-linux-gnu/slurm-wlm",
+        "/usr/lib64/slurm",
+        "/usr/lib/slurm",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|d| d.join("select_cons_tres.so").is_file())
+    .ok_or_else(|| {
+        anyhow!(
+            "Slurm's plugin folder (with select_cons_tres.so) not found: apt-get install slurm-wlm"
+        )
+    })
+}
+
 pub fn artifact(name: &str) -> Result<PathBuf> {
     let t = target_dir();
     for p in [t.join(name), t.join("deps").join(name)] {

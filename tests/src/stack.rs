@@ -214,6 +214,7 @@ impl Stack {
             prolog: Some(artifact("tenancy-prolog")?),
             epilog: Some(artifact("tenancy-epilog")?),
             spank_plugin: Some(artifact("libspank_tenancy.so")?),
+            job_submit_plugin: Some(artifact("libjob_submit_tenancy.so")?),
             tenancy_toml: Some(tenancy_toml(&p, tenants)),
             extra_conf: vec![],
         })?;

@@ -836,3 +836,119 @@ fn prolog_failure_rolls_back_requeues_holds_and_drains() {
     let md = fs::metadata(s.paths.scratch_root.join("acme")).unwrap();
     assert_eq!(md.uid(), 0);
 }
+
+/// A SPANK plugin of the user's own, in place of the product's: it hands the job whatever tenant
+/// and MIG profile `ROGUE_TENANT` / `ROGUE_MIG` say, unchecked, as the product's plugin hands
+/// its checked choice.
+const ROGUE_SPANK_C: &str = r#"
+#include <stdlib.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <slurm/spank.h>
+SPANK_PLUGIN(rogue, 1);
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
+    const char *t = getenv("ROGUE_TENANT"), *m = getenv("ROGUE_MIG");
+    if (spank_context() != S_CTX_LOCAL && spank_context() != S_CTX_ALLOCATOR)
+        return 0;
+    if (t) spank_job_control_setenv(sp, "TENANCY_TENANT", t, 1);
+    if (m) spank_job_control_setenv(sp, "TENANCY_MIG", m, 1);
+    return 0;
+}
+"#;
+
+/// A user who leaves the submit-side check out (their own slurm.conf naming their own
+/// plugstack, with a plugin that sets `SPANK_TENANCY_TENANT` unchecked) is refused by
+/// slurmctld's `job_submit/tenancy` with the same reason the prolog would give: no job exists,
+/// and the node is not drained, which the prolog's refusal on the node would do.
+#[test]
+fn a_job_that_bypasses_the_submit_check_is_refused_by_slurmctld_and_drains_no_node() {
+    if !require_root(
+        "a_job_that_bypasses_the_submit_check_is_refused_by_slurmctld_and_drains_no_node",
+    ) {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let s = &e.stack;
+    let user = &e.t.acme1;
+    let dir = s.cluster.user_dir(user);
+    let src = dir.join("rogue.c");
+    fs::write(&src, ROGUE_SPANK_C).unwrap();
+    let so = dir.join("rogue.so");
+    let o = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .output()
+        .expect("gcc (apt-get install gcc libslurm-dev)");
+    assert!(o.status.success(), "gcc: {}", text(&o.stderr));
+    let plugstack = dir.join("plugstack.conf");
+    fs::write(&plugstack, format!("required {}\n", so.display())).unwrap();
+    let conf: String = fs::read_to_string(&s.cluster.conf)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            if l.starts_with("PlugStackConfig=") {
+                format!("PlugStackConfig={}\n", plugstack.display())
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    let own_conf = dir.join("slurm.conf");
+    fs::write(&own_conf, conf).unwrap();
+    let probe = e.probe();
+    let submit = |name: &str, tenant: &str, mig: &str| {
+        let (script, out) = e.script(user, name, &format!("{probe} env\n"));
+        let mut c = s.cluster.cmd_as(user, "sbatch");
+        c.env("SLURM_CONF", &own_conf)
+            .env("ROGUE_TENANT", tenant)
+            .env("ROGUE_MIG", mig)
+            .arg("-o")
+            .arg(&out)
+            .arg(&script);
+        (s.cluster.run(c).unwrap(), out)
+    };
+
+    // The user's plugin works: what it sets reaches the node (a MIG slice of the profile it
+    // named, for a tenant the user is a member of).
+    let (o, out) = submit("own", "acme", "1g.18gb");
+    assert!(o.status.success(), "sbatch: {}", text(&o.stderr));
+    let id = submitted_id(&o).unwrap();
+    s.cluster
+        .wait_job_done(id, Duration::from_secs(90))
+        .unwrap();
+    let k = probe_kv(&fs::read_to_string(&out).unwrap());
+    assert_eq!(k["TENANCY_TENANT"], "acme", "{k:?}");
+    assert!(k["CUDA_VISIBLE_DEVICES"].starts_with("MIG-"), "{k:?}");
+
+    // Another tenant's name, and a profile the user's tier does not allow: refused by slurmctld,
+    // with the prolog's reason, and no job is made.
+    for (name, tenant, mig, reason) in [
+        (
+            "steal",
+            "globex",
+            "",
+            &*format!(
+                "tenancy: user {} is not a member of tenant 'globex'",
+                user.name
+            ),
+        ),
+        ("big", "acme", "7g.141gb", "7g.141gb"),
+    ] {
+        let (o, _) = submit(name, tenant, mig);
+        let err = text(&o.stderr);
+        assert!(
+            !o.status.success(),
+            "sbatch {name} was accepted: {}",
+            text(&o.stdout)
+        );
+        assert!(err.contains(reason), "sbatch {name}: {err}");
+    }
+    let mut q = s.cluster.cmd("squeue");
+    q.args(["-h", "-a", "-o", "%A"]);
+    let queued = text(&s.cluster.run(q).unwrap().stdout);
+    assert_eq!(queued.trim(), "", "jobs were made: {queued}");
+    assert_eq!(s.cluster.node_state().unwrap(), "idle");
+    assert_eq!(s.cluster.node_reason().unwrap(), "");
+}

@@ -1,0 +1,629 @@
+//! `job_submit/tenancy` (`job_submit_tenancy.so`), loaded by slurmctld (`JobSubmitPlugins=tenancy`
+//! in slurm.conf, the file in slurmctld's `PluginDir`): refuses at submission a job the prolog
+//! would refuse on the node.
+//!
+//! Why at slurmctld too: the SPANK plugin's check runs in sbatch/srun/salloc as the submitting
+//! user, who can leave it out (their own `SLURM_CONF` and plugstack, or libslurm called
+//! directly) and hand the job any `SPANK_TENANCY_TENANT`. The prolog then refuses the job, fails
+//! closed, and Slurm drains the node: a user could drain every node their jobs land on. Here the
+//! same decision as the prolog's ([`tenancy_config::Config::resolve`]) is taken on what slurmctld
+//! received (the job's uid, account and SPANK job environment), before the job exists, so such a
+//! job is refused with the reason and no node is touched. The prolog still decides again on the
+//! node (the config or a membership may change while the job is pending).
+//!
+//! The config is found as by every command (`TENANCY_CONFIG`, `tenancy.toml` next to
+//! `SLURM_CONF`, `/etc/slurm/tenancy.toml`) in slurmctld's environment, read on every submission
+//! and parsed again only when its text changed. A config that cannot be read or is invalid
+//! refuses every job (fail closed), with the reason in the message and slurmctld's log.
+//!
+//! Slurm's own symbols (`slurm_xstrdup` for the message slurmctld frees with `xfree`, its log
+//! functions, `validate_super_user`) are looked up at run time in the process that loaded the
+//! plugin, as slurmctld's own plugins resolve them; no panic crosses the C ABI.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tenancy_config::{Config, Identity, Resolved};
+
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    clippy::all
+)]
+mod sys {
+    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
+
+/// The Slurm version (0xMMmmuu) the plugin was built against; slurmctld loads a job_submit
+/// plugin only when it equals its own.
+pub const SLURM_VERSION_NUMBER: u32 = sys::SLURM_VERSION_NUMBER;
+
+#[no_mangle]
+#[used]
+pub static plugin_name: [u8; 29] = *b"tenancy job submission check\0";
+#[no_mangle]
+#[used]
+pub static plugin_type: [u8; 19] = *b"job_submit/tenancy\0";
+#[no_mangle]
+#[used]
+pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER;
+
+/// The SPANK job environment variables the prolog reads (set by the SPANK plugin in sbatch).
+pub const TENANT_VAR: &str = "SPANK_TENANCY_TENANT";
+pub const MIG_VAR: &str = "SPANK_TENANCY_MIG";
+/// The prolog refuses longer values (tenancy_node::context).
+const MAX_VALUE: usize = 4096;
+
+/// What slurmctld received for one job, as the prolog will see it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Submission {
+    pub uid: u32,
+    /// Lowercased, as slurmctld stores it right after the job_submit plugins ran.
+    pub account: Option<String>,
+    pub tenant: Option<String>,
+    pub mig: Option<String>,
+}
+
+impl Submission {
+    /// Reads the job's uid, account and SPANK job environment. `spank_env` entries are
+    /// `NAME=value`; a variable given twice with different values is refused (which one the
+    /// node would see is not this plugin's to guess).
+    pub fn from_parts(
+        uid: u32,
+        account: Option<&[u8]>,
+        spank_env: &[&[u8]],
+    ) -> Result<Self, String> {
+        let text = |name: &str, raw: &[u8]| -> Result<Option<String>, String> {
+            if raw.len() > MAX_VALUE {
+                return Err(format!(
+                    "{name} is {} bytes long (at most {MAX_VALUE})",
+                    raw.len()
+                ));
+            }
+            let s = std::str::from_utf8(raw).map_err(|_| format!("{name} is not valid UTF-8"))?;
+            if s.chars().any(char::is_control) {
+                return Err(format!(
+                    "{name} contains control characters: {}",
+                    s.escape_debug()
+                ));
+            }
+            Ok((!s.is_empty()).then(|| s.to_string()))
+        };
+        let var = |name: &str| -> Result<Option<String>, String> {
+            let mut found: Option<&[u8]> = None;
+            // Clients send the names as the plugin gave them (`TENANCY_TENANT`), and slurmd
+            // puts `SPANK_` before every name that lacks it when it builds the prolog's
+            // environment: both spellings reach the prolog as `name`.
+            let bare = name.strip_prefix("SPANK_").unwrap_or(name);
+            for entry in spank_env {
+                let Some(eq) = entry.iter().position(|&b| b == b'=') else {
+                    continue;
+                };
+                let (n, value) = (&entry[..eq], &entry[eq + 1..]);
+                if n != name.as_bytes() && n != bare.as_bytes() {
+                    continue;
+                }
+                match found {
+                    Some(earlier) if earlier != value => {
+                        return Err(format!("{name} is given twice, with different values"))
+                    }
+                    _ => found = Some(value),
+                }
+            }
+            found.map_or(Ok(None), |v| text(name, v))
+        };
+        Ok(Submission {
+            uid,
+            account: account
+                .map(|a| text("the account", a))
+                .transpose()?
+                .flatten()
+                .map(|a| a.to_lowercase()),
+            tenant: var(TENANT_VAR)?,
+            mig: var(MIG_VAR)?,
+        })
+    }
+
+    /// The prolog's decision, taken here: the error is the one line the user sees.
+    pub fn check(&self, config: &Config) -> Result<Resolved, String> {
+        let who = Identity::from_uid(self.uid)?;
+        config
+            .resolve(
+                &who,
+                self.account.as_deref(),
+                self.tenant.as_deref(),
+                self.mig.as_deref(),
+            )
+            .map_err(|refusal| refusal.to_string())
+    }
+}
+
+/// The config last parsed, with the path and text it came from: slurmctld runs for months and
+/// sees many submissions, the config rarely changes.
+static PARSED: Mutex<Option<(PathBuf, String, Arc<Config>)>> = Mutex::new(None);
+
+/// Finds and reads the config; parses it only when the path or text differ from the last time.
+pub fn current_config() -> Result<Arc<Config>, String> {
+    let unreadable = |e: &dyn std::fmt::Display| {
+        format!(
+            "cannot read the tenancy config on the controller ({}); ask your admin",
+            one_line(&e.to_string())
+        )
+    };
+    let path = Config::find(None).map_err(|e| unreadable(&e))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| unreadable(&format!("{}: {e}", path.display())))?;
+    let mut parsed = PARSED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((p, t, c)) = parsed.as_ref() {
+        if *p == path && *t == text {
+            return Ok(Arc::clone(c));
+        }
+    }
+    let config = Arc::new(Config::parse(&text, &path).map_err(|e| unreadable(&e))?);
+    *parsed = Some((path, text, Arc::clone(&config)));
+    Ok(config)
+}
+
+/// The whole check of one submission: the job is accepted with `Ok`.
+pub fn decide(submission: Result<Submission, String>) -> Result<Resolved, String> {
+    let submission = submission?;
+    submission.check(&*current_config()?)
+}
+
+fn one_line(s: &str) -> String {
+    s.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+// ---- slurmctld's symbols, found at run time -----------------------------------------------
+
+fn symbol(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+/// Logs one line through slurmctld's log (`slurm_info` / `slurm_error`), or stderr outside it.
+fn log(error: bool, msg: &str) {
+    let line =
+        CString::new(format!("job_submit/tenancy: {msg}").replace('\0', " ")).unwrap_or_default();
+    let f = symbol(if error { c"slurm_error" } else { c"slurm_info" });
+    if f.is_null() {
+        eprintln!("{}", line.to_string_lossy());
+        return;
+    }
+    // SAFETY: both are `fn(const char *fmt, ...)` in Slurm's log.h; "%s" takes one C string.
+    unsafe {
+        let f: unsafe extern "C" fn(*const c_char, ...) -> c_int = std::mem::transmute(f);
+        f(c"%s".as_ptr(), line.as_ptr());
+    }
+}
+
+/// Hands `msg` to slurmctld as the message the submitter sees (it frees it with `xfree`, so it
+/// must come from Slurm's `xstrdup`).
+///
+/// # Safety
+/// `err_msg` is null or points to a `char *` that is null or was allocated by Slurm.
+unsafe fn set_err_msg(err_msg: *mut *mut c_char, msg: &str) {
+    if err_msg.is_null() {
+        return;
+    }
+    let xstrdup = symbol(c"slurm_xstrdup");
+    let Ok(text) = CString::new(msg.replace('\0', " ")) else {
+        return;
+    };
+    if xstrdup.is_null() {
+        return;
+    }
+    let xstrdup: unsafe extern "C" fn(*const c_char) -> *mut c_char = std::mem::transmute(xstrdup);
+    let old = *err_msg;
+    if !old.is_null() {
+        // An earlier plugin's message: ours is the reason the job is refused, keep both.
+        let both = CString::new(format!(
+            "{}\n{}",
+            CStr::from_ptr(old).to_string_lossy(),
+            msg
+        ))
+        .unwrap_or(text.clone());
+        let xfree = symbol(c"slurm_xfree");
+        if !xfree.is_null() {
+            let xfree: unsafe extern "C" fn(*mut *mut c_void) = std::mem::transmute(xfree);
+            let mut p = old.cast::<c_void>();
+            xfree(&mut p);
+            *err_msg = xstrdup(both.as_ptr());
+        }
+        return;
+    }
+    *err_msg = xstrdup(text.as_ptr());
+}
+
+/// Whether `uid` is root or a Slurm administrator (slurmctld's `validate_super_user`).
+fn super_user(uid: u32) -> bool {
+    if uid == 0 {
+        return true;
+    }
+    let f = symbol(c"validate_super_user");
+    if f.is_null() {
+        return false;
+    }
+    // SAFETY: `extern bool validate_super_user(uid_t uid)` in slurmctld.
+    unsafe {
+        let f: unsafe extern "C" fn(libc::uid_t) -> bool = std::mem::transmute(f);
+        f(uid)
+    }
+}
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
+    (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes())
+}
+
+/// # Safety
+/// `desc` points to a valid `job_desc_msg_t`.
+unsafe fn submission(desc: &sys::job_desc_msg_t) -> Result<Submission, String> {
+    let mut env = Vec::new();
+    if !desc.spank_job_env.is_null() {
+        for i in 0..desc.spank_job_env_size as usize {
+            if let Some(e) = bytes(*desc.spank_job_env.add(i)) {
+                env.push(e);
+            }
+        }
+    }
+    Submission::from_parts(desc.user_id, bytes(desc.account), &env)
+}
+
+// ---- the plugin interface ----------------------------------------------------------------
+
+const SUCCESS: c_int = sys::SLURM_SUCCESS as c_int;
+const REFUSED: c_int = sys::slurm_err_t::ESLURM_ACCESS_DENIED as c_int;
+
+#[no_mangle]
+pub extern "C" fn init() -> c_int {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn fini() -> c_int {
+    SUCCESS
+}
+
+/// Called by slurmctld for every job submission and allocation request (sbatch, salloc, srun
+/// without an allocation), before the job exists.
+///
+/// # Safety
+/// Called by slurmctld with a valid `job_desc` and `err_msg`.
+#[no_mangle]
+pub unsafe extern "C" fn job_submit(
+    job_desc: *mut sys::job_desc_msg_t,
+    submit_uid: u32,
+    err_msg: *mut *mut c_char,
+) -> c_int {
+    if job_desc.is_null() {
+        return REFUSED;
+    }
+    let verdict = catch_unwind(AssertUnwindSafe(|| decide(submission(&*job_desc))))
+        .unwrap_or_else(|_| Err("internal error in the tenancy check; ask your admin".into()));
+    match verdict {
+        Ok(_) => SUCCESS,
+        Err(why) => {
+            let uid = (*job_desc).user_id;
+            log(
+                false,
+                &format!("refused a job of uid {uid} (submitted by uid {submit_uid}): {why}"),
+            );
+            set_err_msg(err_msg, &format!("tenancy: {why}"));
+            REFUSED
+        }
+    }
+}
+
+/// Called by slurmctld for `scontrol update job`. What it is given holds only the changed
+/// fields, not the job's tenant, so a new account a tenant owns is accepted only when it cannot
+/// contradict the tenant: from an administrator, or from a user who is a member of that tenant
+/// and of no other one (the job's tenant was checked against their memberships at submission).
+///
+/// # Safety
+/// Called by slurmctld with a valid `job_desc`.
+#[no_mangle]
+pub unsafe extern "C" fn job_modify(
+    job_desc: *mut sys::job_desc_msg_t,
+    _job_ptr: *mut c_void,
+    submit_uid: u32,
+) -> c_int {
+    if job_desc.is_null() {
+        return REFUSED;
+    }
+    let job = (*job_desc).job_id;
+    let verdict = catch_unwind(AssertUnwindSafe(|| {
+        let account = bytes((*job_desc).account).map(|a| String::from_utf8_lossy(a).to_lowercase());
+        if account.is_none() || super_user(submit_uid) {
+            return Ok(());
+        }
+        check_account_change(&*current_config()?, submit_uid, job, account.as_deref())
+    }))
+    .unwrap_or_else(|_| Err("internal error in the tenancy check".into()));
+    match verdict {
+        Ok(()) => SUCCESS,
+        Err(why) => {
+            log(false, &format!("refused an update: {why}"));
+            REFUSED
+        }
+    }
+}
+
+/// The account change of [`job_modify`] by a user who is not an administrator.
+pub fn check_account_change(
+    config: &Config,
+    uid: u32,
+    job: u32,
+    account: Option<&str>,
+) -> Result<(), String> {
+    let Some(account) = account else {
+        return Ok(());
+    };
+    let Some(owner) = config.tenant_of_account(account) else {
+        return Ok(());
+    };
+    let who = Identity::from_uid(uid)?;
+    let mine: Vec<&str> = config
+        .tenants
+        .values()
+        .filter(|t| config.is_member(&who, t))
+        .map(|t| t.name.as_str())
+        .collect();
+    if mine == [owner.name.as_str()] {
+        return Ok(());
+    }
+    Err(format!(
+        "user {} may not move job {job} to account '{account}' of tenant '{}': the prolog \
+         checks the account against the job's tenant; cancel the job and submit it again with \
+         --account",
+        who.user, owner.name
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config with a tenant the test's user is a member of (through its primary group) and one
+    /// it is not (a group NSS does not know).
+    fn config() -> (tempfile::TempDir, PathBuf, Config) {
+        let me = Identity::from_uid(rustix_uid()).expect("the test's own user");
+        let group = nix_group_name(me.gid);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenancy.toml");
+        let text = format!(
+            r#"
+[cluster]
+name = "t"
+state_dir = "{d}/state"
+audit_log = "{d}/audit.jsonl"
+scratch_root = "{d}/scratch"
+
+[tiers.internal]
+mig_profiles = ["1g.18gb"]
+share_gpu = true
+share_node = true
+scratch_on_exit = "wipe"
+
+[tenants.mine]
+tier = "internal"
+groups = ["{group}"]
+accounts = ["mine-acct"]
+
+[tenants.other]
+tier = "internal"
+groups = ["tenancy-no-such-group"]
+accounts = ["other-acct"]
+"#,
+            d = dir.path().display()
+        );
+        std::fs::write(&path, &text).unwrap();
+        let config = Config::parse(&text, &path).expect("valid test config");
+        (dir, path, config)
+    }
+
+    fn rustix_uid() -> u32 {
+        // SAFETY: getuid cannot fail.
+        unsafe { libc::getuid() }
+    }
+
+    fn nix_group_name(gid: u32) -> String {
+        // SAFETY: getgrgid returns a pointer into static storage or null; read at once.
+        unsafe {
+            let g = libc::getgrgid(gid);
+            assert!(
+                !g.is_null(),
+                "the test user's primary group {gid} has no name"
+            );
+            CStr::from_ptr((*g).gr_name).to_string_lossy().into_owned()
+        }
+    }
+
+    fn submission(env: &[&str], account: Option<&str>) -> Result<Submission, String> {
+        let env: Vec<&[u8]> = env.iter().map(|e| e.as_bytes()).collect();
+        Submission::from_parts(rustix_uid(), account.map(str::as_bytes), &env)
+    }
+
+    #[test]
+    fn reads_what_the_prolog_reads_from_the_spank_environment() {
+        let s = submission(
+            &[
+                "SPANK_OTHER=x",
+                "SPANK_TENANCY_TENANTX=no",
+                "SPANK_TENANCY_TENANT=mine",
+                "SPANK_TENANCY_MIG=1g.18gb",
+            ],
+            Some("Mine-Acct"),
+        )
+        .unwrap();
+        assert_eq!(s.tenant.as_deref(), Some("mine"));
+        assert_eq!(s.mig.as_deref(), Some("1g.18gb"));
+        // slurmctld lowercases the account after the job_submit plugins, and the prolog sees that.
+        assert_eq!(s.account.as_deref(), Some("mine-acct"));
+        // Empty values are absent, as in the prolog; the same value twice is one value.
+        let s = submission(
+            &[
+                "SPANK_TENANCY_TENANT=",
+                "SPANK_TENANCY_MIG=a",
+                "SPANK_TENANCY_MIG=a",
+            ],
+            Some(""),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.tenant, s.mig.as_deref(), s.account),
+            (None, Some("a"), None)
+        );
+    }
+
+    #[test]
+    fn refuses_what_the_prolog_could_not_read() {
+        let twice = submission(
+            &["SPANK_TENANCY_TENANT=mine", "SPANK_TENANCY_TENANT=other"],
+            None,
+        );
+        assert!(twice
+            .unwrap_err()
+            .contains("SPANK_TENANCY_TENANT is given twice"));
+        // The two spellings slurmd merges into one variable of the prolog.
+        let both = submission(&["TENANCY_TENANT=mine", "SPANK_TENANCY_TENANT=other"], None);
+        assert!(both.unwrap_err().contains("given twice"));
+        let control = submission(&["SPANK_TENANCY_TENANT=mine\nother"], None);
+        assert!(control.unwrap_err().contains("control characters"));
+        let bad = Submission::from_parts(0, None, &[b"SPANK_TENANCY_MIG=\xff"]);
+        assert!(bad
+            .unwrap_err()
+            .contains("SPANK_TENANCY_MIG is not valid UTF-8"));
+        let long = format!("SPANK_TENANCY_TENANT={}", "a".repeat(MAX_VALUE + 1));
+        assert!(submission(&[&long], None)
+            .unwrap_err()
+            .contains("bytes long"));
+    }
+
+    #[test]
+    fn takes_the_prologs_decision() {
+        let (_dir, _path, config) = config();
+        let check =
+            |env: &[&str], account: Option<&str>| submission(env, account).unwrap().check(&config);
+        let ok = check(
+            &["SPANK_TENANCY_TENANT=mine", "SPANK_TENANCY_MIG=1g.18gb"],
+            Some("mine-acct"),
+        )
+        .unwrap();
+        assert_eq!(
+            (ok.tenant.as_str(), ok.profile.as_deref()),
+            ("mine", Some("1g.18gb"))
+        );
+        // No --tenant: the one tenant the user is a member of.
+        assert_eq!(check(&[], None).unwrap().tenant, "mine");
+        let not_member = check(&["SPANK_TENANCY_TENANT=other"], None).unwrap_err();
+        assert!(
+            not_member.contains("not a member of tenant 'other'"),
+            "{not_member}"
+        );
+        let unknown = check(&["SPANK_TENANCY_TENANT=nope"], None).unwrap_err();
+        assert!(unknown.contains("nope"), "{unknown}");
+        let profile = check(
+            &["SPANK_TENANCY_TENANT=mine", "SPANK_TENANCY_MIG=7g.141gb"],
+            None,
+        )
+        .unwrap_err();
+        assert!(profile.contains("7g.141gb"), "{profile}");
+        let account = check(&["SPANK_TENANCY_TENANT=mine"], Some("OTHER-ACCT")).unwrap_err();
+        assert!(
+            account.contains("other-acct") && account.contains("other"),
+            "{account}"
+        );
+    }
+
+    #[test]
+    fn an_account_change_cannot_contradict_the_tenant() {
+        let (_dir, _path, config) = config();
+        let uid = rustix_uid();
+        assert_eq!(check_account_change(&config, uid, 7, None), Ok(()));
+        assert_eq!(
+            check_account_change(&config, uid, 7, Some("no-tenants-acct")),
+            Ok(())
+        );
+        assert_eq!(
+            check_account_change(&config, uid, 7, Some("mine-acct")),
+            Ok(())
+        );
+        let e = check_account_change(&config, uid, 7, Some("other-acct")).unwrap_err();
+        assert!(e.contains("job 7") && e.contains("tenant 'other'"), "{e}");
+    }
+
+    /// The C entry point with a job description as slurmctld passes it, the message made by
+    /// Slurm's own `xstrdup` when libslurmfull is installed (as it is where slurmctld runs).
+    #[test]
+    fn job_submit_accepts_and_refuses_through_the_c_interface() {
+        let (_dir, path, _config) = config();
+        std::env::set_var("TENANCY_CONFIG", &path);
+        let slurm = c"/usr/lib/x86_64-linux-gnu/slurm-wlm/libslurmfull.so";
+        // SAFETY: loading Slurm's library only makes its symbols visible to dlsym.
+        let loaded =
+            unsafe { !libc::dlopen(slurm.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL).is_null() };
+        if !loaded {
+            eprintln!("NOTE: {slurm:?} not found: the refusal's message is not checked");
+        }
+        let run = |env: &[&CStr], account: Option<&CStr>| -> (c_int, Option<String>) {
+            let mut vars: Vec<*mut c_char> = env.iter().map(|e| e.as_ptr().cast_mut()).collect();
+            // SAFETY: an all-zero job_desc_msg_t is valid (null pointers, zero numbers).
+            let mut desc: sys::job_desc_msg_t = unsafe { std::mem::zeroed() };
+            desc.user_id = rustix_uid();
+            desc.spank_job_env = vars.as_mut_ptr();
+            desc.spank_job_env_size = vars.len() as u32;
+            desc.account = account.map_or(std::ptr::null_mut(), |a| a.as_ptr().cast_mut());
+            let mut msg: *mut c_char = std::ptr::null_mut();
+            // SAFETY: desc and msg live through the call.
+            let rc = unsafe { job_submit(&mut desc, 0, &mut msg) };
+            let text = (!msg.is_null()).then(|| {
+                // SAFETY: made by slurm_xstrdup; freed by slurm_xfree as slurmctld does.
+                unsafe {
+                    let t = CStr::from_ptr(msg).to_string_lossy().into_owned();
+                    let xfree: unsafe extern "C" fn(*mut *mut c_void) =
+                        std::mem::transmute(symbol(c"slurm_xfree"));
+                    let mut p = msg.cast::<c_void>();
+                    xfree(&mut p);
+                    t
+                }
+            });
+            (rc, text)
+        };
+        assert_eq!(run(&[c"SPANK_TENANCY_TENANT=mine"], None), (SUCCESS, None));
+        let (rc, msg) = run(&[c"SPANK_TENANCY_TENANT=other"], None);
+        assert_eq!(rc, REFUSED);
+        if loaded {
+            let msg = msg.expect("a message for the submitter");
+            assert!(
+                msg.starts_with("tenancy: ") && msg.contains("not a member of tenant 'other'"),
+                "{msg}"
+            );
+        }
+        assert_eq!(
+            run(&[c"SPANK_TENANCY_TENANT=mine"], Some(c"other-acct")).0,
+            REFUSED
+        );
+
+        // A config that cannot be read refuses every job (fail closed), and says why.
+        std::env::set_var("TENANCY_CONFIG", path.with_file_name("missing.toml"));
+        let (rc, msg) = run(&[c"SPANK_TENANCY_TENANT=mine"], None);
+        assert_eq!(rc, REFUSED);
+        if loaded {
+            let msg = msg.unwrap();
+            assert!(
+                msg.contains("cannot read the tenancy config") && msg.contains("missing.toml"),
+                "{msg}"
+            );
+        }
+        std::env::remove_var("TENANCY_CONFIG");
+    }
+}
