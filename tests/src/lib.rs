@@ -336,6 +336,46 @@ impl Cluster {
         c
     }
 
+    /// A user's way around the submit-side check: in their own folder, a SPANK plugin of their
+    /// own (tests/src/own_spank.c, built with gcc) that hands the job whatever tenant and MIG
+    /// profile `OWN_TENANT` / `OWN_MIG` say, unchecked, and a copy of slurm.conf whose
+    /// plugstack loads it instead of the product's. Returns that slurm.conf: run a client with
+    /// `SLURM_CONF` set to it.
+    pub fn own_plugstack(&self, user: &TestUser) -> Result<PathBuf> {
+        let dir = self.user_dir(user);
+        let src = dir.join("own_spank.c");
+        fs::write(&src, include_str!("own_spank.c"))?;
+        let so = dir.join("own_spank.so");
+        let o = Command::new("gcc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&so)
+            .arg(&src)
+            .output()
+            .context("gcc (apt-get install gcc libslurm-dev)")?;
+        if !o.status.success() {
+            bail!(
+                "gcc {}: {}",
+                src.display(),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let plugstack = dir.join("plugstack.conf");
+        write_file(&plugstack, &format!("required {}\n", so.display()), 0o644)?;
+        let conf: String = fs::read_to_string(&self.conf)?
+            .lines()
+            .map(|l| {
+                if l.starts_with("PlugStackConfig=") {
+                    format!("PlugStackConfig={}\n", plugstack.display())
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        let own = dir.join("slurm.conf");
+        write_file(&own, &conf, 0o644)?;
+        Ok(own)
+    }
+
     /// The user's own folder under the cluster folder (created on demand, owned by the user).
     pub fn user_dir(&self, user: &TestUser) -> PathBuf {
         let p = self.path("jobs").join(&user.name);

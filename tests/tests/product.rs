@@ -837,25 +837,6 @@ fn prolog_failure_rolls_back_requeues_holds_and_drains() {
     assert_eq!(md.uid(), 0);
 }
 
-/// A SPANK plugin of the user's own, in place of the product's: it hands the job whatever tenant
-/// and MIG profile `ROGUE_TENANT` / `ROGUE_MIG` say, unchecked, as the product's plugin hands
-/// its checked choice.
-const ROGUE_SPANK_C: &str = r#"
-#include <stdlib.h>
-#include <stdint.h>
-#include <sys/types.h>
-#include <slurm/spank.h>
-SPANK_PLUGIN(rogue, 1);
-int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
-    const char *t = getenv("ROGUE_TENANT"), *m = getenv("ROGUE_MIG");
-    if (spank_context() != S_CTX_LOCAL && spank_context() != S_CTX_ALLOCATOR)
-        return 0;
-    if (t) spank_job_control_setenv(sp, "TENANCY_TENANT", t, 1);
-    if (m) spank_job_control_setenv(sp, "TENANCY_MIG", m, 1);
-    return 0;
-}
-"#;
-
 /// A user who leaves the submit-side check out (their own slurm.conf naming their own
 /// plugstack, with a plugin that sets `SPANK_TENANCY_TENANT` unchecked) is refused by
 /// slurmctld's `job_submit/tenancy` with the same reason the prolog would give: no job exists,
@@ -871,39 +852,14 @@ fn a_job_that_bypasses_the_submit_check_is_refused_by_slurmctld_and_drains_no_no
     let e = env();
     let s = &e.stack;
     let user = &e.t.acme1;
-    let dir = s.cluster.user_dir(user);
-    let src = dir.join("rogue.c");
-    fs::write(&src, ROGUE_SPANK_C).unwrap();
-    let so = dir.join("rogue.so");
-    let o = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&so)
-        .arg(&src)
-        .output()
-        .expect("gcc (apt-get install gcc libslurm-dev)");
-    assert!(o.status.success(), "gcc: {}", text(&o.stderr));
-    let plugstack = dir.join("plugstack.conf");
-    fs::write(&plugstack, format!("required {}\n", so.display())).unwrap();
-    let conf: String = fs::read_to_string(&s.cluster.conf)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            if l.starts_with("PlugStackConfig=") {
-                format!("PlugStackConfig={}\n", plugstack.display())
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect();
-    let own_conf = dir.join("slurm.conf");
-    fs::write(&own_conf, conf).unwrap();
+    let own_conf = s.cluster.own_plugstack(user).unwrap();
     let probe = e.probe();
     let submit = |name: &str, tenant: &str, mig: &str| {
         let (script, out) = e.script(user, name, &format!("{probe} env\n"));
         let mut c = s.cluster.cmd_as(user, "sbatch");
         c.env("SLURM_CONF", &own_conf)
-            .env("ROGUE_TENANT", tenant)
-            .env("ROGUE_MIG", mig)
+            .env("OWN_TENANT", tenant)
+            .env("OWN_MIG", mig)
             .arg("-o")
             .arg(&out)
             .arg(&script);

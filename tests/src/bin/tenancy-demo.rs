@@ -41,6 +41,17 @@ impl Demo {
 
     /// Submits the demo job as `user`; prints the command line and what sbatch said.
     fn submit(&self, user: &TestUser, args: &[&str], port: u16) -> Result<Option<u64>> {
+        self.submit_with(user, &[], args, port)
+    }
+
+    /// [`Self::submit`] with variables set for sbatch (shown before the command).
+    fn submit_with(
+        &self,
+        user: &TestUser,
+        vars: &[(&str, &str)],
+        args: &[&str],
+        port: u16,
+    ) -> Result<Option<u64>> {
         let dir = self.stack.cluster.user_dir(user);
         let script = dir.join("job.sh");
         let p = self.probe();
@@ -51,9 +62,13 @@ impl Demo {
                 self.release.display()
             ),
         )?;
-        println!("{} $ sbatch {} job.sh", user.name, args.join(" "));
+        let mut shown: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        shown.push("sbatch".into());
+        shown.extend(args.iter().map(|a| a.to_string()));
+        println!("{} $ {} job.sh", user.name, shown.join(" "));
         let mut c = self.stack.cluster.cmd_as(user, "sbatch");
-        c.args(args)
+        c.envs(vars.iter().copied())
+            .args(args)
             .arg("-o")
             .arg(dir.join("slurm-%j.out"))
             .arg(&script);
@@ -258,6 +273,23 @@ fn run() -> Result<u32> {
     d.submit(&d.t.outsider, &["--mig=1g.18gb"], 0)?;
     d.submit(&d.t.acme1, &["--tenant=acme", "--mig=7g.141gb"], 0)?;
     d.submit(&d.t.both, &["--mig=1g.18gb"], 0)?;
+
+    say("Refused by slurmctld: acme1 leaves the sbatch check out (a plugstack of their own)");
+    let own = s.cluster.own_plugstack(&d.t.acme1)?;
+    println!(
+        "(~/slurm.conf loads ~/own_spank.so instead of the product's plugin; it hands the job any tenant, unchecked)"
+    );
+    let own = own.display().to_string();
+    broken += u32::from(
+        d.submit_with(
+            &d.t.acme1,
+            &[("SLURM_CONF", own.as_str()), ("OWN_TENANT", "globex")],
+            &[],
+            0,
+        )?
+        .is_some(),
+    );
+    println!("node {} is {}", s.cluster.node, s.cluster.node_state()?);
 
     say("What each job got (as the job itself sees it)");
     let ak = d.report(&d.t.acme1, a)?;
