@@ -99,6 +99,9 @@ impl Handoff {
 /// A point of the prolog after which a crash must leave nothing the epilog cannot undo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Boundary {
+    /// An earlier attempt's journal was looked for (and torn down); the node lock is not
+    /// taken yet.
+    Checked,
     /// The layer's intent is journaled; nothing made yet.
     Intended(&'static str),
     /// The layer made its resource; the result is not journaled yet.
@@ -108,6 +111,20 @@ pub enum Boundary {
     IntentsOnDisk,
     /// Every layer is made and journaled; the job_start record is not written yet.
     AllMade,
+}
+
+/// Why [`Spine::make_all`] made nothing or failed.
+enum MakeFailure {
+    /// A layer or the journal failed: what was made is rolled back.
+    Layer(String),
+    /// Another prolog of the same job holds the journal: nothing was made, nothing to undo.
+    AnotherAttempt(String),
+}
+
+impl From<String> for MakeFailure {
+    fn from(reason: String) -> Self {
+        MakeFailure::Layer(reason)
+    }
 }
 
 /// Why the prolog refused or failed: the text for slurmd's log and the audit reason.
@@ -293,9 +310,21 @@ impl<'c> Spine<'c> {
             intent_slot: None,
             boot_id: None,
         };
+        self.boundary(Boundary::Checked);
         match self.make_all(&mut plan, &mut journal) {
             Ok(()) => {}
-            Err(reason) => return self.roll_back(&ctx, &plan, journal, reason),
+            Err(MakeFailure::Layer(reason)) => return self.roll_back(&ctx, &plan, journal, reason),
+            // Nothing was made, and the journal there is the other attempt's: a rollback would
+            // remove it, and its resources with no record left.
+            Err(MakeFailure::AnotherAttempt(reason)) => {
+                return self.deny(
+                    &ctx,
+                    Denial {
+                        event: Event::JobDenied,
+                        reason,
+                    },
+                )
+            }
         }
         let mut rec = self
             .record(
@@ -410,7 +439,7 @@ impl<'c> Spine<'c> {
     /// reads the journal from the page cache, and after one there is nothing of theirs to
     /// find. Results need no fsync: every layer can undo from its intent alone, so the last
     /// write only informs the task entry.
-    fn make_all(&mut self, plan: &mut JobPlan, journal: &mut Journal) -> Result<(), String> {
+    fn make_all(&mut self, plan: &mut JobPlan, journal: &mut Journal) -> Result<(), MakeFailure> {
         let job = plan.job_id;
         let _lock = self.journals.lock_node().map_err(|e| {
             format!(
@@ -418,6 +447,27 @@ impl<'c> Spine<'c> {
                 self.journals.path().display()
             )
         })?;
+        // Another prolog of this job (slurmd restarted, a prolog run by hand) may have made its
+        // journal since this one looked for an earlier attempt's: writing ours over it would
+        // leave what it records (a GPU instance) to no journal.
+        match self.journals.load(job) {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                return Err(MakeFailure::AnotherAttempt(format!(
+                    "job {job}: another prolog of this job made its isolation on this node while \
+                     this one started (journal {}); this one makes nothing. Check that Slurm \
+                     runs one prolog per job (slurmd's log), then resume the node",
+                    self.journals.journal_path(job).display()
+                )))
+            }
+            Err(e) => {
+                return Err(MakeFailure::AnotherAttempt(format!(
+                    "job {job}: another prolog of this job wrote its journal while this one \
+                     started, and it cannot be read: {e}; this one makes nothing. Inspect it, \
+                     then run `tenancyctl reconcile --apply`"
+                )))
+            }
+        }
         // Read once under the lock; the tier rules here and in the MIG layer use it.
         plan.others = self.journals.occupants(job).map_err(|e| {
             format!(
@@ -443,7 +493,7 @@ impl<'c> Spine<'c> {
                     acting.push(li);
                 }
                 Ok(None) => {}
-                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
+                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}").into()),
             }
         }
         let mut on_disk = Flushing::done();
@@ -467,7 +517,8 @@ impl<'c> Spine<'c> {
                         "job {job}: layer {name}: the intents did not reach the disk in {}: \
                          {e}; check that file system",
                         self.journals.path().display()
-                    ));
+                    )
+                    .into());
                 }
                 self.boundary(Boundary::IntentsOnDisk);
             }
@@ -482,7 +533,7 @@ impl<'c> Spine<'c> {
                 Err(LayerError(e)) => {
                     // Later intents were never acted on: nothing to undo.
                     journal.steps.truncate(step + 1);
-                    return Err(format!("job {job}: layer {name}: {e}"));
+                    return Err(format!("job {job}: layer {name}: {e}").into());
                 }
             }
         }

@@ -136,19 +136,7 @@ groups = ["root"]
     }
 
     fn spine(&self, fail: Option<&'static str>, origin: &'static str) -> Spine<'_> {
-        let layers: Vec<Box<dyn Layer>> = ["first", "second", "third"]
-            .into_iter()
-            .map(|name| {
-                Box::new(FileLayer {
-                    name,
-                    dir: self.root.join("made"),
-                    fail_make: fail == Some(name),
-                    volatile: name == "second",
-                    calls: self.calls.clone(),
-                }) as Box<dyn Layer>
-            })
-            .collect();
-        Spine::new(&self.config, layers, origin).unwrap()
+        spine_of(&self.config, &self.root, &self.calls, fail, origin)
     }
 
     fn made_files(&self) -> Vec<String> {
@@ -174,6 +162,30 @@ groups = ["root"]
             .unwrap()
             .is_clean()
     }
+}
+
+/// The spine of a [`World`] with three file layers, from its parts (for a spine made where the
+/// world cannot be borrowed).
+fn spine_of<'c>(
+    config: &'c Config,
+    root: &Path,
+    calls: &Rc<RefCell<Vec<String>>>,
+    fail: Option<&'static str>,
+    origin: &'static str,
+) -> Spine<'c> {
+    let layers: Vec<Box<dyn Layer>> = ["first", "second", "third"]
+        .into_iter()
+        .map(|name| {
+            Box::new(FileLayer {
+                name,
+                dir: root.join("made"),
+                fail_make: fail == Some(name),
+                volatile: name == "second",
+                calls: calls.clone(),
+            }) as Box<dyn Layer>
+        })
+        .collect();
+    Spine::new(config, layers, origin).unwrap()
 }
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
@@ -628,4 +640,63 @@ fn every_record_but_a_job_start_is_anchored() {
         ]
     );
     assert_eq!(anchored(), [events[1].1, events[2].1, events[3].1]);
+}
+
+/// Two prologs of one job on a node (slurmd restarted under one, a prolog run by hand): another
+/// runs whole while this one is between its look for an earlier attempt's journal and the node
+/// lock. This one then makes nothing and refuses, leaving the other's journal and resources
+/// alone (its own journal written over them would leave them to nothing that undoes them, and
+/// its rollback would remove that journal), and the job's epilog removes them all.
+#[test]
+fn a_prolog_overtaken_by_another_of_its_job_makes_nothing_and_leaves_the_others_journal() {
+    let w = World::new();
+    let (config, root, calls) = (w.config.clone(), w.root.clone(), w.calls.clone());
+    let second_end = Rc::new(RefCell::new(None));
+    let end_of_second = second_end.clone();
+    let mut first = w.spine(None, "tenancy-prolog");
+    first.boundary_hook = Some(Box::new(move |b| {
+        if b == tenancy_node::Boundary::Checked && end_of_second.borrow().is_none() {
+            let mut second = spine_of(&config, &root, &calls, None, "tenancy-prolog");
+            *end_of_second.borrow_mut() = Some(second.prolog(ctx("77")));
+        }
+    }));
+    let end = first.prolog(ctx("77"));
+    drop(first);
+    let second = second_end
+        .borrow_mut()
+        .take()
+        .expect("the second prolog ran");
+    assert_eq!(second.code, 0, "{}", second.message);
+    assert_ne!(end.code, 0, "the first prolog went on: {}", end.message);
+    assert!(
+        end.message.contains("another prolog of this job"),
+        "{}",
+        end.message
+    );
+    assert_eq!(w.made_files(), ["first-77", "second-77", "third-77"]);
+    let journal = tenancy_node::JournalDir::open(&w.config.cluster.state_dir)
+        .unwrap()
+        .load(77)
+        .unwrap()
+        .expect("the second prolog's journal");
+    assert!(journal.steps.iter().all(|s| s.state == StepState::Made));
+    let made: Vec<_> = w
+        .calls
+        .borrow()
+        .iter()
+        .filter(|c| c.starts_with("make"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        made,
+        ["make first", "make second", "make third"],
+        "the first prolog made something"
+    );
+
+    let end = w.spine(None, "tenancy-epilog").epilog(&ctx("77").unwrap());
+    assert_eq!(end.code, 0, "{}", end.message);
+    assert!(w.made_files().is_empty());
+    let events: Vec<_> = w.records().iter().map(|r| r.event.clone()).collect();
+    assert_eq!(events, [Event::JobStart, Event::JobDenied, Event::JobEnd]);
+    assert!(w.chain_is_valid());
 }
