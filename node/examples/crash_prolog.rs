@@ -87,8 +87,14 @@ fn prolog(crash_at: Option<u32>) -> ExitCode {
     };
     let mut n = 0u32;
     spine.boundary_hook = Some(Box::new(move |b: Boundary| {
+        // Nothing is journaled or made at Checked: a crash there is a crash before the prolog
+        // began, and the boundaries' numbers stay those the crash tests know.
+        if b == Boundary::Checked {
+            return;
+        }
         n += 1;
         let what = match b {
+            Boundary::Checked => unreachable!(),
             Boundary::Intended(l) => format!("intended {l}"),
             Boundary::Made(l) => format!("made {l}"),
             Boundary::IntentsOnDisk => "intents-on-disk".to_string(),
