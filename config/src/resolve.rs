@@ -87,6 +87,56 @@ pub fn group_gid(name: &str) -> Option<u32> {
         .map(|g| g.gid.as_raw())
 }
 
+/// Every user NSS lists in a passwd enumeration: (uid, primary gid). Sources that do not
+/// enumerate (sssd without `enumerate = true`, most LDAP set-ups) add nothing here.
+pub fn enumerate_users() -> Vec<(u32, u32)> {
+    let mut users = Vec::new();
+    // SAFETY: getpwent's static buffer is read before the next call; setpwent/endpwent bracket
+    // the walk. Called from one thread (a command's main thread).
+    unsafe {
+        libc::setpwent();
+        loop {
+            let pw = libc::getpwent();
+            if pw.is_null() {
+                break;
+            }
+            users.push(((*pw).pw_uid, (*pw).pw_gid));
+        }
+        libc::endpwent();
+    }
+    users
+}
+
+impl Config {
+    /// The uids of each tenant's members as NSS knows them: the users whose primary group is
+    /// one of the tenant's groups (from a passwd enumeration) and those in a tenant group's
+    /// member list. A user can be in several tenants.
+    pub fn member_uids(
+        &self,
+    ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<u32>> {
+        let users = enumerate_users();
+        self.tenants
+            .values()
+            .map(|t| {
+                let mut uids = std::collections::BTreeSet::new();
+                for name in &t.groups {
+                    let Ok(Some(group)) = Group::from_name(name) else {
+                        continue;
+                    };
+                    let gid = group.gid.as_raw();
+                    uids.extend(users.iter().filter(|(_, g)| *g == gid).map(|(u, _)| *u));
+                    for member in &group.mem {
+                        if let Ok(Some(u)) = User::from_name(member) {
+                            uids.insert(u.uid.as_raw());
+                        }
+                    }
+                }
+                (t.name.clone(), uids)
+            })
+            .collect()
+    }
+}
+
 /// The tenant, tier and MIG profile a job gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {

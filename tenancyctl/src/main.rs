@@ -105,11 +105,26 @@ fn load_for_adopt(explicit: Option<&std::path::Path>) -> anyhow::Result<Config> 
 }
 
 /// Tenant -> gids of its groups, for storage-audit.
+/// Who belongs to which tenant, for storage-audit: each tenant's groups, and its members'
+/// uids, so a file a user of another tenant owns, or a `user:` ACL entry naming one, is seen
+/// for what it gives. A user in several tenants is mapped to none (the audit asks what one
+/// tenant's members get that the other's do not), and root to none (it gets everything).
 fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
+    let members = config.member_uids();
+    let mut tenants_of = std::collections::HashMap::<u32, usize>::new();
+    for uids in members.values() {
+        for &u in uids {
+            *tenants_of.entry(u).or_default() += 1;
+        }
+    }
     let mut map = tenancy_scratch::TenantMap::new();
     for t in config.tenants.values() {
         let gids: Vec<u32> = t.groups.iter().filter_map(|g| group_gid(g)).collect();
-        map.insert(t.name.clone(), gids, Vec::<u32>::new());
+        let uids = members[&t.name]
+            .iter()
+            .copied()
+            .filter(|u| *u != 0 && tenants_of[u] == 1);
+        map.insert(t.name.clone(), gids, uids);
     }
     map
 }
