@@ -10,6 +10,8 @@
 //! The test runs in its own network namespace (this thread only), where the product's nft table
 //! is loaded, so the host's firewall is never touched.
 
+mod common;
+use common::{id, sh};
 use serde_json::Value;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -60,20 +62,6 @@ fn shim_lib() -> Option<PathBuf> {
     None
 }
 
-fn sh(cmd: &str, args: &[&str]) {
-    for _ in 0..50 {
-        let out = Command::new(cmd).args(args).output().unwrap();
-        if out.status.success() {
-            return;
-        }
-        if !String::from_utf8_lossy(&out.stderr).contains("lock") {
-            panic!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{cmd} {args:?}: lock busy");
-}
-
 struct Guard {
     tenants: Vec<String>,
     users: Vec<String>,
@@ -102,11 +90,6 @@ impl Drop for Guard {
             let _ = Command::new("groupdel").arg(t).status();
         }
     }
-}
-
-fn id(flag: &str, user: &str) -> u32 {
-    let out = Command::new("id").args([flag, user]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
 /// A 1g.18gb slice of `tenant` made directly through NVML (no journal names it).

@@ -2,28 +2,11 @@
 //! groups: a file a user of another tenant owns, or a `user:` ACL entry naming one, is reported
 //! as what it gives that tenant, where a group-only map saw nobody.
 
+mod common;
+use common::{id, sh};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
-
-fn sh(cmd: &str, args: &[&str]) {
-    for _ in 0..50 {
-        let out = Command::new(cmd).args(args).output().unwrap();
-        if out.status.success() {
-            return;
-        }
-        if !String::from_utf8_lossy(&out.stderr).contains("lock") {
-            panic!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("{cmd} {args:?}: lock busy");
-}
-
-fn id(flag: &str, user: &str) -> u32 {
-    let o = Command::new("id").args([flag, user]).output().unwrap();
-    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
-}
 
 /// Users first, then their groups, whatever the test did.
 struct Accounts {

@@ -1,6 +1,32 @@
 //! Shared by tenancyctl's integration tests.
 
+#![allow(dead_code)] // each test binary uses some of these
+
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Runs an account command (groupadd, useradd, setfacl...); retries while another process holds
+/// /etc/passwd's lock (tests run side by side).
+pub fn sh(cmd: &str, args: &[&str]) {
+    for _ in 0..50 {
+        let out = Command::new(cmd).args(args).output().unwrap();
+        if out.status.success() {
+            return;
+        }
+        if !String::from_utf8_lossy(&out.stderr).contains("lock") {
+            panic!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{cmd} {args:?}: lock busy");
+}
+
+/// `id FLAG USER` as a number (`-u`: uid, `-g`: primary gid).
+pub fn id(flag: &str, user: &str) -> u32 {
+    let out = Command::new("id").args([flag, user]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
 
 /// Writes `root/tenancy.toml`: one tier, tenant `acme` of group root, state, audit log and
 /// scratch under `root`. Returns its path.
