@@ -121,7 +121,7 @@ impl Submission {
                 .map(|a| text("the account", a))
                 .transpose()?
                 .flatten()
-                .map(|a| a.to_lowercase()),
+                .map(|a| a.to_ascii_lowercase()),
             tenant: var(TENANT_VAR)?,
             mig: var(MIG_VAR)?,
         })
@@ -341,7 +341,8 @@ pub unsafe extern "C" fn job_modify(
     }
     let job = (*job_desc).job_id;
     let verdict = catch_unwind(AssertUnwindSafe(|| {
-        let account = bytes((*job_desc).account).map(|a| String::from_utf8_lossy(a).to_lowercase());
+        let account =
+            bytes((*job_desc).account).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase());
         if account.is_none() || super_user(submit_uid) {
             return Ok(());
         }
