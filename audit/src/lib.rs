@@ -20,7 +20,7 @@ pub use anchor::{
     anchor_line, parse_anchor_line, send_anchor, send_anchor_to, Anchor, AnchorSet, AnchorStatus,
     NodeAnchors, Origin, SyslogStatus,
 };
-pub use log::{Appended, AuditError, AuditLog, Head};
+pub use log::{Appended, AuditError, AuditLog, Head, Rotated};
 pub use record::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
 pub use report::{run_report, ReportArgs};
 pub use verify::{run_verify, verify_paths, Finding, FindingKind, VerifyArgs, VerifyReport};

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{flock, FlockOperation};
 use serde::Deserialize;
 
-use crate::record::{check_line_hash, LineHash, Record, GENESIS};
+use crate::record::{check_line_hash, Event, LineHash, Record, GENESIS};
 
 /// What `append` returns: the sequence number and hash given to the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +68,8 @@ pub enum AuditError {
         /// What the file holds now: whether the record could be taken out again.
         state: String,
     },
+    #[error("audit log {path}: cannot rotate: {what}")]
+    Rotate { path: PathBuf, what: String },
     #[error("audit log {path}: record for job {job:?} rejected: {what}")]
     Invalid {
         path: PathBuf,
@@ -90,6 +92,19 @@ pub struct AuditLog {
     failing_syncs: std::cell::Cell<u32>,
 }
 
+/// What [`AuditLog::rotate`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotated {
+    /// The old file's new name (its last record is the `log_rotated`).
+    pub kept_as: PathBuf,
+    /// The `log_rotated` record's seq, the last of the kept file.
+    pub rotated_seq: u64,
+    /// The `log_continued` record that begins the file now at the log's path: the new head.
+    pub head: Appended,
+    pub cluster: String,
+    pub node: String,
+}
+
 /// Chain head: last seq and hash (seq 0 and GENESIS for an empty log).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
@@ -97,6 +112,11 @@ pub struct Head {
     pub hash: String,
     /// The node of the last record (None in an empty log): whose chain this file holds.
     pub node: Option<String>,
+    /// The cluster of the last record (None in an empty log).
+    pub cluster: Option<String>,
+    /// The last record is a `log_rotated`: `tenancyctl audit rotate` set this file aside, and
+    /// the chain goes on in the file now at the log's path.
+    pub rotated: bool,
 }
 
 struct FlockGuard<'a>(&'a File);
@@ -168,12 +188,61 @@ impl AuditLog {
                 });
             }
         }
+        // A rotation replaces the file at the path while this process may hold the old one:
+        // the old one then ends with a `log_rotated` record, and the append goes to the new one.
+        // Each rotation between the open and the lock is one reopen; more than a few means
+        // something rotates in a loop, and the record is not written rather than forked off.
+        for _ in 0..8 {
+            if let Some(appended) = self.append_locked(rec)? {
+                return Ok(appended);
+            }
+            *self = AuditLog::open(&self.path)?.with_fsync(self.fsync);
+        }
+        Err(AuditError::Invalid {
+            path: self.path.clone(),
+            job: rec.job_id,
+            what: "the log was rotated eight times while this record waited for its lock; \
+                   not written (is `tenancyctl audit rotate` run in a loop?)"
+                .into(),
+        })
+    }
+
+    /// Appends under the lock; `None` when the file held was rotated away (reopen and retry).
+    fn append_locked(&mut self, rec: &mut Record) -> Result<Option<Appended>> {
         flock(&self.file, FlockOperation::LockExclusive).map_err(|e| AuditError::Lock {
             path: self.path.clone(),
             source: e.into(),
         })?;
         let _guard = FlockGuard(&self.file);
         let (head, len) = self.read_head_locked()?;
+        if head.rotated && self.replaced()? {
+            return Ok(None);
+        }
+        self.write_locked(rec, &head, len).map(Some)
+    }
+
+    /// Whether the log's path names another file than the one held (a rotation replaced it,
+    /// or it was removed). A rotation that stopped before replacing it leaves the same file,
+    /// whose chain simply goes on after its `log_rotated` record.
+    fn replaced(&self) -> Result<bool> {
+        let held = rustix::fs::fstat(&self.file).map_err(|e| AuditError::ReadHead {
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        Ok(match rustix::fs::lstat(&self.path) {
+            Ok(now) => (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino),
+            Err(rustix::io::Errno::NOENT) => true,
+            Err(e) => {
+                return Err(AuditError::ReadHead {
+                    path: self.path.clone(),
+                    source: e.into(),
+                })
+            }
+        })
+    }
+
+    /// Seals `rec` after `head` and writes it at `len`, the file's end (the lock is held).
+    fn write_locked(&self, rec: &mut Record, head: &Head, len: u64) -> Result<Appended> {
         let seq = head.seq + 1;
         let line = rec
             .seal(seq, &head.hash)
@@ -240,6 +309,160 @@ impl AuditLog {
         })
     }
 
+    /// Sets the log aside as `<name>.<UTC time>` and puts a new file at its path that goes on
+    /// with its chain: the old file's last record is a `log_rotated`, the new one's first a
+    /// `log_continued` chained to it, so `audit verify` reads the files as one chain, and the
+    /// newest file alone as a chain that begins at that record. Under the old file's lock, so
+    /// no record is written meanwhile; an append that waited on it finds the `log_rotated` head
+    /// and goes to the new file. The new file takes the old one's owner and mode. `None` for
+    /// an empty log (nothing to set aside). `user`, `uid`, `origin`: who rotates, for the records.
+    pub fn rotate(&mut self, user: &str, uid: u32, origin: &str) -> Result<Option<Rotated>> {
+        for _ in 0..3 {
+            if let Some(r) = self.rotate_locked(user, uid, origin)? {
+                return Ok(r);
+            }
+            *self = AuditLog::open(&self.path)?.with_fsync(self.fsync);
+        }
+        Err(self.rotate_error("another rotation replaced the log three times meanwhile".into()))
+    }
+
+    fn rotate_error(&self, what: String) -> AuditError {
+        AuditError::Rotate {
+            path: self.path.clone(),
+            what,
+        }
+    }
+
+    /// One try of [`AuditLog::rotate`]; `None` (outer) when the file held is no longer the log.
+    fn rotate_locked(
+        &mut self,
+        user: &str,
+        uid: u32,
+        origin: &str,
+    ) -> Result<Option<Option<Rotated>>> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        flock(&self.file, FlockOperation::LockExclusive).map_err(|e| AuditError::Lock {
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        let _guard = FlockGuard(&self.file);
+        if self.replaced()? {
+            return Ok(None);
+        }
+        let (head, len) = self.read_head_locked()?;
+        let (Some(cluster), Some(node)) = (head.cluster.clone(), head.node.clone()) else {
+            return Ok(Some(None));
+        };
+        let (dir, name) = match (self.path.parent(), self.path.file_name()) {
+            (Some(d), Some(n)) => (d.to_path_buf(), n.to_string_lossy().into_owned()),
+            _ => return Err(self.rotate_error("the path names no file in a folder".into())),
+        };
+        let now = chrono::Utc::now();
+        let kept_name = format!("{name}.{}", now.format("%Y%m%dT%H%M%S%.3fZ"));
+        let kept = dir.join(&kept_name);
+        if kept.symlink_metadata().is_ok() {
+            return Err(self.rotate_error(format!(
+                "{} exists (rotated in the same millisecond?); try again",
+                kept.display()
+            )));
+        }
+        let mut last = Record::new(
+            cluster.clone(),
+            node.clone(),
+            user,
+            uid,
+            Event::LogRotated,
+            crate::Outcome::Success,
+            origin,
+        )
+        .time(now)
+        .reason(format!(
+            "this file is kept as {kept_name}; the chain goes on in {name}"
+        ));
+        let sealed = self.write_locked(&mut last, &head, len)?;
+        // The new file is made whole under a hidden name (verify and report skip dot files)
+        // and then takes the log's place in one rename, so the path always names a chain.
+        let tmp = dir.join(format!(".{name}.rotating"));
+        let made = (|| -> std::io::Result<AuditLog> {
+            match std::fs::remove_file(&tmp) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create_new(true)
+                .mode(0o640)
+                .custom_flags(
+                    (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32,
+                )
+                .open(&tmp)?;
+            let old = self.file.metadata()?;
+            std::os::unix::fs::fchown(&file, Some(old.uid()), Some(old.gid()))?;
+            file.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))?;
+            Ok(AuditLog {
+                file,
+                path: tmp.clone(),
+                fsync: self.fsync,
+                #[cfg(test)]
+                failing_syncs: Default::default(),
+            })
+        })()
+        .map_err(|e| self.rotate_error(format!("cannot make {}: {e}", tmp.display())))?;
+        let mut first = Record::new(
+            cluster.clone(),
+            node.clone(),
+            user,
+            uid,
+            Event::LogContinued,
+            crate::Outcome::Success,
+            origin,
+        )
+        .time(now)
+        .reason(format!(
+            "continues {kept_name}, whose last record is seq {}",
+            sealed.seq
+        ));
+        let sealed_head = Head {
+            seq: sealed.seq,
+            hash: sealed.hash.clone(),
+            node: Some(node.clone()),
+            cluster: Some(cluster.clone()),
+            rotated: true,
+        };
+        let continued = made.write_locked(&mut first, &sealed_head, 0)?;
+        std::fs::hard_link(&self.path, &kept).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            self.rotate_error(format!(
+                "cannot keep it as {}: {e}; it goes on after its log_rotated record",
+                kept.display()
+            ))
+        })?;
+        if let Err(e) = std::fs::rename(&tmp, &self.path) {
+            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&kept);
+            return Err(self.rotate_error(format!(
+                "cannot put {} in its place: {e}; it goes on after its log_rotated record",
+                tmp.display()
+            )));
+        }
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| {
+                self.rotate_error(format!(
+                    "rotated, but the folder {} could not be synced: {e}",
+                    dir.display()
+                ))
+            })?;
+        Ok(Some(Some(Rotated {
+            kept_as: kept,
+            rotated_seq: sealed.seq,
+            head: continued,
+            cluster,
+            node,
+        })))
+    }
+
     fn sync(&self) -> std::io::Result<()> {
         #[cfg(test)]
         if self.failing_syncs.get() > 0 {
@@ -272,6 +495,8 @@ impl AuditLog {
                     seq: 0,
                     hash: GENESIS.to_string(),
                     node: None,
+                    cluster: None,
+                    rotated: false,
                 },
                 0,
             ));
@@ -326,6 +551,10 @@ impl AuditLog {
             seq: u64,
             #[serde(default)]
             node: Option<String>,
+            #[serde(default)]
+            cluster: Option<String>,
+            #[serde(default)]
+            event: Option<Event>,
         }
         let s: SeqOnly =
             serde_json::from_slice(line).map_err(|e| bad(format!("not a JSON record: {e}")))?;
@@ -334,6 +563,8 @@ impl AuditLog {
                 seq: s.seq,
                 hash,
                 node: s.node,
+                cluster: s.cluster,
+                rotated: s.event == Some(Event::LogRotated),
             },
             len,
         ))

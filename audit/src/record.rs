@@ -39,6 +39,12 @@ pub enum Event {
     Rollback,
     TeardownFailed,
     Reconcile,
+    /// The last record of a log file that `tenancyctl audit rotate` set aside: the chain goes
+    /// on in the file now at the log's path.
+    LogRotated,
+    /// The first record of the file that replaced a rotated one: its `prev` is the rotated
+    /// file's last record, so the chain runs on across the files.
+    LogContinued,
     Other(String),
 }
 
@@ -51,6 +57,8 @@ impl Event {
             Event::Rollback => "rollback",
             Event::TeardownFailed => "teardown_failed",
             Event::Reconcile => "reconcile",
+            Event::LogRotated => "log_rotated",
+            Event::LogContinued => "log_continued",
             Event::Other(s) => s,
         }
     }
@@ -64,6 +72,8 @@ impl Event {
             "rollback" => Event::Rollback,
             "teardown_failed" => Event::TeardownFailed,
             "reconcile" => Event::Reconcile,
+            "log_rotated" => Event::LogRotated,
+            "log_continued" => Event::LogContinued,
             other => {
                 if other.is_empty()
                     || other.len() > 64

@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::anchor::{AnchorSet, NodeAnchors, Origin};
-use crate::record::{check_line_hash, LineHash, Record, GENESIS};
+use crate::record::{check_line_hash, Event, LineHash, Record, GENESIS};
 use crate::{expand_paths, Format};
 
 /// What is wrong with a record (or with the end of a chain).
@@ -141,6 +141,14 @@ pub struct NodeResult {
     pub head_hash: String,
     pub anchor_seq: Option<u64>,
     pub findings: usize,
+    /// The seq the chain begins at among the inputs: 1, or the seq of a `log_continued`
+    /// record whose older files were not given (records before it are not checked).
+    pub first_seq: u64,
+    /// That `log_continued` record's reason (which file it continues).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continues: Option<String>,
+    /// Anchors of seqs before `first_seq`: nothing among the inputs to check them against.
+    pub anchors_before_first: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -170,6 +178,9 @@ struct ChainState<'a> {
     last_seq: u64,
     last_hash: String,
     records: u64,
+    /// Where the chain begins among the inputs (see [`NodeResult::first_seq`]).
+    first_seq: u64,
+    continues: Option<String>,
     /// Every anchor of this node: each is checked against the record with its seq.
     anchors: Option<&'a NodeAnchors>,
     set: &'a AnchorSet,
@@ -271,6 +282,8 @@ pub fn verify_paths(
             last_seq: 0,
             last_hash: GENESIS.to_string(),
             records: 0,
+            first_seq: 1,
+            continues: None,
             anchors: anchors.node(&node),
             set: anchors,
             gaps: Vec::new(),
@@ -323,6 +336,11 @@ pub fn verify_paths(
             head_hash: st.last_hash.clone(),
             anchor_seq: newest.map(|(s, _)| s),
             findings: st.total as usize,
+            first_seq: st.first_seq,
+            continues: st.continues.clone(),
+            anchors_before_first: st
+                .anchors
+                .map_or(0, |na| na.len() - na.after(st.first_seq - 1).count()),
         });
         report.total_findings += st.total;
         report.findings.extend(st.findings);
@@ -424,6 +442,14 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
             );
             st.push(f);
             continue;
+        }
+        // A file that a rotation started, given without the files before it: the chain
+        // begins at its `log_continued` record, chained to a record that is not among the inputs.
+        if st.last_seq == 0 && st.records == 0 && seq > 1 && rec.event == Event::LogContinued {
+            st.first_seq = seq;
+            st.continues = rec.reason.clone();
+            st.last_seq = seq - 1;
+            st.last_hash = rec.prev.clone();
         }
         let expected = st.last_seq + 1;
         if seq == expected {
@@ -567,6 +593,22 @@ fn write_verify(
             }
             for f in &r.findings {
                 writeln!(out, "FINDING {f}")?;
+            }
+            for n in r.nodes.iter().filter(|n| n.first_seq > 1) {
+                writeln!(
+                    out,
+                    "NOTE node {}/{}: the chain begins at seq {} ({}); the files before it were \
+                     not given, so the records before it{} are not checked",
+                    n.cluster,
+                    n.node,
+                    n.first_seq,
+                    n.continues.as_deref().unwrap_or("log_continued"),
+                    if n.anchors_before_first > 0 {
+                        format!(" and {} anchor(s) of them", n.anchors_before_first)
+                    } else {
+                        String::new()
+                    }
+                )?;
             }
             for n in &r.anchored_nodes_without_log {
                 writeln!(

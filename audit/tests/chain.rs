@@ -584,3 +584,211 @@ fn concurrent_processes() {
     let names: Vec<String> = (0..procs).map(|i| format!("p{i}")).collect();
     check_all_present(&p, &names, per);
 }
+
+// Rotation: `AuditLog::rotate` sets a log aside and starts a file that goes on with its chain.
+
+fn all_lines(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in tenancy_audit::expand_paths(&[dir.to_path_buf()]).unwrap() {
+        out.extend(lines(&p));
+    }
+    out
+}
+
+#[test]
+fn a_rotated_log_is_one_chain_across_its_files_and_its_newest_file_verifies_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 5);
+    let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
+    let r = log.rotate("root", 0, "tenancyctl").unwrap().unwrap();
+    assert_eq!((r.rotated_seq, r.head.seq), (6, 7));
+    assert_eq!((r.cluster.as_str(), r.node.as_str()), ("c1", "gpu001"));
+    let kept = lines(&r.kept_as);
+    assert_eq!(
+        kept.len(),
+        6,
+        "the kept file ends with the log_rotated record"
+    );
+    let last: Record = serde_json::from_str(&kept[5]).unwrap();
+    assert_eq!(last.event, Event::LogRotated);
+    let fresh = lines(&p);
+    assert_eq!(fresh.len(), 1);
+    let first: Record = serde_json::from_str(&fresh[0]).unwrap();
+    assert_eq!(
+        (first.event, first.seq, &first.prev),
+        (Event::LogContinued, 7, &last.hash)
+    );
+    // The new file took the old one's mode; no hidden file is left behind.
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    // The same handle appends on in the new file.
+    for i in 6..=8 {
+        assert_eq!(log.append(&mut rec(i)).unwrap().seq, i + 2);
+    }
+    let all = verify_paths(&[dir.path().to_path_buf()], &AnchorSet::default(), 100).unwrap();
+    assert!(all.is_clean(), "{:?}", all.findings);
+    assert_eq!(all.nodes.len(), 1);
+    assert_eq!((all.nodes[0].records, all.nodes[0].first_seq), (10, 1));
+    assert_eq!(all.nodes[0].files, vec![r.kept_as.clone(), p.clone()]);
+    // The kept file alone is a whole chain; the newest alone begins at its log_continued.
+    assert!(verify(&r.kept_as, &AnchorSet::default()).is_clean());
+    let in_order: Vec<String> = all.nodes[0].files.iter().flat_map(|f| lines(f)).collect();
+    let anchors = anchors_from(
+        dir.path(),
+        &in_order
+            .iter()
+            .map(|l| {
+                let r: Record = serde_json::from_str(l).unwrap();
+                syslog_line(r.seq, &r.hash)
+            })
+            .collect::<String>(),
+    );
+    let newest = verify(&p, &anchors);
+    assert!(newest.is_clean(), "{:?}", newest.findings);
+    let n = &newest.nodes[0];
+    assert_eq!((n.records, n.first_seq, n.last_seq), (4, 7, 10));
+    assert_eq!(n.anchors_before_first, 6);
+    assert!(n
+        .continues
+        .as_deref()
+        .unwrap()
+        .contains("whose last record is seq 6"));
+    // Records cut from the front of a file are still a gap: only a log_continued begins a chain.
+    let cut = dir.path().join("cut");
+    std::fs::create_dir(&cut).unwrap();
+    let q = cut.join("gpu001.audit.jsonl");
+    write_lines(&q, &lines(&r.kept_as)[2..]);
+    let f = verify(&q, &AnchorSet::default());
+    assert!(matches!(
+        f.first().unwrap().kind,
+        FindingKind::SeqGap {
+            expected: 1,
+            found: 3
+        }
+    ));
+    // A log_continued record edited into the front does not pass either: its prev is checked
+    // against nothing, but its own hash and the next record's prev are.
+    let mut forged: Record = serde_json::from_str(&lines(&r.kept_as)[2]).unwrap();
+    forged.event = Event::LogContinued;
+    let mut l = lines(&r.kept_as)[2..].to_vec();
+    l[0] = String::from_utf8(forged.seal(3, &forged.prev.clone()).unwrap())
+        .unwrap()
+        .trim_end()
+        .to_string();
+    write_lines(&q, &l);
+    let f = verify(&q, &AnchorSet::default());
+    assert!(
+        matches!(f.first().unwrap().kind, FindingKind::PrevMismatch { .. }),
+        "{:?}",
+        f.findings
+    );
+}
+
+#[test]
+fn an_append_that_held_the_old_file_goes_to_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 3);
+    // Opened before the rotation, as a prolog that waited on the lock meanwhile.
+    let mut waiting = AuditLog::open(&p).unwrap().with_fsync(false);
+    let r = AuditLog::open(&p)
+        .unwrap()
+        .rotate("root", 0, "tenancyctl")
+        .unwrap()
+        .unwrap();
+    assert_eq!(waiting.append(&mut rec(4)).unwrap().seq, 6);
+    assert_eq!(
+        lines(&r.kept_as).len(),
+        4,
+        "nothing after the log_rotated record"
+    );
+    assert_eq!(lines(&p).len(), 2);
+    let all = verify_paths(&[dir.path().to_path_buf()], &AnchorSet::default(), 100).unwrap();
+    assert!(all.is_clean(), "{:?}", all.findings);
+    // An empty log has nothing to set aside.
+    let e = dir.path().join("empty");
+    std::fs::create_dir(&e).unwrap();
+    let mut empty = AuditLog::open(e.join("gpu001.audit.jsonl")).unwrap();
+    assert!(empty.rotate("root", 0, "tenancyctl").unwrap().is_none());
+}
+
+#[test]
+fn a_rotation_that_stopped_before_replacing_the_file_leaves_one_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = make_log(dir.path(), 2);
+    // What a rotation leaves when it stops after sealing the file (killed, or the rename
+    // refused): the log_rotated record, and the file still at the path.
+    let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
+    let mut sealed = Record::new(
+        "c1",
+        "gpu001",
+        "root",
+        0,
+        Event::LogRotated,
+        Outcome::Success,
+        "tenancyctl",
+    );
+    log.append(&mut sealed).unwrap();
+    assert_eq!(log.append(&mut rec(3)).unwrap().seq, 4);
+    assert_eq!(lines(&p).len(), 4);
+    assert!(verify(&p, &AnchorSet::default()).is_clean());
+}
+
+#[test]
+fn appends_from_many_threads_through_repeated_rotations_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gpu001.audit.jsonl");
+    make_log(dir.path(), 1);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rotator = {
+        let (p, stop) = (p.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut log = AuditLog::open(&p).unwrap();
+                if log.rotate("root", 0, "tenancyctl").unwrap().is_some() {
+                    n += 1;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            n
+        })
+    };
+    let hs: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                // One handle for all records: most appends hold a file rotated away since.
+                let mut log = AuditLog::open(&p).unwrap();
+                for i in 0..PER_THREAD as u64 {
+                    let mut r = rec(i).job_id(i);
+                    r.origin = format!("t{t}");
+                    log.append(&mut r).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rotations = rotator.join().unwrap();
+    assert!(rotations >= 2, "only {rotations} rotation(s) happened");
+    let all = verify_paths(&[dir.path().to_path_buf()], &AnchorSet::default(), 100).unwrap();
+    assert!(all.is_clean(), "{:?}", all.findings);
+    assert_eq!(all.nodes[0].files.len(), rotations + 1);
+    let mut seen = std::collections::HashSet::new();
+    for l in all_lines(dir.path()) {
+        let r: Record = serde_json::from_str(&l).unwrap();
+        if r.origin
+            .strip_prefix('t')
+            .is_some_and(|n| n.parse::<usize>().is_ok())
+        {
+            assert!(seen.insert((r.origin, r.job_id)), "duplicate {l}");
+        }
+    }
+    assert_eq!(seen.len(), THREADS * PER_THREAD, "records lost");
+}

@@ -5,6 +5,7 @@ mod check;
 mod doctor;
 mod output;
 mod reconcile;
+mod rotate;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -66,6 +67,9 @@ enum Command {
 enum AuditCommand {
     /// Check every node's hash chain; report the first bad record with its line
     Verify(tenancy_audit::VerifyArgs),
+    /// Set this node's audit log aside under a dated name and go on with its chain in a new
+    /// file (use this, not logrotate's create or copytruncate, which restart the chain)
+    Rotate(rotate::RotateArgs),
 }
 
 #[derive(Subcommand)]
@@ -145,6 +149,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit {
             command: AuditCommand::Verify(args),
         } => tenancy_audit::run_verify(args),
+        Command::Audit {
+            command: AuditCommand::Rotate(args),
+        } => rotate::run(load(config), &args),
         Command::Firewall { command } => {
             let spec = tenancy_node::layers::network::firewall_spec(&load(config)?)
                 .map_err(|e| anyhow::anyhow!("firewall: {}", e.0))?;

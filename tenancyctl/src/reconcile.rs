@@ -174,8 +174,8 @@ fn short_hostname() -> anyhow::Result<String> {
     Ok(h.trim().split('.').next().unwrap_or_default().to_string())
 }
 
-/// Who runs reconcile, for the audit records.
-fn operator() -> (String, u32) {
+/// Who runs tenancyctl, for the audit records.
+pub(crate) fn operator() -> (String, u32) {
     // /proc/self belongs to the effective uid.
     let uid = std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m))

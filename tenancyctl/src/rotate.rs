@@ -1,0 +1,57 @@
+//! `tenancyctl audit rotate`: sets the node's audit log aside under a dated name and starts the
+//! next file of its chain (tenancy_audit::AuditLog::rotate). logrotate's `create` or
+//! `copytruncate` would start a new chain at seq 1, which `audit verify` cannot tell from a
+//! log whose records were deleted, and whose anchors then contradict the new records.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tenancy_audit::AuditLog;
+use tenancy_config::Config;
+
+#[derive(Debug, clap::Args)]
+pub struct RotateArgs {
+    /// The log to rotate (default: the config's cluster.audit_log)
+    #[arg(long, value_name = "PATH")]
+    pub log: Option<PathBuf>,
+}
+
+pub fn run(config: anyhow::Result<Config>, args: &RotateArgs) -> anyhow::Result<ExitCode> {
+    let (path, anchor_file) = match (&args.log, &config) {
+        (Some(p), c) => (
+            p.clone(),
+            c.as_ref().ok().and_then(|c| c.cluster.audit_anchor.clone()),
+        ),
+        (None, Ok(c)) => (c.cluster.audit_log.clone(), c.cluster.audit_anchor.clone()),
+        (None, Err(e)) => anyhow::bail!("{e}; or name the log with --log PATH"),
+    };
+    let (user, uid) = crate::reconcile::operator();
+    let mut log = AuditLog::open(&path)?;
+    let Some(r) = log
+        .rotate(&user, uid, "tenancyctl")
+        .with_context(|| format!("rotating {}", path.display()))?
+    else {
+        println!("{}: empty, nothing to rotate", path.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    // The new head is anchored as every record's (the log_rotated one is behind it).
+    let sent =
+        tenancy_audit::send_anchor(&r.node, r.head.seq, &r.head.hash, anchor_file.as_deref());
+    println!(
+        "{}: kept as {} (its last record seq {}, log_rotated); the chain goes on at seq {} \
+         (log_continued) in {}",
+        path.display(),
+        r.kept_as.display(),
+        r.rotated_seq,
+        r.head.seq,
+        path.display()
+    );
+    if let tenancy_audit::SyslogStatus::Unavailable(why) = &sent.syslog {
+        eprintln!("tenancyctl: the new head was not anchored to syslog: {why}");
+    }
+    if let Some(Err(why)) = &sent.file {
+        eprintln!("tenancyctl: the new head was not anchored: {why}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
