@@ -16,9 +16,102 @@ pub const SYSLOG_TAG: &str = "tenancy-audit";
 /// The local syslog socket.
 pub const DEV_LOG: &str = "/dev/log";
 
-/// `node=<node> seq=<seq> hash=<hash>`: the text every anchor carries.
+/// `node=<node> seq=<seq> hash=<hash>`: the text every anchor carries (and its MAC covers).
 pub fn anchor_line(node: &str, seq: u64, hash: &str) -> String {
     format!("node={node} seq={seq} hash={hash}")
+}
+
+/// The key that authenticates anchors (`cluster.audit_anchor_key`): an anchor sent with it
+/// carries `mac=<HMAC-SHA256 of its text>`, and `audit verify --anchor-key` takes only anchors
+/// whose MAC holds. Syslog takes a line from any local user (`logger`), so without a key a
+/// user can add an anchor that makes verify report a cut or rewritten log; with it they cannot.
+/// The same key on every node and with the auditor, readable by root alone (as munge's key).
+pub struct AnchorKey {
+    key: Vec<u8>,
+}
+
+impl std::fmt::Debug for AnchorKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnchorKey(..)")
+    }
+}
+
+/// Fewest bytes a key file must hold: 128 bits.
+pub const ANCHOR_KEY_MIN_BYTES: usize = 16;
+
+impl AnchorKey {
+    /// Reads a key file: a regular file (not followed through a symlink) that only its owner,
+    /// root or the reader, may read or write, of 16 to 4096 bytes, used as they are. Errors
+    /// name the file and what to do.
+    pub fn load(path: &Path) -> Result<AnchorKey, String> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        let why = |what: String| format!("anchor key {}: {what}", path.display());
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(
+                (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32,
+            )
+            .open(path)
+            .map_err(|e| why(format!("cannot open: {e}")))?;
+        let m = f.metadata().map_err(|e| why(e.to_string()))?;
+        let me = rustix::process::geteuid().as_raw();
+        if !m.is_file() {
+            return Err(why("not a regular file".into()));
+        }
+        if m.uid() != 0 && m.uid() != me {
+            return Err(why(format!("owned by uid {}, not root", m.uid())));
+        }
+        if m.mode() & 0o077 != 0 {
+            return Err(why(format!(
+                "mode {:04o} lets others read or write it; chmod 600",
+                m.mode() & 0o7777
+            )));
+        }
+        let mut key = Vec::with_capacity(64);
+        std::io::Read::by_ref(&mut f)
+            .take(4097)
+            .read_to_end(&mut key)
+            .map_err(|e| why(format!("cannot read: {e}")))?;
+        if key.len() < ANCHOR_KEY_MIN_BYTES || key.len() > 4096 {
+            return Err(why(format!(
+                "holds {} bytes; make one of 32 random bytes: head -c 32 /dev/urandom > {}",
+                key.len(),
+                path.display()
+            )));
+        }
+        Ok(AnchorKey { key })
+    }
+
+    /// A key from bytes (tests, and callers that hold the key already).
+    pub fn from_bytes(key: &[u8]) -> AnchorKey {
+        AnchorKey { key: key.to_vec() }
+    }
+
+    fn hmac(&self) -> hmac::Hmac<sha2::Sha256> {
+        use hmac::Mac;
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.key).expect("HMAC takes any key length")
+    }
+
+    /// The MAC of an anchor's text ([`anchor_line`]), lowercase hex.
+    pub fn mac(&self, body: &str) -> String {
+        use hmac::Mac;
+        let mut m = self.hmac();
+        m.update(body.as_bytes());
+        hex::encode(m.finalize().into_bytes())
+    }
+
+    /// Whether `mac_hex` is this key's MAC of `body` (compared in constant time).
+    pub fn holds(&self, body: &str, mac_hex: &str) -> bool {
+        use hmac::Mac;
+        let mut tag = [0u8; 32];
+        if hex::decode_to_slice(mac_hex, &mut tag).is_err() {
+            return false;
+        }
+        let mut m = self.hmac();
+        m.update(body.as_bytes());
+        m.verify_slice(&tag).is_ok()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,9 +131,16 @@ pub struct AnchorStatus {
 }
 
 /// Sends the anchor for `node`'s chain head to syslog (`/dev/log`) and, if given, appends it to
-/// `anchor_file` (O_APPEND, 0640, fsync). Never fails: look at the returned status.
-pub fn send_anchor(node: &str, seq: u64, hash: &str, anchor_file: Option<&Path>) -> AnchorStatus {
-    send_anchor_to(Path::new(DEV_LOG), node, seq, hash, anchor_file)
+/// `anchor_file` (O_APPEND, 0640, fsync); with `key`, the anchor carries its MAC. Never fails:
+/// look at the returned status.
+pub fn send_anchor(
+    node: &str,
+    seq: u64,
+    hash: &str,
+    anchor_file: Option<&Path>,
+    key: Option<&AnchorKey>,
+) -> AnchorStatus {
+    send_anchor_to(Path::new(DEV_LOG), node, seq, hash, anchor_file, key)
 }
 
 /// As [`send_anchor`] with an explicit syslog datagram socket path.
@@ -50,6 +150,7 @@ pub fn send_anchor_to(
     seq: u64,
     hash: &str,
     anchor_file: Option<&Path>,
+    key: Option<&AnchorKey>,
 ) -> AnchorStatus {
     if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c == '=') {
         let why = format!("node name {node:?} contains whitespace or '=' and cannot be anchored");
@@ -58,7 +159,12 @@ pub fn send_anchor_to(
             file: anchor_file.map(|_| Err(why)),
         };
     }
-    let body = anchor_line(node, seq, hash);
+    let mut body = anchor_line(node, seq, hash);
+    if let Some(k) = key {
+        let mac = k.mac(&body);
+        body.push_str(" mac=");
+        body.push_str(&mac);
+    }
     let syslog = match syslog_send(socket, &body) {
         Ok(()) => SyslogStatus::Sent,
         Err(e) => SyslogStatus::Unavailable(format!("{}: {e}", socket.display())),
@@ -179,6 +285,16 @@ pub struct AnchorSet {
     pub by_node: HashMap<String, Anchor>,
     all: HashMap<String, NodeAnchors>,
     sources: Vec<String>,
+    /// With a key, only anchors whose MAC holds are taken.
+    key: Option<std::sync::Arc<AnchorKey>>,
+    /// Anchor lines left out for want of a valid MAC, and where the first was read.
+    pub unauthenticated: u64,
+    pub first_unauthenticated: Option<String>,
+}
+
+/// The `mac=` of an anchor line, if it carries one.
+pub fn anchor_mac(line: &str) -> Option<&str> {
+    line.split_whitespace().find_map(|t| t.strip_prefix("mac="))
 }
 
 /// Extracts `node=`, `seq=`, `hash=` from one line; `None` unless all three are present and valid.
@@ -205,6 +321,19 @@ pub fn parse_anchor_line(line: &str) -> Option<(String, u64, String)> {
 }
 
 impl AnchorSet {
+    /// A set that takes only anchors carrying a valid MAC of `key`.
+    pub fn with_key(key: AnchorKey) -> AnchorSet {
+        AnchorSet {
+            key: Some(std::sync::Arc::new(key)),
+            ..AnchorSet::default()
+        }
+    }
+
+    /// Whether anchors are authenticated (made with [`AnchorSet::with_key`]).
+    pub fn authenticated(&self) -> bool {
+        self.key.is_some()
+    }
+
     /// Adds one anchor read from `source`. `hash` must be 64 hex digits (as
     /// [`parse_anchor_line`] gives); another value cannot match any record and is not kept
     /// (returns false).
@@ -274,6 +403,17 @@ impl AnchorSet {
             let line = line?;
             let line = String::from_utf8_lossy(&line);
             if let Some((node, seq, hash)) = parse_anchor_line(&line) {
+                if let Some(k) = &self.key {
+                    let body = anchor_line(&node, seq, &hash);
+                    if !anchor_mac(&line).is_some_and(|m| k.holds(&body, m)) {
+                        self.unauthenticated += 1;
+                        if self.first_unauthenticated.is_none() {
+                            self.first_unauthenticated =
+                                Some(format!("{}:{}", path.display(), i + 1));
+                        }
+                        continue;
+                    }
+                }
                 self.add_at(node, seq, hash, src, i as u64 + 1);
                 n += 1;
             }
@@ -286,6 +426,42 @@ impl AnchorSet {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn an_anchor_key_file_is_roots_alone_and_long_enough() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, bytes: &[u8], mode: u32| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        let good = write("good", &[1; 32], 0o600);
+        let k = AnchorKey::load(&good).unwrap();
+        let body = anchor_line("gpu001", 7, &"c".repeat(64));
+        let mac = k.mac(&body);
+        assert!(k.holds(&body, &mac));
+        assert!(!k.holds(&anchor_line("gpu001", 8, &"c".repeat(64)), &mac));
+        assert!(!AnchorKey::from_bytes(&[2; 32]).holds(&body, &mac));
+        assert!(!k.holds(&body, "not hex"));
+        assert_eq!(
+            format!("{k:?}"),
+            "AnchorKey(..)",
+            "the key is never printed"
+        );
+        let e = AnchorKey::load(&write("readable", &[1; 32], 0o640)).unwrap_err();
+        assert!(e.contains("mode 0640") && e.contains("chmod 600"), "{e}");
+        let e = AnchorKey::load(&write("short", b"secret", 0o600)).unwrap_err();
+        assert!(
+            e.contains("holds 6 bytes") && e.contains("/dev/urandom"),
+            "{e}"
+        );
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        let e = AnchorKey::load(&link).unwrap_err();
+        assert!(e.contains("cannot open"), "{e}");
+    }
 
     #[test]
     fn rfc3164_time_is_what_strftime_writes() {

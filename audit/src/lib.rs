@@ -17,8 +17,8 @@ pub mod verify;
 use std::path::PathBuf;
 
 pub use anchor::{
-    anchor_line, parse_anchor_line, send_anchor, send_anchor_to, Anchor, AnchorSet, AnchorStatus,
-    NodeAnchors, Origin, SyslogStatus,
+    anchor_line, anchor_mac, parse_anchor_line, send_anchor, send_anchor_to, Anchor, AnchorKey,
+    AnchorSet, AnchorStatus, NodeAnchors, Origin, SyslogStatus,
 };
 pub use log::{Appended, AuditError, AuditLog, Head, Rotated};
 pub use record::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::anchor::{AnchorSet, NodeAnchors, Origin};
+use crate::anchor::{AnchorKey, AnchorSet, NodeAnchors, Origin};
 use crate::record::{check_line_hash, Event, LineHash, Record, GENESIS};
 use crate::{expand_paths, Format};
 
@@ -161,6 +161,13 @@ pub struct VerifyReport {
     /// Nodes that have an anchor but no log among the inputs (informational: the inputs may be
     /// a subset of the cluster; does not by itself make the result unclean).
     pub anchored_nodes_without_log: Vec<String>,
+    /// Whether only anchors with a valid MAC were taken (`--anchor-key`).
+    pub anchors_authenticated: bool,
+    /// Anchor lines left out for want of a valid MAC (someone without the key wrote them:
+    /// any local user can write to syslog), and where the first was read.
+    pub unauthenticated_anchors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_unauthenticated_anchor: Option<String>,
 }
 
 impl VerifyReport {
@@ -353,6 +360,9 @@ pub fn verify_paths(
         .collect();
     missing.sort();
     report.anchored_nodes_without_log = missing;
+    report.anchors_authenticated = anchors.authenticated();
+    report.unauthenticated_anchors = anchors.unauthenticated;
+    report.first_unauthenticated_anchor = anchors.first_unauthenticated.clone();
     Ok(report)
 }
 
@@ -515,6 +525,10 @@ pub struct VerifyArgs {
     /// checked against the record with its seq, and the newest per node detects a cut-off tail.
     #[arg(long = "anchor", value_name = "FILE")]
     pub anchors: Vec<PathBuf>,
+    /// Take only anchors whose MAC this key (cluster.audit_anchor_key) holds; others are
+    /// counted and left out. Default with --anchor: the config's key, when it names one.
+    #[arg(long, value_name = "FILE")]
+    pub anchor_key: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -528,7 +542,10 @@ pub struct VerifyArgs {
 
 /// Runs `audit verify`: exit 0 when every chain is intact, 1 on any finding.
 pub fn run_verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
-    let mut anchors = AnchorSet::default();
+    let mut anchors = match &args.anchor_key {
+        Some(k) => AnchorSet::with_key(AnchorKey::load(k).map_err(anyhow::Error::msg)?),
+        None => AnchorSet::default(),
+    };
     for a in &args.anchors {
         anchors
             .read_file(a)
@@ -608,6 +625,15 @@ fn write_verify(
                     } else {
                         String::new()
                     }
+                )?;
+            }
+            if r.unauthenticated_anchors > 0 {
+                writeln!(
+                    out,
+                    "NOTE {} anchor line(s) without a valid MAC left out (first: {}): written \
+                     without the anchor key, as any local user can write to syslog",
+                    r.unauthenticated_anchors,
+                    r.first_unauthenticated_anchor.as_deref().unwrap_or("?")
                 )?;
             }
             for n in &r.anchored_nodes_without_log {

@@ -235,6 +235,7 @@ fn cut_tail_detected_only_with_anchor() {
         head.seq,
         &head.hash,
         Some(&anchor_file),
+        None,
     );
     assert!(matches!(st.syslog, SyslogStatus::Unavailable(_)));
     assert_eq!(st.file, Some(Ok(())));
@@ -449,7 +450,7 @@ fn syslog_anchor_reaches_a_datagram_socket() {
     let dir = tempfile::tempdir().unwrap();
     let sock_path = dir.path().join("log.sock");
     let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
-    let st = send_anchor_to(&sock_path, "gpu001", 42, &"b".repeat(64), None);
+    let st = send_anchor_to(&sock_path, "gpu001", 42, &"b".repeat(64), None, None);
     assert_eq!(st.syslog, SyslogStatus::Sent);
     assert_eq!(st.file, None);
     let mut buf = [0u8; 1024];
@@ -468,7 +469,7 @@ fn syslog_anchor_reaches_a_datagram_socket() {
         tenancy_audit::parse_anchor_line(msg),
         Some(("gpu001".to_string(), 42, "b".repeat(64)))
     );
-    let st = send_anchor_to(&sock_path, "bad node", 1, &"b".repeat(64), None);
+    let st = send_anchor_to(&sock_path, "bad node", 1, &"b".repeat(64), None, None);
     assert!(matches!(st.syslog, SyslogStatus::Rejected(_)));
 }
 
@@ -478,6 +479,7 @@ fn run_verify_exit_codes() {
     let p = make_log(dir.path(), 4);
     let args = tenancy_audit::VerifyArgs {
         anchors: vec![],
+        anchor_key: None,
         format: tenancy_audit::Format::Json,
         max_findings: 10,
         paths: vec![dir.path().to_path_buf()],

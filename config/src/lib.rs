@@ -45,6 +45,8 @@ pub struct Cluster {
     pub nvml_shim_fixture: Option<PathBuf>,
     /// Where the chain head is anchored at each job end, besides syslog.
     pub audit_anchor: Option<PathBuf>,
+    /// Key file whose HMAC authenticates every anchor (root's alone, the same on every node).
+    pub audit_anchor_key: Option<PathBuf>,
 }
 
 /// Where this node's driver and kernel interfaces live (overridable for the stand-in).
@@ -122,6 +124,7 @@ struct RawCluster {
     nvml_library: Option<Spanned<PathBuf>>,
     nvml_shim_fixture: Option<Spanned<PathBuf>>,
     audit_anchor: Option<Spanned<PathBuf>>,
+    audit_anchor_key: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -378,6 +381,10 @@ impl Validator<'_> {
                 .audit_anchor
                 .as_ref()
                 .map(|p| self.abs_path(p, "cluster.audit_anchor")),
+            audit_anchor_key: c
+                .audit_anchor_key
+                .as_ref()
+                .map(|p| self.abs_path(p, "cluster.audit_anchor_key")),
         };
         let mut node_path = |p: &Option<Spanned<PathBuf>>, key: &str, default: &str| match p {
             Some(p) => self.abs_path(p, key),

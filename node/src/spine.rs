@@ -881,14 +881,31 @@ pub fn append_anchored(
         .and_then(|mut log| log.append(rec))
         .map_err(|e| e.to_string())?;
     if rec.event != Event::JobStart {
-        let _ = tenancy_audit::send_anchor(
-            &rec.node,
-            appended.seq,
-            &appended.hash,
-            config.cluster.audit_anchor.as_deref(),
-        );
+        anchor(config, &rec.node, &appended);
     }
     Ok(appended)
+}
+
+/// Anchors a chain head (syslog, `cluster.audit_anchor`), with its MAC when
+/// `cluster.audit_anchor_key` is set. A key that cannot be read sends the anchor without one,
+/// which an authenticating verify leaves out: `tenancyctl doctor` fails on such a key.
+pub fn anchor(
+    config: &Config,
+    node: &str,
+    head: &tenancy_audit::Appended,
+) -> tenancy_audit::AnchorStatus {
+    let key = config
+        .cluster
+        .audit_anchor_key
+        .as_deref()
+        .and_then(|k| tenancy_audit::AnchorKey::load(k).ok());
+    tenancy_audit::send_anchor(
+        node,
+        head.seq,
+        &head.hash,
+        config.cluster.audit_anchor.as_deref(),
+        key.as_ref(),
+    )
 }
 
 pub fn teardown(

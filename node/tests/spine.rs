@@ -642,6 +642,44 @@ fn every_record_but_a_job_start_is_anchored() {
     assert_eq!(anchored(), [events[1].1, events[2].1, events[3].1]);
 }
 
+/// With `cluster.audit_anchor_key`, the prolog's and epilog's anchors carry the key's MAC, and
+/// a verify with the key takes them all; one with another key takes none.
+#[test]
+fn anchors_carry_the_mac_of_the_configured_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::with_cluster_keys(
+        "audit_anchor = \"{r}/anchors\"\naudit_anchor_key = \"{r}/anchor.key\"",
+    );
+    let key = w.root.join("anchor.key");
+    std::fs::write(&key, b"0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(w.spine(None, "tenancy-prolog").prolog(ctx("43")).code, 0);
+    assert_eq!(
+        w.spine(None, "tenancy-epilog")
+            .epilog(&ctx("43").unwrap())
+            .code,
+        0
+    );
+    let verify = |key: tenancy_audit::AnchorKey| {
+        let mut set = AnchorSet::with_key(key);
+        set.read_file(&w.root.join("anchors")).unwrap();
+        verify_paths(&[w.root.join("audit.jsonl")], &set, 10).unwrap()
+    };
+    let r = verify(tenancy_audit::AnchorKey::load(&key).unwrap());
+    assert!(r.is_clean(), "{:?}", r.findings);
+    assert_eq!(
+        (r.nodes[0].anchor_seq, r.unauthenticated_anchors),
+        (Some(2), 0)
+    );
+    let r = verify(tenancy_audit::AnchorKey::from_bytes(
+        b"another key, another cluster",
+    ));
+    assert_eq!(
+        (r.nodes[0].anchor_seq, r.unauthenticated_anchors),
+        (None, 1)
+    );
+}
+
 /// Two prologs of one job on a node (slurmd restarted under one, a prolog run by hand): another
 /// runs whole while this one is between its look for an earlier attempt's journal and the node
 /// lock. This one then makes nothing and refuses, leaving the other's journal and resources

@@ -405,6 +405,41 @@ fn ptrace_row(scope: Option<&str>) -> Row {
     }
 }
 
+/// The key that authenticates anchors: without one, any local user's syslog line can pass
+/// for an anchor and make `audit verify --anchor` report a cut or rewritten log; a key set
+/// but unreadable leaves this node's anchors without the MAC the verify with the key wants.
+fn anchor_key_row(key: Option<&Path>) -> Row {
+    let make = "head -c 32 /dev/urandom > /etc/slurm/tenancy-anchor.key && chmod 600 \
+                /etc/slurm/tenancy-anchor.key, the same file on every node and with the \
+                auditor, and cluster.audit_anchor_key = that path";
+    match key.map(tenancy_audit::AnchorKey::load) {
+        None => row(
+            "audit.anchor_key",
+            Severity::Warn,
+            "cluster.audit_anchor_key is not set: anchors are not authenticated, and any \
+             local user can write a line to syslog (logger) that `audit verify --anchor` \
+             takes for an anchor and reports as a cut or rewritten log"
+                .into(),
+            Some(make.into()),
+        ),
+        Some(Ok(_)) => row(
+            "audit.anchor_key",
+            Severity::Ok,
+            format!(
+                "anchors carry the HMAC of {}",
+                key.map(Path::display).unwrap()
+            ),
+            None,
+        ),
+        Some(Err(e)) => row(
+            "audit.anchor_key",
+            Severity::Error,
+            format!("{e}: this node's anchors go out without their MAC, and a verify with the key leaves them out"),
+            Some(make.into()),
+        ),
+    }
+}
+
 fn row(check: &str, severity: Severity, message: String, remedy: Option<String>) -> Row {
     Row {
         check: check.into(),
@@ -522,6 +557,7 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     if let Some(dir) = config.cluster.audit_log.parent() {
         root_owned_dir(dir, "audit.dir", &mut rows);
     }
+    rows.push(anchor_key_row(config.cluster.audit_anchor_key.as_deref()));
     match tenancy_mig::Mig::open(config.cluster.nvml_library.as_deref()) {
         Ok(mig) => match mig.gpus() {
             Ok(gpus) => {
@@ -774,7 +810,26 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::{job_submit_row, ptrace_row};
+    use super::{anchor_key_row, job_submit_row, ptrace_row};
+
+    #[test]
+    fn anchors_without_a_usable_key_are_warned_or_failed() {
+        use std::os::unix::fs::PermissionsExt;
+        let none = anchor_key_row(None);
+        assert_eq!(none.severity, "warn");
+        assert!(none.message.contains("logger"), "{}", none.message);
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("anchor.key");
+        std::fs::write(&key, [3u8; 32]).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(anchor_key_row(Some(&key)).severity, "ok");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let open = anchor_key_row(Some(&key));
+        assert_eq!(open.severity, "error");
+        assert!(open.message.contains("chmod 600"), "{}", open.message);
+        let missing = anchor_key_row(Some(&dir.path().join("none")));
+        assert_eq!(missing.severity, "error");
+    }
 
     #[test]
     fn a_cluster_without_the_job_submit_check_is_warned_about() {

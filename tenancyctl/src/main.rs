@@ -147,8 +147,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Reconcile(args) => reconcile::run(&load(config)?, args),
         Command::Report(args) => tenancy_audit::run_report(args),
         Command::Audit {
-            command: AuditCommand::Verify(args),
-        } => tenancy_audit::run_verify(args),
+            command: AuditCommand::Verify(mut args),
+        } => {
+            // With anchors to check, the config's key authenticates them unless one is named.
+            if args.anchor_key.is_none() && !args.anchors.is_empty() {
+                if let Ok(c) = load(config) {
+                    args.anchor_key = c.cluster.audit_anchor_key;
+                }
+            }
+            tenancy_audit::run_verify(args)
+        }
         Command::Audit {
             command: AuditCommand::Rotate(args),
         } => rotate::run(load(config), &args),

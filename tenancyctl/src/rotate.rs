@@ -18,12 +18,9 @@ pub struct RotateArgs {
 }
 
 pub fn run(config: anyhow::Result<Config>, args: &RotateArgs) -> anyhow::Result<ExitCode> {
-    let (path, anchor_file) = match (&args.log, &config) {
-        (Some(p), c) => (
-            p.clone(),
-            c.as_ref().ok().and_then(|c| c.cluster.audit_anchor.clone()),
-        ),
-        (None, Ok(c)) => (c.cluster.audit_log.clone(), c.cluster.audit_anchor.clone()),
+    let path = match (&args.log, &config) {
+        (Some(p), _) => p.clone(),
+        (None, Ok(c)) => c.cluster.audit_log.clone(),
         (None, Err(e)) => anyhow::bail!("{e}; or name the log with --log PATH"),
     };
     let (user, uid) = crate::reconcile::operator();
@@ -35,9 +32,12 @@ pub fn run(config: anyhow::Result<Config>, args: &RotateArgs) -> anyhow::Result<
         println!("{}: empty, nothing to rotate", path.display());
         return Ok(ExitCode::SUCCESS);
     };
-    // The new head is anchored as every record's (the log_rotated one is behind it).
-    let sent =
-        tenancy_audit::send_anchor(&r.node, r.head.seq, &r.head.hash, anchor_file.as_deref());
+    // The new head is anchored as every record's (the log_rotated one is behind it), where
+    // the config says; without a config, to syslog alone.
+    let sent = match &config {
+        Ok(c) => tenancy_node::spine::anchor(c, &r.node, &r.head),
+        Err(_) => tenancy_audit::send_anchor(&r.node, r.head.seq, &r.head.hash, None, None),
+    };
     println!(
         "{}: kept as {} (its last record seq {}, log_rotated); the chain goes on at seq {} \
          (log_continued) in {}",

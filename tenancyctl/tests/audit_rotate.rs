@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use tenancy_audit::{send_anchor_to, AuditLog, Event, Outcome, Record};
+use tenancy_audit::{send_anchor_to, AnchorKey, AuditLog, Event, Outcome, Record};
 
 fn tenancyctl(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
@@ -47,7 +47,7 @@ fn config(root: &Path) -> (PathBuf, PathBuf, PathBuf) {
 }
 
 /// Appends a job's record through `log` and anchors it as the node does.
-fn job(log: &mut AuditLog, anchors: &Path, id: u64) -> u64 {
+fn job(log: &mut AuditLog, anchors: &Path, key: Option<&AnchorKey>, id: u64) -> u64 {
     let mut r = Record::new(
         "t",
         "n1",
@@ -65,6 +65,7 @@ fn job(log: &mut AuditLog, anchors: &Path, id: u64) -> u64 {
         a.seq,
         &a.hash,
         Some(anchors),
+        key,
     );
     a.seq
 }
@@ -75,7 +76,7 @@ fn a_rotated_log_verifies_with_its_anchors_across_its_files_and_alone() {
     let (config, log_path, anchors) = config(dir.path());
     let mut log = AuditLog::open(&log_path).unwrap();
     for id in 1..=3 {
-        job(&mut log, &anchors, id);
+        job(&mut log, &anchors, None, id);
     }
     let out = tenancyctl(&config, &["audit", "rotate"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -89,8 +90,8 @@ fn a_rotated_log_verifies_with_its_anchors_across_its_files_and_alone() {
         .unwrap()
         .contains("node=n1 seq=5 hash="));
     // The handle opened before the rotation writes on in the new file.
-    assert_eq!(job(&mut log, &anchors, 4), 6);
-    assert_eq!(job(&mut log, &anchors, 5), 7);
+    assert_eq!(job(&mut log, &anchors, None, 4), 6);
+    assert_eq!(job(&mut log, &anchors, None, 5), 7);
     let logs = dir.path().join("logs");
     assert_eq!(std::fs::read_dir(&logs).unwrap().count(), 2);
     let anchor_arg = anchors.display().to_string();
@@ -141,12 +142,12 @@ fn a_log_rotated_the_logrotate_way_restarts_its_chain_and_verify_says_so() {
     let (config, log_path, anchors) = config(dir.path());
     let mut log = AuditLog::open(&log_path).unwrap();
     for id in 1..=3 {
-        job(&mut log, &anchors, id);
+        job(&mut log, &anchors, None, id);
     }
     // logrotate's `create`: rename, and the next append makes a new, empty file.
     std::fs::rename(&log_path, log_path.with_extension("jsonl.1")).unwrap();
     let mut fresh = AuditLog::open(&log_path).unwrap();
-    assert_eq!(job(&mut fresh, &anchors, 4), 1, "a new chain");
+    assert_eq!(job(&mut fresh, &anchors, None, 4), 1, "a new chain");
     let out = tenancyctl(
         &config,
         &[
@@ -159,4 +160,113 @@ fn a_log_rotated_the_logrotate_way_restarts_its_chain_and_verify_says_so() {
     );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("FINDING"), "{}", text(&out));
+}
+
+/// With `cluster.audit_anchor_key`, anchors carry a MAC and verify takes only those: a line a
+/// user wrote to syslog (`logger`) without the key raises no alarm, a cut tail still does.
+#[test]
+fn anchors_without_the_keys_mac_are_left_out_and_a_cut_tail_still_shows() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, log_path, anchors) = config(dir.path());
+    let key_path = dir.path().join("anchor.key");
+    std::fs::write(&key_path, [7u8; 32]).unwrap();
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let t = std::fs::read_to_string(&config).unwrap().replace(
+        "[tiers.internal]",
+        &format!(
+            "audit_anchor_key = \"{}\"\n[tiers.internal]",
+            key_path.display()
+        ),
+    );
+    std::fs::write(&config, t).unwrap();
+    let key = AnchorKey::load(&key_path).unwrap();
+    let mut log = AuditLog::open(&log_path).unwrap();
+    for id in 1..=4 {
+        job(&mut log, &anchors, Some(&key), id);
+    }
+    // The rotation's anchor carries the MAC too (the config's key).
+    let out = tenancyctl(&config, &["audit", "rotate"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let rotated_anchor = std::fs::read_to_string(&anchors)
+        .unwrap()
+        .lines()
+        .find(|l| l.contains("seq=6 "))
+        .map(str::to_string)
+        .expect("the rotation anchored its head");
+    assert!(rotated_anchor.contains(" mac="), "{rotated_anchor}");
+    // What `logger -t tenancy-audit "node=n1 seq=99 hash=..."` leaves in syslog, and a copy
+    // of a genuine anchor's MAC on another head.
+    let syslog = dir.path().join("syslog");
+    let genuine_mac = tenancy_audit::anchor_mac(&rotated_anchor)
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        &syslog,
+        format!(
+            "Nov 30 18:50:01 n1 tenancy-audit: node=n1 seq=99 hash={}\n\
+             Nov 30 18:50:02 n1 tenancy-audit: node=n1 seq=98 hash={} mac={genuine_mac}\n",
+            "a".repeat(64),
+            "b".repeat(64)
+        ),
+    )
+    .unwrap();
+    let logs = dir.path().join("logs").display().to_string();
+    let (a, s) = (anchors.display().to_string(), syslog.display().to_string());
+    let verify = |extra: &[&str]| {
+        let mut args = vec!["audit", "verify", "--anchor", &a, "--anchor", &s];
+        args.extend_from_slice(extra);
+        args.push(&logs);
+        tenancyctl(&config, &args)
+    };
+    // The config's key: the forged lines are left out, the chain is intact.
+    let out = verify(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("t/n1: 6 records, last seq 6, head")
+            && text(&out).contains("anchor seq 6: OK")
+            && text(&out).contains("NOTE 2 anchor line(s) without a valid MAC left out"),
+        "{}",
+        text(&out)
+    );
+    // Without a key (another config), the forged line is a cut tail: the false alarm a user
+    // could raise before.
+    let bare = dir.path().join("bare.toml");
+    std::fs::write(
+        &bare,
+        std::fs::read_to_string(&config).unwrap().replace(
+            &format!("audit_anchor_key = \"{}\"\n", key_path.display()),
+            "",
+        ),
+    )
+    .unwrap();
+    let args = ["audit", "verify", "--anchor", &a, "--anchor", &s, &logs];
+    let out = tenancyctl(&bare, &args);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("tail cut off"), "{}", text(&out));
+    // A wrong key takes none of the anchors.
+    let wrong = dir.path().join("wrong.key");
+    std::fs::write(&wrong, [8u8; 32]).unwrap();
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let w = wrong.display().to_string();
+    let out = verify(&["--anchor-key", &w]);
+    assert!(text(&out).contains("anchor none"), "{}", text(&out));
+    // A key others may read is refused, by name.
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = verify(&["--anchor-key", &w]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("chmod 600"), "{}", text(&out));
+    // The genuine anchors still catch a cut: the last two records taken off.
+    let kept: Vec<_> = std::fs::read_dir(dir.path().join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p != &log_path)
+        .collect();
+    let old = std::fs::read_to_string(&kept[0]).unwrap();
+    let cut: Vec<&str> = old.lines().collect();
+    std::fs::write(&kept[0], format!("{}\n", cut[..3].join("\n"))).unwrap();
+    std::fs::remove_file(&log_path).unwrap();
+    let out = verify(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("tail cut off"), "{}", text(&out));
 }

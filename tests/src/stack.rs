@@ -6,6 +6,7 @@ use crate::{artifact, Cluster, ClusterOptions, TestUser, Users};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::fs;
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -64,6 +65,9 @@ pub struct StackPaths {
     pub root: PathBuf,
     pub state_dir: PathBuf,
     pub audit_log: PathBuf,
+    /// The anchor file (`cluster.audit_anchor`) and the key whose MAC anchors carry.
+    pub audit_anchors: PathBuf,
+    pub anchor_key: PathBuf,
     pub scratch_root: PathBuf,
     pub nvml_library: PathBuf,
     pub nvml_fixture: PathBuf,
@@ -83,6 +87,8 @@ impl StackPaths {
             root: root.to_path_buf(),
             state_dir: root.join("state"),
             audit_log: root.join("audit/audit.jsonl"),
+            audit_anchors: root.join("audit/anchors"),
+            anchor_key: root.join("audit/anchor.key"),
             scratch_root: root.join("scratch"),
             nvml_library: root.join("lib/libnvidia-ml.so.1"),
             nvml_fixture: root.join("nvml/fixture.toml"),
@@ -103,6 +109,8 @@ pub fn tenancy_toml(p: &StackPaths, t: &Tenants) -> String {
 name = "demo"
 state_dir = "{state}"
 audit_log = "{audit}"
+audit_anchor = "{anchors}"
+audit_anchor_key = "{anchor_key}"
 scratch_root = "{scratch}"
 nvml_library = "{nvml}"
 nvml_shim_fixture = "{fixture}"
@@ -141,6 +149,8 @@ infrastructure = ["127.0.0.1/32:1-65535/tcp"]
 "#,
         state = p.state_dir.display(),
         audit = p.audit_log.display(),
+        anchors = p.audit_anchors.display(),
+        anchor_key = p.anchor_key.display(),
         scratch = p.scratch_root.display(),
         nvml = p.nvml_library.display(),
         fixture = p.nvml_fixture.display(),
@@ -204,6 +214,11 @@ impl Stack {
         for d in [root, &p.scratch_root, &p.bin_dir] {
             fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
         }
+        // The anchor key, as an admin makes it: 32 random bytes, root's alone.
+        let mut key = [0u8; 32];
+        fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+        fs::write(&p.anchor_key, key)?;
+        fs::set_permissions(&p.anchor_key, fs::Permissions::from_mode(0o600))?;
         let shim = artifact("libnvidia_ml.so")?;
         fs::copy(&shim, &p.nvml_library).with_context(|| format!("copy {}", shim.display()))?;
         fs::write(&p.nvml_fixture, nvml_fixture(&p))?;
