@@ -81,5 +81,37 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// What an anchor costs the epilog: sent to a syslog socket that is not there (as on a node
+/// without one) and appended to an anchor file (with its fsync), without and with the key
+/// (the key file read on every anchor, as the epilog does, and the HMAC).
+fn anchor(c: &mut Criterion) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir =
+        tempfile::tempdir_in(std::env::var("BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into()))
+            .unwrap();
+    let key = dir.path().join("anchor.key");
+    std::fs::write(&key, [9u8; 32]).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (sock, file) = (dir.path().join("no-log"), dir.path().join("anchors"));
+    let hash = "a".repeat(64);
+    let mut g = c.benchmark_group("anchor");
+    g.bench_function("anchor_without_key", |b| {
+        b.iter(|| tenancy_audit::send_anchor_to(&sock, "gpu001", 7, &hash, Some(&file), None))
+    });
+    g.bench_function("anchor_with_key", |b| {
+        b.iter(|| {
+            let k = tenancy_audit::AnchorKey::load(&key).unwrap();
+            tenancy_audit::send_anchor_to(&sock, "gpu001", 7, &hash, Some(&file), Some(&k))
+        })
+    });
+    g.bench_function("key_load_and_mac", |b| {
+        b.iter(|| {
+            let k = tenancy_audit::AnchorKey::load(&key).unwrap();
+            k.mac(&tenancy_audit::anchor_line("gpu001", 7, &hash))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, anchor);
 criterion_main!(benches);
