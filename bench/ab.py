@@ -23,6 +23,8 @@ def main():
     p.add_argument("--jobs", type=int, default=300)
     p.add_argument("--mig", help="MIG profile to request (default: a job without MIG)")
     p.add_argument("--config", default=os.path.join(os.environ.get("BENCH_DIR", "/tmp/tenancy-bench"), "tenancy.toml"))
+    p.add_argument("--config-b", help="build B's config (default: --config): one build, two "
+                   "configs, e.g. without and with cluster.audit_anchor_key")
     p.add_argument("--user", default=os.environ.get("BENCH_USER", "acme1"))
     p.add_argument("--tenant", default=os.environ.get("BENCH_TENANT", "acme"))
     p.add_argument("--first-job", type=int, default=9_100_000)
@@ -36,6 +38,7 @@ def main():
     env = dict(slurm_env(pw.pw_uid, pw.pw_gid, a.user, a.tenant), TENANCY_CONFIG=a.config)
     if a.mig:
         env["SPANK_TENANCY_MIG"] = a.mig
+    config_of = {a.a: a.config, a.b: a.config_b or a.config}
     with tempfile.TemporaryDirectory(prefix="tenancy-ab-") as tmp:
         installed = {}
         for name, d in (("a", a.a), ("b", a.b)):
@@ -46,6 +49,8 @@ def main():
             files = [os.path.join(d, f) for f in ("tenancy-prolog", "tenancy-epilog", "tenancy-prolog-dynamic")]
             subprocess.run(["install", "-m", "0755"] + [f for f in files if os.path.exists(f)]
                            + [installed[d]], check=True)
+        if a.a == a.b and a.config_b:
+            sys.exit("one build with two configs: name its folder twice in two spellings (dir, dir/)")
         rows = {a.a: [], a.b: []}
         flush = bytearray(a.flush_mb << 20)
         job = a.first_job
@@ -55,7 +60,7 @@ def main():
                     subprocess.run(a.between, shell=True, check=True)
                 if a.flush_mb:
                     flush.count(b"\x02")  # reads every line: clean evictions
-                e = dict(env, SLURM_JOB_ID=str(job)); job += 1
+                e = dict(env, SLURM_JOB_ID=str(job), TENANCY_CONFIG=config_of[d]); job += 1
                 r1, w1, c1 = run([os.path.join(installed[d], "tenancy-prolog")], e)
                 r2, w2, c2 = run([os.path.join(installed[d], "tenancy-epilog")], e)
                 if r1 != 0 or r2 != 0:

@@ -55,11 +55,15 @@ model = "H200-141GB"
 [[gpus]]
 model = "H200-141GB"
 EOT
+# The anchor key, as the README recommends: every job end's anchor carries its HMAC.
+head -c 32 /dev/urandom > "$BENCH_DIR/anchor.key"
+chmod 600 "$BENCH_DIR/anchor.key"
 cat > "$BENCH_DIR/tenancy.toml" <<EOT
 [cluster]
 name = "bench"
 state_dir = "$BENCH_DIR/state"
 audit_log = "$BENCH_DIR/audit.jsonl"
+audit_anchor_key = "$BENCH_DIR/anchor.key"
 scratch_root = "$BENCH_DIR/scratch"
 nvml_library = "$BIN/libnvidia_ml.so"
 nvml_shim_fixture = "$BENCH_DIR/fixture.toml"
