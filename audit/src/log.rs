@@ -553,8 +553,9 @@ impl AuditLog {
             node: Option<String>,
             #[serde(default)]
             cluster: Option<String>,
+            // Read as text: a name this build does not know is no reason to stop the job.
             #[serde(default)]
-            event: Option<Event>,
+            event: Option<String>,
         }
         let s: SeqOnly =
             serde_json::from_slice(line).map_err(|e| bad(format!("not a JSON record: {e}")))?;
@@ -564,7 +565,7 @@ impl AuditLog {
                 hash,
                 node: s.node,
                 cluster: s.cluster,
-                rotated: s.event == Some(Event::LogRotated),
+                rotated: s.event.as_deref() == Some(Event::LogRotated.as_str()),
             },
             len,
         ))

@@ -861,12 +861,6 @@ fn short_hostname() -> String {
     name.split('.').next().unwrap_or("localhost").to_string()
 }
 
-/// Undoes every step of `journal` in reverse with `layers` (the epilog's and reconcile's
-/// teardown; the caller holds the node lock); returns what could not be undone, each naming
-/// its layer or the journal. The journal is removed when everything is gone, and otherwise kept
-/// holding only what is left; either way the job leaves the occupancy index (placement sees
-/// leftovers through NVML). A journal of an earlier boot undoes only the layers whose resources
-/// outlive a restart: what stands in the others' place now is this boot's.
 /// Appends `rec` to the node's audit log and anchors the new chain head outside the log
 /// (syslog, and `cluster.audit_anchor` when set), but for a `job_start`, whose job's `job_end`
 /// anchors a head past it (one send less on every job's start). Every other record is
@@ -908,6 +902,12 @@ pub fn anchor(
     )
 }
 
+/// Undoes every step of `journal` in reverse with `layers` (the epilog's and reconcile's
+/// teardown; the caller holds the node lock); returns what could not be undone, each naming
+/// its layer or the journal. The journal is removed when everything is gone, and otherwise kept
+/// holding only what is left; either way the job leaves the occupancy index (placement sees
+/// leftovers through NVML). A journal of an earlier boot undoes only the layers whose resources
+/// outlive a restart: what stands in the others' place now is this boot's.
 pub fn teardown(
     layers: &mut [Box<dyn Layer + '_>],
     journals: &JournalDir,
