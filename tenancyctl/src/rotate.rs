@@ -23,13 +23,20 @@ pub fn run(config: anyhow::Result<Config>, args: &RotateArgs) -> anyhow::Result<
         (None, Ok(c)) => c.cluster.audit_log.clone(),
         (None, Err(e)) => anyhow::bail!("{e}; or name the log with --log PATH"),
     };
+    // Opening creates the log: a path with no log (a typo) is answered, not made.
+    if let Err(e) = path.symlink_metadata() {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            println!("{}: absent or empty, nothing to rotate", path.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     let (user, uid) = crate::reconcile::operator();
     let mut log = AuditLog::open(&path)?;
     let Some(r) = log
         .rotate(&user, uid, "tenancyctl")
         .with_context(|| format!("rotating {}", path.display()))?
     else {
-        println!("{}: empty, nothing to rotate", path.display());
+        println!("{}: absent or empty, nothing to rotate", path.display());
         return Ok(ExitCode::SUCCESS);
     };
     // The new head is anchored as every record's (the log_rotated one is behind it), where
