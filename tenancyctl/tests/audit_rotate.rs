@@ -134,6 +134,7 @@ fn a_rotated_log_verifies_with_its_anchors_across_its_files_and_alone() {
         "{}",
         text(&out)
     );
+    assert!(!empty.exists(), "rotate made the log it was asked about");
 }
 
 #[test]
