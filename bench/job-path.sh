@@ -4,8 +4,11 @@
 # Run as root on a node with cgroup2 and nftables; the bench user (default acme1 in group acme)
 # is created for the run when missing:
 #   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancy-prolog-dynamic -p tenancyctl -p nvml-shim
+#   scripts/build-job-path            # the prolog and epilog as installed (musl), when it can
 #   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
-# Env: BIN (folder of the built binaries, default target/release), BENCH_DIR (/tmp/tenancy-bench),
+# Env: BIN (folder of the built binaries, default target/release), JOB_PATH (folder of the
+#   prolog, epilog and dynamic build to measure, default target/job-path/release where
+#   scripts/build-job-path made one, else BIN), BENCH_DIR (/tmp/tenancy-bench),
 #   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (6), MODES ("pair fill"), BENCH_USER (acme1),
 #   FLUSH_MB (pair mode: MiB the driver reads before every variant's job so that each starts with
 #   the CPU caches evicted, as after a real job; 64; 0 = back to back, which favours whichever
@@ -19,6 +22,8 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
+JOB_PATH=${JOB_PATH:-${CARGO_TARGET_DIR:-$root/target}/job-path/release}
+[ -e "$JOB_PATH/tenancy-prolog" ] || JOB_PATH=$BIN
 BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
 JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; BETWEEN=${BETWEEN:-}; FLUSH_MB=${FLUSH_MB-64}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-6}; MODES=${MODES:-"pair fill"}
 BENCH_USER=${BENCH_USER:-acme1}; BENCH_TENANT=${BENCH_TENANT:-acme}; FIRST_JOB=${FIRST_JOB:-7100000}
@@ -32,16 +37,18 @@ if ! id "$BENCH_USER" >/dev/null 2>&1; then
   trap '[ "$made_user" = no ] || userdel "$BENCH_USER"; [ "$made_group" = no ] || groupdel "$BENCH_TENANT"' EXIT
 fi
 uid=$(id -u "$BENCH_USER"); gid=$(id -g "$BENCH_USER"); group=$(id -gn "$BENCH_USER")
-for b in tenancy-prolog tenancy-epilog tenancy-prolog-dynamic tenancyctl nvml-shim-ctl libnvidia_ml.so; do
-  [ -e "$BIN/$b" ] || { echo "missing $BIN/$b: build in release first (see the top of $0)" >&2; exit 2; }
+for b in "$JOB_PATH/tenancy-prolog" "$JOB_PATH/tenancy-epilog" "$JOB_PATH/tenancy-prolog-dynamic" \
+         "$BIN/tenancyctl" "$BIN/nvml-shim-ctl" "$BIN/libnvidia_ml.so"; do
+  [ -e "$b" ] || { echo "missing $b: build in release first (see the top of $0)" >&2; exit 2; }
 done
+libc=$(cat "$JOB_PATH/LIBC" 2>/dev/null || echo "glibc (cargo build)")
 mkdir -p "$BENCH_DIR/scratch" "$BENCH_DIR/base/scratch"
 # The bench runs installed copies, as the README installs them (`install -m 0755`), not the
 # linker's output files: the page cache holds the two differently, and the installed copy starts
 # with ~8 fewer page faults per process (A/B: 3.92 -> 3.79 ms per job, same build).
 built=$BIN; BIN=$BENCH_DIR/bin
 install -d "$BIN"
-install -m 0755 "$built/tenancy-prolog" "$built/tenancy-epilog" "$built/tenancy-prolog-dynamic" \
+install -m 0755 "$JOB_PATH/tenancy-prolog" "$JOB_PATH/tenancy-epilog" "$JOB_PATH/tenancy-prolog-dynamic" \
   "$built/tenancyctl" "$built/nvml-shim-ctl" \
   "$built/libnvidia_ml.so" "$BIN/"
 chmod 755 "$BENCH_DIR/scratch"
@@ -109,7 +116,7 @@ set -- --config "$BENCH_DIR/tenancy.toml" --prolog "$BIN/tenancy-prolog" --epilo
   --base-dir "$BENCH_DIR/base" --uid "$uid" --gid "$gid" --user "$BENCH_USER" --tenant "$BENCH_TENANT" --tenant-group "$group"
 # The installed binaries and the files above are written out now, not during the measured jobs.
 sync
-echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /proc/loadavg); built in $built, run from $BIN"
+echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /proc/loadavg); built in $built, job path from $JOB_PATH ($libc), run from $BIN"
 for m in $MODES; do
   case $m in
     pair) if [ "${FLUSH_MB:-0}" -gt 0 ]; then cold="$FLUSH_MB MiB read before each (CPU caches evicted)"; else cold="back to back"; fi

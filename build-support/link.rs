@@ -22,6 +22,10 @@
 //   (such a site can name tenancy-prolog-dynamic in Prolog= directly). A static binary keeps
 //   the glibc it was built with: rebuild and reinstall it after a glibc security update.
 //
+// This is how `cargo build` links them. What a node installs is scripts/build-job-path's build
+// of the same two for musl (`--target <arch>-unknown-linux-musl`, where Rust links static PIEs
+// by itself and this script does nothing): musl starts without glibc's CPUID probing.
+//
 // Anything unexpected (another libc, crt-static already, an archive missing) keeps the
 // default linking; so do TENANCY_SHARED_LIBGCC=1, TENANCY_DYNAMIC_PROLOG=1 and
 // TENANCY_DYNAMIC_EPILOG=1 in the build's environment (A/B of the two, BENCHMARKS.md).

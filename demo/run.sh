@@ -43,11 +43,17 @@ fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 set -- --release -p tenancy-prolog -p tenancy-epilog -p tenancy-prolog-dynamic -p tenancyctl -p spank-tenancy -p job-submit-tenancy -p nvml-shim -p tenancy-e2e
 echo "Building slurm-tenancy (release; the first build takes a few minutes) ..."
-if [ -n "$user_home" ] && [ "${cargo#"$user_home"/}" != "$cargo" ]; then
-    # The invoking user's toolchain builds in their clone, so target/ stays theirs.
-    runuser -u "$SUDO_USER" -- env HOME="$user_home" PATH="$PATH" \
-        CARGO_TARGET_DIR="$CARGO_TARGET_DIR" "$cargo" build "$@"
-else
-    "$cargo" build "$@"
-fi
+as_builder() {
+    if [ -n "$user_home" ] && [ "${cargo#"$user_home"/}" != "$cargo" ]; then
+        # The invoking user's toolchain builds in their clone, so target/ stays theirs.
+        runuser -u "$SUDO_USER" -- env HOME="$user_home" PATH="$PATH" \
+            CARGO_TARGET_DIR="$CARGO_TARGET_DIR" "$@"
+    else
+        "$@"
+    fi
+}
+as_builder "$cargo" build "$@"
+# The prolog and epilog as the README installs them (linked with musl where the toolchain can).
+TENANCY_JOB_PATH_DIR=$(as_builder ./scripts/build-job-path)
+export TENANCY_JOB_PATH_DIR
 exec "$CARGO_TARGET_DIR/release/tenancy-demo"

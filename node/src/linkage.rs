@@ -37,6 +37,8 @@ const USERDB_DROP_INS: [&str; 5] = [
 /// G) as the node's NSS would. A dynamically linked process asks NSS itself. A static one can
 /// use glibc's built-in `files` source (/etc/passwd, /etc/group, and nscd when it runs) but no
 /// NSS module: a static glibc loads modules only from the exact glibc build it was linked with.
+/// musl, which the job path is built with where the toolchain can (scripts/build-job-path),
+/// reads the same files and nscd, and never loads a module.
 ///
 /// So a static process answers only where `files` speaks for NSS: nsswitch.conf lists `files`
 /// first for users and groups, and at most `systemd` after it, with no userdb drop-in folder
@@ -127,7 +129,14 @@ fn pin_to_files() -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+/// musl (the job path's build, scripts/build-job-path) has no NSS modules to pin: its lookups
+/// read /etc/passwd and /etc/group, then ask nscd when it runs, as glibc's `files` does.
+#[cfg(all(target_os = "linux", target_env = "musl"))]
+fn pin_to_files() -> Result<(), String> {
+    Ok(())
+}
+
+#[cfg(not(all(target_os = "linux", any(target_env = "gnu", target_env = "musl"))))]
 fn pin_to_files() -> Result<(), String> {
     Err("only glibc can limit NSS lookups to files".to_string())
 }

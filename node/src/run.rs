@@ -104,7 +104,8 @@ fn finish_or_drain(end: Ending) -> u8 {
 /// The prolog and epilog start for every job, so they define C's `main` themselves
 /// (`#![no_main]`) and skip Rust's start-up wrapper, which reads /proc/self/maps for the main
 /// thread's stack guard and sets up signal handlers: about 0.1 ms of each run (BENCHMARKS.md).
-/// std works as usual: glibc hands it argv and the environment.
+/// std works as usual but for its arguments: glibc hands std argv, musl does not (the job path's
+/// musl build, scripts/build-job-path), so a `main` that reads arguments takes them from C.
 pub fn c_main(body: fn() -> u8) -> std::os::raw::c_int {
     let status = std::panic::catch_unwind(body).unwrap_or(101);
     let _ = std::io::Write::flush(&mut std::io::stdout());
@@ -112,10 +113,18 @@ pub fn c_main(body: fn() -> u8) -> std::os::raw::c_int {
 }
 
 /// The body of the C `main` of `tenancy-prolog` and of [`DYNAMIC_BUILD`]: the prolog, or with
-/// [`HANDED_OFF_EPILOG`] as the one argument, the epilog.
-pub fn prolog_main(argc: std::os::raw::c_int) -> std::os::raw::c_int {
-    let handed_off =
-        argc == 2 && std::env::args_os().nth(1).as_deref() == Some(HANDED_OFF_EPILOG.as_ref());
+/// [`HANDED_OFF_EPILOG`] as the one argument, the epilog. `argc` and `argv` are C's `main`'s.
+///
+/// # Safety
+/// `argv` holds `argc` pointers to NUL-terminated strings, as C's `main` receives them.
+pub unsafe fn prolog_main(
+    argc: std::os::raw::c_int,
+    argv: *const *const std::os::raw::c_char,
+) -> std::os::raw::c_int {
+    // SAFETY: argv[1] exists when argc is 2 (the caller's contract).
+    let handed_off = argc == 2
+        && unsafe { std::ffi::CStr::from_ptr(*argv.add(1)) }.to_bytes()
+            == HANDED_OFF_EPILOG.as_bytes();
     c_main(if handed_off {
         handed_off_epilog_status
     } else {

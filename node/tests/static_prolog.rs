@@ -65,6 +65,40 @@ fn a_job_of_users_in_the_files_runs_in_the_static_prolog_alone() {
     assert!(w.chain_is_valid());
 }
 
+/// `tenancy-prolog --epilog` is the epilog (what the static builds hand off to the dynamic one
+/// runs the same way). C's argv decides it: musl, unlike glibc, gives std no arguments in a
+/// program that defines C's `main` (the musl build of scripts/build-job-path).
+#[test]
+fn the_static_prolog_with_epilog_as_its_argument_is_the_epilog() {
+    let Some((w, bin)) = static_world(&["tenancy-prolog"], "tenancy-prolog") else {
+        return;
+    };
+    if let Err(why) = files_speak_here() {
+        eprintln!("SKIP (the static path): {why}");
+        return;
+    }
+    let job = 4202;
+    let out = prolog(&w, &bin, &w.job_env(job, 1, None));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(w.scratch_dir(1, job).is_dir());
+    let out = w
+        .command_of(
+            &bin.join("tenancy-prolog"),
+            &["--epilog"],
+            &w.job_env(job, 1, None),
+        )
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let last = w.records().pop().unwrap();
+    assert_eq!(
+        (last.event, last.outcome),
+        (Event::JobEnd, Outcome::Success)
+    );
+    w.assert_nothing_left("after the static prolog run as prolog, then as epilog");
+    assert!(w.chain_is_valid());
+}
+
 #[test]
 fn a_mig_job_is_handed_to_the_dynamic_build_and_refused_without_it() {
     let Some((w, bin)) = static_world(&["tenancy-prolog", "tenancy-epilog"], "tenancy-prolog")

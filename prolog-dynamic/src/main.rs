@@ -9,9 +9,12 @@
 
 #[cfg(not(test))]
 #[no_mangle]
-pub extern "C" fn main(
+/// # Safety
+/// Called by the C runtime alone, with its own `argc` and `argv`.
+pub unsafe extern "C" fn main(
     argc: std::os::raw::c_int,
-    _argv: *const *const std::os::raw::c_char,
+    argv: *const *const std::os::raw::c_char,
 ) -> std::os::raw::c_int {
-    tenancy_node::run::prolog_main(argc)
+    // SAFETY: C's own argc and argv.
+    unsafe { tenancy_node::run::prolog_main(argc, argv) }
 }

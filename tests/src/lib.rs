@@ -11,7 +11,7 @@
 //! * Every client call gets `SLURM_CONF` of this cluster; calls "as a user" drop to the user's
 //!   uid, gid and groups in the child (no shell involved).
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -736,7 +736,6 @@ pub fn target_dir() -> PathBuf {
     d
 }
 
-/// A built artifact by file name (target/<profile>/NAME or its deps/), or a clear error.
 /// The folder of Slurm's own plugins (the compiled-in `PluginDir`): where this Slurm keeps
 /// `select_cons_tres.so`.
 pub fn slurm_plugin_dir() -> Result<PathBuf> {
@@ -756,7 +755,19 @@ pub fn slurm_plugin_dir() -> Result<PathBuf> {
     })
 }
 
+/// A built artifact by file name (target/<profile>/NAME or its deps/), or a clear error.
+///
+/// With TENANCY_JOB_PATH_DIR set, the job path's binaries (`tenancy-prolog`, `tenancy-epilog`,
+/// `tenancy-prolog-dynamic`) come from that folder instead: scripts/build-job-path's, the
+/// prolog and epilog as installed, linked with musl.
 pub fn artifact(name: &str) -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("TENANCY_JOB_PATH_DIR") {
+        if ["tenancy-prolog", "tenancy-epilog", "tenancy-prolog-dynamic"].contains(&name) {
+            let p = PathBuf::from(dir).join(name);
+            ensure!(p.is_file(), "TENANCY_JOB_PATH_DIR has no {}", p.display());
+            return Ok(p);
+        }
+    }
     let t = target_dir();
     for p in [t.join(name), t.join("deps").join(name)] {
         if p.is_file() {

@@ -84,3 +84,28 @@ fn the_prolog_and_epilog_are_static_pies() {
         assert_eq!(needed(&dynamic), Vec::<String>::new(), "{name}");
     }
 }
+
+/// scripts/build-job-path's folder (TENANCY_JOB_PATH_DIR, which scripts/test sets for a second
+/// pass over the tests that run the prolog and epilog) says in its file LIBC which libc its
+/// prolog and epilog were linked with, and they are: glibc's start files leave an ABI tag note
+/// in every program, musl's none.
+#[test]
+fn the_job_path_folder_holds_the_libc_it_names() {
+    let Some(dir) = std::env::var_os("TENANCY_JOB_PATH_DIR") else {
+        eprintln!("SKIP: TENANCY_JOB_PATH_DIR not set (scripts/test sets it for its second pass)");
+        return;
+    };
+    let libc = std::fs::read_to_string(std::path::Path::new(&dir).join("LIBC")).unwrap();
+    let libc = libc.trim();
+    assert!(["musl", "glibc"].contains(&libc), "LIBC says {libc:?}");
+    for name in ["tenancy-prolog", "tenancy-epilog"] {
+        let Some(notes) = readelf(name, "-n") else {
+            return;
+        };
+        assert_eq!(
+            notes.contains("NT_GNU_ABI_TAG"),
+            libc == "glibc",
+            "{name} in {dir:?} (LIBC: {libc}):\n{notes}"
+        );
+    }
+}

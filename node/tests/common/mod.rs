@@ -53,7 +53,16 @@ pub fn shim_lib() -> Option<PathBuf> {
 
 /// A binary of the product (`tenancy-prolog`, `tenancy-epilog`) from the same target folder,
 /// built by `cargo build --workspace` (scripts/test does), or None: skip (panics under CI).
+/// With TENANCY_JOB_PATH_DIR set, the job path's binaries come from that folder instead
+/// (scripts/build-job-path: the prolog and epilog as installed, linked with musl).
 pub fn product_binary(name: &str) -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("TENANCY_JOB_PATH_DIR") {
+        if JOB_PATH.contains(&name) {
+            let p = PathBuf::from(dir).join(name);
+            assert!(p.is_file(), "TENANCY_JOB_PATH_DIR has no {}", p.display());
+            return Some(p);
+        }
+    }
     let p = target_dir().join(name);
     if p.is_file() {
         return Some(p);
@@ -70,6 +79,9 @@ pub fn product_binary(name: &str) -> Option<PathBuf> {
     );
     None
 }
+
+/// What scripts/build-job-path puts in its folder.
+const JOB_PATH: [&str; 3] = ["tenancy-prolog", "tenancy-epilog", "tenancy-prolog-dynamic"];
 
 /// The crash_prolog example, built by `cargo test`.
 pub fn driver() -> PathBuf {

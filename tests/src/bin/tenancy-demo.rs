@@ -233,6 +233,11 @@ fn run() -> Result<u32> {
     let stack = Stack::start(root.path(), &t)?;
     println!("slurm.conf:   {}", stack.cluster.conf.display());
     println!("tenancy.toml: {}", stack.config.display());
+    let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
+    let libc = std::fs::read_to_string(prolog.with_file_name("LIBC"))
+        .map(|l| format!("linked with {}", l.trim()))
+        .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string());
+    println!("Prolog=:      {} ({libc})", prolog.display());
     println!(
         "GPUs:         two H200-141GB with MIG on (NVML stand-in {})",
         stack.paths.nvml_library.display()
