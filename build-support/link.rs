@@ -1,5 +1,5 @@
-// Shared by the build scripts of tenancy-prolog, tenancy-epilog and tenancy-prolog-dynamic
-// (included, not a crate).
+// Shared by the build scripts of tenancy-prolog, tenancy-epilog, tenancy-prolog-dynamic and
+// the NVML stand-in (included, not a crate).
 //
 // The prolog and epilog start once per job, so how they are linked is part of the job path's
 // cost (BENCHMARKS.md). rustc offers no per-binary `crt-static` on a stable toolchain, so the
@@ -7,7 +7,7 @@
 // first on it, and holds the static archives that should win over the shared libraries of the
 // same names (the linker takes the first folder that has either file).
 //
-// - `static_libgcc` (all three): GCC's unwinder from libgcc_eh.a instead of loading
+// - `static_libgcc` (all four): GCC's unwinder from libgcc_eh.a instead of loading
 //   libgcc_s.so.1, as C's `-static-libgcc` does (rustc always asks for `-lgcc_s` on
 //   *-linux-gnu). Loading libgcc_s costs a library mapping, its relocations and its CPU-model
 //   constructor (CPUID, which traps to the hypervisor in a VM): 0.11 ms per process here.

@@ -55,6 +55,21 @@ fn the_dynamic_build_needs_only_libc() {
     );
 }
 
+/// The NVML stand-in links GCC's unwinder in, as the dynamic build does: loading it (the
+/// dynamic build does, twice per MIG job) maps no libgcc_s.so.1 and runs no CPU-model
+/// constructor, which the real libnvidia-ml.so.1 does not need either.
+#[test]
+fn the_nvml_stand_in_needs_no_libgcc_s() {
+    let Some(dynamic) = readelf("libnvidia_ml.so", "-d") else {
+        return;
+    };
+    let needed = needed(&dynamic);
+    assert!(
+        !needed.iter().any(|n| n.starts_with("libgcc_s")),
+        "libnvidia_ml.so loads libgcc_s: NEEDED {needed:?}"
+    );
+}
+
 /// The prolog and epilog are static PIEs: no program interpreter, no shared library, and still
 /// position-independent (ASLR) with their relocations read-only after start (RELRO).
 #[test]
