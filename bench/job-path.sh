@@ -24,6 +24,9 @@ root=$(dirname "$here")
 BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
 JOB_PATH=${JOB_PATH:-${CARGO_TARGET_DIR:-$root/target}/job-path/release}
 [ -e "$JOB_PATH/tenancy-prolog" ] || JOB_PATH=$BIN
+if [ "$JOB_PATH" != "$BIN" ] && [ "$JOB_PATH/tenancy-prolog" -ot "$BIN/tenancy-prolog" ]; then
+  echo "WARNING: $JOB_PATH is older than the build in $BIN: rerun scripts/build-job-path" >&2
+fi
 BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
 JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; BETWEEN=${BETWEEN:-}; FLUSH_MB=${FLUSH_MB-64}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-6}; MODES=${MODES:-"pair fill"}
 BENCH_USER=${BENCH_USER:-acme1}; BENCH_TENANT=${BENCH_TENANT:-acme}; FIRST_JOB=${FIRST_JOB:-7100000}
