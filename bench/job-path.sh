@@ -4,11 +4,11 @@
 # Run as root on a node with cgroup2 and nftables; the bench user (default acme1 in group acme)
 # is created for the run when missing:
 #   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancy-prolog-dynamic -p tenancyctl -p nvml-shim
-#   scripts/build-job-path            # the prolog and epilog as installed (musl), when it can
 #   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
 # Env: BIN (folder of the built binaries, default target/release), JOB_PATH (folder of the
-#   prolog, epilog and dynamic build to measure, default target/job-path/release where
-#   scripts/build-job-path made one, else BIN), BENCH_DIR (/tmp/tenancy-bench),
+#   prolog, epilog and dynamic build to measure; default target/job-path/release, which
+#   scripts/build-job-path makes, run from here when that folder is missing or older than BIN's
+#   build), BENCH_DIR (/tmp/tenancy-bench),
 #   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (6), MODES ("pair fill"), BENCH_USER (acme1),
 #   FLUSH_MB (pair mode: MiB the driver reads before every variant's job so that each starts with
 #   the CPU caches evicted, as after a real job; 64; 0 = back to back, which favours whichever
@@ -22,10 +22,17 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
-JOB_PATH=${JOB_PATH:-${CARGO_TARGET_DIR:-$root/target}/job-path/release}
-[ -e "$JOB_PATH/tenancy-prolog" ] || JOB_PATH=$BIN
-if [ "$JOB_PATH" != "$BIN" ] && [ "$JOB_PATH/tenancy-prolog" -ot "$BIN/tenancy-prolog" ]; then
-  echo "WARNING: $JOB_PATH is older than the build in $BIN: rerun scripts/build-job-path" >&2
+# What a node installs: scripts/build-job-path's folder, (re)made here when it is missing or
+# older than the release build.
+if [ -z "${JOB_PATH:-}" ]; then
+  JOB_PATH=${CARGO_TARGET_DIR:-$root/target}/job-path/release
+  if [ ! -e "$JOB_PATH/tenancy-prolog" ] || [ "$JOB_PATH/tenancy-prolog" -ot "$BIN/tenancy-prolog" ]; then
+    echo "bench: scripts/build-job-path (the prolog and epilog as a node installs them)" >&2
+    "$root/scripts/build-job-path" >/dev/null || {
+      echo "WARNING: scripts/build-job-path failed: measuring the build in $BIN" >&2
+      JOB_PATH=$BIN
+    }
+  fi
 fi
 BENCH_DIR=${BENCH_DIR:-/tmp/tenancy-bench}
 JOBS=${JOBS:-200}; VARIANTS=${VARIANTS:-product+mig,product,baseline-sh}; BETWEEN=${BETWEEN:-}; FLUSH_MB=${FLUSH_MB-64}; FILL=${FILL:-"0 999"}; REPEAT=${REPEAT:-30}; ROUNDS=${ROUNDS:-6}; MODES=${MODES:-"pair fill"}
