@@ -81,6 +81,63 @@ fn job_submit_row(slurm_conf: &Path, text: Option<&str>) -> Row {
     )
 }
 
+/// Whether each job gets its own /tmp and /dev/shm (Slurm's `JobContainerType=
+/// job_container/tmpfs`). Without it both are the node's, shared by the jobs of every tenant:
+/// a file one job leaves there with the usual umask, or a POSIX shared memory segment, is
+/// readable by the next tenant's job (a warning: the product's layers still hold, and TMPDIR
+/// points at the job's scratch). With it, a scratch root under /tmp or /dev/shm is hidden from
+/// the job's own tasks (an error).
+fn job_container_row(slurm_conf: &Path, text: Option<&str>, scratch_root: &Path) -> Row {
+    const CHECK: &str = "slurm.job_container";
+    let Some(text) = text else {
+        return row(
+            CHECK,
+            Severity::Warn,
+            format!("cannot read {}", slurm_conf.display()),
+            Some("pass --slurm-conf, or set SLURM_CONF".into()),
+        );
+    };
+    let tmpfs = programs(text, "JobContainerType")
+        .iter()
+        .any(|p| p == "job_container/tmpfs");
+    let hidden = ["/tmp", "/dev/shm"]
+        .into_iter()
+        .find(|d| scratch_root.starts_with(d));
+    match (tmpfs, hidden) {
+        (true, None) => row(
+            CHECK,
+            Severity::Ok,
+            "JobContainerType=job_container/tmpfs: each job has its own /tmp and /dev/shm".into(),
+            None,
+        ),
+        (true, Some(d)) => row(
+            CHECK,
+            Severity::Error,
+            format!(
+                "cluster.scratch_root {} is under {d}, which job_container/tmpfs replaces in \
+                 every job: no job would see its scratch folder",
+                scratch_root.display()
+            ),
+            Some("move cluster.scratch_root to a local disk outside /tmp and /dev/shm".into()),
+        ),
+        (false, _) => row(
+            CHECK,
+            Severity::Warn,
+            format!(
+                "{} has no JobContainerType=job_container/tmpfs: /tmp and /dev/shm are the \
+                 node's, shared by the jobs of every tenant (a file left there with the usual \
+                 umask is readable by the next tenant's job)",
+                slurm_conf.display()
+            ),
+            Some(
+                "add JobContainerType=job_container/tmpfs to slurm.conf and a job_container.conf \
+                 with BasePath= on a local disk outside /tmp (README), then restart slurmd"
+                    .into(),
+            ),
+        ),
+    }
+}
+
 /// tenancy-prolog and tenancy-epilog are statically linked and hand the jobs that need a
 /// shared library (NVML for a MIG slice; the prolog also NSS modules) to
 /// tenancy-prolog-dynamic in their own folder: without it such jobs fail (and drain the node).
@@ -758,6 +815,11 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         &slurm_conf,
         std::fs::read_to_string(&slurm_conf).ok().as_deref(),
     ));
+    rows.push(job_container_row(
+        &slurm_conf,
+        std::fs::read_to_string(&slurm_conf).ok().as_deref(),
+        &config.cluster.scratch_root,
+    ));
     rows.push(ptrace_row(
         std::fs::read_to_string(YAMA_PTRACE_SCOPE).ok().as_deref(),
     ));
@@ -810,7 +872,7 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::{anchor_key_row, job_submit_row, ptrace_row};
+    use super::{anchor_key_row, job_container_row, job_submit_row, ptrace_row};
 
     #[test]
     fn anchors_without_a_usable_key_are_warned_or_failed() {
@@ -850,6 +912,33 @@ mod tests {
             assert!(r.message.contains("drains"), "{}", r.message);
         }
         assert_eq!(job_submit_row(p, None).severity, "warn");
+    }
+
+    #[test]
+    fn a_node_whose_jobs_share_tmp_and_dev_shm_is_warned_about() {
+        let p = std::path::Path::new("/etc/slurm/slurm.conf");
+        let scratch = std::path::Path::new("/scratch");
+        let on = "JobContainerType=job_container/tmpfs # own /tmp, /dev/shm\n";
+        assert_eq!(job_container_row(p, Some(on), scratch).severity, "ok");
+        for off in [
+            "ClusterName=t\n",
+            "JobContainerType=job_container/none\n",
+            "#JobContainerType=job_container/tmpfs\n",
+        ] {
+            let r = job_container_row(p, Some(off), scratch);
+            assert_eq!(r.severity, "warn", "{off}");
+            assert!(r.message.contains("/dev/shm"), "{}", r.message);
+        }
+        assert_eq!(job_container_row(p, None, scratch).severity, "warn");
+        // A scratch root the per-job /tmp hides from the jobs.
+        for hidden in ["/tmp/scratch", "/dev/shm/scratch"] {
+            let r = job_container_row(p, Some(on), std::path::Path::new(hidden));
+            assert_eq!(r.severity, "error", "{hidden}");
+            assert!(r.message.contains(hidden), "{}", r.message);
+        }
+        // Without per-job /tmp, a scratch root there is not this row's concern.
+        let r = job_container_row(p, Some("ClusterName=t\n"), std::path::Path::new("/tmp/s"));
+        assert_eq!(r.severity, "warn");
     }
 
     #[test]

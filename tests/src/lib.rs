@@ -61,6 +61,11 @@ pub struct ClusterOptions {
     pub tenancy_toml: Option<String>,
     /// Extra slurm.conf lines.
     pub extra_conf: Vec<String>,
+    /// Extra files next to slurm.conf (name, text), e.g. job_container.conf.
+    pub extra_files: Vec<(String, String)>,
+    /// Where the cluster's folder is made (default: the temp folder, /tmp). Jobs in their own
+    /// /tmp (job_container/tmpfs) need it elsewhere: their scripts and outputs live in it.
+    pub folder_in: Option<PathBuf>,
 }
 
 /// A running single-node cluster.
@@ -148,7 +153,7 @@ impl Cluster {
 
         let dir = tempfile::Builder::new()
             .prefix("tenancy-e2e-")
-            .tempdir()
+            .tempdir_in(opts.folder_in.clone().unwrap_or_else(std::env::temp_dir))
             .context("temp dir")?;
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))?;
         let d = dir.path().to_path_buf();
@@ -272,6 +277,9 @@ impl Cluster {
             conf.push("JobSubmitPlugins=tenancy".into());
         }
         conf.extend(opts.extra_conf.iter().cloned());
+        for (name, text) in &opts.extra_files {
+            write_file(&d.join("etc").join(name), text, 0o644)?;
+        }
         conf.push(format!(
             "NodeName={node} CPUs={cpus} RealMemory=1000 State=UNKNOWN"
         ));

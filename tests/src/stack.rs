@@ -204,6 +204,17 @@ impl Stack {
     /// Starts the cluster with the plugin, prolog/epilog, NVML stand-in (device nodes laid out)
     /// and, when this build has it, the per-tenant firewall loaded.
     pub fn start(root: &Path, tenants: &Tenants) -> Result<Stack> {
+        Stack::start_with(root, tenants, vec![], vec![])
+    }
+
+    /// [`Stack::start`] with extra slurm.conf lines and extra files next to slurm.conf; the
+    /// cluster's folder is made next to `root`.
+    pub fn start_with(
+        root: &Path,
+        tenants: &Tenants,
+        extra_conf: Vec<String>,
+        extra_files: Vec<(String, String)>,
+    ) -> Result<Stack> {
         let p = StackPaths::under(root);
         for d in [&p.state_dir, &p.scratch_root, &p.bin_dir] {
             fs::create_dir_all(d)?;
@@ -231,7 +242,9 @@ impl Stack {
             spank_plugin: Some(artifact("libspank_tenancy.so")?),
             job_submit_plugin: Some(artifact("libjob_submit_tenancy.so")?),
             tenancy_toml: Some(tenancy_toml(&p, tenants)),
-            extra_conf: vec![],
+            extra_conf,
+            extra_files,
+            folder_in: root.parent().map(Path::to_path_buf),
         })?;
         let config = cluster.path("etc/tenancy.toml");
         let mut stack = Stack {

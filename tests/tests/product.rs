@@ -45,13 +45,18 @@ struct Env {
 }
 
 fn env() -> Env {
+    env_with(&std::env::temp_dir(), vec![], vec![])
+}
+
+/// [`env`] with its folders in `parent`, and extra slurm.conf lines and files next to it.
+fn env_with(parent: &Path, conf: Vec<String>, files: Vec<(String, String)>) -> Env {
     let mut users = Users::new();
     let t = Tenants::create(&mut users).expect("users");
     let root = tempfile::Builder::new()
         .prefix("tenancy-e2e-stack-")
-        .tempdir()
+        .tempdir_in(parent)
         .unwrap();
-    let stack = Stack::start(root.path(), &t).expect("stack");
+    let stack = Stack::start_with(root.path(), &t, conf, files).expect("stack");
     Env {
         stack,
         t,
@@ -919,4 +924,102 @@ fn a_job_that_bypasses_the_submit_check_is_refused_by_slurmctld_and_drains_no_no
     assert_eq!(queued.trim(), "", "jobs were made: {queued}");
     assert_eq!(s.cluster.node_state().unwrap(), "idle");
     assert_eq!(s.cluster.node_reason().unwrap(), "");
+}
+
+/// /tmp and /dev/shm are the node's, shared by every job on it, unless Slurm's
+/// job_container/tmpfs gives each job its own (README, "Per-job /tmp and /dev/shm";
+/// `tenancyctl doctor` warns without it): a file acme's job leaves there with the usual umask
+/// would be readable by globex's job. With the plugin it is acme's job's alone: globex's job
+/// and the node itself do not see it. (Without the plugin, globex reads it: the test fails.)
+#[test]
+fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
+    if !require_root("tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs") {
+        return;
+    }
+    let _g = serial();
+    // Not under /tmp, which each job gets its own of: the plugin's BasePath (it refuses /tmp),
+    // and the stack (the job scripts, outputs, config and scratch folders).
+    let var_tmp = Path::new("/var/tmp");
+    let base =
+        ContainerBase(var_tmp.join(format!("tenancy-e2e-containers-{}", std::process::id())));
+    let e = env_with(
+        var_tmp,
+        vec!["JobContainerType=job_container/tmpfs".to_string()],
+        vec![(
+            "job_container.conf".to_string(),
+            format!("AutoBasePath=true\nBasePath={}\n", base.0.display()),
+        )],
+    );
+    let s = &e.stack;
+    let probe = e.probe();
+    let release = s.cluster.path("jobs/release-tmp");
+    let leak = format!("tenancy-e2e-leak-{}", std::process::id());
+    let (tmp, shm) = (format!("/tmp/{leak}"), format!("/dev/shm/{leak}"));
+    // Where the files land on the node when the containers fail.
+    let _leaks = Leaks(vec![PathBuf::from(&tmp), PathBuf::from(&shm)]);
+    let (a_script, a_out) = e.script(
+        &e.t.acme1,
+        "tmp-a",
+        &format!(
+            "{probe} write {tmp} acme-tmp\n{probe} write {shm} acme-shm\n{probe} envwait {}\n",
+            release.display()
+        ),
+    );
+    let (g_script, g_out) = e.script(
+        &e.t.globex1,
+        "tmp-g",
+        &format!("{probe} envwait {}\n", release.display()),
+    );
+    let (a, _) = e.sbatch(&e.t.acme1, &["--tenant=acme"], &a_script, &a_out);
+    let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &g_script, &g_out);
+    let a_text = wait_output(&a_out, "uid=", Duration::from_secs(60));
+    wait_output(&g_out, "uid=", Duration::from_secs(60));
+    assert_eq!(
+        a_text.lines().filter(|l| *l == "write=ok").count(),
+        2,
+        "{a_text}"
+    );
+    for (path, secret) in [(&tmp, "acme-tmp"), (&shm, "acme-shm")] {
+        // acme's job sees its file, from another step too ...
+        assert_eq!(
+            e.step_says(&e.t.acme1, a, &["read", path], "read"),
+            format!("ok {secret}")
+        );
+        // ... globex's job does not, nor does the node.
+        assert_eq!(
+            e.step_says(&e.t.globex1, g, &["read", path], "read"),
+            "ENOENT",
+            "globex's job reads acme's {path}"
+        );
+        assert!(!Path::new(path).exists(), "{path} on the node itself");
+    }
+    fs::write(&release, "").unwrap();
+    for id in [a, g] {
+        let info = s
+            .cluster
+            .wait_job_done(id, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
+    }
+}
+
+/// Files removed when the test ends, passed or failed.
+struct Leaks(Vec<PathBuf>);
+
+impl Drop for Leaks {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// job_container/tmpfs's BasePath, removed after the cluster (slurmd mounts it on itself).
+struct ContainerBase(PathBuf);
+
+impl Drop for ContainerBase {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+        let _ = fs::remove_dir_all(&self.0);
+    }
 }
