@@ -39,18 +39,23 @@ fn programs(slurm_conf: &str, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// The warning of a slurm.conf check when the file cannot be read.
+fn unreadable_slurm_conf(check: &str, slurm_conf: &Path) -> Row {
+    row(
+        check,
+        Severity::Warn,
+        format!("cannot read {}", slurm_conf.display()),
+        Some("pass --slurm-conf, or set SLURM_CONF".into()),
+    )
+}
+
 /// Whether slurmctld refuses at submission what the prolog would refuse (`JobSubmitPlugins`
 /// lists `tenancy`). Without it a user who leaves the sbatch check out hands the prolog a job it
 /// refuses, and Slurm drains the node: a warning, as the node still isolates every job it runs.
 fn job_submit_row(slurm_conf: &Path, text: Option<&str>) -> Row {
     const CHECK: &str = "slurm.job_submit";
     let Some(text) = text else {
-        return row(
-            CHECK,
-            Severity::Warn,
-            format!("cannot read {}", slurm_conf.display()),
-            Some("pass --slurm-conf, or set SLURM_CONF".into()),
-        );
+        return unreadable_slurm_conf(CHECK, slurm_conf);
     };
     let listed = programs(text, "JobSubmitPlugins")
         .iter()
@@ -90,12 +95,7 @@ fn job_submit_row(slurm_conf: &Path, text: Option<&str>) -> Row {
 fn job_container_row(slurm_conf: &Path, text: Option<&str>, scratch_root: &Path) -> Row {
     const CHECK: &str = "slurm.job_container";
     let Some(text) = text else {
-        return row(
-            CHECK,
-            Severity::Warn,
-            format!("cannot read {}", slurm_conf.display()),
-            Some("pass --slurm-conf, or set SLURM_CONF".into()),
-        );
+        return unreadable_slurm_conf(CHECK, slurm_conf);
     };
     let tmpfs = programs(text, "JobContainerType")
         .iter()
