@@ -77,6 +77,13 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
             _ => {}
         }
     }
+    // The job's IPC namespace, for a process that enters itself (a task, an ssh session
+    // through pam_tenancy); `tenancyctl adopt` enters its parent, which it cannot move.
+    if let Some(cgroup) = joined.first() {
+        if u32::try_from(pid) == Ok(std::process::id()) {
+            join_job_ipc(Path::new(cgroup)).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
+        }
+    }
     // A job without a slice sees no GPU (its device allowlist denies them all anyway).
     vars.push(("CUDA_VISIBLE_DEVICES".into(), gpu.clone()));
     vars.push((
@@ -175,14 +182,18 @@ fn end_cgroup(cgroup: &Path, wait: Duration) -> Result<(), String> {
     }
 }
 
-/// SIGKILL to `pid` if it is still in `cgroup`, through a pidfd: a pid read from cgroup.procs
-/// may have exited and been reused by an unrelated process since.
+/// SIGKILL to `pid` if it is still in `cgroup`.
 fn kill_if_in(pid: i32, cgroup: &Path) {
-    use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
-    let Some(p) = Pid::from_raw(pid) else { return };
-    let Ok(fd) = pidfd_open(p, PidfdFlags::empty()) else {
-        return;
-    };
+    if let Some(fd) = pidfd_if_in(pid, cgroup) {
+        let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL);
+    }
+}
+
+/// A pidfd of `pid` if that process is in `cgroup`: a pid read from cgroup.procs may have
+/// exited and been reused by an unrelated process since, a pidfd holds one process.
+fn pidfd_if_in(pid: i32, cgroup: &Path) -> Option<std::os::fd::OwnedFd> {
+    use rustix::process::{pidfd_open, Pid, PidfdFlags};
+    let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
     // The pidfd holds this process: if /proc/<pid> now shows it in the cgroup, so it is.
     let inside = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|s| {
         s.lines().any(|l| {
@@ -190,9 +201,55 @@ fn kill_if_in(pid: i32, cgroup: &Path) {
             rel.len() > 1 && cgroup.ends_with(rel.trim_start_matches('/'))
         })
     });
-    if inside {
-        let _ = pidfd_send_signal(&fd, Signal::KILL);
+    inside.then_some(fd)
+}
+
+/// Puts the calling process into its job's IPC namespace (SysV shared memory, semaphores and
+/// message queues, POSIX message queues), made by the job's first process on the node: the
+/// tasks of one job share IPC objects, jobs do not, so a segment one tenant's job creates with
+/// loose permissions is not there for another's. The job's processes are those in `cgroup`
+/// (the job's own, which the caller has joined); one of them outside the namespace the caller
+/// starts in, the node's, is in the job's. The cgroup directory's lock orders the job's tasks, so that two starting at
+/// once make one namespace. The namespace ends with the job's last process.
+pub fn join_job_ipc(cgroup: &Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let ns = |pid: &str| {
+        std::fs::metadata(format!("/proc/{pid}/ns/ipc"))
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(|e| format!("cannot read /proc/{pid}/ns/ipc: {e}"))
+    };
+    // The caller has not left the namespace it started in, the node's (slurmstepd's, sshd's).
+    let node = ns("self")?;
+    let dir = std::fs::File::open(cgroup)
+        .map_err(|e| format!("cannot open {}: {e}", cgroup.display()))?;
+    rustix::fs::flock(&dir, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("cannot lock {}: {e}", cgroup.display()))?;
+    let me = std::process::id() as i32;
+    let job_ns = pids_in(cgroup)?
+        .into_iter()
+        .filter(|p| *p != me)
+        .filter_map(|p| pidfd_if_in(p, cgroup).map(|fd| (p, fd)))
+        .find(|(p, _)| ns(&p.to_string()).is_ok_and(|n| n != node));
+    let (what, rc) = match &job_ns {
+        // SAFETY: setns on a pidfd we own; it changes only this process's IPC namespace.
+        Some((p, fd)) => (
+            format!("join the IPC namespace of the job's process {p}"),
+            unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWIPC) },
+        ),
+        // SAFETY: plain syscall; it changes only this process's IPC namespace.
+        None => ("make the job's IPC namespace".to_string(), unsafe {
+            libc::unshare(libc::CLONE_NEWIPC)
+        }),
+    };
+    if rc != 0 {
+        return Err(format!(
+            "cannot {what}: {} (the node must allow namespaces: CAP_SYS_ADMIN)",
+            std::io::Error::last_os_error()
+        ));
     }
+    // The lock goes with `dir`.
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1003,6 +1003,79 @@ fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
     }
 }
 
+/// SysV IPC belongs to a namespace, and each job has its own (the SPANK plugin puts its tasks
+/// in it, `tenancy_node::task::join_job_ipc`): a shared memory segment acme's job makes with
+/// mode 0666 is there for its other steps, not for globex's job nor for the node. (Without the
+/// job's namespace, globex finds it: the test fails.)
+#[test]
+fn a_jobs_sysv_shared_memory_is_its_own() {
+    if !require_root("a_jobs_sysv_shared_memory_is_its_own") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let s = &e.stack;
+    let probe = e.probe();
+    let release = s.cluster.path("jobs/release-shm");
+    // A key no other test or program uses.
+    let key = (0x7e_0000 + std::process::id() % 0xffff).to_string();
+    let _on_node = NodeSegment(key.parse().unwrap());
+    let (a_script, a_out) = e.script(
+        &e.t.acme1,
+        "shm-a",
+        &format!(
+            "{probe} shm {key} create\n{probe} envwait {}\n",
+            release.display()
+        ),
+    );
+    let (g_script, g_out) = e.script(
+        &e.t.globex1,
+        "shm-g",
+        &format!("{probe} envwait {}\n", release.display()),
+    );
+    let (a, _) = e.sbatch(&e.t.acme1, &["--tenant=acme"], &a_script, &a_out);
+    let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &g_script, &g_out);
+    let a_text = wait_output(&a_out, "uid=", Duration::from_secs(60));
+    wait_output(&g_out, "uid=", Duration::from_secs(60));
+    let made = probe_kv(&a_text)["shm"].clone();
+    assert!(made.starts_with("ok "), "{a_text}");
+    // Another step of acme's job finds the same segment ...
+    assert_eq!(e.step_says(&e.t.acme1, a, &["shm", &key], "shm"), made);
+    // ... globex's job and the node do not.
+    assert_eq!(
+        e.step_says(&e.t.globex1, g, &["shm", &key], "shm"),
+        "ENOENT",
+        "globex's job finds acme's segment"
+    );
+    // SAFETY: plain syscall, in the node's namespace.
+    let on_node = unsafe { libc::shmget(key.parse().unwrap(), 0, 0) };
+    assert_eq!(on_node, -1, "acme's segment is in the node's namespace");
+    fs::write(&release, "").unwrap();
+    for id in [a, g] {
+        let info = s
+            .cluster
+            .wait_job_done(id, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
+    }
+}
+
+/// A SysV segment of the node's namespace, removed when the test ends (it is there only when
+/// a job's segment was not kept in the job's namespace).
+struct NodeSegment(libc::key_t);
+
+impl Drop for NodeSegment {
+    fn drop(&mut self) {
+        // SAFETY: plain syscalls on a segment no process is attached to.
+        unsafe {
+            let id = libc::shmget(self.0, 0, 0);
+            if id >= 0 {
+                libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
 /// Files removed when the test ends, passed or failed.
 struct Leaks(Vec<PathBuf>);
 

@@ -11,6 +11,8 @@
 //! tenancy-e2e-probe serve PORT UNTIL_FILE    # listen on 0.0.0.0:PORT until the file exists
 //! tenancy-e2e-probe wait UNTIL_FILE [SECS]   # hold the job until the file exists
 //! tenancy-e2e-probe envwait UNTIL_FILE       # env, then wait
+//! tenancy-e2e-probe shm KEY [create]         # SysV shared memory segment KEY (made 0666 with
+//!                                            # create): shm=ok ID | shm=ERRNO
 //! ```
 //!
 //! Exit status is 0 whenever the attempt was made (the outcome is in the output), 2 on misuse.
@@ -179,6 +181,21 @@ fn run(args: &[String]) -> Result<(), String> {
             Path::new(a(1)?),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(120),
         )?,
+        "shm" => {
+            let key: libc::key_t = a(1)?
+                .parse()
+                .map_err(|_| "KEY must be a number".to_string())?;
+            let flags = if args.get(2).map(String::as_str) == Some("create") {
+                libc::IPC_CREAT | 0o666
+            } else {
+                0
+            };
+            // SAFETY: plain syscall; no memory is attached.
+            match unsafe { libc::shmget(key, 4096, flags) } {
+                -1 => println!("shm={}", errno_name(&std::io::Error::last_os_error())),
+                id => println!("shm=ok {id}"),
+            }
+        }
         "envwait" => {
             env_report();
             let _ = std::io::stdout().flush();
