@@ -116,11 +116,57 @@ impl Env {
         })
     }
 
+    /// An acme job that runs `acme_first` (script lines), then reports and waits, beside a
+    /// globex job that reports and waits, both running when this returns; see [`Env::release`].
+    fn hold_two(&self, name: &str, acme_first: &str) -> Held {
+        let probe = self.probe();
+        let release = self.stack.cluster.path(&format!("jobs/release-{name}"));
+        let wait = format!("{probe} envwait {}\n", release.display());
+        let (a_script, a_out) = self.script(
+            &self.t.acme1,
+            &format!("{name}-a"),
+            &format!("{acme_first}{wait}"),
+        );
+        let (g_script, g_out) = self.script(&self.t.globex1, &format!("{name}-g"), &wait);
+        let (a, _) = self.sbatch(&self.t.acme1, &["--tenant=acme"], &a_script, &a_out);
+        let (g, _) = self.sbatch(&self.t.globex1, &["--tenant=globex"], &g_script, &g_out);
+        let a_text = wait_output(&a_out, "uid=", Duration::from_secs(60));
+        wait_output(&g_out, "uid=", Duration::from_secs(60));
+        Held {
+            a,
+            g,
+            a_text,
+            release,
+        }
+    }
+
+    /// Lets the jobs of [`Env::hold_two`] end; both must complete.
+    fn release(&self, held: &Held) {
+        fs::write(&held.release, "").unwrap();
+        for id in [held.a, held.g] {
+            let info = self
+                .stack
+                .cluster
+                .wait_job_done(id, Duration::from_secs(60))
+                .unwrap();
+            assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
+        }
+    }
+
     fn ctl(&self, args: &[&str]) -> Output {
         let mut c = self.stack.tenancyctl();
         c.args(args);
         self.stack.cluster.run(c).unwrap()
     }
+}
+
+/// Two jobs of [`Env::hold_two`]: acme's and globex's, acme's output when it reported, and the
+/// file that releases both.
+struct Held {
+    a: u64,
+    g: u64,
+    a_text: String,
+    release: PathBuf,
 }
 
 /// Waits until `path` holds a line starting with `prefix`; returns the whole file.
@@ -950,30 +996,16 @@ fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
             format!("AutoBasePath=true\nBasePath={}\n", base.0.display()),
         )],
     );
-    let s = &e.stack;
     let probe = e.probe();
-    let release = s.cluster.path("jobs/release-tmp");
     let leak = format!("tenancy-e2e-leak-{}", std::process::id());
     let (tmp, shm) = (format!("/tmp/{leak}"), format!("/dev/shm/{leak}"));
     // Where the files land on the node when the containers fail.
     let _leaks = Leaks(vec![PathBuf::from(&tmp), PathBuf::from(&shm)]);
-    let (a_script, a_out) = e.script(
-        &e.t.acme1,
-        "tmp-a",
-        &format!(
-            "{probe} write {tmp} acme-tmp\n{probe} write {shm} acme-shm\n{probe} envwait {}\n",
-            release.display()
-        ),
+    let held = e.hold_two(
+        "tmp",
+        &format!("{probe} write {tmp} acme-tmp\n{probe} write {shm} acme-shm\n"),
     );
-    let (g_script, g_out) = e.script(
-        &e.t.globex1,
-        "tmp-g",
-        &format!("{probe} envwait {}\n", release.display()),
-    );
-    let (a, _) = e.sbatch(&e.t.acme1, &["--tenant=acme"], &a_script, &a_out);
-    let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &g_script, &g_out);
-    let a_text = wait_output(&a_out, "uid=", Duration::from_secs(60));
-    wait_output(&g_out, "uid=", Duration::from_secs(60));
+    let (a, g, a_text) = (held.a, held.g, &held.a_text);
     assert_eq!(
         a_text.lines().filter(|l| *l == "write=ok").count(),
         2,
@@ -993,14 +1025,7 @@ fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
         );
         assert!(!Path::new(path).exists(), "{path} on the node itself");
     }
-    fs::write(&release, "").unwrap();
-    for id in [a, g] {
-        let info = s
-            .cluster
-            .wait_job_done(id, Duration::from_secs(60))
-            .unwrap();
-        assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
-    }
+    e.release(&held);
 }
 
 /// SysV IPC belongs to a namespace, and each job has its own (the SPANK plugin puts its tasks
@@ -1014,30 +1039,12 @@ fn a_jobs_sysv_shared_memory_is_its_own() {
     }
     let _g = serial();
     let e = env();
-    let s = &e.stack;
-    let probe = e.probe();
-    let release = s.cluster.path("jobs/release-shm");
     // A key no other test or program uses.
     let key = (0x7e_0000 + std::process::id() % 0xffff).to_string();
     let _on_node = NodeSegment(key.parse().unwrap());
-    let (a_script, a_out) = e.script(
-        &e.t.acme1,
-        "shm-a",
-        &format!(
-            "{probe} shm {key} create\n{probe} envwait {}\n",
-            release.display()
-        ),
-    );
-    let (g_script, g_out) = e.script(
-        &e.t.globex1,
-        "shm-g",
-        &format!("{probe} envwait {}\n", release.display()),
-    );
-    let (a, _) = e.sbatch(&e.t.acme1, &["--tenant=acme"], &a_script, &a_out);
-    let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &g_script, &g_out);
-    let a_text = wait_output(&a_out, "uid=", Duration::from_secs(60));
-    wait_output(&g_out, "uid=", Duration::from_secs(60));
-    let made = probe_kv(&a_text)["shm"].clone();
+    let held = e.hold_two("shm", &format!("{} shm {key} create\n", e.probe()));
+    let (a, g, a_text) = (held.a, held.g, &held.a_text);
+    let made = probe_kv(a_text)["shm"].clone();
     assert!(made.starts_with("ok "), "{a_text}");
     // Another step of acme's job finds the same segment ...
     assert_eq!(e.step_says(&e.t.acme1, a, &["shm", &key], "shm"), made);
@@ -1050,14 +1057,7 @@ fn a_jobs_sysv_shared_memory_is_its_own() {
     // SAFETY: plain syscall, in the node's namespace.
     let on_node = unsafe { libc::shmget(key.parse().unwrap(), 0, 0) };
     assert_eq!(on_node, -1, "acme's segment is in the node's namespace");
-    fs::write(&release, "").unwrap();
-    for id in [a, g] {
-        let info = s
-            .cluster
-            .wait_job_done(id, Duration::from_secs(60))
-            .unwrap();
-        assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
-    }
+    e.release(&held);
 }
 
 /// A SysV segment of the node's namespace, removed when the test ends (it is there only when
