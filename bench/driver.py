@@ -2,7 +2,8 @@
 """Times prolog+epilog pairs per job (wall clock and the child's CPU time from wait4's rusage).
 
 Used by bench/job-path.sh; stdlib only. Modes:
-  pair  N jobs, each variant's prolog then epilog, variants interleaved job by job
+  pair  N jobs, each variant's prolog then epilog, variants interleaved job by job, their order
+        rotating
   fill  N prologs without epilogs (non-MIG jobs), then the prolog+epilog of one more job per
         variant, repeated; the fill levels alternate over several rounds; all fill jobs are
         torn down at the end
@@ -110,8 +111,11 @@ def main():
     report = {"mode": a.mode, "host": os.uname().nodename, "load_before": os.getloadavg()}
     flush = bytearray(a.flush_mb << 20)
     if a.mode == "pair":
-        for _ in range(a.jobs):
-            for v in chosen:
+        for i in range(a.jobs):
+            # The order rotates job by job: no variant always runs right after the same other
+            # one (the shell's cgroup and nft changes leave the kernel work to finish).
+            k = i % len(chosen)
+            for v in chosen[k:] + chosen[:k]:
                 if a.between:
                     subprocess.run(a.between, shell=True, check=True)
                 if a.flush_mb:

@@ -130,7 +130,7 @@ echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cpus, load $(cut -d' ' -f1-3 /pr
 for m in $MODES; do
   case $m in
     pair) if [ "${FLUSH_MB:-0}" -gt 0 ]; then cold="$FLUSH_MB MiB read before each (CPU caches evicted)"; else cold="back to back"; fi
-          echo "## pair: $JOBS jobs per variant, interleaved, $cold${BETWEEN:+, $BETWEEN before each}"
+          echo "## pair: $JOBS jobs per variant, interleaved in a rotating order, $cold${BETWEEN:+, $BETWEEN before each}"
           python3 "$here/driver.py" pair --jobs "$JOBS" --first-job "$FIRST_JOB" --variants "$VARIANTS" \
             ${BETWEEN:+--between "$BETWEEN"} ${FLUSH_MB:+--flush-mb "$FLUSH_MB"} --json "$BENCH_DIR/pair.json" "$@" ;;
     fill) echo "## fill: the next job with N jobs running (N in $FILL), $ROUNDS rounds of $REPEAT"

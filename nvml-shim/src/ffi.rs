@@ -445,7 +445,12 @@ fn init(_flags: c_uint) -> NvmlResult<()> {
         eprintln!("nvml-shim: nvmlInit failed: {e}");
         Ret::UNKNOWN
     })?;
-    if cfg.dev_dir.is_some() || cfg.mig_minors.is_some() || cfg.proc_devices.is_some() {
+    let lays_out = cfg.dev_dir.is_some() || cfg.mig_minors.is_some() || cfg.proc_devices.is_some();
+    // A layout the files still show is not made again (the driver, too, makes its nodes once,
+    // not at every nvmlInit). The read also checks the state file, as every init does.
+    let laid_out =
+        store::read(&cfg, |st| lays_out && layout::is_current(&cfg, st)).map_err(store_err)?;
+    if lays_out && !laid_out {
         // Under the exclusive lock, so concurrent inits do not race on mknod.
         store::modify(&cfg, |st| (layout::layout(&cfg, st), true), |_| Ok(()))
             .and_then(|r| r)
@@ -453,8 +458,6 @@ fn init(_flags: c_uint) -> NvmlResult<()> {
                 eprintln!("nvml-shim: nvmlInit failed: {e}");
                 Ret::OPERATING_SYSTEM
             })?;
-    } else {
-        store::read(&cfg, |_| ()).map_err(store_err)?;
     }
     let local_faults = cfg.env_faults.clone();
     *rt = Some(Runtime {

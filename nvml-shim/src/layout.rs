@@ -193,11 +193,22 @@ pub fn wanted_cap_minors(st: &State) -> BTreeSet<u32> {
     s
 }
 
-/// Creates and removes nvidia-caps/nvidia-cap<minor> nodes to match `st`.
-pub fn sync_caps(cfg: &Config, st: &State) -> Result<(), StoreError> {
+/// Creates and removes nvidia-caps/nvidia-cap<minor> nodes to match `st`. The layout stays
+/// recorded as current when it was before (the changes are this function's own).
+pub fn sync_caps(cfg: &Config, st: &mut State) -> Result<(), StoreError> {
     let Some(dev) = &cfg.dev_dir else {
         return Ok(());
     };
+    let was_current = is_current(cfg, st);
+    st.layout_stamp = None;
+    sync_caps_only(cfg, dev, st)?;
+    if was_current {
+        st.layout_stamp = stamps(cfg);
+    }
+    Ok(())
+}
+
+fn sync_caps_only(cfg: &Config, dev: &Path, st: &State) -> Result<(), StoreError> {
     let dfd = open_dir_at(None, dev)?;
     let caps_path = dev.join("nvidia-caps");
     let cfd = open_dir_at(Some(&dfd), Path::new("nvidia-caps"))?;
@@ -253,8 +264,31 @@ fn stamp(p: &Path) -> Option<[i64; 5]> {
     ])
 }
 
+/// The stamps of the files a layout makes (see `State::layout_stamp`); None when one is
+/// missing or the configuration names none.
+pub fn stamps(cfg: &Config) -> Option<Vec<[i64; 5]>> {
+    let mut paths: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(dev) = &cfg.dev_dir {
+        paths.push(dev.clone());
+        paths.push(dev.join("nvidia-caps"));
+    }
+    paths.extend(cfg.mig_minors.iter().cloned());
+    paths.extend(cfg.proc_devices.iter().cloned());
+    if paths.is_empty() {
+        return None;
+    }
+    paths.iter().map(|p| stamp(p)).collect()
+}
+
+/// Whether the driver's files are as the last layout left them (an nvmlInit then skips it):
+/// a node made, removed or replaced changes its folder's stamp, a rewritten file its own.
+pub fn is_current(cfg: &Config, st: &State) -> bool {
+    st.layout_stamp.is_some() && st.layout_stamp == stamps(cfg)
+}
+
 /// Full layout: static nodes, mig-minors, proc-devices, then the caps for `st`.
 pub fn layout(cfg: &Config, st: &mut State) -> Result<(), StoreError> {
+    st.layout_stamp = None;
     if let Some(dev) = &cfg.dev_dir {
         let dfd = open_dir_at(None, dev)?;
         for i in 0..cfg.gpus.len() as u32 {
@@ -263,7 +297,7 @@ pub fn layout(cfg: &Config, st: &mut State) -> Result<(), StoreError> {
         ensure_node(&dfd, dev, "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, 0o666)?;
         ensure_node(&dfd, dev, "nvidia-uvm", cfg.uvm_major, 0, 0o666)?;
         ensure_node(&dfd, dev, "nvidia-uvm-tools", cfg.uvm_major, 1, 0o666)?;
-        sync_caps(cfg, st)?;
+        sync_caps_only(cfg, dev, st)?;
     }
     if let Some(p) = &cfg.mig_minors {
         // Rebuilt and compared only when the file is not the one the last layout checked.
@@ -282,6 +316,7 @@ pub fn layout(cfg: &Config, st: &mut State) -> Result<(), StoreError> {
             write_atomic(p, &text)?;
         }
     }
+    st.layout_stamp = stamps(cfg);
     Ok(())
 }
 
@@ -319,5 +354,42 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         layout(&cfg, &mut st).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
+    }
+
+    /// The layout stays current through the caps' own changes (so the next nvmlInit skips
+    /// it) and stops being current when something else changes a file.
+    #[test]
+    fn the_layout_is_current_until_someone_else_changes_a_file() {
+        // (/proc/self belongs to the effective user.)
+        if std::fs::metadata("/proc/self").map_or(true, |m| m.uid() != 0) {
+            assert!(std::env::var_os("CI").is_none(), "mknod needs root");
+            eprintln!("SKIP (needs root: mknod)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = Config::from_fixture_text(
+            "state = \"state.json\"\ndev_dir = \"dev\"\nmig_minors = \"mig-minors\"\n\
+             proc_devices = \"devices\"\n[[gpus]]\nmodel = \"H200-141GB\"\nmig_mode = true\n",
+            tmp.path(),
+        )
+        .unwrap();
+        let mut st = State::fresh(&cfg.gpus, Default::default());
+        assert!(!is_current(&cfg, &st));
+        layout(&cfg, &mut st).unwrap();
+        assert!(is_current(&cfg, &st));
+        // A GI's cap node, made by sync_caps: still current.
+        st.create_gi(0, 19, None, crate::state::FaultSources { local: None })
+            .unwrap();
+        sync_caps(&cfg, &mut st).unwrap();
+        assert_eq!(wanted_cap_minors(&st).len(), 3);
+        assert!(is_current(&cfg, &st));
+        // Removed by someone else: not current, and sync_caps does not make it so.
+        std::fs::remove_file(tmp.path().join("dev/nvidiactl")).unwrap();
+        assert!(!is_current(&cfg, &st));
+        sync_caps(&cfg, &mut st).unwrap();
+        assert!(!is_current(&cfg, &st));
+        layout(&cfg, &mut st).unwrap();
+        assert!(is_current(&cfg, &st));
+        assert!(tmp.path().join("dev/nvidiactl").exists());
     }
 }

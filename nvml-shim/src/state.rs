@@ -87,6 +87,11 @@ pub struct State {
     /// which was most of the stand-in's cost in every MIG prolog and epilog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_minors_stamp: Option<[i64; 5]>,
+    /// The driver's files as the last layout (or a later change of the caps it made) left them:
+    /// the device folder, its nvidia-caps folder, mig-minors and proc-devices (`layout::stamps`).
+    /// An nvmlInit that finds them so skips the layout: nothing was added, removed or replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout_stamp: Option<Vec<[i64; 5]>>,
 }
 
 /// Identity of a GPU for building a fresh state.
@@ -122,6 +127,7 @@ impl State {
                 .collect(),
             faults,
             mig_minors_stamp: None,
+            layout_stamp: None,
         }
     }
 

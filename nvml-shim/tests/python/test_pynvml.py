@@ -626,6 +626,36 @@ class TestDeviceLayout(ShimCase):
         self.ctl("layout")
         self.assertEqual(self.node("nvidiactl")[:2], (195, 255))
 
+    def reinit(self):
+        N.nvmlShutdown()
+        N.nvmlInit()
+
+    def test_init_lays_out_again_only_what_changed(self):
+        # Untouched since the last layout (and the caps changes made through NVML): an init
+        # leaves every file as it is.
+        dev1 = N.nvmlDeviceGetHandleByIndex(1)
+        self.gi_with_ci(dev=dev1)
+        paths = ["dev/nvidia0", "dev/nvidia-caps/nvidia-cap1", "proc/devices", "proc/mig-minors"]
+        ino = lambda p: os.stat(os.path.join(self.dir, p), follow_symlinks=False).st_ino
+        before = [ino(p) for p in paths]
+        self.reinit()
+        self.assertEqual([ino(p) for p in paths], before)
+        # A removed node, a removed cap node, a rewritten proc-devices: each is made again.
+        os.unlink(os.path.join(self.dir, "dev", "nvidia1"))
+        self.reinit()
+        self.assertEqual(self.node("nvidia1")[:2], (195, 1))
+        caps = self.caps()
+        os.unlink(os.path.join(self.dir, "dev", "nvidia-caps", f"nvidia-cap{caps[-1]}"))
+        self.reinit()
+        self.assertEqual(self.caps(), caps)
+        devices = os.path.join(self.dir, "proc", "devices")
+        os.chmod(devices, 0o644)
+        with open(devices, "w") as f:
+            f.write("Character devices:\n")
+        self.reinit()
+        with open(devices) as f:
+            self.assertIn("509 nvidia-uvm", f.read())
+
 
 if __name__ == "__main__":
     unittest.main()
