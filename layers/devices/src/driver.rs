@@ -464,12 +464,14 @@ mod tests {
                     gpu11/gi2/access 7\ngpu1/gi2/ci0/access 8\n\tgpu1/gi2/ci1/access 9\n\
                     a config 3\ngpu1/gi2/";
         let prefixes: Vec<String> = ["config", "gpu1/gi2/", "monitor"].map(String::from).into();
-        let naive: Vec<(usize, &str)> = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| prefixes.iter().any(|p| l.trim().starts_with(p.as_str())))
-            .map(|(i, l)| (i + 1, l))
-            .collect();
+        fn line_by_line<'t>(text: &'t str, prefixes: &[String]) -> Vec<(usize, &'t str)> {
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| prefixes.iter().any(|p| l.trim().starts_with(p.as_str())))
+                .map(|(i, l)| (i + 1, l))
+                .collect()
+        }
+        let naive = line_by_line(text, &prefixes);
         assert_eq!(lines_starting_with(text, &prefixes), naive);
         assert_eq!(
             naive.iter().map(|l| l.0).collect::<Vec<_>>(),
@@ -482,12 +484,7 @@ mod tests {
             long.push_str(&format!("gpu{}/gi{}/access {}\n", i % 3, i % 7, 100 + i));
         }
         long.push_str("gpu1/gi2/ci0/access 2\ngpu1/gi2/");
-        let naive: Vec<(usize, &str)> = long
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| prefixes.iter().any(|p| l.trim().starts_with(p.as_str())))
-            .map(|(i, l)| (i + 1, l))
-            .collect();
+        let naive = line_by_line(&long, &prefixes);
         // The first line, i = 16 mod 21 (14 of them), the CI's line and the cut-off last one.
         assert_eq!(naive.len(), 1 + 14 + 1 + 1);
         assert_eq!(lines_starting_with(&long, &prefixes), naive);
