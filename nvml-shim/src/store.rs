@@ -437,7 +437,8 @@ mod tests {
     }
 
     /// What another process's writes look like to a reader that checks without the lock: each
-    /// is seen, also two writes in a row that bring the state file's inode back.
+    /// is seen, also a generation bumped with the file as it was (what two writes in a row that
+    /// bring the inode back may look like), and an edit by hand.
     #[test]
     fn a_read_without_the_lock_sees_every_write_of_another_handle() {
         let tmp = tempfile::tempdir().unwrap();
