@@ -50,6 +50,9 @@ pub enum FindingKind {
         hashes: Vec<String>,
         anchors: Vec<String>,
     },
+    /// A node anchored records but none of its log is among the inputs, which `--all-nodes`
+    /// says hold every node's: the log was deleted or lost.
+    LogMissing { anchor: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -126,6 +129,12 @@ impl std::fmt::Display for Finding {
                 }
                 write!(f, "; one is forged or the log was rewritten")
             }
+            // (The anchor is where the finding is placed: file and line.)
+            FindingKind::LogMissing { .. } => write!(
+                f,
+                "no log of this node among the inputs, though its records are anchored up to \
+                 this seq: the log was deleted or lost"
+            ),
         }
     }
 }
@@ -159,7 +168,8 @@ pub struct VerifyReport {
     /// Total number of findings, including those beyond the cap.
     pub total_findings: u64,
     /// Nodes that have an anchor but no log among the inputs (informational: the inputs may be
-    /// a subset of the cluster; does not by itself make the result unclean).
+    /// a subset of the cluster; does not by itself make the result unclean, unless
+    /// [`VerifyReport::require_every_anchored_node`] turns them into findings).
     pub anchored_nodes_without_log: Vec<String>,
     /// Whether only anchors with a valid MAC were taken (`--anchor-key`).
     pub anchors_authenticated: bool,
@@ -171,6 +181,31 @@ pub struct VerifyReport {
 }
 
 impl VerifyReport {
+    /// The inputs hold every node's log (`--all-nodes`): a node anchored without one is a
+    /// finding, at its newest anchor, not a note.
+    pub fn require_every_anchored_node(&mut self, anchors: &AnchorSet) {
+        for node in std::mem::take(&mut self.anchored_nodes_without_log) {
+            let Some(a) = anchors.by_node.get(&node) else {
+                continue;
+            };
+            // `file:line` of the anchor (a syslog path may hold a colon: split at the last).
+            let (file, line) = match a.source.rsplit_once(':') {
+                Some((f, l)) if l.parse::<u64>().is_ok() => (f, l.parse().unwrap_or(0)),
+                _ => (a.source.as_str(), 0),
+            };
+            self.total_findings += 1;
+            self.findings.push(Finding {
+                node: node.clone(),
+                file: PathBuf::from(file),
+                line,
+                seq: Some(a.seq),
+                kind: FindingKind::LogMissing {
+                    anchor: a.source.clone(),
+                },
+            });
+        }
+    }
+
     pub fn is_clean(&self) -> bool {
         self.total_findings == 0
     }
@@ -535,6 +570,11 @@ pub struct VerifyArgs {
     /// Stop listing findings after this many (all are still counted).
     #[arg(long, default_value_t = 1000)]
     pub max_findings: usize,
+    /// The paths hold every node's log: a node an anchor names with no log among them is a
+    /// finding (its log was deleted or lost), not a note. Without it the inputs may be a few
+    /// nodes' logs.
+    #[arg(long)]
+    pub all_nodes: bool,
     /// Per-node audit log files, or folders of them.
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
@@ -551,7 +591,10 @@ pub fn run_verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             .read_file(a)
             .with_context(|| format!("reading anchor file {}", a.display()))?;
     }
-    let report = verify_paths(&args.paths, &anchors, args.max_findings)?;
+    let mut report = verify_paths(&args.paths, &anchors, args.max_findings)?;
+    if args.all_nodes {
+        report.require_every_anchored_node(&anchors);
+    }
     let mut out = std::io::stdout().lock();
     write_verify(&mut out, &report, args.format)?;
     Ok(if report.is_clean() {

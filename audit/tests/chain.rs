@@ -482,6 +482,7 @@ fn run_verify_exit_codes() {
         anchor_key: None,
         format: tenancy_audit::Format::Json,
         max_findings: 10,
+        all_nodes: false,
         paths: vec![dir.path().to_path_buf()],
     };
     assert_eq!(

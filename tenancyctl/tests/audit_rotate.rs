@@ -48,9 +48,14 @@ fn config(root: &Path) -> (PathBuf, PathBuf, PathBuf) {
 
 /// Appends a job's record through `log` and anchors it as the node does.
 fn job(log: &mut AuditLog, anchors: &Path, key: Option<&AnchorKey>, id: u64) -> u64 {
+    job_on("n1", log, anchors, key, id)
+}
+
+/// [`job`] on node `node`.
+fn job_on(node: &str, log: &mut AuditLog, anchors: &Path, key: Option<&AnchorKey>, id: u64) -> u64 {
     let mut r = Record::new(
         "t",
-        "n1",
+        node,
         "alice",
         1001,
         Event::JobEnd,
@@ -61,7 +66,7 @@ fn job(log: &mut AuditLog, anchors: &Path, key: Option<&AnchorKey>, id: u64) -> 
     let a = log.append(&mut r).unwrap();
     send_anchor_to(
         Path::new("/nonexistent/log"),
-        "n1",
+        node,
         a.seq,
         &a.hash,
         Some(anchors),
@@ -270,4 +275,57 @@ fn anchors_without_the_keys_mac_are_left_out_and_a_cut_tail_still_shows() {
     let out = verify(&[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("tail cut off"), "{}", text(&out));
+}
+
+/// A node's whole log deleted: a note when the inputs may be a few nodes' logs, a finding with
+/// `--all-nodes` (the inputs are every node's), placed at the node's newest anchor (line 5 of
+/// the anchor file: the two nodes' anchors alternate).
+#[test]
+fn a_deleted_log_is_a_finding_when_verify_is_given_every_nodes_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, log_path, anchors) = config(dir.path());
+    let mut n1 = AuditLog::open(&log_path).unwrap();
+    let n2_path = dir.path().join("logs/n2.audit.jsonl");
+    let mut n2 = AuditLog::open(&n2_path).unwrap();
+    for id in 1..=3 {
+        job_on("n1", &mut n1, &anchors, None, id);
+        job_on("n2", &mut n2, &anchors, None, 10 + id);
+    }
+    let (a, logs) = (
+        anchors.display().to_string(),
+        dir.path().join("logs").display().to_string(),
+    );
+    let verify = |extra: &[&str]| {
+        let mut args = vec!["audit", "verify", "--anchor", &a];
+        args.extend_from_slice(extra);
+        args.push(&logs);
+        tenancyctl(&config, &args)
+    };
+    let out = verify(&["--all-nodes"]);
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::remove_file(&log_path).unwrap();
+    let out = verify(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("NOTE node n1: anchored but no log among the inputs"),
+        "{}",
+        text(&out)
+    );
+    let out = verify(&["--all-nodes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "FINDING {a}:5: node n1: seq 3: no log of this node among the inputs"
+        )) && text(&out).contains("t/n2: 3 records")
+            && !text(&out).contains("NOTE node n1"),
+        "{}",
+        text(&out)
+    );
+    let out = verify(&["--all-nodes", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("\"kind\": \"log_missing\""),
+        "{}",
+        text(&out)
+    );
 }
