@@ -442,11 +442,18 @@ fn run() -> Result<u32> {
         forged.display().to_string(),
     );
     say(&format!(
-        "tenancyctl audit verify --anchor {anchors} --anchor {forged} {audit}   (the config's anchor key)"
+        "tenancyctl audit verify --all-nodes --anchor {anchors} --anchor {forged} {audit}   (the config's anchor key; the cluster's one node's log)"
     ));
     let mut c = s.tenancyctl();
     c.args([
-        "audit", "verify", "--anchor", &anchors, "--anchor", &forged, &audit,
+        "audit",
+        "verify",
+        "--all-nodes",
+        "--anchor",
+        &anchors,
+        "--anchor",
+        &forged,
+        &audit,
     ]);
     let o = s.cluster.run(c)?;
     show(&o);
