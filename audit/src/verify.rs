@@ -182,18 +182,22 @@ pub struct VerifyReport {
 
 impl VerifyReport {
     /// The inputs hold every node's log (`--all-nodes`): a node anchored without one is a
-    /// finding, at its newest anchor, not a note.
-    pub fn require_every_anchored_node(&mut self, anchors: &AnchorSet) {
+    /// finding, at its newest anchor, not a note (listed while fewer than `max_findings` are).
+    pub fn require_every_anchored_node(&mut self, anchors: &AnchorSet, max_findings: usize) {
         for node in std::mem::take(&mut self.anchored_nodes_without_log) {
             let Some(a) = anchors.by_node.get(&node) else {
                 continue;
             };
-            // `file:line` of the anchor (a syslog path may hold a colon: split at the last).
-            let (file, line) = match a.source.rsplit_once(':') {
-                Some((f, l)) if l.parse::<u64>().is_ok() => (f, l.parse().unwrap_or(0)),
-                _ => (a.source.as_str(), 0),
-            };
             self.total_findings += 1;
+            if self.findings.len() >= max_findings {
+                continue;
+            }
+            // `file:line` of the anchor (a path may hold a colon: split at the last).
+            let (file, line) = a
+                .source
+                .rsplit_once(':')
+                .and_then(|(f, l)| Some((f, l.parse::<u64>().ok()?)))
+                .unwrap_or((a.source.as_str(), 0));
             self.findings.push(Finding {
                 node: node.clone(),
                 file: PathBuf::from(file),
@@ -593,7 +597,7 @@ pub fn run_verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     }
     let mut report = verify_paths(&args.paths, &anchors, args.max_findings)?;
     if args.all_nodes {
-        report.require_every_anchored_node(&anchors);
+        report.require_every_anchored_node(&anchors, args.max_findings);
     }
     let mut out = std::io::stdout().lock();
     write_verify(&mut out, &report, args.format)?;
