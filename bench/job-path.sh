@@ -9,7 +9,7 @@
 #   prolog, epilog and dynamic build to measure; default target/job-path/release, which
 #   scripts/build-job-path makes, run from here when that folder is missing or older than BIN's
 #   build), BENCH_DIR (/tmp/tenancy-bench),
-#   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh), FILL ("0 999"), REPEAT (30 per round), ROUNDS (6), MODES ("pair fill"), BENCH_USER (acme1),
+#   JOBS (200), VARIANTS (pair mode: product+mig,product,baseline-sh; their order rotates job by job), FILL ("0 999"), REPEAT (30 per round), ROUNDS (6), MODES ("pair fill"), BENCH_USER (acme1),
 #   FLUSH_MB (pair mode: MiB the driver reads before every variant's job so that each starts with
 #   the CPU caches evicted, as after a real job; 64; 0 = back to back, which favours whichever
 #   variant follows one with the same binaries), BETWEEN (pair mode: a command run before every
