@@ -18,6 +18,18 @@ fn tenancyctl(config: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `tenancyctl audit verify` with `config`, each of `anchors` as `--anchor`, `extra`, and `logs`.
+fn verify(config: &Path, anchors: &[&Path], extra: &[&str], logs: &Path) -> Output {
+    let mut args: Vec<String> = ["audit", "verify"].map(String::from).into();
+    for a in anchors {
+        args.push("--anchor".into());
+        args.push(a.display().to_string());
+    }
+    args.extend(extra.iter().map(|e| e.to_string()));
+    args.push(logs.display().to_string());
+    tenancyctl(config, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -99,27 +111,14 @@ fn a_rotated_log_verifies_with_its_anchors_across_its_files_and_alone() {
     assert_eq!(job(&mut log, &anchors, None, 5), 7);
     let logs = dir.path().join("logs");
     assert_eq!(std::fs::read_dir(&logs).unwrap().count(), 2);
-    let anchor_arg = anchors.display().to_string();
-    let verify = |what: &Path| {
-        tenancyctl(
-            &config,
-            &[
-                "audit",
-                "verify",
-                "--anchor",
-                &anchor_arg,
-                &what.display().to_string(),
-            ],
-        )
-    };
-    let all = verify(&logs);
+    let all = verify(&config, &[&anchors], &[], &logs);
     assert!(all.status.success(), "{}", text(&all));
     assert!(
         text(&all).contains("t/n1: 7 records, last seq 7"),
         "{}",
         text(&all)
     );
-    let newest = verify(&log_path);
+    let newest = verify(&config, &[&anchors], &[], &log_path);
     assert!(newest.status.success(), "{}", text(&newest));
     assert!(
         text(&newest).contains("the chain begins at seq 5 (continues audit.jsonl.")
@@ -154,16 +153,7 @@ fn a_log_rotated_the_logrotate_way_restarts_its_chain_and_verify_says_so() {
     std::fs::rename(&log_path, log_path.with_extension("jsonl.1")).unwrap();
     let mut fresh = AuditLog::open(&log_path).unwrap();
     assert_eq!(job(&mut fresh, &anchors, None, 4), 1, "a new chain");
-    let out = tenancyctl(
-        &config,
-        &[
-            "audit",
-            "verify",
-            "--anchor",
-            &anchors.display().to_string(),
-            &dir.path().join("logs").display().to_string(),
-        ],
-    );
+    let out = verify(&config, &[&anchors], &[], &dir.path().join("logs"));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("FINDING"), "{}", text(&out));
 }
@@ -217,14 +207,10 @@ fn anchors_without_the_keys_mac_are_left_out_and_a_cut_tail_still_shows() {
         ),
     )
     .unwrap();
-    let logs = dir.path().join("logs").display().to_string();
-    let (a, s) = (anchors.display().to_string(), syslog.display().to_string());
-    let verify = |extra: &[&str]| {
-        let mut args = vec!["audit", "verify", "--anchor", &a, "--anchor", &s];
-        args.extend_from_slice(extra);
-        args.push(&logs);
-        tenancyctl(&config, &args)
-    };
+    let logs = dir.path().join("logs");
+    let verify_with =
+        |config: &Path, extra: &[&str]| verify(config, &[&anchors, &syslog], extra, &logs);
+    let verify = |extra: &[&str]| verify_with(&config, extra);
     // The config's key: the forged lines are left out, the chain is intact.
     let out = verify(&[]);
     assert!(out.status.success(), "{}", text(&out));
@@ -246,8 +232,7 @@ fn anchors_without_the_keys_mac_are_left_out_and_a_cut_tail_still_shows() {
         ),
     )
     .unwrap();
-    let args = ["audit", "verify", "--anchor", &a, "--anchor", &s, &logs];
-    let out = tenancyctl(&bare, &args);
+    let out = verify_with(&bare, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("tail cut off"), "{}", text(&out));
     // A wrong key takes none of the anchors.
@@ -291,16 +276,9 @@ fn a_deleted_log_is_a_finding_when_verify_is_given_every_nodes_logs() {
         job_on("n1", &mut n1, &anchors, None, id);
         job_on("n2", &mut n2, &anchors, None, 10 + id);
     }
-    let (a, logs) = (
-        anchors.display().to_string(),
-        dir.path().join("logs").display().to_string(),
-    );
-    let verify = |extra: &[&str]| {
-        let mut args = vec!["audit", "verify", "--anchor", &a];
-        args.extend_from_slice(extra);
-        args.push(&logs);
-        tenancyctl(&config, &args)
-    };
+    let logs = dir.path().join("logs");
+    let a = anchors.display().to_string();
+    let verify = |extra: &[&str]| verify(&config, &[&anchors], extra, &logs);
     let out = verify(&["--all-nodes"]);
     assert!(out.status.success(), "{}", text(&out));
     std::fs::remove_file(&log_path).unwrap();
