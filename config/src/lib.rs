@@ -70,6 +70,12 @@ pub struct Tier {
     pub scratch_mode: u32,
     /// Extra device classes a job of this tier may open, in cgroup syntax (`c 1:3 rwm`).
     pub device_classes: Vec<String>,
+    /// Jobs may ask slurmd for the user's login environment (`sbatch --get-user-env`, which
+    /// scrontab sets): slurmd then runs `su - <user>` as root before the job starts, outside
+    /// every job's isolation, and the user's login files can leave a process there. Off by
+    /// default: the job_submit plugin refuses such a job.
+    #[serde(default)]
+    pub allow_get_user_env: bool,
 }
 
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
@@ -150,6 +156,8 @@ struct RawTier {
     scratch_mode: Option<Spanned<String>>,
     #[serde(default)]
     device_classes: Vec<Spanned<String>>,
+    #[serde(default)]
+    allow_get_user_env: bool,
 }
 
 fn yes() -> bool {
@@ -457,6 +465,7 @@ impl Validator<'_> {
                     retain_days: t.retain_days,
                     scratch_mode,
                     device_classes: classes,
+                    allow_get_user_env: t.allow_get_user_env,
                 },
             );
         }

@@ -54,6 +54,8 @@ pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER;
 /// The SPANK job environment variables the prolog reads (set by the SPANK plugin in sbatch).
 pub const TENANT_VAR: &str = "SPANK_TENANCY_TENANT";
 pub const MIG_VAR: &str = "SPANK_TENANCY_MIG";
+/// The job environment entry that makes slurmd run `su - <user>` before a batch job.
+pub const GET_USER_ENV: &str = "SLURM_GET_USER_ENV=1";
 /// The prolog refuses longer values (tenancy_node::context).
 const MAX_VALUE: usize = 4096;
 
@@ -65,6 +67,9 @@ pub struct Submission {
     pub account: Option<String>,
     pub tenant: Option<String>,
     pub mig: Option<String>,
+    /// The job asks slurmd for the user's login environment (`SLURM_GET_USER_ENV=1` in its
+    /// environment: `sbatch --get-user-env`, scrontab).
+    pub get_user_env: bool,
 }
 
 impl Submission {
@@ -124,20 +129,48 @@ impl Submission {
                 .map(|a| a.to_ascii_lowercase()),
             tenant: var(TENANT_VAR)?,
             mig: var(MIG_VAR)?,
+            get_user_env: false,
         })
     }
 
-    /// The prolog's decision, taken here: the error is the one line the user sees.
+    /// Takes what the job's own environment says (`NAME=value` entries): slurmd loads the
+    /// user's login environment for a batch job whose environment holds exactly
+    /// `SLURM_GET_USER_ENV=1` (req.c `_get_user_env`), whoever put it there.
+    pub fn with_job_environment(mut self, env: &[&[u8]]) -> Self {
+        self.get_user_env = env.iter().any(|e| *e == GET_USER_ENV.as_bytes());
+        self
+    }
+
+    /// The prolog's decision, taken here, and what only slurmctld can refuse: the error is the
+    /// one line the user sees.
     pub fn check(&self, config: &Config) -> Result<Resolved, String> {
         let who = Identity::from_uid(self.uid)?;
-        config
+        let resolved = config
             .resolve(
                 &who,
                 self.account.as_deref(),
                 self.tenant.as_deref(),
                 self.mig.as_deref(),
             )
-            .map_err(|refusal| refusal.to_string())
+            .map_err(|refusal| refusal.to_string())?;
+        if self.get_user_env {
+            let allowed = config
+                .tiers
+                .get(&resolved.tier)
+                .is_some_and(|t| t.allow_get_user_env);
+            if !allowed {
+                return Err(format!(
+                    "the job asks for your login environment (--get-user-env, or \
+                     {GET_USER_ENV} in its environment, as scrontab sets): slurmd would run \
+                     your login shell as root outside every job's isolation, and tier '{}' of \
+                     tenant '{}' does not allow it; submit without --get-user-env (export \
+                     what the job needs, or source it in the job script), or ask your admin \
+                     for allow_get_user_env",
+                    resolved.tier, resolved.tenant
+                ));
+            }
+        }
+        Ok(resolved)
     }
 }
 
@@ -275,7 +308,16 @@ unsafe fn submission(desc: &sys::job_desc_msg_t) -> Result<Submission, String> {
             }
         }
     }
-    Submission::from_parts(desc.user_id, bytes(desc.account), &env)
+    let mut job_env = Vec::new();
+    if !desc.environment.is_null() {
+        for i in 0..desc.env_size as usize {
+            if let Some(e) = bytes(*desc.environment.add(i)) {
+                job_env.push(e);
+            }
+        }
+    }
+    Ok(Submission::from_parts(desc.user_id, bytes(desc.account), &env)?
+        .with_job_environment(&job_env))
 }
 
 // ---- the plugin interface ----------------------------------------------------------------
@@ -507,6 +549,37 @@ accounts = ["other-acct"]
         assert!(submission(&[&long], None)
             .unwrap_err()
             .contains("bytes long"));
+    }
+
+    /// `SLURM_GET_USER_ENV=1` in the job's environment (whoever put it there) is refused
+    /// unless the tenant's tier allows it; a look-alike value is not the request.
+    #[test]
+    fn a_login_environment_is_refused_unless_the_tier_allows_it() {
+        let (_dir, path, config) = config();
+        let job = |env: &[&str]| {
+            let env: Vec<&[u8]> = env.iter().map(|e| e.as_bytes()).collect();
+            submission(&["SPANK_TENANCY_TENANT=mine"], None)
+                .unwrap()
+                .with_job_environment(&env)
+        };
+        let asked = job(&["PATH=/bin", "SLURM_GET_USER_ENV=1"]);
+        assert!(asked.get_user_env);
+        let why = asked.check(&config).unwrap_err();
+        assert!(
+            why.contains("--get-user-env") && why.contains("tier 'internal'"),
+            "{why}"
+        );
+        for other in [&["SLURM_GET_USER_ENV=0"][..], &["SLURM_GET_USER_ENV=1x"], &[]] {
+            assert!(!job(other).get_user_env, "{other:?}");
+            job(other).check(&config).unwrap();
+        }
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            "scratch_on_exit = \"wipe\"\n",
+            "scratch_on_exit = \"wipe\"\nallow_get_user_env = true\n",
+        );
+        let allowing = Config::parse(&text, &path).unwrap();
+        assert!(allowing.tiers["internal"].allow_get_user_env);
+        job(&["SLURM_GET_USER_ENV=1"]).check(&allowing).unwrap();
     }
 
     #[test]

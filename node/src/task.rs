@@ -8,7 +8,7 @@
 
 use crate::journal::{Journal, JournalDir, StepState};
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tenancy_config::Config;
 
@@ -91,6 +91,72 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
         if gpu.is_empty() { "void".into() } else { gpu },
     ));
     Ok(TaskEnv { vars })
+}
+
+/// Puts slurmstepd itself (and, after Slurm's own plugins placed it, one of its tasks) into the
+/// job's cgroups, so that everything slurmstepd starts for the job from then on (the user's and
+/// slurm.conf's task epilog, the extern step's X11 helpers, MPI/PMIx helpers, any step it
+/// forks) is born inside the job's isolation. Called from the SPANK plugin in slurmstepd: for
+/// the extern step from `slurm_spank_init`, before it forks anything, and for every other step
+/// from `slurm_spank_task_post_fork`, after the step's I/O connections to srun are made (so
+/// those keep their node cgroup) and after Slurm's proctrack and task plugins have attached the
+/// task (so no attach of Slurm's can move it back out afterwards). With `join_ipc` slurmstepd
+/// also enters the job's IPC namespace (once per slurmstepd). Fails when the job has no journal
+/// or a cgroup cannot be joined: the step then fails, never runs unisolated.
+pub fn contain_step(
+    config: &Config,
+    job_id: u64,
+    stepd: i32,
+    task: Option<i32>,
+    join_ipc: bool,
+) -> Result<Vec<PathBuf>, String> {
+    let journals = JournalDir::open(&config.cluster.state_dir).map_err(|e| e.to_string())?;
+    let journal = journals
+        .load_unlocked(job_id)
+        .map_err(|e| format!("job {job_id}: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "job {job_id}: no journal in {}: the tenancy prolog did not set this job up on \
+                 this node (is Prolog=tenancy-prolog in slurm.conf?)",
+                config.cluster.state_dir.display()
+            )
+        })?;
+    let cgroups = job_cgroups(&journal)?;
+    for cg in &cgroups {
+        for pid in task.into_iter().chain([stepd]) {
+            join(cg, pid).map_err(|e| format!("job {job_id}: {e}"))?;
+        }
+    }
+    if join_ipc {
+        if let Some(cg) = cgroups.first() {
+            join_job_ipc(cg).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
+        }
+    }
+    Ok(cgroups)
+}
+
+/// The cgroups every process of the job must be in (each once, in layer order); an error when a
+/// layer is not set up, as for a task.
+pub fn job_cgroups(journal: &Journal) -> Result<Vec<PathBuf>, String> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for step in &journal.steps {
+        let made = match (&step.state, &step.made) {
+            (StepState::Made, Some(m)) => m,
+            _ => {
+                return Err(format!(
+                    "job {}: layer {} is not set up (state {:?}); the job must not run",
+                    journal.job_id, step.layer, step.state
+                ))
+            }
+        };
+        let paths = made.get("join_cgroups").and_then(Value::as_array);
+        for p in paths.into_iter().flatten().filter_map(Value::as_str) {
+            if !out.iter().any(|o| o == Path::new(p)) {
+                out.push(PathBuf::from(p));
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn join(cgroup: &Path, pid: i32) -> Result<(), String> {

@@ -65,13 +65,20 @@ struct State {
     args: PluginArgs,
     tenant: Option<String>,
     mig: Option<String>,
+    /// slurmstepd has entered its job's isolation (cgroups and IPC namespace).
+    stepd_contained: bool,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     args: PluginArgs { config: None },
     tenant: None,
     mig: None,
+    stepd_contained: false,
 });
+
+/// Slurm's step id of a job's extern step (slurm.h `SLURM_EXTERN_CONT`; spank.h does not
+/// define it, and it has the same value in every release this plugin builds for).
+const SLURM_EXTERN_CONT: u32 = 0xffff_fffc;
 
 fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
@@ -200,6 +207,11 @@ pub unsafe extern "C" fn slurm_spank_init(
         if matches!(ctx, Ctx::Slurmd) {
             return Ok(());
         }
+        // The extern step's slurmstepd forks its X11 helpers and adopted processes' parent
+        // before any task hook: it enters the job's isolation now, before it forks anything.
+        if ctx == Ctx::Remote && step_id(sp)? == SLURM_EXTERN_CONT {
+            contain_stepd(sp, None)?;
+        }
         for opt in options().iter_mut() {
             // SAFETY: `opt` is leaked, so it outlives the plugin.
             let rc = unsafe { sys::spank_option_register(sp, opt) };
@@ -293,6 +305,56 @@ fn job_id(sp: sys::spank_t) -> Result<u32, String> {
         return Err(format!("cannot read the job id (spank error {rc})"));
     }
     Ok(id)
+}
+
+fn step_id(sp: sys::spank_t) -> Result<u32, String> {
+    let mut id: u32 = 0;
+    // SAFETY: S_JOB_STEPID takes one uint32_t*.
+    let rc =
+        unsafe { sys::spank_get_item(sp, sys::spank_item_S_JOB_STEPID, &mut id as *mut u32) };
+    if rc != sys::ESPANK_SUCCESS {
+        return Err(format!("cannot read the step id (spank error {rc})"));
+    }
+    Ok(id)
+}
+
+/// slurmstepd (this process) and `task` into the job's isolation; slurmstepd joins the job's
+/// IPC namespace once.
+fn contain_stepd(sp: sys::spank_t, task: Option<i32>) -> Result<(), String> {
+    let job = job_id(sp)?;
+    let (config, ipc) = {
+        let st = state();
+        (st.args.config.clone(), !st.stepd_contained)
+    };
+    // SAFETY: plain libc call; this is slurmstepd.
+    let stepd = unsafe { libc::getpid() };
+    backend::contain_step(config.as_deref(), u64::from(job), stepd, task, ipc).map_err(|e| {
+        format!("job {job}: cannot put slurmstepd {stepd} into the job's isolation: {e}")
+    })?;
+    state().stepd_contained = true;
+    Ok(())
+}
+
+/// # Safety
+/// Called by Slurm in slurmstepd (root) after each task is forked and placed by Slurm's own
+/// proctrack and task plugins, before the task may exec.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_task_post_fork(
+    sp: sys::spank_t,
+    _ac: c_int,
+    _av: *mut *mut c_char,
+) -> c_int {
+    guarded("task_post_fork", || {
+        if context() != Ctx::Remote {
+            return Ok(());
+        }
+        let mut pid: libc::pid_t = 0;
+        // SAFETY: S_TASK_PID takes one pid_t*; the extern step's "task" (-1) has none.
+        let rc =
+            unsafe { sys::spank_get_item(sp, sys::spank_item_S_TASK_PID, &mut pid as *mut _) };
+        let task = (rc == sys::ESPANK_SUCCESS && pid > 0).then_some(pid);
+        contain_stepd(sp, task)
+    })
 }
 
 /// # Safety

@@ -722,6 +722,10 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             ));
         }
     }
+    let ssh_contained = match &pam {
+        Ok(svcs) if !svcs.is_empty() => Some(svcs.iter().all(|s| s.hook.is_some())),
+        _ => None,
+    };
     rows.push(match pam {
         Ok(svcs) if svcs.is_empty() => row(
             "slurm.pam_adopt",
@@ -820,6 +824,17 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         std::fs::read_to_string(&slurm_conf).ok().as_deref(),
         &config.cluster.scratch_root,
     ));
+    let layout = tenancy_devices::layout::CgroupLayout::detect()
+        .unwrap_or_else(|_| tenancy_devices::layout::CgroupLayout::parse(""));
+    for (check, severity, message, remedy) in crate::containment::findings(
+        config,
+        &slurm_conf,
+        std::fs::read_to_string(&slurm_conf).ok().as_deref(),
+        &layout,
+        ssh_contained,
+    ) {
+        rows.push(row(check, severity, message, remedy));
+    }
     rows.push(ptrace_row(
         std::fs::read_to_string(YAMA_PTRACE_SCOPE).ok().as_deref(),
     ));

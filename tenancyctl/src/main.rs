@@ -2,6 +2,7 @@
 
 mod adopt;
 mod check;
+mod containment;
 mod doctor;
 mod output;
 mod reconcile;

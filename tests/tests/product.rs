@@ -1096,3 +1096,461 @@ impl Drop for ContainerBase {
         let _ = fs::remove_dir_all(&self.0);
     }
 }
+
+// ---- containment: every process Slurm starts for a job stays inside its isolation ----------
+
+/// An acme job with a MIG slice that listens on a port, beside a globex job, both running:
+/// what a process of globex's job must not reach. Returns the jobs (acme's, globex's), acme's
+/// MIG cap node, acme's listener address and the file that ends both jobs.
+struct Victim {
+    a: u64,
+    g: u64,
+    cap: String,
+    addr: String,
+    release: PathBuf,
+}
+
+fn victim_beside_attacker(e: &Env, name: &str) -> Victim {
+    let s = &e.stack;
+    let probe = e.probe();
+    let release = s.cluster.path(&format!("jobs/release-{name}"));
+    let port = std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (a_script, a_out) = e.script(
+        &e.t.acme1,
+        &format!("{name}-a"),
+        &format!("{probe} env\n{probe} serve {port} {}\n", release.display()),
+    );
+    let (g_script, g_out) = e.script(
+        &e.t.globex1,
+        &format!("{name}-g"),
+        &format!("{probe} envwait {}\n", release.display()),
+    );
+    let (a, _) = e.sbatch(
+        &e.t.acme1,
+        &["--tenant=acme", "--mig=1g.18gb"],
+        &a_script,
+        &a_out,
+    );
+    let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &g_script, &g_out);
+    let a_text = wait_output(&a_out, "listening=", Duration::from_secs(60));
+    wait_output(&g_out, "uid=", Duration::from_secs(60));
+    assert!(
+        s.made(g, "devices").unwrap().is_some() && s.made(g, "network").unwrap().is_some(),
+        "globex's job has no device allowlist or firewall: nothing to contain"
+    );
+    let (_, minors) = slice_row(s, &probe_kv(&a_text)["CUDA_VISIBLE_DEVICES"]).unwrap();
+    let cap = s
+        .paths
+        .dev_dir
+        .join(format!("nvidia-caps/nvidia-cap{}", minors[0]))
+        .display()
+        .to_string();
+    let addr = format!("127.0.0.1:{port}");
+    // Controls: outside any job the cap node passes (no driver: ENXIO) and the port answers.
+    let outside = |args: &[&str], key: &str| {
+        let o = Command::new(&probe).args(args).output().unwrap();
+        probe_kv(&text(&o.stdout))[key].clone()
+    };
+    assert_eq!(outside(&["open", &cap], "open"), "ENXIO", "control: {cap}");
+    assert!(
+        outside(&["connect", &addr, "2000"], "connect").starts_with("ok"),
+        "control: {addr}"
+    );
+    Victim {
+        a,
+        g,
+        cap,
+        addr,
+        release,
+    }
+}
+
+/// A script a user of globex's job gets Slurm to run: it tries acme's cap node and listener and
+/// reports, with its cgroups, into `out`.
+fn attack_script(e: &Env, v: &Victim, out: &Path, also: &str) -> String {
+    let p = e.probe();
+    format!(
+        "#!/bin/sh\n{{ {p} open {cap}; {p} connect {addr} 2000; {p} env; {also}echo done=1; }} \
+         > {out} 2>&1\n",
+        cap = v.cap,
+        addr = v.addr,
+        out = out.display()
+    )
+}
+
+/// The attack in `out` was held: acme's device denied (EPERM), its port unreachable, and the
+/// process was in every cgroup of globex's job.
+fn assert_attack_held(e: &Env, v: &Victim, out: &Path, what: &str) {
+    let report = wait_output(out, "done=", Duration::from_secs(60));
+    let k = probe_kv(&report);
+    assert_eq!(
+        k["open"], "EPERM",
+        "{what} of globex's job opened acme's MIG cap node {}: {report}",
+        v.cap
+    );
+    assert!(
+        !k["connect"].starts_with("ok"),
+        "{what} of globex's job reached acme's port {}: {report}",
+        v.addr
+    );
+    assert_joined(&e.stack, v.g, &report);
+}
+
+/// Writes an executable script into `user`'s folder.
+fn user_script(e: &Env, user: &TestUser, name: &str, body: &str) -> PathBuf {
+    let path = e.stack.cluster.user_dir(user).join(name);
+    fs::write(&path, body).unwrap();
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// `srun --jobid=G --overlap` as globex's user with extra options.
+fn overlap_step(e: &Env, job: u64, opts: &[&str], cmd: &[&str]) -> Output {
+    let mut c = e.stack.cluster.cmd_as(&e.t.globex1, "srun");
+    c.arg(format!("--jobid={job}"))
+        .args(["--overlap", "-n1", "-N1"])
+        .args(opts)
+        .args(cmd);
+    e.stack.cluster.run(c).unwrap()
+}
+
+fn end(e: &Env, v: &Victim) {
+    fs::write(&v.release, "").unwrap();
+    for id in [v.a, v.g] {
+        let info = e
+            .stack
+            .cluster
+            .wait_job_done(id, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
+    }
+}
+
+#[test]
+fn task_epilog_stays_in_the_jobs_isolation() {
+    if !require_root("task_epilog_stays_in_the_jobs_isolation") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let v = victim_beside_attacker(&e, "task-epilog");
+    let out = e.stack.cluster.user_dir(&e.t.globex1).join("task-epilog.out");
+    let script = user_script(
+        &e,
+        &e.t.globex1,
+        "task-epilog.sh",
+        &attack_script(&e, &v, &out, ""),
+    );
+    let o = overlap_step(
+        &e,
+        v.g,
+        &[&format!("--task-epilog={}", script.display())],
+        &["/bin/true"],
+    );
+    assert!(o.status.success(), "step: {}", text(&o.stderr));
+    assert_attack_held(&e, &v, &out, "srun --task-epilog");
+    end(&e, &v);
+}
+
+#[test]
+fn task_prolog_stays_in_the_jobs_isolation() {
+    if !require_root("task_prolog_stays_in_the_jobs_isolation") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let v = victim_beside_attacker(&e, "task-prolog");
+    let out = e.stack.cluster.user_dir(&e.t.globex1).join("task-prolog.out");
+    let script = user_script(
+        &e,
+        &e.t.globex1,
+        "task-prolog.sh",
+        &attack_script(&e, &v, &out, ""),
+    );
+    let o = overlap_step(
+        &e,
+        v.g,
+        &[&format!("--task-prolog={}", script.display())],
+        &["/bin/true"],
+    );
+    assert!(o.status.success(), "step: {}", text(&o.stderr));
+    assert_attack_held(&e, &v, &out, "srun --task-prolog");
+    end(&e, &v);
+}
+
+#[test]
+fn slurm_conf_task_epilog_stays_in_the_jobs_isolation() {
+    if !require_root("slurm_conf_task_epilog_stays_in_the_jobs_isolation") {
+        return;
+    }
+    let _g = serial();
+    // The admin's TaskEpilog runs for every task of every job, as the job's user; it reads
+    // what to try from files the test writes once the jobs run, and reports per job.
+    let dir = tempfile::Builder::new()
+        .prefix("tenancy-e2e-taskepilog-")
+        .tempdir()
+        .unwrap();
+    fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+        .unwrap();
+    let d = dir.path().display().to_string();
+    let script = dir.path().join("task-epilog.sh");
+    let probe_path = dir.path().join("probe");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n[ -f {d}/cap ] || exit 0\nP={d}/probe\nout={d}/out-$SLURM_JOB_ID-$$\n\
+             {{ $P open \"$(cat {d}/cap)\"; $P connect \"$(cat {d}/addr)\" 2000; $P env; \
+             echo done=1; }} > $out.tmp 2>&1\nmv $out.tmp $out\n"
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let e = env_with(
+        &std::env::temp_dir(),
+        vec![format!("TaskEpilog={}", script.display())],
+        vec![],
+    );
+    fs::copy(e.probe(), &probe_path).unwrap();
+    let v = victim_beside_attacker(&e, "conf-task-epilog");
+    fs::write(dir.path().join("cap"), &v.cap).unwrap();
+    fs::write(dir.path().join("addr"), &v.addr).unwrap();
+    let o = overlap_step(&e, v.g, &[], &["/bin/true"]);
+    assert!(o.status.success(), "step: {}", text(&o.stderr));
+    let prefix = format!("out-{}-", v.g);
+    let mut report = None;
+    wait_for(Duration::from_secs(30), "the TaskEpilog's report", || {
+        report = fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|f| f.ok())
+            .find(|f| f.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|f| f.path());
+        report.is_some()
+    });
+    assert_attack_held(&e, &v, &report.unwrap(), "slurm.conf TaskEpilog");
+    end(&e, &v);
+}
+
+#[test]
+fn interactive_step_stays_in_the_jobs_isolation() {
+    if !require_root("interactive_step_stays_in_the_jobs_isolation") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let v = victim_beside_attacker(&e, "interactive");
+    // `srun --pty` needs a terminal: script(1) gives it one, as a user's ssh session would.
+    let out = e.stack.cluster.user_dir(&e.t.globex1).join("interactive.out");
+    let shell = user_script(
+        &e,
+        &e.t.globex1,
+        "interactive.sh",
+        &attack_script(&e, &v, &out, ""),
+    );
+    let srun = format!(
+        "srun --jobid={} --overlap -n1 -N1 --pty {}",
+        v.g,
+        shell.display()
+    );
+    let mut c = e.stack.cluster.cmd_as(&e.t.globex1, "script");
+    c.args(["-qec", &srun, "/dev/null"]).stdin(Stdio::null());
+    let o = e.stack.cluster.run(c).unwrap();
+    assert!(
+        o.status.success(),
+        "srun --pty: {}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    assert_attack_held(&e, &v, &out, "an interactive step (srun --pty)");
+    end(&e, &v);
+}
+
+/// Pids of processes whose command line holds `marker`.
+fn pids_with(marker: &str) -> Vec<i32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|d| d.ok())
+        .filter_map(|d| d.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(marker.len()).any(|w| w == marker.as_bytes()))
+        })
+        .collect()
+}
+
+#[test]
+fn nothing_a_job_started_outlives_it() {
+    if !require_root("nothing_a_job_started_outlives_it") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let s = &e.stack;
+    let probe = e.probe();
+    let id = std::process::id();
+    // Never created: each detached process waits on its own marker path for ten minutes.
+    let marker = |what: &str| format!("/nonexistent/tenancy-outlive-{id}-{what}");
+    let detach = |what: &str| {
+        format!(
+            "setsid {probe} wait {} 600 </dev/null >/dev/null 2>&1 &\n",
+            marker(what)
+        )
+    };
+    let release = s.cluster.path("jobs/release-outlive");
+    let (script, out) = e.script(
+        &e.t.globex1,
+        "outlive",
+        &format!(
+            "{}{probe} envwait {}\n",
+            detach("batch"),
+            release.display()
+        ),
+    );
+    let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &script, &out);
+    wait_output(&out, "uid=", Duration::from_secs(60));
+    let epilog = user_script(
+        &e,
+        &e.t.globex1,
+        "outlive-epilog.sh",
+        &format!("#!/bin/sh\n{}", detach("task-epilog")),
+    );
+    let prolog = user_script(
+        &e,
+        &e.t.globex1,
+        "outlive-prolog.sh",
+        &format!("#!/bin/sh\n{}", detach("task-prolog")),
+    );
+    let o = overlap_step(
+        &e,
+        g,
+        &[
+            &format!("--task-epilog={}", epilog.display()),
+            &format!("--task-prolog={}", prolog.display()),
+        ],
+        &["/bin/true"],
+    );
+    assert!(o.status.success(), "step: {}", text(&o.stderr));
+    let all = ["batch", "task-epilog", "task-prolog"];
+    wait_for(Duration::from_secs(30), "every detached process runs", || {
+        all.iter().all(|w| !pids_with(&marker(w)).is_empty())
+    });
+    fs::write(&release, "").unwrap();
+    let info = s.cluster.wait_job_done(g, Duration::from_secs(60)).unwrap();
+    assert_eq!(info["JobState"], "COMPLETED", "job {g}: {info:?}");
+    wait_for(Duration::from_secs(30), "the epilog finishes", || {
+        s.journal(g).unwrap().is_none()
+    });
+    let left: Vec<(&str, Vec<i32>)> = all
+        .iter()
+        .map(|w| (*w, pids_with(&marker(w))))
+        .filter(|(_, p)| !p.is_empty())
+        .collect();
+    for (_, pids) in &left {
+        for p in pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    assert!(left.is_empty(), "processes of job {g} outlived it: {left:?}");
+    let ev = s.audit_events(g).unwrap();
+    assert!(ev.contains(&"job_end".to_string()), "{ev:?}");
+}
+
+#[test]
+fn get_user_env_is_refused_at_submit() {
+    if !require_root("get_user_env_is_refused_at_submit") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let s = &e.stack;
+    let (script, out) = e.script(&e.t.acme1, "get-user-env", "true\n");
+    let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
+    c.args(["--tenant=acme", "--get-user-env", "-o"])
+        .arg(&out)
+        .arg(&script);
+    let o = s.cluster.run(c).unwrap();
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "sbatch --get-user-env was accepted");
+    assert!(
+        err.contains("tenancy:") && err.contains("--get-user-env") && err.contains("internal"),
+        "the refusal names the option and the tier: {err}"
+    );
+    // No job was made, so no node ran a prolog for it or drained.
+    let mut q = s.cluster.cmd("squeue");
+    q.args(["-h", "-o", "%i"]);
+    assert_eq!(text(&s.cluster.run(q).unwrap().stdout).trim(), "");
+    assert_eq!(s.cluster.node_state().unwrap(), "idle");
+    // The same job without the option runs.
+    let (id, _) = e.sbatch(&e.t.acme1, &["--tenant=acme"], &script, &out);
+    let info = s.cluster.wait_job_done(id, Duration::from_secs(60)).unwrap();
+    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+}
+
+#[test]
+fn get_user_env_allowed_by_the_tier_is_warned_by_doctor() {
+    if !require_root("get_user_env_allowed_by_the_tier_is_warned_by_doctor") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let s = &e.stack;
+    let doctor = |e: &Env| {
+        let o = e.ctl(&[
+            "doctor",
+            "--format",
+            "json",
+            "--slurm-conf",
+            s.cluster.conf.to_str().unwrap(),
+        ]);
+        let rows: Vec<Value> = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|_| panic!("doctor json: {}{}", text(&o.stdout), text(&o.stderr)));
+        rows.into_iter()
+            .filter(|r| r["check"] == "containment.get_user_env")
+            .collect::<Vec<Value>>()
+    };
+    let before = doctor(&e);
+    assert!(
+        before.len() == 1 && before[0]["severity"] == "ok",
+        "{before:?}"
+    );
+    // The admin lets tier internal (acme's) load login environments.
+    let text_before = fs::read_to_string(&s.config).unwrap();
+    let allowing = text_before.replacen(
+        "[tiers.internal]\n",
+        "[tiers.internal]\nallow_get_user_env = true\n",
+        1,
+    );
+    assert_ne!(allowing, text_before);
+    fs::write(&s.config, allowing).unwrap();
+    let after = doctor(&e);
+    assert!(
+        after.iter().any(|r| r["severity"] == "warn"
+            && r["message"].as_str().unwrap().contains("tier 'internal'")),
+        "doctor does not warn about tier internal: {after:?}"
+    );
+    assert!(
+        !after
+            .iter()
+            .any(|r| r["message"].as_str().unwrap().contains("'regulated'")),
+        "{after:?}"
+    );
+    // And slurmctld now takes such a job of acme's, still not globex's.
+    let (script, out) = e.script(&e.t.acme1, "get-user-env-ok", "true\n");
+    let (id, _) = e.sbatch(&e.t.acme1, &["--tenant=acme", "--get-user-env"], &script, &out);
+    // slurmd gives `su -` up to 120 s before it goes on with the submitted environment.
+    let info = s.cluster.wait_job_done(id, Duration::from_secs(180)).unwrap();
+    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+    let (gs, gout) = e.script(&e.t.globex1, "get-user-env-no", "true\n");
+    let mut c = s.cluster.cmd_as(&e.t.globex1, "sbatch");
+    c.args(["--tenant=globex", "--get-user-env", "-o"])
+        .arg(&gout)
+        .arg(&gs);
+    let o = s.cluster.run(c).unwrap();
+    assert!(!o.status.success(), "globex's tier does not allow it");
+}

@@ -1,0 +1,333 @@
+//! `tenancyctl doctor`, check group `containment.*`: for each way Slurm starts a process for a
+//! job, whether that process is born inside the job's isolation on this node, and how
+//! (ARCHITECTURE.md, "Task and sessions").
+
+use std::path::{Path, PathBuf};
+use tenancy_config::Config;
+use tenancy_devices::doctor::Severity;
+use tenancy_devices::layout::{CgroupLayout, LayoutKind};
+
+/// One finding: check, severity, message, remedy.
+pub type Finding = (&'static str, Severity, String, Option<String>);
+
+/// What the SPANK plugin's line in the plugin stack says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpankLine {
+    /// `required .../libspank_tenancy.so` (file:line).
+    Required(String),
+    /// Listed `optional`: Slurm runs jobs without it when it fails to load (file:line).
+    Optional(String),
+    Missing,
+}
+
+/// Finds the product's SPANK plugin in the plugin stack file `plugstack` and the files its
+/// `include` lines name (globs, as Slurm reads them; relative to the stack's folder).
+pub fn spank_line(plugstack: &Path) -> SpankLine {
+    let mut files = vec![plugstack.to_path_buf()];
+    let mut found = SpankLine::Missing;
+    let mut i = 0;
+    while i < files.len() && i < 64 {
+        let file = files[i].clone();
+        i += 1;
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            let words: Vec<&str> = line
+                .split('#')
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect();
+            match words.as_slice() {
+                ["include", pattern, ..] => {
+                    let base = file.parent().unwrap_or(Path::new("/"));
+                    files.extend(glob_files(base, pattern));
+                }
+                [kind @ ("required" | "optional"), so, ..] if so.contains("spank_tenancy") => {
+                    let at = format!("{}:{}", file.display(), n + 1);
+                    if *kind == "required" {
+                        return SpankLine::Required(at);
+                    }
+                    found = SpankLine::Optional(at);
+                }
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+/// The files an `include` pattern names: a path whose last component may hold `*`.
+fn glob_files(base: &Path, pattern: &str) -> Vec<PathBuf> {
+    let p = base.join(pattern);
+    let (Some(dir), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    if !name.contains('*') {
+        return vec![p.clone()];
+    }
+    let (pre, post) = name.split_once('*').unwrap_or((name, ""));
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.len() >= pre.len() + post.len() && n.starts_with(pre) && n.ends_with(post)
+        })
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+/// The plugin stack slurm.conf names (`PlugStackConfig=`, else plugstack.conf beside it).
+pub fn plugstack_of(slurm_conf: &Path, text: Option<&str>) -> PathBuf {
+    text.and_then(|t| {
+        t.lines()
+            .map(|l| l.split('#').next().unwrap_or_default().trim())
+            .filter_map(|l| l.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("PlugStackConfig"))
+            .map(|(_, v)| PathBuf::from(v.trim()))
+    })
+    .unwrap_or_else(|| {
+        slurm_conf
+            .parent()
+            .unwrap_or(Path::new("/etc/slurm"))
+            .join("plugstack.conf")
+    })
+}
+
+/// The `containment.*` rows. `ssh` is the verdict of the PAM check (`slurm.pam_adopt`): Some(true)
+/// when every service that adopts sessions also joins them to the job's isolation.
+pub fn findings(
+    config: &Config,
+    slurm_conf: &Path,
+    slurm_text: Option<&str>,
+    layout: &CgroupLayout,
+    ssh: Option<bool>,
+) -> Vec<Finding> {
+    let mut out: Vec<Finding> = Vec::new();
+    let stack = plugstack_of(slurm_conf, slurm_text);
+    let hook = spank_line(&stack);
+    let no_plugin = |what: &str| -> Finding {
+        (
+            "containment.spank",
+            Severity::Error,
+            format!(
+                "{} does not load libspank_tenancy.so as `required`: {what} would run outside \
+                 the job's isolation",
+                stack.display()
+            ),
+            Some(format!(
+                "add `required /usr/lib/{}-linux-gnu/slurm-wlm/libspank_tenancy.so \
+                 config=/etc/slurm/tenancy.toml` to {} (or a file it includes)",
+                std::env::consts::ARCH,
+                stack.display()
+            )),
+        )
+    };
+    match &hook {
+        SpankLine::Required(at) => out.push((
+            "containment.spank",
+            Severity::Ok,
+            format!("libspank_tenancy.so is required ({at})"),
+            None,
+        )),
+        SpankLine::Optional(at) => out.push((
+            "containment.spank",
+            Severity::Error,
+            format!(
+                "libspank_tenancy.so is only `optional` ({at}): a job whose plugin fails to load \
+                 runs its tasks outside its isolation"
+            ),
+            Some("make the line `required`".into()),
+        )),
+        SpankLine::Missing => out.push(no_plugin("every task, task prolog and epilog")),
+    }
+    if matches!(hook, SpankLine::Required(_)) {
+        let slurm_v2 = layout.kind == LayoutKind::Unified;
+        out.push((
+            "containment.tasks",
+            if slurm_v2 {
+                Severity::Warn
+            } else {
+                Severity::Ok
+            },
+            format!(
+                "the batch script and every step's tasks (srun, --overlap, salloc's interactive \
+                 step, srun --pty): each task enters the job's cgroups itself before exec \
+                 (task_init_privileged) and slurmstepd puts it there again after Slurm's own \
+                 proctrack and task plugins placed it (task_post_fork), so no attach of Slurm's \
+                 moves it back out{}",
+                if slurm_v2 {
+                    "; on this pure cgroup v2 node that takes the tasks out of Slurm's job \
+                     cgroup, so Slurm's memory and CPU limits no longer apply to them"
+                } else {
+                    "; Slurm's limits stay on its cgroup v1 hierarchies"
+                }
+            ),
+            slurm_v2.then(|| {
+                "see ARCHITECTURE.md, \"Known gaps\": pure cgroup v2 nodes".to_string()
+            }),
+        ));
+        out.push((
+            "containment.task_scripts",
+            Severity::Ok,
+            "task prologs and epilogs (srun --task-prolog/--task-epilog, slurm.conf TaskProlog/\
+             TaskEpilog), MPI/PMIx helpers and X11 forwarding: slurmstepd itself joins the job's \
+             cgroups and IPC namespace (task_post_fork; the extern step's at spank init, before \
+             it forks), so what it starts for the job is born inside, and the epilog ends it"
+                .into(),
+            None,
+        ));
+    }
+    out.push(match ssh {
+        Some(true) => (
+            "containment.ssh",
+            Severity::Ok,
+            "ssh sessions adopted into a job join its isolation (pam_tenancy.so or tenancyctl \
+             adopt; see slurm.pam_adopt)"
+                .into(),
+            None,
+        ),
+        Some(false) => (
+            "containment.ssh",
+            Severity::Error,
+            "ssh sessions adopted into a job do not join its isolation (see slurm.pam_adopt)"
+                .into(),
+            Some("add pam_tenancy.so to the PAM service after pam_slurm_adopt".into()),
+        ),
+        None => (
+            "containment.ssh",
+            Severity::Ok,
+            "no PAM service adopts ssh sessions into jobs (pam_slurm_adopt is not enabled)".into(),
+            None,
+        ),
+    });
+    let allowing: Vec<&str> = config
+        .tiers
+        .values()
+        .filter(|t| t.allow_get_user_env)
+        .map(|t| t.name.as_str())
+        .collect();
+    if allowing.is_empty() {
+        out.push((
+            "containment.get_user_env",
+            Severity::Ok,
+            "no tier allows --get-user-env: the job_submit plugin refuses jobs that ask slurmd \
+             for the user's login environment (see slurm.job_submit)"
+                .into(),
+            None,
+        ));
+    } else {
+        for tier in allowing {
+            out.push((
+                "containment.get_user_env",
+                Severity::Warn,
+                format!(
+                    "tier '{tier}' allows --get-user-env (allow_get_user_env = true): for its \
+                     jobs slurmd runs `su - <user>` as root before the job starts, outside every \
+                     job's isolation, and the user's login files can leave a process there that \
+                     outlives the job"
+                ),
+                Some(format!(
+                    "set allow_get_user_env = false in [tiers.{tier}] unless its users need \
+                     scrontab or --get-user-env"
+                )),
+            ));
+        }
+    }
+    out.push(outside_jobs_row(Path::new("/proc")));
+    out
+}
+
+/// Root daemons that start a user's processes outside any job (cron, at, a lingering systemd
+/// user manager): such a process is outside the tenant cgroups the firewall keys on.
+fn outside_jobs_row(proc: &Path) -> Finding {
+    let mut running: Vec<String> = Vec::new();
+    for e in std::fs::read_dir(proc).into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let comm = comm.trim();
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let user_manager = comm == "systemd" && cmdline.windows(6).any(|w| w == b"--user");
+        if matches!(comm, "cron" | "crond" | "atd") || user_manager {
+            let name = if user_manager {
+                "systemd --user"
+            } else {
+                comm
+            };
+            if !running.iter().any(|r| r.starts_with(name)) {
+                running.push(format!("{name} (pid {pid})"));
+            }
+        }
+    }
+    if running.is_empty() {
+        (
+            "containment.outside_jobs",
+            Severity::Ok,
+            "no cron, at or systemd user manager runs here to start users' processes outside \
+             their jobs"
+                .into(),
+            None,
+        )
+    } else {
+        (
+            "containment.outside_jobs",
+            Severity::Warn,
+            format!(
+                "{} can start a job user's processes outside every job (user crontabs, at, \
+                 systemd-run --user): those are outside the job's isolation and outlive it",
+                running.join(", ")
+            ),
+            Some(
+                "on compute nodes, allow cron and at to admins only (cron.allow, at.allow) and \
+                 disable lingering (loginctl disable-linger)"
+                    .into(),
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plugin_is_found_through_includes_and_optional_is_not_enough() {
+        let d = tempfile::tempdir().unwrap();
+        let stack = d.path().join("plugstack.conf");
+        std::fs::write(&stack, "# none\n").unwrap();
+        assert_eq!(spank_line(&stack), SpankLine::Missing);
+        std::fs::create_dir(d.path().join("plugstack.conf.d")).unwrap();
+        std::fs::write(
+            d.path().join("plugstack.conf.d/tenancy.conf"),
+            "optional /usr/lib/libspank_tenancy.so\n",
+        )
+        .unwrap();
+        std::fs::write(&stack, "include plugstack.conf.d/*.conf\n").unwrap();
+        assert!(matches!(spank_line(&stack), SpankLine::Optional(_)));
+        std::fs::write(
+            d.path().join("plugstack.conf.d/tenancy.conf"),
+            "required /usr/lib/libspank_tenancy.so config=/x\n",
+        )
+        .unwrap();
+        let SpankLine::Required(at) = spank_line(&stack) else {
+            panic!("not found")
+        };
+        assert!(at.ends_with("tenancy.conf:1"), "{at}");
+        assert_eq!(
+            plugstack_of(Path::new("/etc/slurm/slurm.conf"), Some("PlugStackConfig=/x/p\n")),
+            Path::new("/x/p")
+        );
+        assert_eq!(
+            plugstack_of(Path::new("/etc/slurm/slurm.conf"), None),
+            Path::new("/etc/slurm/plugstack.conf")
+        );
+    }
+}
