@@ -316,8 +316,10 @@ unsafe fn submission(desc: &sys::job_desc_msg_t) -> Result<Submission, String> {
             }
         }
     }
-    Ok(Submission::from_parts(desc.user_id, bytes(desc.account), &env)?
-        .with_job_environment(&job_env))
+    Ok(
+        Submission::from_parts(desc.user_id, bytes(desc.account), &env)?
+            .with_job_environment(&job_env),
+    )
 }
 
 // ---- the plugin interface ----------------------------------------------------------------
@@ -569,7 +571,11 @@ accounts = ["other-acct"]
             why.contains("--get-user-env") && why.contains("tier 'internal'"),
             "{why}"
         );
-        for other in [&["SLURM_GET_USER_ENV=0"][..], &["SLURM_GET_USER_ENV=1x"], &[]] {
+        for other in [
+            &["SLURM_GET_USER_ENV=0"][..],
+            &["SLURM_GET_USER_ENV=1x"],
+            &[],
+        ] {
             assert!(!job(other).get_user_env, "{other:?}");
             job(other).check(&config).unwrap();
         }

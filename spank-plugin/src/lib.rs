@@ -310,8 +310,7 @@ fn job_id(sp: sys::spank_t) -> Result<u32, String> {
 fn step_id(sp: sys::spank_t) -> Result<u32, String> {
     let mut id: u32 = 0;
     // SAFETY: S_JOB_STEPID takes one uint32_t*.
-    let rc =
-        unsafe { sys::spank_get_item(sp, sys::spank_item_S_JOB_STEPID, &mut id as *mut u32) };
+    let rc = unsafe { sys::spank_get_item(sp, sys::spank_item_S_JOB_STEPID, &mut id as *mut u32) };
     if rc != sys::ESPANK_SUCCESS {
         return Err(format!("cannot read the step id (spank error {rc})"));
     }
@@ -350,8 +349,7 @@ pub unsafe extern "C" fn slurm_spank_task_post_fork(
         }
         let mut pid: libc::pid_t = 0;
         // SAFETY: S_TASK_PID takes one pid_t*; the extern step's "task" (-1) has none.
-        let rc =
-            unsafe { sys::spank_get_item(sp, sys::spank_item_S_TASK_PID, &mut pid as *mut _) };
+        let rc = unsafe { sys::spank_get_item(sp, sys::spank_item_S_TASK_PID, &mut pid as *mut _) };
         let task = (rc == sys::ESPANK_SUCCESS && pid > 0).then_some(pid);
         contain_stepd(sp, task)
     })

@@ -169,9 +169,8 @@ pub fn findings(
                     "; Slurm's limits stay on its cgroup v1 hierarchies"
                 }
             ),
-            slurm_v2.then(|| {
-                "see ARCHITECTURE.md, \"Known gaps\": pure cgroup v2 nodes".to_string()
-            }),
+            slurm_v2
+                .then(|| "see ARCHITECTURE.md, \"Known gaps\": pure cgroup v2 nodes".to_string()),
         ));
         out.push((
             "containment.task_scripts",
@@ -257,11 +256,7 @@ fn outside_jobs_row(proc: &Path) -> Finding {
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let user_manager = comm == "systemd" && cmdline.windows(6).any(|w| w == b"--user");
         if matches!(comm, "cron" | "crond" | "atd") || user_manager {
-            let name = if user_manager {
-                "systemd --user"
-            } else {
-                comm
-            };
+            let name = if user_manager { "systemd --user" } else { comm };
             if !running.iter().any(|r| r.starts_with(name)) {
                 running.push(format!("{name} (pid {pid})"));
             }
@@ -322,7 +317,10 @@ mod tests {
         };
         assert!(at.ends_with("tenancy.conf:1"), "{at}");
         assert_eq!(
-            plugstack_of(Path::new("/etc/slurm/slurm.conf"), Some("PlugStackConfig=/x/p\n")),
+            plugstack_of(
+                Path::new("/etc/slurm/slurm.conf"),
+                Some("PlugStackConfig=/x/p\n")
+            ),
             Path::new("/x/p")
         );
         assert_eq!(

@@ -1238,7 +1238,11 @@ fn task_epilog_stays_in_the_jobs_isolation() {
     let _g = serial();
     let e = env();
     let v = victim_beside_attacker(&e, "task-epilog");
-    let out = e.stack.cluster.user_dir(&e.t.globex1).join("task-epilog.out");
+    let out = e
+        .stack
+        .cluster
+        .user_dir(&e.t.globex1)
+        .join("task-epilog.out");
     let script = user_script(
         &e,
         &e.t.globex1,
@@ -1264,7 +1268,11 @@ fn task_prolog_stays_in_the_jobs_isolation() {
     let _g = serial();
     let e = env();
     let v = victim_beside_attacker(&e, "task-prolog");
-    let out = e.stack.cluster.user_dir(&e.t.globex1).join("task-prolog.out");
+    let out = e
+        .stack
+        .cluster
+        .user_dir(&e.t.globex1)
+        .join("task-prolog.out");
     let script = user_script(
         &e,
         &e.t.globex1,
@@ -1294,8 +1302,11 @@ fn slurm_conf_task_epilog_stays_in_the_jobs_isolation() {
         .prefix("tenancy-e2e-taskepilog-")
         .tempdir()
         .unwrap();
-    fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777))
-        .unwrap();
+    fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
     let d = dir.path().display().to_string();
     let script = dir.path().join("task-epilog.sh");
     let probe_path = dir.path().join("probe");
@@ -1343,7 +1354,11 @@ fn interactive_step_stays_in_the_jobs_isolation() {
     let e = env();
     let v = victim_beside_attacker(&e, "interactive");
     // `srun --pty` needs a terminal: script(1) gives it one, as a user's ssh session would.
-    let out = e.stack.cluster.user_dir(&e.t.globex1).join("interactive.out");
+    let out = e
+        .stack
+        .cluster
+        .user_dir(&e.t.globex1)
+        .join("interactive.out");
     let shell = user_script(
         &e,
         &e.t.globex1,
@@ -1403,11 +1418,7 @@ fn nothing_a_job_started_outlives_it() {
     let (script, out) = e.script(
         &e.t.globex1,
         "outlive",
-        &format!(
-            "{}{probe} envwait {}\n",
-            detach("batch"),
-            release.display()
-        ),
+        &format!("{}{probe} envwait {}\n", detach("batch"), release.display()),
     );
     let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &script, &out);
     wait_output(&out, "uid=", Duration::from_secs(60));
@@ -1436,11 +1447,15 @@ fn nothing_a_job_started_outlives_it() {
     // The task prolog's process is in the step's Slurm cgroups and ends with the step; the
     // batch script's and the task epilog's live on until the job ends.
     let all = ["batch", "task-epilog", "task-prolog"];
-    wait_for(Duration::from_secs(30), "the detached processes run", || {
-        ["batch", "task-epilog"]
-            .iter()
-            .all(|w| !pids_with(&marker(w)).is_empty())
-    });
+    wait_for(
+        Duration::from_secs(30),
+        "the detached processes run",
+        || {
+            ["batch", "task-epilog"]
+                .iter()
+                .all(|w| !pids_with(&marker(w)).is_empty())
+        },
+    );
     fs::write(&release, "").unwrap();
     let info = s.cluster.wait_job_done(g, Duration::from_secs(60)).unwrap();
     assert_eq!(info["JobState"], "COMPLETED", "job {g}: {info:?}");
@@ -1460,7 +1475,10 @@ fn nothing_a_job_started_outlives_it() {
             );
         }
     }
-    assert!(left.is_empty(), "processes of job {g} outlived it: {left:?}");
+    assert!(
+        left.is_empty(),
+        "processes of job {g} outlived it: {left:?}"
+    );
     let ev = s.audit_events(g).unwrap();
     assert!(ev.contains(&"job_end".to_string()), "{ev:?}");
 }
@@ -1492,7 +1510,10 @@ fn get_user_env_is_refused_at_submit() {
     assert_eq!(s.cluster.node_state().unwrap(), "idle");
     // The same job without the option runs.
     let (id, _) = e.sbatch(&e.t.acme1, &["--tenant=acme"], &script, &out);
-    let info = s.cluster.wait_job_done(id, Duration::from_secs(60)).unwrap();
+    let info = s
+        .cluster
+        .wait_job_done(id, Duration::from_secs(60))
+        .unwrap();
     assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
 }
 
@@ -1546,9 +1567,17 @@ fn get_user_env_allowed_by_the_tier_is_warned_by_doctor() {
     );
     // And slurmctld now takes such a job of acme's, still not globex's.
     let (script, out) = e.script(&e.t.acme1, "get-user-env-ok", "true\n");
-    let (id, _) = e.sbatch(&e.t.acme1, &["--tenant=acme", "--get-user-env"], &script, &out);
+    let (id, _) = e.sbatch(
+        &e.t.acme1,
+        &["--tenant=acme", "--get-user-env"],
+        &script,
+        &out,
+    );
     // slurmd gives `su -` up to 120 s before it goes on with the submitted environment.
-    let info = s.cluster.wait_job_done(id, Duration::from_secs(180)).unwrap();
+    let info = s
+        .cluster
+        .wait_job_done(id, Duration::from_secs(180))
+        .unwrap();
     assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
     let (gs, gout) = e.script(&e.t.globex1, "get-user-env-no", "true\n");
     let mut c = s.cluster.cmd_as(&e.t.globex1, "sbatch");
