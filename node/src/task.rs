@@ -9,7 +9,7 @@
 use crate::journal::{Journal, JournalDir, StepState};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tenancy_config::Config;
 
 /// Variables to set in the task's environment.
@@ -160,8 +160,13 @@ pub fn job_cgroups(journal: &Journal) -> Result<Vec<PathBuf>, String> {
 }
 
 fn join(cgroup: &Path, pid: i32) -> Result<(), String> {
-    std::fs::write(cgroup.join("cgroup.procs"), pid.to_string())
-        .map_err(|e| format!("cannot move task {pid} into {}: {e}", cgroup.display()))
+    tenancy_cgroup::job::join(cgroup, pid).map_err(|e| {
+        format!(
+            "cannot move task {pid} into {}: {}",
+            cgroup.display(),
+            e.reason()
+        )
+    })
 }
 
 /// How long [`end_tasks`] waits for a job's killed processes to leave its cgroups.
@@ -202,72 +207,16 @@ pub fn end_tasks(journal: &Journal, wait: Duration) -> Result<(), String> {
     Ok(())
 }
 
-/// The pids in `cgroup` (none when it is gone).
 fn pids_in(cgroup: &Path) -> Result<Vec<i32>, String> {
-    match std::fs::read_to_string(cgroup.join("cgroup.procs")) {
-        Ok(s) => Ok(s
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(format!(
-            "cannot read {}/cgroup.procs: {e}",
-            cgroup.display()
-        )),
-    }
+    tenancy_cgroup::job::pids_in(cgroup).map_err(|e| e.to_string())
 }
 
 fn end_cgroup(cgroup: &Path, wait: Duration) -> Result<(), String> {
-    // Most jobs leave nothing behind: one read.
-    if pids_in(cgroup)?.is_empty() {
-        return Ok(());
-    }
-    // cgroup v2 (Linux 5.14+) kills every process in it at once, forks in flight included;
-    // elsewhere each process is signalled, round after round, until none is left.
-    let whole = std::fs::write(cgroup.join("cgroup.kill"), "1").is_ok();
-    let deadline = Instant::now() + wait;
-    loop {
-        let pids = pids_in(cgroup)?;
-        if pids.is_empty() {
-            return Ok(());
-        }
-        if !whole {
-            for pid in &pids {
-                kill_if_in(*pid, cgroup);
-            }
-        }
-        if Instant::now() >= deadline {
-            let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
-            return Err(format!(
-                "processes [{}] still in {} after SIGKILL",
-                pids.join(" "),
-                cgroup.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    tenancy_cgroup::job::end_all(cgroup, wait).map_err(|e| e.to_string())
 }
 
-/// SIGKILL to `pid` if it is still in `cgroup`.
-fn kill_if_in(pid: i32, cgroup: &Path) {
-    if let Some(fd) = pidfd_if_in(pid, cgroup) {
-        let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL);
-    }
-}
-
-/// A pidfd of `pid` if that process is in `cgroup`: a pid read from cgroup.procs may have
-/// exited and been reused by an unrelated process since, a pidfd holds one process.
 fn pidfd_if_in(pid: i32, cgroup: &Path) -> Option<std::os::fd::OwnedFd> {
-    use rustix::process::{pidfd_open, Pid, PidfdFlags};
-    let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
-    // The pidfd holds this process: if /proc/<pid> now shows it in the cgroup, so it is.
-    let inside = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|s| {
-        s.lines().any(|l| {
-            let rel = l.splitn(3, ':').nth(2).unwrap_or_default();
-            rel.len() > 1 && cgroup.ends_with(rel.trim_start_matches('/'))
-        })
-    });
-    inside.then_some(fd)
+    tenancy_cgroup::job::pidfd_if_in(pid, cgroup)
 }
 
 /// Puts the calling process into its job's IPC namespace (SysV shared memory, semaphores and
@@ -316,29 +265,4 @@ pub fn join_job_ipc(cgroup: &Path) -> Result<(), String> {
     }
     // The lock goes with `dir`.
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A pid listed in a cgroup it is not in (exited, and the number reused by another
-    /// process) is not signalled; a cgroup that stays busy fails with its pids, never Ok.
-    #[test]
-    fn a_cgroup_that_stays_busy_fails_and_a_process_outside_it_is_not_signalled() {
-        let t = tempfile::tempdir().unwrap();
-        let me = std::process::id();
-        std::fs::write(t.path().join("cgroup.procs"), format!("{me}\n")).unwrap();
-        // No cgroup.kill to write: each pid is signalled only if it is in the cgroup.
-        std::fs::create_dir(t.path().join("cgroup.kill")).unwrap();
-        let e = end_cgroup(t.path(), Duration::from_millis(30)).unwrap_err();
-        assert!(
-            e.contains(&format!("processes [{me}] still in {}", t.path().display())),
-            "{e}"
-        );
-        // (this test process is still alive)
-        std::fs::write(t.path().join("cgroup.procs"), "").unwrap();
-        end_cgroup(t.path(), Duration::from_millis(30)).unwrap();
-        end_cgroup(&t.path().join("gone"), Duration::from_millis(30)).unwrap();
-    }
 }

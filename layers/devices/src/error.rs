@@ -73,3 +73,23 @@ impl Error {
         }
     }
 }
+
+impl From<tenancy_cgroup::layout::ReadError> for Error {
+    fn from(e: tenancy_cgroup::layout::ReadError) -> Self {
+        Error::Read {
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
+impl From<tenancy_cgroup::CgroupError> for Error {
+    fn from(e: tenancy_cgroup::CgroupError) -> Self {
+        let source = std::io::Error::new(e.source.kind(), e.reason());
+        Error::Cgroup {
+            op: e.op,
+            path: e.path,
+            source,
+        }
+    }
+}

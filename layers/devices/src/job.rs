@@ -9,15 +9,13 @@ use crate::driver::{DriverInfo, DriverPaths};
 use crate::error::{Error, Result};
 use crate::layout::CgroupLayout;
 use crate::policy::{DeviceClass, DevicePolicy, SliceRef};
-use crate::v1::{self, open_dir, V1Applied};
+use crate::v1::{self, V1Applied};
 use crate::v2::{self, Detached, V2Attached};
 use serde::{Deserialize, Serialize};
-use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-/// Name of the product's subtree under a cgroup root.
-pub const PRODUCT_DIR: &str = "tenancy";
+pub use tenancy_cgroup::PRODUCT_DIR;
 
 /// The cgroup under [`PRODUCT_DIR`] that keeps shared device programs loaded between jobs
 /// ([`v2::Programs`]); no process is ever in it, and its name cannot be a tenant's.
@@ -45,18 +43,6 @@ pub enum Backend {
     V2,
 }
 
-/// The cgroup2 mount at one of the standard places, if there is one: what
-/// [`Target::owned_for`] picks from mountinfo on such nodes.
-// f_type's integer type differs between architectures.
-#[allow(clippy::unnecessary_cast)]
-fn standard_v2_root() -> Option<PathBuf> {
-    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .into_iter()
-        .find(|p| rustix::fs::statfs(*p).is_ok_and(|st| st.f_type as i64 == CGROUP2_SUPER_MAGIC))
-        .map(PathBuf::from)
-}
-
 /// Where the rules go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -75,7 +61,7 @@ impl Target {
     /// other layout is read from mountinfo, whose read costs a prolog more than the rest of
     /// the device layer's intent.
     pub fn detect() -> Result<Target> {
-        match standard_v2_root() {
+        match tenancy_cgroup::v2_mount() {
             Some(root) => Ok(Target::Owned {
                 root,
                 backend: Backend::V2,
@@ -166,42 +152,6 @@ pub fn owned_dir(root: &Path, tenant: &str, job_id: u64) -> Result<PathBuf> {
         .join(format!("job_{job_id}")))
 }
 
-fn mkdir_at(dir: &OwnedFd, name: &str, shown: &Path) -> Result<(OwnedFd, bool)> {
-    let c = CString::new(name).map_err(|_| Error::BadName {
-        what: "cgroup name",
-        value: name.into(),
-        msg: "contains NUL".into(),
-    })?;
-    // SAFETY: dir is an open directory fd, c is NUL-terminated.
-    let r = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) };
-    let created = if r == 0 {
-        true
-    } else {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EEXIST) {
-            return Err(Error::cgroup("mkdir", shown.join(name), e));
-        }
-        false
-    };
-    // SAFETY: as above; O_NOFOLLOW: never through a symlink.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(Error::cgroup(
-            "open",
-            shown.join(name),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: fresh fd.
-    Ok((unsafe { OwnedFd::from_raw_fd(fd) }, created))
-}
-
 /// Create `<root>/tenancy/<tenant>/job_<id>` (existing parts are reused). Returns the path and
 /// whether the job directory was created now.
 pub fn create_owned(root: &Path, tenant: &str, job_id: u64) -> Result<(PathBuf, bool)> {
@@ -209,37 +159,15 @@ pub fn create_owned(root: &Path, tenant: &str, job_id: u64) -> Result<(PathBuf, 
 }
 
 /// [`create_owned`], also returning the job directory open (the device program is attached
-/// through it, without a second walk).
+/// through it, without a second walk). Made by the one owner of job cgroups (tenancy-cgroup).
 fn create_owned_open(root: &Path, tenant: &str, job_id: u64) -> Result<(PathBuf, bool, OwnedFd)> {
-    let path = owned_dir(root, tenant, job_id)?;
-    let r = open_dir(root)?;
-    let (p, _) = mkdir_at(&r, PRODUCT_DIR, root)?;
-    let (t, _) = mkdir_at(&p, tenant, &root.join(PRODUCT_DIR))?;
-    let (job, created) = mkdir_at(
-        &t,
-        &format!("job_{job_id}"),
-        &root.join(PRODUCT_DIR).join(tenant),
-    )?;
-    Ok((path, created, job))
+    validate_tenant(tenant)?;
+    let made = tenancy_cgroup::JobCgroup::make(root, tenant, job_id)?;
+    Ok((made.cgroup.dir, made.created, made.dir))
 }
 
 fn rmdir(path: &Path) -> Result<bool> {
-    match std::fs::remove_dir(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => {
-            let hint = if e.raw_os_error() == Some(libc::EBUSY) {
-                ": processes are still in the cgroup (see its cgroup.procs); end them, then retry teardown"
-            } else {
-                ""
-            };
-            Err(Error::cgroup(
-                "rmdir",
-                path,
-                std::io::Error::new(e.kind(), format!("{e}{hint}")),
-            ))
-        }
-    }
+    Ok(tenancy_cgroup::job::remove(path)?)
 }
 
 /// Set the job's device allowlist up. On error, what this call made is undone.

@@ -19,7 +19,10 @@ pub mod doctor;
 pub mod driver;
 pub mod error;
 pub mod job;
-pub mod layout;
+/// The cgroup layout of the node, detected by the one owner of job cgroups.
+pub mod layout {
+    pub use tenancy_cgroup::layout::*;
+}
 pub mod policy;
 pub mod v1;
 pub mod v2;

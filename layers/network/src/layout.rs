@@ -6,9 +6,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
-/// `statfs` magic of a cgroup2 file system.
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-
 /// nft resolves `socket cgroupv2` paths relative to this directory (compiled into nft 1.0.6).
 pub const NFT_CGROUP_BASE: &str = "/sys/fs/cgroup";
 
@@ -35,26 +32,24 @@ impl CgroupLayout {
     /// Detect the layout of this node for the subtree `subtree` (normally "tenancy").
     pub fn detect(subtree: &str) -> Result<CgroupLayout> {
         validate_subtree(subtree)?;
-        let base = Path::new(NFT_CGROUP_BASE);
-        if is_cgroup2(base) {
-            return Ok(CgroupLayout {
-                v2_mount: base.to_path_buf(),
-                nft_root: String::new(),
+        // The mount is found by the one owner of job cgroups; nft names paths relative to
+        // /sys/fs/cgroup.
+        match tenancy_cgroup::v2_mount() {
+            Some(mount) => Ok(CgroupLayout {
+                nft_root: mount
+                    .strip_prefix(NFT_CGROUP_BASE)
+                    .unwrap_or(Path::new(""))
+                    .display()
+                    .to_string(),
+                v2_mount: mount,
                 subtree: subtree.to_string(),
-            });
+            }),
+            None => Err(Error::Layout(format!(
+                "no cgroup2 hierarchy at {NFT_CGROUP_BASE} or {NFT_CGROUP_BASE}/unified: the \
+                 network layer keys its rules on cgroup v2; mount cgroup2 (hybrid or unified \
+                 mode)"
+            ))),
         }
-        let unified = base.join("unified");
-        if is_cgroup2(&unified) {
-            return Ok(CgroupLayout {
-                v2_mount: unified,
-                nft_root: "unified".into(),
-                subtree: subtree.to_string(),
-            });
-        }
-        Err(Error::Layout(format!(
-            "no cgroup2 hierarchy at {NFT_CGROUP_BASE} or {NFT_CGROUP_BASE}/unified: the network \
-             layer keys its rules on cgroup v2; mount cgroup2 (hybrid or unified mode)"
-        )))
     }
 
     /// A layout without probing the machine (for rendering and tests).
@@ -102,15 +97,6 @@ impl CgroupLayout {
     }
 }
 
-// f_type's integer type differs between architectures.
-#[allow(clippy::unnecessary_cast)]
-fn is_cgroup2(p: &Path) -> bool {
-    match rustix::fs::statfs(p) {
-        Ok(st) => st.f_type as i64 == CGROUP2_SUPER_MAGIC,
-        Err(_) => false,
-    }
-}
-
 pub(crate) fn validate_subtree(subtree: &str) -> Result<()> {
     let ok = !subtree.is_empty()
         && subtree.split('/').all(|c| {
@@ -153,7 +139,7 @@ mod tests {
     fn detects_this_machine() {
         // Every supported node has cgroup2 somewhere; the detected mount must be cgroup2.
         match CgroupLayout::detect("tenancy") {
-            Ok(l) => assert!(is_cgroup2(&l.v2_mount)),
+            Ok(l) => assert!(tenancy_cgroup::layout::is_cgroup2(&l.v2_mount)),
             Err(e) => eprintln!("SKIP: no cgroup2 here: {e}"),
         }
     }

@@ -18,7 +18,7 @@ mod ruleset;
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -277,8 +277,9 @@ fn check_loaded(spec: &FirewallSpec, tenant: &str) -> Result<()> {
     }
 }
 
-/// Create the job's cgroup under its tenant (idempotent). Fails closed when the loaded table
-/// does not cover the tenant's cgroup. Cost: one xattr read, one netlink query, one mkdir.
+/// Create the job's cgroup under its tenant (idempotent) through the one owner of job cgroups
+/// (tenancy-cgroup). Fails closed when the loaded table does not cover the tenant's cgroup.
+/// Cost: one xattr read, one netlink query, one mkdir.
 pub fn add_job(spec: &FirewallSpec, tenant: &str, job_id: u64) -> Result<JobNet> {
     validate_job(spec, tenant, job_id)?;
     let tdir = spec.cgroup.tenant_dir(tenant);
@@ -295,56 +296,44 @@ pub fn add_job(spec: &FirewallSpec, tenant: &str, job_id: u64) -> Result<JobNet>
         )));
     }
     check_loaded(spec, tenant)?;
-    let path = spec.cgroup.job_dir(tenant, job_id);
-    ensure_dir(&path)?;
+    let made = tenancy_cgroup::JobCgroup::make_in(
+        &spec.cgroup.v2_mount,
+        &spec.cgroup.subtree,
+        tenant,
+        job_id,
+    )
+    .map_err(|e| io_err("cannot create cgroup", &e.path.clone(), e.into_io()))?;
     Ok(JobNet {
         tenant: tenant.to_string(),
         job_id,
-        cgroup_path: path,
+        cgroup_path: made.cgroup.dir,
     })
 }
 
 /// How long [`remove_job`] waits for killed processes to leave the job cgroup.
 pub const KILL_WAIT: Duration = Duration::from_secs(5);
 
-/// Remove the job's cgroup (idempotent: already gone is Ok). Processes still in it are killed
-/// with `cgroup.kill` first, so no process of the job keeps running under the tenant's rules
-/// unaccounted. Nothing in the nft table belongs to the job, so nothing else is left behind.
+/// Remove the job's cgroup (idempotent: already gone is Ok). Processes still in it are ended
+/// first (the epilog has ended them already; `reconcile` may find some), so no process of the
+/// job keeps running under the tenant's rules unaccounted. Nothing in the nft table belongs to
+/// the job, so nothing else is left behind.
 pub fn remove_job(spec: &FirewallSpec, tenant: &str, job_id: u64) -> Result<()> {
     validate_job(spec, tenant, job_id)?;
     let path = spec.cgroup.job_dir(tenant, job_id);
-    match std::fs::remove_dir(&path) {
-        Ok(()) => return Ok(()),
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {}
-        Err(e) => return Err(io_err("cannot remove job cgroup", &path, e)),
-    }
-    // Busy: processes (or child cgroups) remain.
-    let kill = path.join("cgroup.kill");
-    std::fs::write(&kill, "1")
-        .map_err(|e| io_err("cannot kill leftover processes via", &kill, e))?;
-    let deadline = Instant::now() + KILL_WAIT;
-    loop {
-        match std::fs::remove_dir(&path) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
-                if Instant::now() > deadline {
-                    let procs = std::fs::read_to_string(path.join("cgroup.procs"))
-                        .unwrap_or_default()
-                        .split_whitespace()
-                        .collect::<Vec<_>>()
-                        .join(" ");
-                    return Err(Error::Busy(format!(
-                        "job {job_id} of tenant {tenant:?}: cgroup {} still busy after \
-                         cgroup.kill (pids: [{procs}]; child cgroups?); remove them and retry",
-                        path.display()
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => return Err(io_err("cannot remove job cgroup", &path, e)),
+    match tenancy_cgroup::job::end_and_remove(&path, KILL_WAIT) {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.source.kind() == ErrorKind::ResourceBusy
+                || e.source.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) =>
+        {
+            Err(Error::Busy(format!(
+                "job {job_id} of tenant {tenant:?}: cgroup {} still busy ({}; child \
+                 cgroups?); remove them and retry",
+                path.display(),
+                e.reason()
+            )))
         }
+        Err(e) => Err(io_err("cannot remove job cgroup", &path, e.into_io())),
     }
 }
 

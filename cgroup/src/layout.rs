@@ -1,9 +1,50 @@
-//! Cgroup layout detection from `/proc/self/mountinfo`: is the v1 devices controller mounted,
-//! and where is cgroup2 (pure v2 at /sys/fs/cgroup, hybrid at /sys/fs/cgroup/unified)?
+//! Cgroup layout detection: where cgroup2 is mounted (pure v2 at /sys/fs/cgroup, hybrid at
+//! /sys/fs/cgroup/unified), found by `statfs` on the job path, and the whole picture (v1
+//! controllers, the v1 devices mount) from `/proc/self/mountinfo` where that is needed.
 
-use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+/// `statfs` magic of a cgroup2 file system.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Where nodes mount cgroup2: pure v2, then hybrid.
+pub const STANDARD_V2_MOUNTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
+
+/// Whether `path` is the root of a cgroup2 file system's mount (or any folder in one).
+// f_type's integer type differs between architectures.
+#[allow(clippy::unnecessary_cast)]
+pub fn is_cgroup2(path: &Path) -> bool {
+    rustix::fs::statfs(path).is_ok_and(|st| st.f_type as i64 == CGROUP2_SUPER_MAGIC)
+}
+
+/// The cgroup2 mount at one of the standard places, if there is one: two `statfs` calls, where
+/// reading mountinfo would cost a prolog more than the rest of a layer's intent.
+pub fn v2_mount() -> Option<PathBuf> {
+    STANDARD_V2_MOUNTS
+        .into_iter()
+        .find(|p| is_cgroup2(Path::new(p)))
+        .map(PathBuf::from)
+}
+
+/// The mount table could not be read.
+#[derive(Debug)]
+pub struct ReadError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot read {}: {}", self.path.display(), self.source)
+    }
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
 
 /// Default mount table.
 pub const MOUNTINFO: &str = "/proc/self/mountinfo";
@@ -120,8 +161,8 @@ impl CgroupLayout {
     }
 
     /// Detect from a mountinfo file (default [`MOUNTINFO`]).
-    pub fn detect_from(mountinfo: &Path) -> Result<CgroupLayout> {
-        let t = std::fs::read_to_string(mountinfo).map_err(|source| Error::Read {
+    pub fn detect_from(mountinfo: &Path) -> Result<CgroupLayout, ReadError> {
+        let t = std::fs::read_to_string(mountinfo).map_err(|source| ReadError {
             path: mountinfo.to_path_buf(),
             source,
         })?;
@@ -129,7 +170,7 @@ impl CgroupLayout {
     }
 
     /// Detect from `/proc/self/mountinfo`.
-    pub fn detect() -> Result<CgroupLayout> {
+    pub fn detect() -> Result<CgroupLayout, ReadError> {
         Self::detect_from(Path::new(MOUNTINFO))
     }
 }
