@@ -12,10 +12,14 @@
 //!   the node's Prolog as `SPANK_TENANCY_TENANT` / `SPANK_TENANCY_MIG` (job control env).
 //!   This check is for the user's benefit; the Prolog decides again on the node (a user can
 //!   bypass client-side plugins), so nothing here is trusted by the node.
-//! * Job side (remote context, slurmstepd as root, in each task before exec):
-//!   `task_init_privileged` moves the task into its job's isolation and sets
-//!   CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, TMPDIR, TENANCY_SCRATCH, TENANCY_TENANT
-//!   from the job's journal written by the Prolog. Any error fails the task with a message.
+//! * Job side (remote context, slurmstepd as root): slurmstepd itself enters the job's
+//!   isolation (cgroups, IPC namespace), so that what it forks for the job outside the task
+//!   hook (task epilogs, X11 and MPI helpers) is born inside: the extern step's in `init`,
+//!   every other step's in `task_post_fork`, which also moves the task again after Slurm's own
+//!   plugins placed it. In each task before exec, `task_init_privileged` moves the task into its
+//!   job's isolation and sets CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, TMPDIR,
+//!   TENANCY_SCRATCH, TENANCY_TENANT from the job's journal written by the Prolog. Any error
+//!   fails the step with a message.
 //!
 //! No panic crosses the C ABI: every callback runs under `catch_unwind` and turns a panic into
 //! an error return.

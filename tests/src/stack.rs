@@ -377,10 +377,14 @@ impl Stack {
         }
         self.stopped = true;
         let r = self.cluster.stop();
-        if self.firewall {
-            let _ = Command::new("nft")
+        // A tenant cgroup the loaded table still names must stay: nft cannot list, save or
+        // delete a ruleset whose cgroup match lost its folder (facts.md).
+        let unloaded = self.firewall
+            && Command::new("nft")
                 .args(["delete", "table", "inet", NFT_TABLE])
-                .output();
+                .output()
+                .is_ok_and(|o| o.status.success());
+        if unloaded {
             for t in &self.tenant_names {
                 let _ = fs::remove_dir(Path::new(CGROUP_SUBTREE).join(t));
             }
