@@ -21,8 +21,14 @@ pub struct TaskEnv {
 /// Moves `pid` into the job's cgroups and returns the job's environment. Fails (so the step
 /// fails, never unisolated) when the job has no journal or a cgroup cannot be joined.
 pub fn enter(config: &Config, job_id: u64, pid: i32) -> Result<TaskEnv, String> {
+    enter_journal(&running_journal(config, job_id)?, pid)
+}
+
+/// The journal of a job that is to run on this node: none means the prolog did not set the
+/// job up here, and nothing of it may run.
+fn running_journal(config: &Config, job_id: u64) -> Result<Journal, String> {
     let journals = JournalDir::open(&config.cluster.state_dir).map_err(|e| e.to_string())?;
-    let journal = journals
+    journals
         .load_unlocked(job_id)
         .map_err(|e| format!("job {job_id}: {e}"))?
         .ok_or_else(|| {
@@ -31,8 +37,7 @@ pub fn enter(config: &Config, job_id: u64, pid: i32) -> Result<TaskEnv, String> 
                  this node (is Prolog=tenancy-prolog in slurm.conf?)",
                 config.cluster.state_dir.display()
             )
-        })?;
-    enter_journal(&journal, pid)
+        })
 }
 
 /// [`enter`] with the job's journal already read.
@@ -110,18 +115,7 @@ pub fn contain_step(
     task: Option<i32>,
     join_ipc: bool,
 ) -> Result<Vec<PathBuf>, String> {
-    let journals = JournalDir::open(&config.cluster.state_dir).map_err(|e| e.to_string())?;
-    let journal = journals
-        .load_unlocked(job_id)
-        .map_err(|e| format!("job {job_id}: {e}"))?
-        .ok_or_else(|| {
-            format!(
-                "job {job_id}: no journal in {}: the tenancy prolog did not set this job up on \
-                 this node (is Prolog=tenancy-prolog in slurm.conf?)",
-                config.cluster.state_dir.display()
-            )
-        })?;
-    let cgroups = job_cgroups(&journal)?;
+    let cgroups = job_cgroups(&running_journal(config, job_id)?)?;
     for cg in &cgroups {
         for pid in task.into_iter().chain([stepd]) {
             join(cg, pid).map_err(|e| format!("job {job_id}: {e}"))?;

@@ -301,24 +301,23 @@ fn set_task_env(sp: sys::spank_t, name: &str, value: &str) -> Result<(), String>
     Ok(())
 }
 
-fn job_id(sp: sys::spank_t) -> Result<u32, String> {
-    let mut id: u32 = 0;
-    // SAFETY: S_JOB_ID takes one uint32_t*.
-    let rc = unsafe { sys::spank_get_item(sp, sys::spank_item_S_JOB_ID, &mut id as *mut u32) };
+/// A `uint32_t` item of the job (S_JOB_ID, S_JOB_STEPID).
+fn item_u32(sp: sys::spank_t, item: sys::spank_item, what: &str) -> Result<u32, String> {
+    let mut v: u32 = 0;
+    // SAFETY: the items this is called with take one uint32_t*.
+    let rc = unsafe { sys::spank_get_item(sp, item, &mut v as *mut u32) };
     if rc != sys::ESPANK_SUCCESS {
-        return Err(format!("cannot read the job id (spank error {rc})"));
+        return Err(format!("cannot read the {what} (spank error {rc})"));
     }
-    Ok(id)
+    Ok(v)
+}
+
+fn job_id(sp: sys::spank_t) -> Result<u32, String> {
+    item_u32(sp, sys::spank_item_S_JOB_ID, "job id")
 }
 
 fn step_id(sp: sys::spank_t) -> Result<u32, String> {
-    let mut id: u32 = 0;
-    // SAFETY: S_JOB_STEPID takes one uint32_t*.
-    let rc = unsafe { sys::spank_get_item(sp, sys::spank_item_S_JOB_STEPID, &mut id as *mut u32) };
-    if rc != sys::ESPANK_SUCCESS {
-        return Err(format!("cannot read the step id (spank error {rc})"));
-    }
-    Ok(id)
+    item_u32(sp, sys::spank_item_S_JOB_STEPID, "step id")
 }
 
 /// slurmstepd (this process) and `task` into the job's isolation; slurmstepd joins the job's

@@ -1230,64 +1230,44 @@ fn end(e: &Env, v: &Victim) {
     }
 }
 
-#[test]
-fn task_epilog_stays_in_the_jobs_isolation() {
-    if !require_root("task_epilog_stays_in_the_jobs_isolation") {
+/// A step of globex's job whose `srun OPTION=script` runs the attack.
+fn attack_from_srun_option(test: &str, option: &str) {
+    if !require_root(test) {
         return;
     }
     let _g = serial();
     let e = env();
-    let v = victim_beside_attacker(&e, "task-epilog");
+    let v = victim_beside_attacker(&e, option);
     let out = e
         .stack
         .cluster
         .user_dir(&e.t.globex1)
-        .join("task-epilog.out");
+        .join(format!("{option}.out"));
     let script = user_script(
         &e,
         &e.t.globex1,
-        "task-epilog.sh",
+        &format!("{option}.sh"),
         &attack_script(&e, &v, &out, ""),
     );
     let o = overlap_step(
         &e,
         v.g,
-        &[&format!("--task-epilog={}", script.display())],
+        &[&format!("--{option}={}", script.display())],
         &["/bin/true"],
     );
     assert!(o.status.success(), "step: {}", text(&o.stderr));
-    assert_attack_held(&e, &v, &out, "srun --task-epilog");
+    assert_attack_held(&e, &v, &out, &format!("srun --{option}"));
     end(&e, &v);
 }
 
 #[test]
+fn task_epilog_stays_in_the_jobs_isolation() {
+    attack_from_srun_option("task_epilog_stays_in_the_jobs_isolation", "task-epilog");
+}
+
+#[test]
 fn task_prolog_stays_in_the_jobs_isolation() {
-    if !require_root("task_prolog_stays_in_the_jobs_isolation") {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let v = victim_beside_attacker(&e, "task-prolog");
-    let out = e
-        .stack
-        .cluster
-        .user_dir(&e.t.globex1)
-        .join("task-prolog.out");
-    let script = user_script(
-        &e,
-        &e.t.globex1,
-        "task-prolog.sh",
-        &attack_script(&e, &v, &out, ""),
-    );
-    let o = overlap_step(
-        &e,
-        v.g,
-        &[&format!("--task-prolog={}", script.display())],
-        &["/bin/true"],
-    );
-    assert!(o.status.success(), "step: {}", text(&o.stderr));
-    assert_attack_held(&e, &v, &out, "srun --task-prolog");
-    end(&e, &v);
+    attack_from_srun_option("task_prolog_stays_in_the_jobs_isolation", "task-prolog");
 }
 
 #[test]
