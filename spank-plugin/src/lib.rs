@@ -71,6 +71,10 @@ struct State {
     mig: Option<String>,
     /// slurmstepd has entered its job's isolation (cgroups and IPC namespace).
     stepd_contained: bool,
+    /// slurmstepd's pid, taken in `init`, which always runs in slurmstepd itself: with
+    /// `SlurmdParameters=contain_spank` (24.11+) Slurm runs `task_post_fork` in a clone of it
+    /// that shares its memory but has a pid of its own.
+    stepd_pid: Option<i32>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -78,6 +82,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     tenant: None,
     mig: None,
     stepd_contained: false,
+    stepd_pid: None,
 });
 
 /// Slurm's step id of a job's extern step (slurm.h `SLURM_EXTERN_CONT`; spank.h does not
@@ -211,10 +216,14 @@ pub unsafe extern "C" fn slurm_spank_init(
         if matches!(ctx, Ctx::Slurmd) {
             return Ok(());
         }
-        // The extern step's slurmstepd forks its X11 helpers and adopted processes' parent
-        // before any task hook: it enters the job's isolation now, before it forks anything.
-        if ctx == Ctx::Remote && step_id(sp)? == SLURM_EXTERN_CONT {
-            contain_stepd(sp, None)?;
+        if ctx == Ctx::Remote {
+            // SAFETY: plain libc call; `init` runs in slurmstepd itself.
+            state().stepd_pid = Some(unsafe { libc::getpid() });
+            // The extern step's slurmstepd forks its X11 helpers before any task hook: it
+            // enters the job's isolation now, before it forks anything.
+            if step_id(sp)? == SLURM_EXTERN_CONT {
+                contain_stepd(sp, None)?;
+            }
         }
         for opt in options().iter_mut() {
             // SAFETY: `opt` is leaked, so it outlives the plugin.
@@ -324,12 +333,19 @@ fn step_id(sp: sys::spank_t) -> Result<u32, String> {
 /// IPC namespace once.
 fn contain_stepd(sp: sys::spank_t, task: Option<i32>) -> Result<(), String> {
     let job = job_id(sp)?;
-    let (config, ipc) = {
+    // SAFETY: plain libc call.
+    let me = unsafe { libc::getpid() };
+    let (config, stepd, contained) = {
         let st = state();
-        (st.args.config.clone(), !st.stepd_contained)
+        (
+            st.args.config.clone(),
+            st.stepd_pid.unwrap_or(me),
+            st.stepd_contained,
+        )
     };
-    // SAFETY: plain libc call; this is slurmstepd.
-    let stepd = unsafe { libc::getpid() };
+    // A namespace is entered by the process that calls setns: only slurmstepd itself can put
+    // itself in the job's, not a clone of it running the hook (contain_spank).
+    let ipc = !contained && me == stepd;
     backend::contain_step(config.as_deref(), u64::from(job), stepd, task, ipc).map_err(|e| {
         format!("job {job}: cannot put slurmstepd {stepd} into the job's isolation: {e}")
     })?;
