@@ -383,12 +383,18 @@ fn money(d: Option<Decimal>, currency: Option<&str>) -> String {
 
 fn rate_text(d: Option<Decimal>, unit: &str, currency: Option<&str>) -> String {
     match d {
-        Some(d) => format!(
-            "{} {} / {}",
-            currency.unwrap_or(""),
-            d.normalize(),
-            unit.trim_end_matches('s')
-        ),
+        Some(d) => {
+            // As written in the config, but at least to the cent: `2.40`, `0.0125`.
+            let mut d = d.normalize();
+            if d.scale() < 2 {
+                d.rescale(2);
+            }
+            format!(
+                "{} {d} / {}",
+                currency.unwrap_or(""),
+                unit.trim_end_matches('s')
+            )
+        }
         None => "-".to_string(),
     }
 }

@@ -238,7 +238,9 @@ fn statement_amounts_follow_the_rates() {
     let o = tenancyctl(&c, &["report", "--statement", "2026-01", logs]);
     let table = text(&o);
     assert!(
-        table.contains("EUR 9.63") && table.contains("EUR 0.85 / slice-hour"),
+        table.contains("EUR 9.63")
+            && table.contains("EUR 0.85 / slice-hour")
+            && table.contains("EUR 2.40 / slice-hour"),
         "{table}"
     );
 
