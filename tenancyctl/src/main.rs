@@ -151,7 +151,12 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
         config.as_ref(),
         &base.paths,
         month,
-        &base.tenant,
+        &tenancy_audit::report::Query {
+            tenants: base.tenant.clone(),
+            users: base.user.clone(),
+            nodes: base.node.clone(),
+            ..Default::default()
+        },
         base.format,
         cmd.out.as_deref(),
         &inputs,

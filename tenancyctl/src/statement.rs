@@ -249,7 +249,11 @@ fn incidents(paths: &[PathBuf], q: &Query) -> anyhow::Result<BTreeMap<String, Ve
                 "" => NO_SLICE.to_string(),
                 t => t.to_string(),
             };
-            if !q.tenants.is_empty() && !q.tenants.contains(&tenant) {
+            let pass = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
+            if !pass(&q.tenants, &tenant)
+                || !pass(&q.users, s("user"))
+                || !pass(&q.nodes, s("node"))
+            {
                 continue;
             }
             let list = out.entry(tenant).or_default();
@@ -268,11 +272,12 @@ fn incidents(paths: &[PathBuf], q: &Query) -> anyhow::Result<BTreeMap<String, Ve
     Ok(out)
 }
 
-/// Builds the month's statements from the logs at `paths`, priced by `billing`.
+/// Builds the month's statements from the logs at `paths` (only `filter`'s tenants, users and
+/// nodes when it names some), priced by `billing`.
 pub fn build(
     paths: &[PathBuf],
     month: &str,
-    tenants: &[String],
+    filter: &Query,
     billing: Option<&Billing>,
     cluster: Option<&str>,
     inputs: &IntegrityInputs,
@@ -281,9 +286,10 @@ pub fn build(
     let q = Query {
         since: Some(since),
         until: Some(until),
-        tenants: tenants.to_vec(),
+        tenants: filter.tenants.clone(),
+        users: filter.users.clone(),
+        nodes: filter.nodes.clone(),
         by: vec![GroupBy::Tenant, GroupBy::Profile, GroupBy::Day],
-        ..Default::default()
     };
     let agg = aggregate_paths(paths, q.clone(), None)?;
     let mut per: BTreeMap<String, TenantStatement> = BTreeMap::new();
@@ -847,7 +853,7 @@ pub fn run(
     config: Option<&Config>,
     paths: &[PathBuf],
     month: &str,
-    tenants: &[String],
+    filter: &Query,
     format: ReportFormat,
     out_dir: Option<&Path>,
     inputs: &IntegrityInputs,
@@ -858,7 +864,7 @@ pub fn run(
     let s = build(
         paths,
         month,
-        tenants,
+        filter,
         config.and_then(|c| c.billing.as_ref()),
         config.map(|c| c.cluster.name.as_str()),
         inputs,

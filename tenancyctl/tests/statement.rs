@@ -216,6 +216,24 @@ fn statement_amounts_follow_the_rates() {
         12_600_000
     );
 
+    // One tenant's statement alone.
+    let o = tenancyctl(
+        &c,
+        &[
+            "report",
+            "--statement",
+            "2026-01",
+            "--tenant",
+            "globex",
+            "--format",
+            "json",
+            logs,
+        ],
+    );
+    let one: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(one["tenants"].as_array().unwrap().len(), 1, "{one:#}");
+    assert_eq!(tenant(&one, "globex")["total_amount"], "2.40");
+
     // CSV carries the same figures.
     let o = tenancyctl(
         &c,
