@@ -431,7 +431,10 @@ fn chromium() -> Option<PathBuf> {
 }
 
 fn chromium_run(bin: &Path, profile: &Path, args: &[&str]) -> Output {
-    Command::new(bin)
+    // Bounded: a browser that hangs fails the test instead of holding the suite.
+    Command::new("timeout")
+        .arg("120")
+        .arg(bin)
         .args([
             "--headless",
             "--no-sandbox",
