@@ -106,6 +106,9 @@ pub struct Statement {
     pub currency: Option<String>,
     pub integrity: Integrity,
     pub tenants: Vec<TenantStatement>,
+    /// Every tenant's total, summed (with prices).
+    #[serde(with = "rust_decimal::serde::str_option")]
+    pub total_amount: Option<Decimal>,
     /// Audit records read, and lines that were not records.
     pub records: u64,
     pub malformed: u64,
@@ -363,7 +366,9 @@ pub fn build(
         }
         st.incidents = listed.remove(&st.tenant).unwrap_or_default();
     }
+    let total_amount = billing.map(|_| cents(per.values().filter_map(|t| t.total_amount).sum()));
     Ok(Statement {
+        total_amount,
         month: month.to_string(),
         cluster: cluster.map(str::to_string),
         currency: billing.map(|b| b.currency.clone()),
@@ -536,11 +541,15 @@ pub fn write_plain(out: &mut dyn Write, s: &Statement, format: ReportFormat) -> 
                 }
                 writeln!(out)?;
             }
-            if s.currency.is_none() {
-                writeln!(
+            match s.total_amount {
+                Some(t) if s.tenants.len() > 1 => {
+                    writeln!(out, "All tenants, {}: {}", s.month, money(Some(t), cur))?
+                }
+                Some(_) => {}
+                None => writeln!(
                     out,
                     "No [billing] prices in the config: quantities only (see README, Billing)."
-                )?;
+                )?,
             }
         }
     }
@@ -708,7 +717,7 @@ fn tenant_html(s: &Statement, t: &TenantStatement) -> String {
         "warn"
     };
     o.push_str(&format!(
-        "<p class=\"integrity {class}\" id=\"integrity\">{}</p>",
+        "<p class=\"integrity {class}\">{}</p>",
         esc(&s.integrity.sentence)
     ));
     o.push_str(
@@ -732,7 +741,7 @@ fn tenant_html(s: &Statement, t: &TenantStatement) -> String {
     }
     o.push_str(&format!(
         "<tr class=\"total\"><td>Total</td><td></td><td class=\"n\">{}</td><td></td><td></td>\
-         <td class=\"n amount\" id=\"total\">{}</td></tr></table>",
+         <td class=\"n amount total\">{}</td></tr></table>",
         t.lines.iter().map(|l| l.jobs).sum::<u64>(),
         esc(&money(t.total_amount, cur)),
     ));

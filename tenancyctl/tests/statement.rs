@@ -210,6 +210,7 @@ fn statement_amounts_follow_the_rates() {
     assert_eq!(tenant(&doc, "acme")["refusals"], 1);
     assert_eq!(tenant(&doc, "acme")["rollbacks"], 1);
     assert_eq!(tenant(&doc, "globex")["total_amount"], "2.40");
+    assert_eq!(doc["total_amount"], "12.03");
     // Daily usage for the chart: job 1 on the 5th, 3.5 h in ms.
     assert_eq!(
         tenant(&doc, "acme")["daily_ms"]["2026-01-05"]["1g.18gb"],
@@ -258,7 +259,8 @@ fn statement_amounts_follow_the_rates() {
     assert!(
         table.contains("EUR 9.63")
             && table.contains("EUR 0.85 / slice-hour")
-            && table.contains("EUR 2.40 / slice-hour"),
+            && table.contains("EUR 2.40 / slice-hour")
+            && table.contains("All tenants, 2026-01: EUR 12.03"),
         "{table}"
     );
 
