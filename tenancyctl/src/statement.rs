@@ -806,6 +806,22 @@ fn page(title: &str, body: &str) -> String {
     )
 }
 
+/// The tenant's part of a file name. Names come from the logs, which may have been tampered
+/// with: only a valid tenant name goes into a path, anything else (`../x`, the `-` of records
+/// without a tenant) becomes a fixed form.
+fn file_part(tenant: &str) -> String {
+    if tenant != NO_SLICE && tenancy_config::valid_name(tenant) {
+        tenant.to_string()
+    } else {
+        let h: String = tenant
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .take(32)
+            .collect();
+        format!("_no-valid-tenant-{h}")
+    }
+}
+
 /// The HTML statement: one page per tenant in `dir` (returned), or every tenant in one page.
 pub fn write_html(s: &Statement, dir: Option<&Path>, out: &mut dyn Write) -> anyhow::Result<()> {
     match dir {
@@ -820,7 +836,7 @@ pub fn write_html(s: &Statement, dir: Option<&Path>, out: &mut dyn Write) -> any
                 )?;
             }
             for t in &s.tenants {
-                let name = format!("statement-{}-{}.html", s.month, t.tenant);
+                let name = format!("statement-{}-{}.html", s.month, file_part(&t.tenant));
                 let path = dir.join(&name);
                 let tmp = dir.join(format!(".{name}.tmp"));
                 std::fs::write(
@@ -895,4 +911,28 @@ pub fn run(
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_name_from_the_logs_never_leaves_the_out_folder() {
+        assert_eq!(file_part("acme"), "acme");
+        assert_eq!(file_part("-"), "_no-valid-tenant-2d");
+        let p = file_part("../../etc/x");
+        assert!(!p.contains('/') && !p.contains(".."), "{p}");
+    }
+
+    #[test]
+    fn amounts_round_half_away_from_zero_to_the_cent() {
+        assert_eq!(cents(Decimal::new(2975, 3)).to_string(), "2.98");
+        assert_eq!(cents(Decimal::new(48, 1)).to_string(), "4.80");
+        // 1 ms at 1.00 per hour is below half a cent.
+        assert_eq!(
+            cents(Decimal::ONE / Decimal::from(3_600_000u64)).to_string(),
+            "0.00"
+        );
+    }
 }
