@@ -407,6 +407,9 @@ fn statement_says_when_the_logs_do_not_verify() {
         html.contains("class=\"integrity bad\"") && html.contains("DO NOT VERIFY"),
         "{html}"
     );
+    if let Some(keep) = std::env::var_os("TENANCY_KEEP_STATEMENT") {
+        let _ = std::fs::write(PathBuf::from(keep).join("statement-bad.html"), &*html);
+    }
 
     // Restored, then its last records cut off: only the anchors show it.
     let cut: String = text0
