@@ -5,7 +5,11 @@ use sha2::{Digest, Sha256};
 
 fn main() {
     let mut h = Sha256::new();
-    for f in ["src/lib.rs", "../layers/network/src/dest.rs"] {
+    for f in [
+        "src/lib.rs",
+        "src/billing.rs",
+        "../layers/network/src/dest.rs",
+    ] {
         println!("cargo:rerun-if-changed={f}");
         h.update(f.as_bytes());
         h.update(std::fs::read(f).unwrap_or_else(|e| panic!("{f}: {e}")));

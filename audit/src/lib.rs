@@ -22,7 +22,7 @@ pub use anchor::{
 };
 pub use log::{Appended, AuditError, AuditLog, Head, Rotated};
 pub use record::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
-pub use report::{run_report, ReportArgs};
+pub use report::{run_report, ReportArgs, ReportFormat};
 pub use verify::{run_verify, verify_paths, Finding, FindingKind, VerifyArgs, VerifyReport};
 
 pub use tenancy_output::Format;

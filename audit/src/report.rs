@@ -476,6 +476,29 @@ pub fn aggregate_paths(
     Ok(agg.finish())
 }
 
+/// `report --format`: the shared table/csv/json, and html (statements only: tenancyctl writes
+/// them, with prices from the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ReportFormat {
+    #[default]
+    Table,
+    Csv,
+    Json,
+    Html,
+}
+
+impl ReportFormat {
+    /// The shared format; `None` for html.
+    pub fn plain(self) -> Option<Format> {
+        match self {
+            ReportFormat::Table => Some(Format::Table),
+            ReportFormat::Csv => Some(Format::Csv),
+            ReportFormat::Json => Some(Format::Json),
+            ReportFormat::Html => None,
+        }
+    }
+}
+
 /// `tenancyctl report`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReportArgs {
@@ -501,9 +524,9 @@ pub struct ReportArgs {
     /// tenant and profile).
     #[arg(long, value_name = "MONTH", conflicts_with_all = ["since", "until", "by"])]
     pub statement: Option<String>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    /// Output format (html: a statement's, with --statement).
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    pub format: ReportFormat,
     /// Never show the progress indicator.
     #[arg(long)]
     pub no_progress: bool,
@@ -514,6 +537,9 @@ pub struct ReportArgs {
 
 /// Runs `tenancyctl report`.
 pub fn run_report(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let Some(format) = args.format.plain() else {
+        bail!("--format html is for statements: add --statement YYYY-MM");
+    };
     let mut q = Query {
         since: args
             .since
@@ -594,8 +620,8 @@ pub fn run_report(args: ReportArgs) -> anyhow::Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     match month {
-        Some(m) => write_statement(&mut out, &agg, &m, args.format)?,
-        None => write_report(&mut out, &agg, args.format)?,
+        Some(m) => write_statement(&mut out, &agg, &m, format)?,
+        None => write_report(&mut out, &agg, format)?,
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)

@@ -4,11 +4,15 @@
 //! Parsing keeps spans so that every error names file, line and column and shows the text.
 //! Everything read from here is trusted only after [`Config::parse`] validated it.
 
+mod billing;
 mod error;
 mod resolve;
 
+pub use billing::{Billing, MAX_RATE_SCALE};
 pub use error::{ConfigError, Problem};
 pub use resolve::{group_gid, user_uid, Identity, Refusal, Resolved};
+/// The decimal type of prices and amounts (no binary floating point in money).
+pub use rust_decimal::Decimal;
 /// Network destinations (`10.20.0.0/16:443/tcp`): the firewall layer's own type and parser.
 pub use tenancy_network::{Dest as Destination, Proto};
 
@@ -100,6 +104,8 @@ pub struct Config {
     pub infrastructure: Vec<Destination>,
     /// MIG plan per GPU model: profile -> instances per GPU. Empty: first fit.
     pub mig_plan: BTreeMap<String, BTreeMap<String, u32>>,
+    /// `[billing]`: prices for statements (none: statements show quantities only).
+    pub billing: Option<Billing>,
 }
 
 // ---- raw, span-carrying form -------------------------------------------------------------
@@ -118,6 +124,7 @@ struct Raw {
     network: RawNetwork,
     #[serde(default)]
     mig: RawMig,
+    billing: Option<billing::RawBilling>,
 }
 
 #[derive(Deserialize)]
@@ -363,6 +370,79 @@ impl Validator<'_> {
         out
     }
 
+    /// `[billing]`: a known currency code, a price for every profile a tier offers (a job of it
+    /// is never free by omission) and for jobs without a MIG slice, no price negative.
+    fn billing(
+        &mut self,
+        b: &billing::RawBilling,
+        tiers: &BTreeMap<Spanned<String>, RawTier>,
+    ) -> Billing {
+        if !billing::valid_currency(b.currency.get_ref()) {
+            let msg = format!(
+                "billing.currency '{}': write the ISO 4217 code, three capital letters like \
+                 \"EUR\" or \"USD\"",
+                b.currency.get_ref()
+            );
+            self.problem(&b.currency, msg);
+        }
+        let mut rates = BTreeMap::new();
+        for (profile, value) in &b.rates {
+            let key = format!("billing.rates.\"{}\"", profile.get_ref());
+            if !valid_profile(profile.get_ref()) {
+                self.problem(
+                    profile,
+                    format!(
+                        "{key}: '{}' is not a MIG profile; write it as NVML names it, e.g. \
+                         1g.18gb or 3g.71gb",
+                        profile.get_ref()
+                    ),
+                );
+            }
+            match billing::parse_rate(value, self.text, &key) {
+                Ok(d) => {
+                    rates.insert(profile.get_ref().clone(), d);
+                }
+                Err(e) => self.problem(value, e),
+            }
+        }
+        let job_hour_without_mig = match &b.job_hour_without_mig {
+            Some(v) => billing::parse_rate(v, self.text, "billing.job_hour_without_mig")
+                .unwrap_or_else(|e| {
+                    self.problem(v, e);
+                    Decimal::ZERO
+                }),
+            None => {
+                self.problem(
+                    &b.currency,
+                    "[billing] has no job_hour_without_mig: jobs without a MIG slice would be \
+                     free by omission; set their price per job-hour (0 if they are free)"
+                        .to_string(),
+                );
+                Decimal::ZERO
+            }
+        };
+        for (tier, t) in tiers {
+            for p in &t.mig_profiles {
+                if !b.rates.keys().any(|k| k.get_ref() == p.get_ref()) {
+                    let msg = format!(
+                        "[billing.rates] has no price for profile '{}', which tier '{}' \
+                         offers: its jobs would be free by omission; add \"{}\" = <price per \
+                         slice-hour> under [billing.rates]",
+                        p.get_ref(),
+                        tier.get_ref(),
+                        p.get_ref()
+                    );
+                    self.problem(p, msg);
+                }
+            }
+        }
+        Billing {
+            currency: b.currency.get_ref().clone(),
+            rates,
+            job_hour_without_mig,
+        }
+    }
+
     fn run(mut self, raw: Raw) -> Result<Config, ConfigError> {
         let c = &raw.cluster;
         if !valid_name(c.name.get_ref()) {
@@ -548,6 +628,8 @@ impl Validator<'_> {
             mig_plan.insert(model.get_ref().clone(), per);
         }
 
+        let billing = raw.billing.as_ref().map(|b| self.billing(b, &raw.tiers));
+
         if self.problems.is_empty() {
             Ok(Config {
                 path: self.path.to_path_buf(),
@@ -557,6 +639,7 @@ impl Validator<'_> {
                 tenants,
                 infrastructure,
                 mig_plan,
+                billing,
             })
         } else {
             Err(ConfigError::Invalid(self.problems))

@@ -25,9 +25,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod accounting;
 pub mod sshd;
 pub mod stack;
 pub mod users;
+pub use accounting::Accounting;
 pub use users::{TestUser, Users};
 
 /// Skips (returns false) when not root, panics under CI.
@@ -66,6 +68,9 @@ pub struct ClusterOptions {
     /// Where the cluster's folder is made (default: the temp folder, /tmp). Jobs in their own
     /// /tmp (job_container/tmpfs) need it elsewhere: their scripts and outputs live in it.
     pub folder_in: Option<PathBuf>,
+    /// Slurm's accounting: MariaDB + slurmdbd started with the cluster, MIG profiles as typed
+    /// GPU GRES in AccountingStorageTRES (default off: accounting_storage/none).
+    pub accounting: Option<Accounting>,
 }
 
 /// A running single-node cluster.
@@ -205,8 +210,13 @@ impl Cluster {
             .map(|n| n.get())
             .unwrap_or(1);
         let p = |s: &str| d.join(s).display().to_string();
+        let cluster_name = format!("tenancy{}", std::process::id());
+        let dbd_port = match &opts.accounting {
+            Some(_) => Some(free_port()?),
+            None => None,
+        };
         let mut conf = vec![
-            format!("ClusterName=tenancy{}", std::process::id()),
+            format!("ClusterName={cluster_name}"),
             format!("SlurmctldHost={node}"),
             format!("SlurmctldPort={ctld_port}"),
             format!("SlurmdPort={slurmd_port}"),
@@ -219,7 +229,6 @@ impl Cluster {
             "ProctrackType=proctrack/cgroup".into(),
             "TaskPlugin=task/cgroup".into(),
             "PrologFlags=Alloc,Contain".into(),
-            "AccountingStorageType=accounting_storage/none".into(),
             "JobAcctGatherType=jobacct_gather/none".into(),
             "JobCompType=jobcomp/none".into(),
             "MpiDefault=none".into(),
@@ -239,6 +248,14 @@ impl Cluster {
             format!("SlurmctldLogFile={}", p("log/slurmctld.log")),
             format!("SlurmdLogFile={}", p("log/slurmd.log")),
         ];
+        match (&opts.accounting, dbd_port) {
+            (Some(a), Some(port)) => {
+                conf.extend(a.conf_lines(&node, port));
+                let gres = a.gres_conf(&node, &d.join("gres"))?;
+                write_file(&d.join("etc/gres.conf"), &gres, 0o644)?;
+            }
+            _ => conf.push("AccountingStorageType=accounting_storage/none".into()),
+        }
         let tenancy_path = d.join("etc/tenancy.toml");
         if let Some(t) = &opts.tenancy_toml {
             write_file(&tenancy_path, t, 0o644)?;
@@ -280,8 +297,13 @@ impl Cluster {
         for (name, text) in &opts.extra_files {
             write_file(&d.join("etc").join(name), text, 0o644)?;
         }
+        let gres = opts
+            .accounting
+            .as_ref()
+            .map(Accounting::node_gres)
+            .unwrap_or_default();
         conf.push(format!(
-            "NodeName={node} CPUs={cpus} RealMemory=1000 State=UNKNOWN"
+            "NodeName={node} CPUs={cpus} RealMemory=1000 State=UNKNOWN{gres}"
         ));
         conf.push(format!(
             "PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
@@ -293,6 +315,16 @@ impl Cluster {
             0o644,
         )?;
 
+        if let (Some(_), Some(port)) = (&opts.accounting, dbd_port) {
+            accounting::start(
+                &mut cluster.daemons,
+                &d,
+                &node,
+                &cluster.conf,
+                &cluster_name,
+                port,
+            )?;
+        }
         let mut ctld = Command::new("slurmctld");
         ctld.args(["-D", "-i"]).env("SLURM_CONF", &cluster.conf);
         let c = spawn_daemon("slurmctld", &mut ctld, &d.join("log/slurmctld.out"))?;

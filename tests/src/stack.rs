@@ -146,6 +146,16 @@ egress = ["10.30.0.0/16:443/tcp"]
 
 [network]
 infrastructure = ["127.0.0.1/32:1-65535/tcp"]
+
+[billing]
+currency = "EUR"
+job_hour_without_mig = 0.05
+
+[billing.rates]
+"1g.18gb" = 0.85
+"2g.35gb" = 1.60
+"3g.71gb" = 3.10
+"7g.141gb" = 6.90
 "#,
         state = p.state_dir.display(),
         audit = p.audit_log.display(),
@@ -215,6 +225,26 @@ impl Stack {
         extra_conf: Vec<String>,
         extra_files: Vec<(String, String)>,
     ) -> Result<Stack> {
+        Stack::start_full(root, tenants, extra_conf, extra_files, None)
+    }
+
+    /// [`Stack::start`] with Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed
+    /// GPU GRES): `sacct` then reports the jobs the stack runs.
+    pub fn start_with_accounting(
+        root: &Path,
+        tenants: &Tenants,
+        accounting: crate::Accounting,
+    ) -> Result<Stack> {
+        Stack::start_full(root, tenants, vec![], vec![], Some(accounting))
+    }
+
+    fn start_full(
+        root: &Path,
+        tenants: &Tenants,
+        extra_conf: Vec<String>,
+        extra_files: Vec<(String, String)>,
+        accounting: Option<crate::Accounting>,
+    ) -> Result<Stack> {
         let p = StackPaths::under(root);
         for d in [&p.state_dir, &p.scratch_root, &p.bin_dir] {
             fs::create_dir_all(d)?;
@@ -245,6 +275,7 @@ impl Stack {
             extra_conf,
             extra_files,
             folder_in: root.parent().map(Path::to_path_buf),
+            accounting,
         })?;
         let config = cluster.path("etc/tenancy.toml");
         let mut stack = Stack {

@@ -230,7 +230,20 @@ fn run() -> Result<u32> {
     let t = Tenants::create(&mut users)?;
     let root = tempfile::Builder::new().prefix("tenancy-demo-").tempdir()?;
     say("Starting a local Slurm cluster with slurm-tenancy installed");
-    let stack = Stack::start(root.path(), &t)?;
+    // With Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed GPU GRES), so the
+    // demo can end with the cross-check of the two books.
+    let stack = Stack::start_with_accounting(
+        root.path(),
+        &t,
+        tenancy_e2e::Accounting {
+            gpu_types: vec![
+                ("1g.18gb".into(), 7),
+                ("2g.35gb".into(), 3),
+                ("3g.71gb".into(), 2),
+                ("7g.141gb".into(), 1),
+            ],
+        },
+    )?;
     println!("slurm.conf:   {}", stack.cluster.conf.display());
     println!("tenancy.toml: {}", stack.config.display());
     let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
@@ -267,8 +280,17 @@ fn run() -> Result<u32> {
     say("Submitting one job per tenant (they run side by side on the node)");
     let a_port = free_port()?;
     let g_port = free_port()?;
-    let a = d.submit(&d.t.acme1, &["--tenant=acme", "--mig=1g.18gb"], a_port)?;
-    let g = d.submit(&d.t.globex1, &["--tenant=globex", "--mig=3g.71gb"], g_port)?;
+    // Each job asks Slurm for its slice as typed GPU GRES too, so Slurm accounts it.
+    let a = d.submit(
+        &d.t.acme1,
+        &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1g.18gb:1"],
+        a_port,
+    )?;
+    let g = d.submit(
+        &d.t.globex1,
+        &["--tenant=globex", "--mig=3g.71gb", "--gres=gpu:3g.71gb:1"],
+        g_port,
+    )?;
     let (Some(a), Some(g)) = (a, g) else {
         bail!("an accepted submit failed; see above");
     };
@@ -463,6 +485,8 @@ fn run() -> Result<u32> {
         broken += 1;
     }
 
+    broken += statement_and_cross_check(s, &[a, g])?;
+
     say("Shutting the cluster down");
     drop(demo);
     drop(users);
@@ -472,6 +496,67 @@ fn run() -> Result<u32> {
         println!("every isolation check held");
     }
     Ok(broken)
+}
+
+/// The month's priced statement as HTML files that outlive the demo, and the cross-check of the
+/// audit log with Slurm's accounting (sacct). Returns 1 when the books disagree.
+fn statement_and_cross_check(s: &Stack, jobs: &[u64]) -> Result<u32> {
+    let month = chrono_month()?;
+    let audit = s.paths.audit_log.display().to_string();
+    let anchors = s.paths.audit_anchors.display().to_string();
+    let out_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"))
+        .join("demo-statement");
+    let out_dir = std::path::absolute(&out_dir)?;
+    say(&format!(
+        "tenancyctl report --statement {month} --format html --out {} --anchor {anchors} {audit}",
+        out_dir.display()
+    ));
+    let mut c = s.tenancyctl();
+    c.args(["report", "--statement", &month, "--format", "html", "--out"])
+        .arg(&out_dir)
+        .args(["--anchor", &anchors, &audit]);
+    let o = s.cluster.run(c)?;
+    show(&o);
+    if o.status.success() {
+        println!(
+            "    (the priced statements above, one HTML file per tenant: open them in a browser)"
+        );
+    }
+    // slurmctld hands finished jobs to slurmdbd on its own time: wait until sacct has them.
+    let t0 = Instant::now();
+    loop {
+        let mut c = s.cluster.cmd("sacct");
+        c.args(["-a", "-X", "-n", "--parsable2", "-o", "JobIDRaw,State"]);
+        let o = s.cluster.run(c)?;
+        let txt = text(&o.stdout);
+        let ended = jobs.iter().all(|j| {
+            txt.lines()
+                .any(|l| l.starts_with(&format!("{j}|")) && !l.ends_with("RUNNING"))
+        });
+        if ended || t0.elapsed() > Duration::from_secs(30) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    say(&format!(
+        "tenancyctl report --compare-sacct --statement {month} {audit}   (the audit log against Slurm's accounting)"
+    ));
+    let mut c = s.tenancyctl();
+    c.args(["report", "--compare-sacct", "--statement", &month, &audit]);
+    let o = s.cluster.run(c)?;
+    show(&o);
+    println!("    (exit {})", o.status.code().unwrap_or(-1));
+    Ok(u32::from(!o.status.success()))
+}
+
+/// This month, YYYY-MM (UTC).
+fn chrono_month() -> Result<String> {
+    let o = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m"])
+        .output()?;
+    Ok(text(&o.stdout).trim().to_string())
 }
 
 fn free_port() -> Result<u16> {

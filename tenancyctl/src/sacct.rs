@@ -1,0 +1,463 @@
+//! `tenancyctl report --compare-sacct`: the product's audit logs against Slurm's own accounting
+//! (slurmdbd, read through `sacct`), job by job. Every job where the two books disagree is
+//! listed: a job Slurm ran with no `job_start` on its node, a `job_start` Slurm has no job for,
+//! and MIG slice-hours that differ from Slurm's `gres/gpu:<profile>` TRES usage by more than the
+//! tolerance. Exit 1 when anything disagrees.
+
+use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use tenancy_audit::record::ts;
+use tenancy_audit::{expand_paths, Format};
+
+/// The columns asked of `sacct` (the same are needed in a file given instead).
+pub const SACCT_FIELDS: &str = "JobIDRaw,Cluster,NodeList,State,Start,End,ElapsedRaw,AllocTRES";
+
+/// One job as Slurm accounted it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlurmJob {
+    pub job_id: u64,
+    pub nodes: Vec<String>,
+    pub state: String,
+    pub elapsed_s: u64,
+    /// MIG profile -> slices (`gres/gpu:<profile>=N` in AllocTRES).
+    pub gpus: BTreeMap<String, u64>,
+}
+
+/// One job on one node as the audit log recorded it.
+#[derive(Debug, Clone, Default)]
+struct AuditJob {
+    start: Option<DateTime<Utc>>,
+    end: Option<DateTime<Utc>>,
+    profile: Option<String>,
+    /// A job_denied or rollback for it on that node (the prolog refused or undid it).
+    refused: Option<String>,
+}
+
+/// A job where the books disagree.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Disagreement {
+    pub job_id: u64,
+    pub node: String,
+    /// `no_job_start`, `no_slurm_job` or `usage_differs`.
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+/// What the comparison found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub since: String,
+    pub until: String,
+    pub tolerance_seconds: u64,
+    pub slurm_jobs: usize,
+    pub audit_job_starts: usize,
+    pub compared_usage: usize,
+    pub disagreements: Vec<Disagreement>,
+}
+
+/// Expands a Slurm host list: `n1`, `n[1-3,7]`, `a,b[01-02]`.
+pub fn expand_hostlist(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut cur = String::new();
+    let mut parts = Vec::new();
+    for c in s.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    parts.push(cur);
+    for p in parts
+        .into_iter()
+        .filter(|p| !p.is_empty() && p != "None assigned")
+    {
+        let Some((prefix, rest)) = p.split_once('[') else {
+            out.push(p);
+            continue;
+        };
+        let (ranges, suffix) = rest.split_once(']').unwrap_or((rest, ""));
+        for r in ranges.split(',') {
+            match r.split_once('-') {
+                Some((a, b)) => {
+                    let width = a.len();
+                    if let (Ok(a), Ok(b)) = (a.parse::<u64>(), b.parse::<u64>()) {
+                        for i in a..=b.min(a + 100_000) {
+                            out.push(format!("{prefix}{i:0width$}{suffix}"));
+                        }
+                    }
+                }
+                None => out.push(format!("{prefix}{r}{suffix}")),
+            }
+        }
+    }
+    out
+}
+
+/// Parses `sacct --parsable2` output with its header line (any column order).
+pub fn parse_sacct(text: &str) -> anyhow::Result<Vec<SlurmJob>> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let Some(header) = lines.next() else {
+        return Ok(Vec::new());
+    };
+    let cols: Vec<&str> = header.split('|').map(str::trim).collect();
+    let col = |names: &[&str]| cols.iter().position(|c| names.contains(c));
+    let (Some(id), Some(nodes), Some(state), Some(elapsed), Some(tres)) = (
+        col(&["JobIDRaw", "JobID"]),
+        col(&["NodeList"]),
+        col(&["State"]),
+        col(&["ElapsedRaw"]),
+        col(&["AllocTRES"]),
+    ) else {
+        bail!(
+            "sacct output: its first line must be the header (sacct --parsable2 without \
+             --noheader) with at least JobIDRaw, NodeList, State, ElapsedRaw and AllocTRES; \
+             found {header:?}; make it with: sacct -a -X --parsable2 -o {SACCT_FIELDS}"
+        );
+    };
+    let mut jobs = Vec::new();
+    for (n, l) in lines.enumerate() {
+        let f: Vec<&str> = l.split('|').collect();
+        let get = |i: usize| f.get(i).copied().unwrap_or("").trim();
+        let raw_id = get(id);
+        // Steps (123.batch, 123.0) and array/het suffixes are not allocations.
+        if raw_id.contains('.') {
+            continue;
+        }
+        let Ok(job_id) = raw_id.parse::<u64>() else {
+            bail!(
+                "sacct output line {}: job id {raw_id:?} is not a number (use JobIDRaw)",
+                n + 2
+            );
+        };
+        let mut gpus = BTreeMap::new();
+        for t in get(tres).split(',') {
+            if let Some((k, v)) = t.split_once('=') {
+                if let Some(p) = k.strip_prefix("gres/gpu:") {
+                    if let Ok(v) = v.parse::<u64>() {
+                        gpus.insert(p.to_string(), v);
+                    }
+                }
+            }
+        }
+        jobs.push(SlurmJob {
+            job_id,
+            nodes: expand_hostlist(get(nodes)),
+            state: get(state)
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_string(),
+            elapsed_s: get(elapsed).parse().unwrap_or(0),
+            gpus,
+        });
+    }
+    Ok(jobs)
+}
+
+/// Runs `sacct` for the period (times in UTC).
+pub fn run_sacct(since: DateTime<Utc>, until: DateTime<Utc>) -> anyhow::Result<String> {
+    let fmt = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%S").to_string();
+    let out = Command::new("sacct")
+        .env("TZ", "UTC")
+        .args(["-a", "-X", "--parsable2", "-o", SACCT_FIELDS, "-S"])
+        .arg(fmt(since))
+        .arg("-E")
+        .arg(fmt(until))
+        .output()
+        .context("running sacct (Slurm's accounting client; or give --sacct-file)")?;
+    if !out.status.success() {
+        bail!(
+            "sacct failed ({}): {}; is slurmdbd reachable (AccountingStorageType=\
+             accounting_storage/slurmdbd)? Or give its output with --sacct-file",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    String::from_utf8(out.stdout).context("sacct output is not UTF-8")
+}
+
+/// Every job on every node as the audit logs at `paths` record it.
+fn audit_jobs(paths: &[PathBuf]) -> anyhow::Result<BTreeMap<(String, u64), AuditJob>> {
+    let mut jobs: BTreeMap<(String, u64), AuditJob> = BTreeMap::new();
+    let mut buf = Vec::new();
+    for f in expand_paths(paths)? {
+        let file = std::fs::File::open(&f)
+            .with_context(|| format!("opening audit log {}", f.display()))?;
+        let mut rd = std::io::BufReader::new(file);
+        loop {
+            buf.clear();
+            if rd.read_until(b'\n', &mut buf)? == 0 {
+                break;
+            }
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) else {
+                continue;
+            };
+            let s = |k: &str| v.get(k).and_then(|x| x.as_str());
+            let (Some(id), Some(node), Some(event)) = (
+                v.get("job_id").and_then(|x| x.as_u64()),
+                s("node"),
+                s("event"),
+            ) else {
+                continue;
+            };
+            let Some(Ok(t)) = s("time").map(ts::parse) else {
+                continue;
+            };
+            let j = jobs.entry((node.to_string(), id)).or_default();
+            match event {
+                "job_start" if s("outcome") == Some("success") => {
+                    j.start = Some(t);
+                    j.profile = s("profile").map(str::to_string);
+                }
+                "job_end" | "teardown_failed" => {
+                    if let Some(Ok(st)) = s("started").map(ts::parse) {
+                        j.start.get_or_insert(st);
+                    }
+                    if j.start.is_some() {
+                        j.end = Some(t);
+                    }
+                    if j.profile.is_none() {
+                        j.profile = s("profile").map(str::to_string);
+                    }
+                }
+                "job_denied" | "rollback" => {
+                    j.refused = Some(format!("{event}: {}", s("reason").unwrap_or("")));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(jobs)
+}
+
+/// Compares the books for [since, until).
+pub fn compare(
+    slurm: &[SlurmJob],
+    paths: &[PathBuf],
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+    tolerance_seconds: u64,
+) -> anyhow::Result<Comparison> {
+    let audit = audit_jobs(paths)?;
+    let mut d = Vec::new();
+    let slurm_ids: BTreeMap<u64, &SlurmJob> = slurm.iter().map(|j| (j.job_id, j)).collect();
+    let mut compared = 0;
+    for j in slurm {
+        // Never started (pending, or held after a refused prolog): nothing to record.
+        let never_ran = matches!(
+            j.state.as_str(),
+            "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "BOOT_FAIL"
+        ) || (j.state == "CANCELLED" && j.elapsed_s == 0);
+        if never_ran {
+            continue;
+        }
+        let mut audit_ms: BTreeMap<String, u64> = BTreeMap::new();
+        let mut all_ended = true;
+        let mut missing = false;
+        for node in &j.nodes {
+            let a = audit.get(&(node.clone(), j.job_id));
+            match a {
+                Some(a) if a.start.is_some() => match (a.start, a.end) {
+                    (Some(s), Some(e)) => {
+                        if let Some(p) = &a.profile {
+                            *audit_ms.entry(p.clone()).or_default() +=
+                                (e - s).num_milliseconds().max(0) as u64;
+                        }
+                    }
+                    _ => all_ended = false,
+                },
+                Some(a) if a.refused.is_some() && j.state != "COMPLETED" => {
+                    // The prolog refused it and Slurm did not complete it: the books agree.
+                }
+                other => {
+                    missing = true;
+                    d.push(Disagreement {
+                        job_id: j.job_id,
+                        node: node.clone(),
+                        kind: "no_job_start",
+                        detail: format!(
+                        "Slurm accounted job {} on {node} ({}, {} s, {}) but the audit log has \
+                         no job_start for it on that node{}",
+                        j.job_id,
+                        j.state,
+                        j.elapsed_s,
+                        if j.gpus.is_empty() {
+                            "no GPU GRES".to_string()
+                        } else {
+                            j.gpus
+                                .iter()
+                                .map(|(p, n)| format!("gres/gpu:{p}={n}"))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        },
+                        match other.and_then(|a| a.refused.as_deref()) {
+                            Some(r) => format!(" (only {r})"),
+                            None => String::new(),
+                        }
+                    ),
+                    })
+                }
+            }
+        }
+        // Running, or already listed for want of a start: no usage to hold against Slurm's.
+        if j.state == "RUNNING" || missing {
+            continue;
+        }
+        if !all_ended {
+            d.push(Disagreement {
+                job_id: j.job_id,
+                node: j.nodes.join(","),
+                kind: "usage_differs",
+                detail: format!(
+                    "Slurm ended job {} ({}, {} s) but the audit log has no job_end or \
+                     teardown_failed for it: its slice-hours are not in the statement",
+                    j.job_id, j.state, j.elapsed_s
+                ),
+            });
+            continue;
+        }
+        let profiles: BTreeSet<&String> = audit_ms.keys().chain(j.gpus.keys()).collect();
+        for p in profiles {
+            compared += 1;
+            let a = audit_ms.get(p).copied().unwrap_or(0);
+            let n = j.gpus.get(p).copied().unwrap_or(0);
+            let s = n * j.elapsed_s * 1000;
+            let tol = tolerance_seconds * 1000 * n.max(1);
+            if a.abs_diff(s) > tol {
+                d.push(Disagreement {
+                    job_id: j.job_id,
+                    node: j.nodes.join(","),
+                    kind: "usage_differs",
+                    detail: format!(
+                        "profile {p}: audit {:.4} slice-hours, Slurm gres/gpu:{p}={n} × {} s = \
+                         {:.4} slice-hours; differ by {:.1} s, more than the tolerance of {} s \
+                         per slice",
+                        a as f64 / 3.6e6,
+                        j.elapsed_s,
+                        s as f64 / 3.6e6,
+                        a.abs_diff(s) as f64 / 1000.0,
+                        tolerance_seconds
+                    ),
+                });
+            }
+        }
+    }
+    let mut starts = 0;
+    for ((node, id), a) in &audit {
+        let Some(s) = a.start else { continue };
+        if s < since || s >= until {
+            continue;
+        }
+        starts += 1;
+        match slurm_ids.get(id) {
+            Some(j) if j.nodes.iter().any(|n| n == node) => {}
+            Some(j) => d.push(Disagreement {
+                job_id: *id,
+                node: node.clone(),
+                kind: "no_slurm_job",
+                detail: format!(
+                    "job_start of job {id} on {node} at {} but Slurm accounted the job on {} only",
+                    ts::format(&s),
+                    j.nodes.join(",")
+                ),
+            }),
+            None => d.push(Disagreement {
+                job_id: *id,
+                node: node.clone(),
+                kind: "no_slurm_job",
+                detail: format!(
+                    "job_start of job {id} on {node} at {} ({}) but Slurm's accounting has no \
+                     such job in the period",
+                    ts::format(&s),
+                    a.profile.as_deref().unwrap_or("no MIG slice")
+                ),
+            }),
+        }
+    }
+    d.sort();
+    Ok(Comparison {
+        since: ts::format(&since),
+        until: ts::format(&until),
+        tolerance_seconds,
+        slurm_jobs: slurm.len(),
+        audit_job_starts: starts,
+        compared_usage: compared,
+        disagreements: d,
+    })
+}
+
+/// Runs `report --compare-sacct`: exit 0 when the books agree, 1 when anything disagrees.
+pub fn run(
+    paths: &[PathBuf],
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+    sacct_file: Option<&Path>,
+    tolerance_seconds: u64,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    let text = match sacct_file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading sacct output {}", f.display()))?,
+        None => run_sacct(since, until)?,
+    };
+    let slurm = parse_sacct(&text)?;
+    let c = compare(&slurm, paths, since, until, tolerance_seconds)?;
+    let mut out = std::io::stdout().lock();
+    match format {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut out, &c)?;
+            writeln!(out)?;
+        }
+        Format::Csv => {
+            let mut w = csv::Writer::from_writer(&mut out);
+            w.write_record(["job_id", "node", "kind", "detail"])?;
+            for x in &c.disagreements {
+                w.write_record([&x.job_id.to_string(), &x.node, x.kind, &x.detail])?;
+            }
+            w.flush()?;
+        }
+        Format::Table => {
+            for x in &c.disagreements {
+                writeln!(
+                    out,
+                    "DISAGREE job {} on {}: {}: {}",
+                    x.job_id, x.node, x.kind, x.detail
+                )?;
+            }
+            writeln!(
+                out,
+                "compare-sacct {} .. {}: {} Slurm job(s), {} job_start record(s), {} usage \
+                 figure(s) compared (tolerance {} s per slice): {}",
+                c.since,
+                c.until,
+                c.slurm_jobs,
+                c.audit_job_starts,
+                c.compared_usage,
+                c.tolerance_seconds,
+                if c.disagreements.is_empty() {
+                    "the books agree".to_string()
+                } else {
+                    format!("{} disagreement(s)", c.disagreements.len())
+                }
+            )?;
+        }
+    }
+    out.flush()?;
+    Ok(if c.disagreements.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
