@@ -5,6 +5,7 @@
 //! Everything read from here is trusted only after [`Config::parse`] validated it.
 
 mod error;
+pub mod request;
 mod resolve;
 
 pub use error::{ConfigError, Problem};

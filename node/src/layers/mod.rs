@@ -39,6 +39,7 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
         Box::new(scratch::Scratch {
             root: config.cluster.scratch_root.clone(),
             config,
+            detached: Vec::new(),
         }),
     ]
 }
