@@ -56,6 +56,14 @@ pub struct Cluster {
 pub struct NodePaths {
     pub proc_devices: PathBuf,
     pub mig_minors: PathBuf,
+    /// The folder of RDMA device nodes (`uverbs*`, `umad*`, `rdma_cm`): denied to jobs whose
+    /// tier does not list them in `device_classes`.
+    #[serde(default = "default_rdma_devices")]
+    pub rdma_devices: PathBuf,
+}
+
+fn default_rdma_devices() -> PathBuf {
+    PathBuf::from("/dev/infiniband")
 }
 
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
@@ -133,6 +141,7 @@ struct RawCluster {
 struct RawNode {
     proc_devices: Option<Spanned<PathBuf>>,
     mig_minors: Option<Spanned<PathBuf>>,
+    rdma_devices: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize)]
@@ -397,6 +406,11 @@ impl Validator<'_> {
                 &raw.node.mig_minors,
                 "node.mig_minors",
                 "/proc/driver/nvidia-caps/mig-minors",
+            ),
+            rdma_devices: node_path(
+                &raw.node.rdma_devices,
+                "node.rdma_devices",
+                "/dev/infiniband",
             ),
         };
 
