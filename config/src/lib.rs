@@ -34,6 +34,19 @@ pub enum ScratchOnExit {
     Retain,
 }
 
+/// Where slurmctld puts a MIG job of a tier with `share_gpu = false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuPlacement {
+    /// A node of its own (job_submit/tenancy makes the job exclusive): never beside another
+    /// tenant's slice, never refused on the node for it.
+    #[default]
+    Node,
+    /// Beside other tenants on the node, on a GPU of its own that the prolog picks: packs
+    /// better, but a node whose MIG GPUs all hold other tenants refuses the job (and drains).
+    Gpu,
+}
+
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
@@ -73,6 +86,9 @@ pub struct Tier {
     pub mig_profiles: Vec<String>,
     pub share_gpu: bool,
     pub share_node: bool,
+    /// With `share_gpu = false`: a node of its own (default) or a GPU of its own.
+    #[serde(default)]
+    pub gpu_placement: GpuPlacement,
     pub scratch_on_exit: ScratchOnExit,
     pub retain_days: u32,
     /// Mode of the job's scratch folder (owner is the job's user).
@@ -153,6 +169,8 @@ struct RawTier {
     share_gpu: bool,
     #[serde(default = "yes")]
     share_node: bool,
+    #[serde(default)]
+    gpu_placement: GpuPlacement,
     #[serde(default = "wipe")]
     scratch_on_exit: ScratchOnExit,
     #[serde(default)]
@@ -468,6 +486,7 @@ impl Validator<'_> {
                     mig_profiles: profiles,
                     share_gpu: t.share_gpu,
                     share_node: t.share_node,
+                    gpu_placement: t.gpu_placement,
                     scratch_on_exit: t.scratch_on_exit,
                     retain_days: t.retain_days,
                     scratch_mode,

@@ -24,7 +24,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tenancy_config::{request, Config, Identity, Resolved};
+use tenancy_config::{request, Config, GpuPlacement, Identity, Resolved};
 
 #[allow(
     non_camel_case_types,
@@ -94,14 +94,19 @@ pub struct Accepted {
 /// it: the prolog's occupancy check then has nothing to refuse. A user who asked to share the
 /// node (`--oversubscribe`) is refused with the reason. (Node granularity for `share_gpu`:
 /// Slurm 22.05's MCS plugins cannot label a job with its tenant, and GRES does not know which
-/// tenant holds a MIG slice; README, "Tier rules at submission".)
+/// tenant holds a MIG slice; README, "Tier rules at submission".) A tier with
+/// `gpu_placement = "gpu"` opts out for `share_gpu`: its jobs go beside other tenants and the
+/// prolog gives them a GPU of their own, or refuses them when there is none.
 pub fn placement(config: &Config, resolved: &Resolved, shared: u16) -> Result<bool, String> {
     let Some(tier) = config.tiers.get(&resolved.tier) else {
         return Err(format!("tier '{}' is not in the config", resolved.tier));
     };
     let rule = if !tier.share_node {
         "share_node = false"
-    } else if !tier.share_gpu && resolved.profile.is_some() {
+    } else if !tier.share_gpu
+        && tier.gpu_placement == GpuPlacement::Node
+        && resolved.profile.is_some()
+    {
         "share_gpu = false"
     } else {
         return Ok(false);
@@ -657,6 +662,10 @@ share_node = false
 [tiers.gpu-alone]
 mig_profiles = ["1g.18gb"]
 share_gpu = false
+[tiers.gpu-packed]
+mig_profiles = ["1g.18gb"]
+share_gpu = false
+gpu_placement = "gpu"
 [tenants.a]
 tier = "open"
 groups = ["root"]
@@ -666,6 +675,9 @@ groups = ["daemon"]
 [tenants.c]
 tier = "gpu-alone"
 groups = ["bin"]
+[tenants.d]
+tier = "gpu-packed"
+groups = ["sys"]
 "#;
         let config = Config::parse(text, std::path::Path::new("/t.toml")).unwrap();
         let r = |tenant: &str, tier: &str, profile: Option<&str>| Resolved {
@@ -689,6 +701,11 @@ groups = ["bin"]
         assert!(p(&r("c", "gpu-alone", Some("1g.18gb")), JOB_SHARED_OK)
             .unwrap_err()
             .contains("share_gpu = false"));
+        // Opted out: placed by the prolog on a GPU of its own, beside other tenants.
+        assert_eq!(
+            p(&r("d", "gpu-packed", Some("1g.18gb")), NO_VAL16),
+            Ok(false)
+        );
     }
 
     #[test]

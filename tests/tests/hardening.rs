@@ -310,9 +310,10 @@ fn share_node_false_job_is_made_exclusive() {
     e.assert_node_idle();
 }
 
-/// A MIG job of a tier that shares no GPU (globex, share_gpu = false) never lands on a GPU
-/// another tenant holds: with one MIG GPU on the node, held by an acme slice, it waits (a node
-/// of its own) instead of being refused on the node, then runs on that GPU alone.
+/// A MIG job of a tier that shares no GPU (globex, share_gpu = false, the default
+/// `gpu_placement = "node"`) never lands on a GPU another tenant holds: with one MIG GPU on the
+/// node, held by an acme slice, it waits (a node of its own) instead of being refused on the
+/// node, then runs on that GPU alone.
 #[test]
 fn share_gpu_false_job_never_lands_on_a_shared_gpu() {
     if !require_root("share_gpu_false_job_never_lands_on_a_shared_gpu") {
@@ -320,6 +321,8 @@ fn share_gpu_false_job_never_lands_on_a_shared_gpu() {
     }
     let _g = serial();
     let e = env();
+    // The default placement for share_gpu = false (the stack packs globex beside acme).
+    e.edit_config("gpu_placement = \"gpu\"\n", "");
     let o = e.stack.shim_ctl(&["mig", "1", "off"]).unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
     let probe = e.probe();
