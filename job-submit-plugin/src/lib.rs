@@ -421,6 +421,10 @@ pub unsafe extern "C" fn job_modify(
     let verdict = catch_unwind(AssertUnwindSafe(|| {
         let account =
             bytes((*job_desc).account).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase());
+        // An account the prolog refuses would drain the node the job lands on, whoever set it.
+        if let Some(problem) = account.as_deref().and_then(request::name_problem) {
+            return Err(format!("job {job}: {ACCOUNT_VAR} {problem}"));
+        }
         let shares = (*job_desc).shared == JOB_SHARED_OK;
         if (account.is_none() && !shares) || super_user(submit_uid) {
             return Ok(());
@@ -723,6 +727,16 @@ groups = ["sys"]
         );
         let e = check_account_change(&config, uid, 7, Some("other-acct")).unwrap_err();
         assert!(e.contains("job 7") && e.contains("tenant 'other'"), "{e}");
+        // Through the C entry point: an account the prolog would refuse, from anyone.
+        let bad = c"bad acct";
+        // SAFETY: an all-zero job_desc_msg_t is valid (null pointers, zero numbers).
+        let mut desc: sys::job_desc_msg_t = unsafe { std::mem::zeroed() };
+        desc.job_id = 7;
+        desc.shared = NO_VAL16;
+        desc.account = bad.as_ptr().cast_mut();
+        // SAFETY: desc lives through the call.
+        let rc = unsafe { job_modify(&mut desc, std::ptr::null_mut(), 0) };
+        assert_eq!(rc, REFUSED);
     }
 
     /// The C entry point with a job description as slurmctld passes it, the message made by
