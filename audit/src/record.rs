@@ -216,8 +216,14 @@ pub struct Record {
     pub job_id: Option<u64>,
     pub user: String,
     pub uid: u32,
+    /// The tenant the job runs for, or was refused for, as the prolog verified it (membership
+    /// of the user); absent on a refusal that came before that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// On `job_denied`: the tenant the job asked for (`--tenant`), unverified: the user's
+    /// claim, never counted for that tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_tenant: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
     pub event: Event,
@@ -270,6 +276,7 @@ impl Record {
             user: user.into(),
             uid,
             tenant: None,
+            requested_tenant: None,
             tier: None,
             event,
             outcome,
@@ -296,6 +303,10 @@ impl Record {
     }
     pub fn tenant(mut self, t: impl Into<String>) -> Self {
         self.tenant = Some(t.into());
+        self
+    }
+    pub fn requested_tenant(mut self, t: impl Into<String>) -> Self {
+        self.requested_tenant = Some(t.into());
         self
     }
     pub fn tier(mut self, t: impl Into<String>) -> Self {

@@ -118,6 +118,9 @@ pub struct Aggregate {
     pub no_journal_ends: u64,
 }
 
+/// The tenant group of refusals whose tenant was never verified.
+pub const UNVERIFIED: &str = "(unverified)";
+
 /// The fields the report needs; everything else in a line is skipped.
 #[derive(Deserialize)]
 struct Row<'a> {
@@ -194,7 +197,13 @@ impl Aggregator {
         for (k, g) in self.key.iter_mut().zip(&self.q.by) {
             k.clear();
             match g {
-                GroupBy::Tenant => k.push_str(r.tenant.as_deref().unwrap_or("-")),
+                // A refusal before the tenant was verified belongs to no tenant: its
+                // `requested_tenant` is the user's claim.
+                GroupBy::Tenant => k.push_str(match r.tenant.as_deref() {
+                    Some(t) => t,
+                    None if r.event == "job_denied" => UNVERIFIED,
+                    None => "-",
+                }),
                 GroupBy::Tier => k.push_str(r.tier.as_deref().unwrap_or("-")),
                 GroupBy::Profile => k.push_str(profile.unwrap_or("-")),
                 GroupBy::User => k.push_str(&r.user),

@@ -6,6 +6,7 @@
 
 mod billing;
 mod error;
+pub mod request;
 mod resolve;
 
 pub use billing::{Billing, MAX_RATE_SCALE};
@@ -37,6 +38,19 @@ pub enum ScratchOnExit {
     Retain,
 }
 
+/// Where slurmctld puts a MIG job of a tier with `share_gpu = false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuPlacement {
+    /// A node of its own (job_submit/tenancy makes the job exclusive): never beside another
+    /// tenant's slice, never refused on the node for it.
+    #[default]
+    Node,
+    /// Beside other tenants on the node, on a GPU of its own that the prolog picks: packs
+    /// better, but a node whose MIG GPUs all hold other tenants refuses the job (and drains).
+    Gpu,
+}
+
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
@@ -59,6 +73,14 @@ pub struct Cluster {
 pub struct NodePaths {
     pub proc_devices: PathBuf,
     pub mig_minors: PathBuf,
+    /// The folder of RDMA device nodes (`uverbs*`, `umad*`, `rdma_cm`): denied to jobs whose
+    /// tier does not list them in `device_classes`.
+    #[serde(default = "default_rdma_devices")]
+    pub rdma_devices: PathBuf,
+}
+
+fn default_rdma_devices() -> PathBuf {
+    PathBuf::from("/dev/infiniband")
 }
 
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
@@ -68,6 +90,9 @@ pub struct Tier {
     pub mig_profiles: Vec<String>,
     pub share_gpu: bool,
     pub share_node: bool,
+    /// With `share_gpu = false`: a node of its own (default) or a GPU of its own.
+    #[serde(default)]
+    pub gpu_placement: GpuPlacement,
     pub scratch_on_exit: ScratchOnExit,
     pub retain_days: u32,
     /// Mode of the job's scratch folder (owner is the job's user).
@@ -145,6 +170,7 @@ struct RawCluster {
 struct RawNode {
     proc_devices: Option<Spanned<PathBuf>>,
     mig_minors: Option<Spanned<PathBuf>>,
+    rdma_devices: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize)]
@@ -156,6 +182,8 @@ struct RawTier {
     share_gpu: bool,
     #[serde(default = "yes")]
     share_node: bool,
+    #[serde(default)]
+    gpu_placement: GpuPlacement,
     #[serde(default = "wipe")]
     scratch_on_exit: ScratchOnExit,
     #[serde(default)]
@@ -485,6 +513,11 @@ impl Validator<'_> {
                 "node.mig_minors",
                 "/proc/driver/nvidia-caps/mig-minors",
             ),
+            rdma_devices: node_path(
+                &raw.node.rdma_devices,
+                "node.rdma_devices",
+                "/dev/infiniband",
+            ),
         };
 
         let mut tiers = BTreeMap::new();
@@ -541,6 +574,7 @@ impl Validator<'_> {
                     mig_profiles: profiles,
                     share_gpu: t.share_gpu,
                     share_node: t.share_node,
+                    gpu_placement: t.gpu_placement,
                     scratch_on_exit: t.scratch_on_exit,
                     retain_days: t.retain_days,
                     scratch_mode,

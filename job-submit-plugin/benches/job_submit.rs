@@ -40,6 +40,7 @@ fn submission(tenant: &str) -> Submission {
         account: Some("acme".into()),
         tenant: Some(tenant.into()),
         mig: Some("1g.18gb".into()),
+        shared: job_submit_tenancy::NO_VAL16,
         get_user_env: false,
     }
 }

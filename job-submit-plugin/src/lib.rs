@@ -24,7 +24,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tenancy_config::{Config, Identity, Resolved};
+use tenancy_config::{request, Config, GpuPlacement, Identity, Resolved};
 
 #[allow(
     non_camel_case_types,
@@ -56,20 +56,73 @@ pub const TENANT_VAR: &str = "SPANK_TENANCY_TENANT";
 pub const MIG_VAR: &str = "SPANK_TENANCY_MIG";
 /// The job environment entry that makes slurmd run `su - <user>` before a batch job.
 pub const GET_USER_ENV: &str = "SLURM_GET_USER_ENV=1";
-/// The prolog refuses longer values (tenancy_node::context).
-const MAX_VALUE: usize = 4096;
+#[cfg(test)]
+const MAX_VALUE: usize = request::MAX_VALUE;
+
+/// The prolog's names for the account and user (its refusals name them so).
+pub const ACCOUNT_VAR: &str = "SLURM_JOB_ACCOUNT";
+pub const USER_VAR: &str = "SLURM_JOB_USER";
+
+/// `job_desc_msg_t.shared` as sbatch sets it: `--exclusive` (none), `--oversubscribe` (ok),
+/// `--exclusive=user`, `--exclusive=mcs`, or unset.
+pub const JOB_SHARED_NONE: u16 = 0;
+pub const JOB_SHARED_OK: u16 = 1;
+pub const NO_VAL16: u16 = 0xfffe;
 
 /// What slurmctld received for one job, as the prolog will see it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submission {
     pub uid: u32,
     /// Lowercased, as slurmctld stores it right after the job_submit plugins ran.
     pub account: Option<String>,
     pub tenant: Option<String>,
     pub mig: Option<String>,
+    /// `job_desc_msg_t.shared` (NO_VAL16 when the user asked nothing).
+    pub shared: u16,
     /// The job asks slurmd for the user's login environment (`SLURM_GET_USER_ENV=1` in its
     /// environment: `sbatch --get-user-env`, scrontab).
     pub get_user_env: bool,
+}
+
+/// What the plugin changes in an accepted job so that the prolog's tier rules cannot refuse
+/// it on the node: `shared` = JOB_SHARED_NONE (a node of its own) when set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    pub resolved: Resolved,
+    pub exclusive: bool,
+}
+
+/// The tier rules that depend only on the request, decided where slurmctld can still place the
+/// job accordingly: a tier that shares no node (`share_node = false`), or no GPU
+/// (`share_gpu = false`) for a job with a MIG slice, gets a node of its own (`--exclusive`),
+/// so slurmctld never puts it beside another tenant's job, nor another tenant's job beside
+/// it: the prolog's occupancy check then has nothing to refuse. A user who asked to share the
+/// node (`--oversubscribe`) is refused with the reason. (Node granularity for `share_gpu`:
+/// Slurm 22.05's MCS plugins cannot label a job with its tenant, and GRES does not know which
+/// tenant holds a MIG slice; README, "Tier rules at submission".) A tier with
+/// `gpu_placement = "gpu"` opts out for `share_gpu`: its jobs go beside other tenants and the
+/// prolog gives them a GPU of their own, or refuses them when there is none.
+pub fn placement(config: &Config, resolved: &Resolved, shared: u16) -> Result<bool, String> {
+    let Some(tier) = config.tiers.get(&resolved.tier) else {
+        return Err(format!("tier '{}' is not in the config", resolved.tier));
+    };
+    let rule = if !tier.share_node {
+        "share_node = false"
+    } else if !tier.share_gpu
+        && tier.gpu_placement == GpuPlacement::Node
+        && resolved.profile.is_some()
+    {
+        "share_gpu = false"
+    } else {
+        return Ok(false);
+    };
+    if shared == JOB_SHARED_OK {
+        return Err(format!(
+            "tenant '{}' (tier {}, {rule}) does not share nodes with other tenants: submit              without --oversubscribe (the job gets a node of its own)",
+            resolved.tenant, tier.name
+        ));
+    }
+    Ok(shared != JOB_SHARED_NONE)
 }
 
 impl Submission {
@@ -81,21 +134,9 @@ impl Submission {
         account: Option<&[u8]>,
         spank_env: &[&[u8]],
     ) -> Result<Self, String> {
+        // The prolog's own checks (tenancy_config::request), with the same words.
         let text = |name: &str, raw: &[u8]| -> Result<Option<String>, String> {
-            if raw.len() > MAX_VALUE {
-                return Err(format!(
-                    "{name} is {} bytes long (at most {MAX_VALUE})",
-                    raw.len()
-                ));
-            }
-            let s = std::str::from_utf8(raw).map_err(|_| format!("{name} is not valid UTF-8"))?;
-            if s.chars().any(char::is_control) {
-                return Err(format!(
-                    "{name} contains control characters: {}",
-                    s.escape_debug()
-                ));
-            }
-            Ok((!s.is_empty()).then(|| s.to_string()))
+            request::env_text(raw).map_err(|problem| format!("{name} {problem}"))
         };
         let var = |name: &str| -> Result<Option<String>, String> {
             let mut found: Option<&[u8]> = None;
@@ -120,15 +161,20 @@ impl Submission {
             }
             found.map_or(Ok(None), |v| text(name, v))
         };
+        let account = account
+            .map(|a| text(ACCOUNT_VAR, a))
+            .transpose()?
+            .flatten()
+            .map(|a| a.to_ascii_lowercase());
+        if let Some(problem) = account.as_deref().and_then(request::name_problem) {
+            return Err(format!("{ACCOUNT_VAR} {problem}"));
+        }
         Ok(Submission {
             uid,
-            account: account
-                .map(|a| text("the account", a))
-                .transpose()?
-                .flatten()
-                .map(|a| a.to_ascii_lowercase()),
+            account,
             tenant: var(TENANT_VAR)?,
             mig: var(MIG_VAR)?,
+            shared: NO_VAL16,
             get_user_env: false,
         })
     }
@@ -141,10 +187,13 @@ impl Submission {
         self
     }
 
-    /// The prolog's decision, taken here, and what only slurmctld can refuse: the error is the
-    /// one line the user sees.
+    /// The prolog's decision, taken here: the error is the one line the user sees.
     pub fn check(&self, config: &Config) -> Result<Resolved, String> {
         let who = Identity::from_uid(self.uid)?;
+        // Slurm gives the prolog this name as SLURM_JOB_USER, which it checks so.
+        if let Some(problem) = request::name_problem(&who.user) {
+            return Err(format!("{USER_VAR} {problem}"));
+        }
         let resolved = config
             .resolve(
                 &who,
@@ -201,9 +250,19 @@ pub fn current_config() -> Result<Arc<Config>, String> {
 }
 
 /// The whole check of one submission: the job is accepted with `Ok`.
-pub fn decide(submission: Result<Submission, String>) -> Result<Resolved, String> {
+pub fn decide(submission: Result<Submission, String>) -> Result<Accepted, String> {
     let submission = submission?;
-    submission.check(&*current_config()?)
+    decide_with(&submission, &*current_config()?)
+}
+
+/// [`decide`] with a config at hand.
+pub fn decide_with(submission: &Submission, config: &Config) -> Result<Accepted, String> {
+    let resolved = submission.check(config)?;
+    let exclusive = placement(config, &resolved, submission.shared)?;
+    Ok(Accepted {
+        resolved,
+        exclusive,
+    })
 }
 
 fn one_line(s: &str) -> String {
@@ -316,10 +375,10 @@ unsafe fn submission(desc: &sys::job_desc_msg_t) -> Result<Submission, String> {
             }
         }
     }
-    Ok(
-        Submission::from_parts(desc.user_id, bytes(desc.account), &env)?
-            .with_job_environment(&job_env),
-    )
+    Submission::from_parts(desc.user_id, bytes(desc.account), &env).map(|mut s| {
+        s.shared = desc.shared;
+        s.with_job_environment(&job_env)
+    })
 }
 
 // ---- the plugin interface ----------------------------------------------------------------
@@ -354,7 +413,22 @@ pub unsafe extern "C" fn job_submit(
     let verdict = catch_unwind(AssertUnwindSafe(|| decide(submission(&*job_desc))))
         .unwrap_or_else(|_| Err("internal error in the tenancy check; ask your admin".into()));
     match verdict {
-        Ok(_) => SUCCESS,
+        Ok(accepted) => {
+            if accepted.exclusive {
+                // As `--exclusive` would: slurmctld copies it into the job's record after this.
+                (*job_desc).shared = JOB_SHARED_NONE;
+                log(
+                    false,
+                    &format!(
+                        "job of uid {} for tenant '{}' (tier {}) made exclusive",
+                        (*job_desc).user_id,
+                        accepted.resolved.tenant,
+                        accepted.resolved.tier
+                    ),
+                );
+            }
+            SUCCESS
+        }
         Err(why) => {
             let uid = (*job_desc).user_id;
             log(
@@ -387,8 +461,20 @@ pub unsafe extern "C" fn job_modify(
     let verdict = catch_unwind(AssertUnwindSafe(|| {
         let account =
             bytes((*job_desc).account).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase());
-        if account.is_none() || super_user(submit_uid) {
+        // An account the prolog refuses would drain the node the job lands on, whoever set it.
+        if let Some(problem) = account.as_deref().and_then(request::name_problem) {
+            return Err(format!("job {job}: {ACCOUNT_VAR} {problem}"));
+        }
+        let shares = (*job_desc).shared == JOB_SHARED_OK;
+        if (account.is_none() && !shares) || super_user(submit_uid) {
             return Ok(());
+        }
+        // The job's tier is not known here: a tier that shares no node would land beside
+        // another tenant and be refused on the node. Administrators may.
+        if shares {
+            return Err(format!(
+                "job {job}: only an administrator may let a job share its node                  (OverSubscribe=yes): a tenant's tier may forbid it"
+            ));
         }
         check_account_change(&*current_config()?, submit_uid, job, account.as_deref())
     }))
@@ -625,6 +711,83 @@ accounts = ["other-acct"]
     }
 
     #[test]
+    fn refuses_accounts_the_prolog_refuses_with_its_words() {
+        let bad = submission(&[], Some("bad acct")).unwrap_err();
+        assert!(
+            bad.starts_with("SLURM_JOB_ACCOUNT is not a plain name: 'bad acct'"),
+            "{bad}"
+        );
+        let long = submission(&[], Some(&"a".repeat(200))).unwrap_err();
+        assert!(long.contains("200 bytes long (at most 128)"), "{long}");
+        // What Slurm takes for an account, the prolog takes too.
+        assert_eq!(
+            submission(&[], Some("Acme.A$")).unwrap().account.as_deref(),
+            Some("acme.a$")
+        );
+    }
+
+    #[test]
+    fn tiers_that_share_no_node_or_gpu_get_a_node_of_their_own() {
+        let text = r#"
+[cluster]
+name = "t"
+state_dir = "/s"
+audit_log = "/a.jsonl"
+scratch_root = "/scratch"
+[tiers.open]
+mig_profiles = ["1g.18gb"]
+[tiers.alone]
+share_node = false
+[tiers.gpu-alone]
+mig_profiles = ["1g.18gb"]
+share_gpu = false
+[tiers.gpu-packed]
+mig_profiles = ["1g.18gb"]
+share_gpu = false
+gpu_placement = "gpu"
+[tenants.a]
+tier = "open"
+groups = ["root"]
+[tenants.b]
+tier = "alone"
+groups = ["daemon"]
+[tenants.c]
+tier = "gpu-alone"
+groups = ["bin"]
+[tenants.d]
+tier = "gpu-packed"
+groups = ["sys"]
+"#;
+        let config = Config::parse(text, std::path::Path::new("/t.toml")).unwrap();
+        let r = |tenant: &str, tier: &str, profile: Option<&str>| Resolved {
+            tenant: tenant.into(),
+            tier: tier.into(),
+            profile: profile.map(String::from),
+            tenant_gid: Some(0),
+        };
+        let p = |res: &Resolved, shared| placement(&config, res, shared);
+        assert_eq!(p(&r("a", "open", Some("1g.18gb")), NO_VAL16), Ok(false));
+        assert_eq!(p(&r("b", "alone", None), NO_VAL16), Ok(true));
+        assert_eq!(p(&r("b", "alone", None), 2), Ok(true));
+        assert_eq!(p(&r("b", "alone", None), JOB_SHARED_NONE), Ok(false));
+        let e = p(&r("b", "alone", None), JOB_SHARED_OK).unwrap_err();
+        assert!(
+            e.contains("share_node = false") && e.contains("--oversubscribe"),
+            "{e}"
+        );
+        assert_eq!(p(&r("c", "gpu-alone", Some("1g.18gb")), NO_VAL16), Ok(true));
+        assert_eq!(p(&r("c", "gpu-alone", None), NO_VAL16), Ok(false));
+        assert!(p(&r("c", "gpu-alone", Some("1g.18gb")), JOB_SHARED_OK)
+            .unwrap_err()
+            .contains("share_gpu = false"));
+        // Opted out: placed by the prolog on a GPU of its own, beside other tenants.
+        assert_eq!(
+            p(&r("d", "gpu-packed", Some("1g.18gb")), NO_VAL16),
+            Ok(false)
+        );
+    }
+
+    #[test]
     fn an_account_change_cannot_contradict_the_tenant() {
         let (_dir, _path, config) = config();
         let uid = rustix_uid();
@@ -639,6 +802,16 @@ accounts = ["other-acct"]
         );
         let e = check_account_change(&config, uid, 7, Some("other-acct")).unwrap_err();
         assert!(e.contains("job 7") && e.contains("tenant 'other'"), "{e}");
+        // Through the C entry point: an account the prolog would refuse, from anyone.
+        let bad = c"bad acct";
+        // SAFETY: an all-zero job_desc_msg_t is valid (null pointers, zero numbers).
+        let mut desc: sys::job_desc_msg_t = unsafe { std::mem::zeroed() };
+        desc.job_id = 7;
+        desc.shared = NO_VAL16;
+        desc.account = bad.as_ptr().cast_mut();
+        // SAFETY: desc lives through the call.
+        let rc = unsafe { job_modify(&mut desc, std::ptr::null_mut(), 0) };
+        assert_eq!(rc, REFUSED);
     }
 
     /// The C entry point with a job description as slurmctld passes it, the message made by

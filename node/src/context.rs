@@ -6,9 +6,8 @@
 
 use std::ffi::OsString;
 use std::fmt;
-
-/// Longest value accepted from any variable: real values are short; a huge one is an attack.
-const MAX_VALUE: usize = 4096;
+use std::os::unix::ffi::OsStrExt;
+use tenancy_config::request;
 
 /// What the prolog/epilog know about the job, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,27 +64,13 @@ impl Env {
         self.vars.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
 
-    /// The value as UTF-8 text of sane length, `Ok(None)` when unset or empty.
+    /// The value as UTF-8 text of sane length, `Ok(None)` when unset or empty (checked as
+    /// job_submit/tenancy checks the SPANK job environment: `tenancy_config::request`).
     fn text(&self, name: &'static str) -> Result<Option<String>, (&'static str, String)> {
         let Some(v) = self.raw(name) else {
             return Ok(None);
         };
-        if v.len() > MAX_VALUE {
-            return Err((
-                name,
-                format!("is {} bytes long (at most {MAX_VALUE})", v.len()),
-            ));
-        }
-        let s = v
-            .to_str()
-            .ok_or_else(|| (name, "is not valid UTF-8".to_string()))?;
-        if s.chars().any(char::is_control) {
-            return Err((
-                name,
-                format!("contains control characters: {}", s.escape_debug()),
-            ));
-        }
-        Ok((!s.is_empty()).then(|| s.to_string()))
+        request::env_text(v.as_bytes()).map_err(|problem| (name, problem))
     }
 
     fn required(&self, name: &'static str) -> Result<String, (&'static str, String)> {
@@ -105,13 +90,13 @@ impl Env {
     }
 }
 
-/// Names Slurm and NSS use for users, nodes, accounts, partitions.
-fn plain_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && !s.starts_with(['-', '.'])
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'$'))
+/// A name Slurm or NSS gave (user, node, account, partition), or why not: the same check as
+/// job_submit/tenancy's, so what the controller accepted passes here.
+fn plain_name(name: &'static str, v: String) -> Result<String, (&'static str, String)> {
+    match request::name_problem(&v) {
+        None => Ok(v),
+        Some(problem) => Err((name, problem)),
+    }
 }
 
 impl JobContext {
@@ -142,26 +127,12 @@ impl JobContext {
         // Read the identifying values first so a later failure can still name job and user.
         let job_id = env.number::<u64>("SLURM_JOB_ID");
         let uid = env.number::<u32>("SLURM_JOB_UID");
-        let user = env.required("SLURM_JOB_USER").and_then(|u| {
-            if plain_name(&u) {
-                Ok(u)
-            } else {
-                Err((
-                    "SLURM_JOB_USER",
-                    format!("is not a user name: '{}'", u.escape_debug()),
-                ))
-            }
-        });
-        let node = env.required("SLURMD_NODENAME").and_then(|n| {
-            if plain_name(&n) {
-                Ok(n)
-            } else {
-                Err((
-                    "SLURMD_NODENAME",
-                    format!("is not a node name: '{}'", n.escape_debug()),
-                ))
-            }
-        });
+        let user = env
+            .required("SLURM_JOB_USER")
+            .and_then(|u| plain_name("SLURM_JOB_USER", u));
+        let node = env
+            .required("SLURMD_NODENAME")
+            .and_then(|n| plain_name("SLURMD_NODENAME", n));
         partial.job_id = job_id.as_ref().ok().copied();
         partial.uid = uid.as_ref().ok().copied();
         partial.user = user.as_ref().ok().cloned();
@@ -179,11 +150,10 @@ impl JobContext {
             .map_err(|e| fail(partial.clone(), e))?;
         let optional_name = |name: &'static str| -> Result<Option<String>, EnvError> {
             match env.text(name).map_err(|e| fail(partial.clone(), e))? {
-                Some(v) if !plain_name(&v) => Err(fail(
-                    partial.clone(),
-                    (name, format!("is not a plain name: '{}'", v.escape_debug())),
-                )),
-                v => Ok(v),
+                Some(v) => plain_name(name, v)
+                    .map(Some)
+                    .map_err(|e| fail(partial.clone(), e)),
+                None => Ok(None),
             }
         };
         let cluster = optional_name("SLURM_CLUSTER_NAME")?;
@@ -272,6 +242,11 @@ mod tests {
         assert_eq!(c.gres_gpus, None);
         let c = with("SLURM_JOB_GPUS", Some("3,5".into())).unwrap();
         assert_eq!(c.gres_gpus, Some(vec![3, 5]));
+        // sssd's qualified names, and accounts as Slurm takes them.
+        let c = with("SLURM_JOB_USER", Some("jdoe@example.org".into())).unwrap();
+        assert_eq!(c.user, "jdoe@example.org");
+        let c = with("SLURM_JOB_ACCOUNT", Some("acme-a.b$".into())).unwrap();
+        assert_eq!(c.account.as_deref(), Some("acme-a.b$"));
     }
 
     #[test]
@@ -296,7 +271,7 @@ mod tests {
             (
                 "SLURM_JOB_USER",
                 Some("a/../b".into()),
-                "SLURM_JOB_USER is not a user name",
+                "SLURM_JOB_USER is not a plain name",
             ),
             ("SLURMD_NODENAME", None, "SLURMD_NODENAME is missing"),
             ("SLURM_JOB_GID", None, "SLURM_JOB_GID is missing"),

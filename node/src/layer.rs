@@ -56,6 +56,12 @@ pub trait Layer {
     /// prolog stopped between recording the intent and recording the result.
     fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()>;
 
+    /// What the last `undo` found worth recording beside the resource (the scratch layer: the
+    /// mounts it detached), merged into the resource's detail in the job's end record.
+    fn undo_notes(&mut self) -> serde_json::Map<String, Value> {
+        serde_json::Map::new()
+    }
+
     /// Whether this process can drive the layer's mechanism. A layer that must load a shared
     /// library says no in a statically linked process (`crate::linkage`); the prolog or
     /// epilog then hands the job to a dynamically linked one (`Spine::handoff`).

@@ -131,6 +131,8 @@ impl From<String> for MakeFailure {
 struct Denial {
     event: Event,
     reason: String,
+    /// The job's tenant, once the prolog verified it (never the one asked for alone).
+    tenant: Option<String>,
 }
 
 impl<'c> Spine<'c> {
@@ -259,6 +261,7 @@ impl<'c> Spine<'c> {
                              then run `tenancyctl reconcile --apply` on {}",
                             ctx.job_id, ctx.node
                         ),
+                        tenant: Some(plan.tenant.clone()),
                     },
                 )
             }
@@ -288,6 +291,7 @@ impl<'c> Spine<'c> {
                             failures.join("; "),
                             ctx.node
                         ),
+                        tenant: Some(plan.tenant.clone()),
                     },
                 );
             }
@@ -322,6 +326,7 @@ impl<'c> Spine<'c> {
                     Denial {
                         event: Event::JobDenied,
                         reason,
+                        tenant: Some(plan.tenant.clone()),
                     },
                 )
             }
@@ -362,6 +367,7 @@ impl<'c> Spine<'c> {
         let deny = |reason: String| Denial {
             event: Event::JobDenied,
             reason: format!("job {}: {reason}", ctx.job_id),
+            tenant: None,
         };
         let who = Identity::from_uid(ctx.uid).map_err(&deny)?;
         if who.user != ctx.user {
@@ -617,7 +623,11 @@ impl<'c> Spine<'c> {
             .record(&ctx.user, ctx.uid, &ctx.node, d.event, outcome)
             .job_id(ctx.job_id)
             .reason(d.reason.clone());
+        // The tenant asked for is the user's claim; `tenant` only once the prolog verified it.
         if let Some(t) = &ctx.requested_tenant {
+            rec = rec.requested_tenant(t.clone());
+        }
+        if let Some(t) = d.tenant.as_ref() {
             rec = rec.tenant(t.clone());
         }
         let mut message = format!("tenancy: {}", d.reason);
@@ -665,14 +675,28 @@ impl<'c> Spine<'c> {
     /// that failed: the job is refused (`event`) for `why` and that failure.
     fn hand_off_prolog(&self, ctx: &JobContext, event: Event, why: String) -> Ending {
         let Some(handoff) = self.handoff.as_ref() else {
-            return self.deny(ctx, Denial { event, reason: why });
+            return self.deny(
+                ctx,
+                Denial {
+                    event,
+                    reason: why,
+                    tenant: None,
+                },
+            );
         };
         let (program, e) = handoff.exec();
         let reason = format!(
             "{why}; handing the job to {program} failed: {e}; install tenancy-prolog-dynamic \
              next to tenancy-prolog (README, Build and install)"
         );
-        self.deny(ctx, Denial { event, reason })
+        self.deny(
+            ctx,
+            Denial {
+                event,
+                reason,
+                tenant: None,
+            },
+        )
     }
 
     /// Replaces this process with the hand-off program when a layer with something left to
@@ -797,7 +821,11 @@ impl<'c> Spine<'c> {
             }
         }
         for step in steps.iter().rev() {
-            rec = rec.resource(self.resource(step, ResourceAction::Removed));
+            let mut r = self.resource(step, ResourceAction::Removed);
+            if let Some(i) = self.layer_index(&step.layer) {
+                r.detail.extend(self.layers[i].undo_notes());
+            }
+            rec = rec.resource(r);
         }
         if let Some(table) = &firewall_table {
             let tenant = rec.tenant.clone().unwrap_or_default();

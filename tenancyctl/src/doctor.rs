@@ -847,6 +847,14 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     {
         rows.extend(extra_device_rows(config, &majors));
     }
+    let tiers: Vec<(String, Vec<String>)> = config
+        .tiers
+        .values()
+        .map(|t| (t.name.clone(), t.device_classes.clone()))
+        .collect();
+    for f in tenancy_devices::doctor::rdma_findings(&config.node.rdma_devices, &tiers) {
+        rows.push(row(&f.check, f.severity, f.message, f.remedy));
+    }
     let cgroup_conf = args.slurm_cgroup_conf.clone().unwrap_or_else(|| {
         std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)
@@ -859,6 +867,7 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         driver: tenancy_devices::DriverPaths {
             proc_devices: config.node.proc_devices.clone(),
             mig_minors: config.node.mig_minors.clone(),
+            rdma_devices: config.node.rdma_devices.clone(),
         },
         probe_bpf: true,
     }) {

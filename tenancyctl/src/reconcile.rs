@@ -513,6 +513,7 @@ fn cgroup_orphans(cx: &mut Ctx, owned: &Owned) {
                     policy: tenancy_devices::DevicePolicy {
                         allow: Vec::new(),
                         deny_majors: Vec::new(),
+                        deny_devices: Vec::new(),
                     },
                     v1: None,
                     v2: None,

@@ -307,6 +307,7 @@ groups = ["{b}"]
         driver: tenancy_devices::DriverPaths {
             proc_devices: config.node.proc_devices.clone(),
             mig_minors: config.node.mig_minors.clone(),
+            rdma_devices: config.node.rdma_devices.clone(),
         },
         target: tenancy_devices::Target::Owned {
             root: CGROUP2.into(),

@@ -102,7 +102,8 @@ impl StackPaths {
 }
 
 /// The admin config for the demo tenants: acme (tier internal: shares GPUs, scratch wiped),
-/// globex (tier regulated: GPU of its own, scratch retained 30 days).
+/// globex (tier regulated: GPU of its own beside acme on the node, `gpu_placement = "gpu"`,
+/// scratch retained 30 days).
 pub fn tenancy_toml(p: &StackPaths, t: &Tenants) -> String {
     format!(
         r#"[cluster]
@@ -129,6 +130,7 @@ scratch_on_exit = "wipe"
 mig_profiles = ["3g.71gb", "7g.141gb"]
 share_gpu = false
 share_node = true
+gpu_placement = "gpu"
 scratch_on_exit = "retain"
 retain_days = 30
 

@@ -35,6 +35,7 @@ fn fixture() -> (tempfile::TempDir, DriverPaths) {
     let p = DriverPaths {
         proc_devices: d.path().join("devices"),
         mig_minors: d.path().join("mig-minors"),
+        rdma_devices: d.path().join("infiniband"),
     };
     (d, p)
 }

@@ -110,6 +110,7 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
                 driver: DriverPaths {
                     proc_devices: a.proc_devices,
                     mig_minors: a.mig_minors,
+                    ..DriverPaths::default()
                 },
                 probe_bpf: !a.no_bpf_probe,
             });

@@ -5,7 +5,7 @@ use crate::bpf;
 use crate::driver::{DriverInfo, DriverPaths};
 use crate::job::{Backend, Target};
 use crate::layout::{CgroupLayout, LayoutKind, MOUNTINFO};
-use crate::policy::{Access, DevType, DevicePolicy, SliceRef};
+use crate::policy::{Access, DevType, DeviceClass, DevicePolicy, SliceRef};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -334,6 +334,7 @@ pub fn self_check() -> Finding {
             ],
             other: vec![],
         },
+        rdma: Vec::new(),
     };
     let res = DevicePolicy::for_job(
         &drv,
@@ -379,6 +380,74 @@ pub fn self_check() -> Finding {
     }
 }
 
+/// The node's RDMA devices (`dir`, e.g. /dev/infiniband) and which tiers may open them: a
+/// device is opened only through a tier's `device_classes` (the verbs data path bypasses
+/// nftables), so the doctor names, per tier, what it lets through (`tiers`: name and classes).
+pub fn rdma_findings(dir: &std::path::Path, tiers: &[(String, Vec<String>)]) -> Vec<Finding> {
+    let devices = match crate::driver::rdma_devices(dir) {
+        Ok(d) => d,
+        Err(e) => {
+            return vec![f(
+                "devices.rdma",
+                Severity::Error,
+                format!("cannot list RDMA devices: {e}"),
+                Some("check node.rdma_devices in tenancy.toml"),
+            )]
+        }
+    };
+    if devices.is_empty() {
+        return vec![f(
+            "devices.rdma",
+            Severity::Ok,
+            format!("no RDMA device nodes in {}", dir.display()),
+            None,
+        )];
+    }
+    let names = |ds: &[&crate::driver::RdmaDevice]| {
+        ds.iter()
+            .map(|d| format!("{} ({}:{})", d.path.display(), d.major, d.minor))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = vec![f(
+        "devices.rdma",
+        Severity::Info,
+        format!(
+            "RDMA devices on this node, denied to jobs unless their tier lists them in \
+             device_classes (their traffic bypasses the firewall): {}",
+            names(&devices.iter().collect::<Vec<_>>())
+        ),
+        None,
+    )];
+    for (tier, classes) in tiers {
+        let classes: Vec<DeviceClass> = classes.iter().filter_map(|c| c.parse().ok()).collect();
+        let open: Vec<&crate::driver::RdmaDevice> = devices
+            .iter()
+            .filter(|d| {
+                classes
+                    .iter()
+                    .any(|c| c.matches(DevType::Char, d.major, d.minor, Access::READ))
+            })
+            .collect();
+        let message = if open.is_empty() {
+            format!("tier {tier} may open no RDMA device")
+        } else {
+            format!("tier {tier} may open {}", names(&open))
+        };
+        out.push(f(
+            "devices.rdma",
+            if open.is_empty() {
+                Severity::Ok
+            } else {
+                Severity::Info
+            },
+            message,
+            None,
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,6 +476,7 @@ mod tests {
             driver: DriverPaths {
                 proc_devices: dir.path().join("devices"),
                 mig_minors: dir.path().join("mig"),
+                rdma_devices: dir.path().join("infiniband"),
             },
             probe_bpf: false,
         })

@@ -24,6 +24,17 @@ pub const UVM_TOOLS_MINOR: u32 = 1;
 pub struct DriverPaths {
     pub proc_devices: PathBuf,
     pub mig_minors: PathBuf,
+    /// The folder of RDMA device nodes ([`RDMA_DEVICES`]).
+    #[serde(default = "default_rdma_dir")]
+    pub rdma_devices: PathBuf,
+}
+
+/// Where the kernel's RDMA subsystem puts its device nodes: `uverbs<N>` (verbs: the data
+/// path, whose traffic no firewall sees), `umad<N>`/`issm<N>` (management), `rdma_cm`, `ucm<N>`.
+pub const RDMA_DEVICES: &str = "/dev/infiniband";
+
+fn default_rdma_dir() -> PathBuf {
+    RDMA_DEVICES.into()
 }
 
 impl Default for DriverPaths {
@@ -31,8 +42,52 @@ impl Default for DriverPaths {
         DriverPaths {
             proc_devices: PROC_DEVICES.into(),
             mig_minors: MIG_MINORS.into(),
+            rdma_devices: RDMA_DEVICES.into(),
         }
     }
+}
+
+/// One RDMA character device node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaDevice {
+    pub path: PathBuf,
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// The character device nodes in `dir` (none when it does not exist: no RDMA on the node).
+pub fn rdma_devices(dir: &Path) -> Result<Vec<RdmaDevice>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(Error::Read {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.map_err(|source| Error::Read {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let Ok(md) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if md.file_type().is_char_device() {
+            let rdev = md.rdev();
+            out.push(RdmaDevice {
+                path: e.path(),
+                major: libc::major(rdev),
+                minor: libc::minor(rdev),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
 }
 
 /// One MIG access capability: `gpu<N>/gi<G>/access` (ci = None) or `gpu<N>/gi<G>/ci<C>/access`.
@@ -331,6 +386,9 @@ impl NvidiaMajors {
 pub struct DriverInfo {
     pub majors: NvidiaMajors,
     pub mig: MigMinors,
+    /// RDMA device nodes on the node: denied unless the tier lists them.
+    #[serde(default)]
+    pub rdma: Vec<RdmaDevice>,
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -352,7 +410,11 @@ impl DriverInfo {
             Some(t) => MigMinors::parse(t, &paths.mig_minors, None)?,
             None => MigMinors::default(),
         };
-        Ok(DriverInfo { majors, mig })
+        Ok(DriverInfo {
+            majors,
+            mig,
+            rdma: Vec::new(),
+        })
     }
 
     /// Load everything. A missing mig-minors file is an empty table when the `nvidia-caps`
@@ -373,6 +435,7 @@ impl DriverInfo {
             return Ok(DriverInfo {
                 majors,
                 mig: MigMinors::default(),
+                rdma: rdma_devices(&paths.rdma_devices)?,
             });
         }
         let keep = |gpu: u32, gi: u32, ci: Option<u32>| {
@@ -409,7 +472,8 @@ impl DriverInfo {
                 })
             }
         };
-        Ok(DriverInfo { majors, mig })
+        let rdma = rdma_devices(&paths.rdma_devices)?;
+        Ok(DriverInfo { majors, mig, rdma })
     }
 }
 
@@ -425,6 +489,7 @@ mod tests {
         let paths = DriverPaths {
             proc_devices: dir.path().join("devices"),
             mig_minors: dir.path().join("mig-minors"),
+            rdma_devices: dir.path().join("infiniband"),
         };
         std::fs::write(&paths.proc_devices, DEVICES).unwrap();
         let slice = [crate::policy::SliceRef {

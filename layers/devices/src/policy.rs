@@ -2,7 +2,8 @@
 //!
 //! Semantics (the reference that the v1 rules and the v2 BPF program both implement):
 //! 1. if an `allow` rule matches the device and grants every requested access bit: allow;
-//! 2. else if the device is a character device of a major in `deny_majors`: deny;
+//! 2. else if the device is a character device of a major in `deny_majors`, or one of
+//!    `deny_devices` (the node's RDMA devices: their traffic bypasses the firewall): deny;
 //! 3. else: allow (devices of other majors are not this layer's business).
 
 use crate::driver::{
@@ -240,6 +241,10 @@ pub struct DevicePolicy {
     pub allow: Vec<AllowRule>,
     /// Character majors of which everything not allowed is denied (all NVIDIA majors).
     pub deny_majors: Vec<u32>,
+    /// Single character devices denied unless allowed: the node's RDMA devices (`uverbs*`,
+    /// `rdma_cm`, ...), which a tier opens by listing them in `device_classes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_devices: Vec<DeviceClass>,
 }
 
 impl DevicePolicy {
@@ -339,7 +344,25 @@ impl DevicePolicy {
             }
             push(*x, "extra (tier config)".into());
         }
-        Ok(DevicePolicy { allow, deny_majors })
+        let mut deny_devices: Vec<DeviceClass> = drv
+            .rdma
+            .iter()
+            .map(|d| DeviceClass::char(d.major, d.minor, Access::RWM))
+            .collect();
+        deny_devices.sort_by_key(|d| (d.major, d.minor));
+        deny_devices.dedup();
+        Ok(DevicePolicy {
+            allow,
+            deny_majors,
+            deny_devices,
+        })
+    }
+
+    /// Whether `major:minor` is one of [`DevicePolicy::deny_devices`].
+    fn denied_device(&self, major: u32, minor: u32) -> bool {
+        self.deny_devices
+            .iter()
+            .any(|d| d.major == Some(major) && d.minor == Some(minor))
     }
 
     /// The reference decision (see module docs).
@@ -351,7 +374,9 @@ impl DevicePolicy {
         {
             return Verdict::Allow;
         }
-        if t == DevType::Char && self.deny_majors.contains(&major) {
+        if t == DevType::Char
+            && (self.deny_majors.contains(&major) || self.denied_device(major, minor))
+        {
             return Verdict::Deny;
         }
         Verdict::Allow
@@ -361,7 +386,11 @@ impl DevicePolicy {
     /// the default allow.
     pub fn effective_allows(&self) -> impl Iterator<Item = &DeviceClass> {
         self.allow.iter().map(|r| &r.class).filter(|c| {
-            c.dev_type == DevType::Char && c.major.is_some_and(|m| self.deny_majors.contains(&m))
+            c.dev_type == DevType::Char
+                && c.major.is_some_and(|m| {
+                    self.deny_majors.contains(&m)
+                        || self.deny_devices.iter().any(|d| d.major == Some(m))
+                })
         })
     }
 }
@@ -378,6 +407,7 @@ pub(crate) mod tests {
         DriverInfo {
             majors: NvidiaMajors::parse(devs, Path::new("d")).unwrap(),
             mig: MigMinors::parse(mig, Path::new("m"), None).unwrap(),
+            rdma: Vec::new(),
         }
     }
 

@@ -47,10 +47,29 @@ pub fn rules(policy: &DevicePolicy) -> Vec<V1Rule> {
         optional: true,
     });
     for m in 0..CHRDEV_MAJOR_MAX {
-        if !policy.deny_majors.contains(&m) {
+        if policy.deny_majors.contains(&m) {
+            continue;
+        }
+        let denied: Vec<u32> = policy
+            .deny_devices
+            .iter()
+            .filter(|d| d.major == Some(m))
+            .filter_map(|d| d.minor)
+            .collect();
+        if denied.is_empty() {
             out.push(V1Rule {
                 file: "devices.allow",
                 line: format!("c {m}:* rwm"),
+                optional: true,
+            });
+            continue;
+        }
+        // v1 allow lists cannot take one minor out of `c m:*`: the major's other minors are
+        // allowed one by one (static minors below 256; a dynamic one above is denied).
+        for minor in (0..256).filter(|n| !denied.contains(n)) {
+            out.push(V1Rule {
+                file: "devices.allow",
+                line: format!("c {m}:{minor} rwm"),
                 optional: true,
             });
         }

@@ -337,6 +337,7 @@ pub fn probe() -> std::result::Result<(), std::io::Error> {
     let allow_all = crate::policy::DevicePolicy {
         allow: vec![],
         deny_majors: vec![],
+        deny_devices: vec![],
     };
     sys::prog_load(&bpf::generate(&allow_all))
         .map(drop)

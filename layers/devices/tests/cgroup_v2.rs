@@ -181,6 +181,7 @@ fn v2_multi_cannot_be_overridden_from_below() {
     let allow_all = DevicePolicy {
         allow: vec![],
         deny_majors: vec![],
+        deny_devices: vec![],
     };
 
     // Ours with MULTI (the layer's choice), an allow-all program in a child cgroup.

@@ -5,8 +5,8 @@
 //! - IPv6 must be in brackets: `[fd00::/8]`, `[fd00::1]` (a bare address means /128).
 //! - `:PORT` or `:LOW-HIGH` (1..=65535) restricts the destination port; no port means all ports.
 //! - `/tcp`, `/udp` or `/any` restricts the protocol; no protocol means `any`.
-//!   `any` with a port means TCP and UDP to that port; `any` without a port means every
-//!   protocol (ICMP included) to the address range.
+//!   `any` with a port means TCP and UDP to that port; `any` without a port means TCP, UDP
+//!   and ICMP to the address range (a job sends no other IP protocol: `ruleset::JUDGED`).
 //! - Host bits set below the prefix (`10.20.0.1/16`) are rejected: write the network address.
 //!
 //! Examples: `10.20.0.0/16:443/tcp`, `[fd00::/8]:53/udp`, `192.168.5.0/24`, `10.0.0.1:8000-8100`.

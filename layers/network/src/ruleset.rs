@@ -11,12 +11,13 @@
 //!   anything else (mark 0) is no way out. The first packet of a connection gets
 //!   `ct mark set <id>` (the sender's tenant). Broadcast and multicast destinations go to
 //!   `deny_<id>` (the kernel delivers them to every socket bound to the port, while the input
-//!   hook judges only the one its lookup finds). Local destinations (`fib daddr type local`:
-//!   loopback and the node's own addresses) are accepted for TCP, UDP and ICMP only and judged
-//!   at input; other protocols (UDP-Lite, SCTP, ...), which the input hook's socket lookup does
-//!   not see, fall through to the egress rules like any destination. Then the tenant's egress
-//!   list and the cluster's infrastructure list are accepted; everything else goes to
-//!   `deny_<id>`.
+//!   hook judges only the one its lookup finds). Protocols other than TCP, UDP and ICMP(v6)
+//!   (UDP-Lite, SCTP, DCCP, raw IP), which no input hook's socket lookup sees, go to
+//!   `deny_<id>` whatever the egress list says: neither this node nor another could tell
+//!   which tenant's socket receives them. Local destinations (`fib daddr type local`:
+//!   loopback and the node's own addresses) are accepted and judged at input. Then the
+//!   tenant's egress list and the cluster's infrastructure list are accepted; everything else
+//!   goes to `deny_<id>`.
 //! * `input` (hook input): the receiving socket (listener or connected socket, found by the
 //!   socket lookup of the input hook) is dispatched the same way to `in_<id>`, which stamps a new
 //!   flow (ct mark 0: opened by a remote host or a non-job process) with the tenant's id, accepts
@@ -42,6 +43,12 @@
 use std::fmt::Write;
 
 use crate::{validate_spec, FirewallSpec, Result, TenantNet};
+
+/// The only IP protocols a job may send, IPv4 and IPv6 alike: those whose receiving socket the
+/// input hook can find (TCP, UDP) and ICMP. The kernel's socket lookup does not cover UDP-Lite,
+/// SCTP, DCCP or raw IP, so no node, this one or another, could tell which tenant's job gets
+/// such a packet: they are dropped whatever the egress list says.
+pub const JUDGED: &str = "{ tcp, udp, icmp, ipv6-icmp }";
 
 /// Log lines per second per tenant (burst twice that); drops beyond it are counted, not logged.
 pub const LOG_RATE_PER_SEC: u32 = 10;
@@ -99,15 +106,14 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
             w,
             "\t\tfib daddr type {{ broadcast, multicast }} goto deny_{id}"
         );
-        let _ = writeln!(
-            w,
-            "\t\tmeta l4proto {{ tcp, udp, icmp, ipv6-icmp }} fib daddr type local accept"
-        );
+        let _ = writeln!(w, "\t\tmeta l4proto != {JUDGED} goto deny_{id}");
+        let _ = writeln!(w, "\t\tfib daddr type local accept");
         write_allowed(w, spec, t);
         let _ = writeln!(w, "\t\tgoto deny_{id}");
         let _ = writeln!(w, "\t}}\n");
 
         let _ = writeln!(w, "\tchain local_{id} {{");
+        let _ = writeln!(w, "\t\tmeta l4proto != {JUDGED} goto deny_{id}");
         let _ = writeln!(w, "\t\tmeta l4proto tcp ct state established accept");
         write_allowed(w, spec, t);
         let _ = writeln!(w, "\t\tgoto deny_{id}");

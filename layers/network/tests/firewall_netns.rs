@@ -287,8 +287,8 @@ fn add_job_fails_closed_when_table_missing_or_tenant_recreated() {
     });
 }
 
-/// Protocols the input hook's socket lookup does not see (UDP-Lite here; SCTP alike) are not
-/// accepted to local addresses by the output chain: they follow the egress list there, so
+/// Protocols the input hook's socket lookup does not see (UDP-Lite here; SCTP alike) never
+/// leave a job (the output chain denies them before the egress list: other_protocols.rs), so
 /// another tenant's UDP-Lite socket on the node is out of reach and the send fails at once.
 #[test]
 fn udplite_to_local_addresses_follows_the_egress_list() {

@@ -21,6 +21,7 @@ pub mod quota;
 pub use audit::{
     audit_paths, run_storage_audit, AuditArgs, Finding, Format, Report, Rule, TenantIds, TenantMap,
 };
+mod mounts;
 mod wipe;
 
 pub use quota::{QuotaSpec, QuotaStatus};
@@ -88,8 +89,16 @@ pub struct Created {
 /// Result of [`wipe`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Wiped {
-    Removed { path: PathBuf, entries: u64 },
-    AlreadyGone { path: PathBuf },
+    Removed {
+        path: PathBuf,
+        entries: u64,
+        /// Mounts found under the folder and detached first ([`mounts`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        detached: Vec<PathBuf>,
+    },
+    AlreadyGone {
+        path: PathBuf,
+    },
 }
 
 /// Result of [`retain`].
@@ -99,6 +108,9 @@ pub enum Retained {
         from: PathBuf,
         to: PathBuf,
         retained_at: u64,
+        /// Mounts found under the folder and detached before the move ([`mounts`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        detached: Vec<PathBuf>,
     },
     AlreadyGone {
         path: PathBuf,
@@ -508,9 +520,14 @@ pub fn wipe(spec: &ScratchSpec) -> Result<Wiped> {
     let Some(tenant) = open_tenant_existing(spec)? else {
         return Ok(Wiped::AlreadyGone { path });
     };
+    let detached = mounts::detach_under(&tenant, &spec.tenant_dir(), &spec.job_name())?;
     match wipe::remove_entry(&tenant, &spec.job_name(), &path)? {
         None => Ok(Wiped::AlreadyGone { path }),
-        Some(entries) => Ok(Wiped::Removed { path, entries }),
+        Some(entries) => Ok(Wiped::Removed {
+            path,
+            entries,
+            detached,
+        }),
     }
 }
 
@@ -542,6 +559,8 @@ pub fn retain(spec: &ScratchSpec, now: SystemTime) -> Result<Retained> {
         Ok(_) => {}
         Err(e) => return Err(io_err("fstatat", &from, e)),
     }
+    // A mount would move with the folder and stay mounted there.
+    let detached = mounts::detach_under(&tenant, &spec.tenant_dir(), &name)?;
     let (retained, _) =
         open_or_make_tenant_owned(&tenant, &spec.tenant_dir(), RETAINED_DIR, spec.tenant_gid)?;
     let ts = unix_secs(now);
@@ -559,6 +578,7 @@ pub fn retain(spec: &ScratchSpec, now: SystemTime) -> Result<Retained> {
         from,
         to,
         retained_at: ts,
+        detached,
     })
 }
 

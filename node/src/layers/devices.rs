@@ -102,6 +102,7 @@ impl Layer for Devices {
                     policy: DevicePolicy {
                         allow: Vec::new(),
                         deny_majors: Vec::new(),
+                        deny_devices: Vec::new(),
                     },
                     v1: None,
                     v2: None,

@@ -31,6 +31,7 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
             driver: tenancy_devices::DriverPaths {
                 proc_devices: config.node.proc_devices.clone(),
                 mig_minors: config.node.mig_minors.clone(),
+                rdma_devices: config.node.rdma_devices.clone(),
             },
             target: None,
             programs_file: Some(config.cluster.state_dir.join("device-programs")),
@@ -39,6 +40,7 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
         Box::new(scratch::Scratch {
             root: config.cluster.scratch_root.clone(),
             config,
+            detached: Vec::new(),
         }),
     ]
 }

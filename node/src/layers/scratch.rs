@@ -8,11 +8,13 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::time::SystemTime;
 use tenancy_config::ScratchOnExit;
-use tenancy_scratch::{Created, ScratchSpec};
+use tenancy_scratch::{Created, Retained, ScratchSpec, Wiped};
 
 pub struct Scratch<'a> {
     pub root: PathBuf,
     pub config: &'a tenancy_config::Config,
+    /// Mounts the last undo detached under the job folder, for the job's record.
+    pub detached: Vec<PathBuf>,
 }
 
 impl Scratch<'_> {
@@ -70,15 +72,31 @@ impl Layer for Scratch<'_> {
 
     fn undo(&mut self, intent: &Value, _made: Option<&Value>) -> LayerResult<()> {
         let intent: Intent = serde_json::from_value(intent.clone())?;
-        match intent.on_exit {
-            ScratchOnExit::Wipe => {
-                tenancy_scratch::wipe(&intent.spec)?;
-            }
+        self.detached = match intent.on_exit {
+            ScratchOnExit::Wipe => match tenancy_scratch::wipe(&intent.spec)? {
+                Wiped::Removed { detached, .. } => detached,
+                Wiped::AlreadyGone { .. } => Vec::new(),
+            },
             ScratchOnExit::Retain => {
-                tenancy_scratch::retain(&intent.spec, SystemTime::now())?;
+                match tenancy_scratch::retain(&intent.spec, SystemTime::now())? {
+                    Retained::Moved { detached, .. } => detached,
+                    Retained::AlreadyGone { .. } => Vec::new(),
+                }
             }
-        }
+        };
         Ok(())
+    }
+
+    fn undo_notes(&mut self) -> serde_json::Map<String, Value> {
+        let mut notes = serde_json::Map::new();
+        let detached = std::mem::take(&mut self.detached);
+        if !detached.is_empty() {
+            notes.insert(
+                "detached_mounts".into(),
+                detached.iter().map(|p| p.display().to_string()).collect(),
+            );
+        }
+        notes
     }
 
     fn resource_id(&self, intent: &Value, _: Option<&Value>) -> String {
@@ -104,6 +122,7 @@ mod tests {
         let mut layer = Scratch {
             root: "/scratch".into(),
             config: &config,
+            detached: Vec::new(),
         };
         let plan = |tenant: &str| JobPlan {
             job_id: 7,

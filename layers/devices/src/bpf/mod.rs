@@ -150,6 +150,18 @@ pub fn generate(policy: &DevicePolicy) -> Vec<Insn> {
         // the "next" label of this block is here
         a.next.push(a.insns.len());
     }
+    // Single denied devices (RDMA), after the allows that may open them.
+    for d in &policy.deny_devices {
+        let (Some(ma), Some(mi)) = (d.major, d.minor) else {
+            continue;
+        };
+        let t = Target::Next(a.next.len());
+        a.jmp(op::JNE_IMM, R_TYPE, DEVCG_DEV_CHAR as i32, t);
+        a.jmp(op::JNE_IMM, R_MAJ, ma as i32, t);
+        a.jmp(op::JNE_IMM, R_MIN, mi as i32, t);
+        a.jmp(op::JA, 0, 0, Target::Deny);
+        a.next.push(a.insns.len());
+    }
     if !policy.deny_majors.is_empty() {
         a.jmp(op::JNE_IMM, R_TYPE, DEVCG_DEV_CHAR as i32, Target::Allow);
         for &m in &policy.deny_majors {
@@ -235,6 +247,43 @@ mod tests {
         for &(t, ma, mi, acc, v) in table {
             assert_eq!(verdict(&prog, t, ma, mi, acc), v, "{t:?} {ma}:{mi} {acc}");
             assert_eq!(p.decide(t, ma, mi, acc), v, "{t:?} {ma}:{mi} {acc}");
+        }
+    }
+
+    /// RDMA devices are denied one by one, unless an extra class of the tier opens them: the
+    /// program agrees with the reference decision on them and on their majors' neighbours.
+    #[test]
+    fn rdma_devices_are_denied_unless_allowed() {
+        let drv = crate::driver::DriverInfo {
+            rdma: [(231, 192), (231, 0), (10, 61)]
+                .map(|(major, minor)| crate::driver::RdmaDevice {
+                    path: "/dev/infiniband/x".into(),
+                    major,
+                    minor,
+                })
+                .into(),
+            ..driver()
+        };
+        for extra in [vec![], vec!["c 231:192 rw".parse().unwrap()]] {
+            let p = DevicePolicy::for_job(&drv, &[], &extra).unwrap();
+            let prog = generate(&p);
+            interp::validate(&prog).unwrap();
+            for (ma, mi) in [(231, 192), (231, 0), (231, 1), (10, 61), (10, 62), (1, 3)] {
+                for acc in [Access::READ, Access::RW, Access::RWM] {
+                    assert_eq!(
+                        verdict(&prog, DevType::Char, ma, mi, acc),
+                        p.decide(DevType::Char, ma, mi, acc),
+                        "{ma}:{mi} {acc} with {extra:?}"
+                    );
+                }
+            }
+            let verbs = p.decide(DevType::Char, 231, 192, Access::RW);
+            assert_eq!(verbs == Verdict::Allow, !extra.is_empty());
+            assert_eq!(p.decide(DevType::Char, 10, 61, Access::READ), Verdict::Deny);
+            assert_eq!(
+                p.decide(DevType::Char, 10, 62, Access::READ),
+                Verdict::Allow
+            );
         }
     }
 

@@ -90,6 +90,7 @@ impl Fixture {
         DriverPaths {
             proc_devices: self.dir.path().join("devices"),
             mig_minors: self.dir.path().join("mig-minors"),
+            rdma_devices: self.dir.path().join("infiniband"),
         }
     }
 }

@@ -141,6 +141,21 @@ impl Drop for Procs {
     }
 }
 
+/// The IP protocol number `raw` datagram probes use (253: for experiments, RFC 3692).
+pub const RAW_PROTO: std::num::NonZeroU32 = match std::num::NonZeroU32::new(253) {
+    Some(p) => p,
+    None => unreachable!(),
+};
+
+/// The uid a probe placed in a job cgroup runs as: the job user, but root for raw IP (a job
+/// with CAP_NET_RAW: a root job or a container's root).
+fn probe_uid(args: &str, cgroup: Option<&Path>) -> Option<u32> {
+    if args.split_whitespace().nth(1) == Some("raw") {
+        return None;
+    }
+    cgroup.map(|_| JOB_UID)
+}
+
 pub const PROBE_ENV: &str = "TNW_PROBE";
 pub const PROBE_TEST: &str = "zz_probe_helper";
 /// Unprivileged uid/gid the job probes run as (both tenants: same uid).
@@ -256,7 +271,7 @@ pub fn client(args: &str, cgroup: Option<&Path>) -> Outcome {
 
 /// [`client`] run in `netns` (through nsenter) instead of the calling thread's namespace.
 pub fn client_in(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>) -> Outcome {
-    let st = probe_cmd(args, cgroup, netns, cgroup.map(|_| JOB_UID))
+    let st = probe_cmd(args, cgroup, netns, probe_uid(args, cgroup))
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -266,7 +281,7 @@ pub fn client_in(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>) -> Ou
 /// Start a `dgram-recv` probe and return it once its socket is bound (READY); [`received`]
 /// then tells whether a datagram reached it.
 pub fn start_receiver(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>) -> Child {
-    let mut child = probe_cmd(args, cgroup, netns, cgroup.map(|_| JOB_UID))
+    let mut child = probe_cmd(args, cgroup, netns, probe_uid(args, cgroup))
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -395,7 +410,8 @@ pub fn probe_main(spec: &str) -> ! {
     std::process::exit(code)
 }
 
-/// Datagram probes over UDP or UDP-Lite (`PROTO` = udp | udplite):
+/// Datagram probes over UDP, UDP-Lite or raw IP (`PROTO` = udp | udplite | raw; raw binds and
+/// sends with port 0):
 ///
 /// * `dgram-recv PROTO ADDR [reuse] [seed=ADDR] [join=GROUP@IFADDR]`: binds ADDR (SO_REUSEADDR
 ///   with `reuse`), joins an IPv4 multicast group, sends five datagrams to the `seed` address
@@ -412,13 +428,15 @@ fn dgram_probe(mode: &str, proto: &str, addr: SocketAddr, opts: Vec<&str>) -> i3
         } else {
             AddressFamily::INET6
         };
-        let p = match proto {
-            "udp" => ipproto::UDP,
-            "udplite" => ipproto::UDPLITE,
+        let (kind, p) = match proto {
+            "udp" => (SocketType::DGRAM, ipproto::UDP),
+            "udplite" => (SocketType::DGRAM, ipproto::UDPLITE),
+            // Raw IP of an experimental protocol number (RFC 3692): needs CAP_NET_RAW.
+            "raw" => (SocketType::RAW, rustix::net::Protocol::from_raw(RAW_PROTO)),
             p => panic!("unknown datagram protocol {p:?}"),
         };
-        let fd = rustix::net::socket_with(family, SocketType::DGRAM, SocketFlags::CLOEXEC, Some(p))
-            .expect("socket");
+        let fd =
+            rustix::net::socket_with(family, kind, SocketFlags::CLOEXEC, Some(p)).expect("socket");
         UdpSocket::from(fd)
     };
     let opt = |name: &str| {

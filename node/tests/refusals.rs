@@ -1,0 +1,79 @@
+//! A refusal's record: the tenant a job asked for is the user's claim (`requested_tenant`),
+//! `tenant` only what the prolog verified; the report counts an unverified refusal under
+//! `(unverified)`, never for the tenant named.
+
+use std::ffi::OsString;
+use tenancy_audit::report::{aggregate_paths, GroupBy, Query, UNVERIFIED};
+use tenancy_audit::{Event, Record};
+use tenancy_config::Config;
+use tenancy_node::{JobContext, Spine};
+
+fn job(id: &str, uid: &str, user: &str, tenant: &str) -> Vec<(OsString, OsString)> {
+    [
+        ("SLURM_JOB_ID", id),
+        ("SLURM_JOB_UID", uid),
+        ("SLURM_JOB_GID", uid),
+        ("SLURM_JOB_USER", user),
+        ("SLURMD_NODENAME", "node1"),
+        ("SPANK_TENANCY_TENANT", tenant),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.into(), v.into()))
+    .collect()
+}
+
+#[test]
+fn unverified_refusal_is_not_counted_for_the_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let text = format!(
+        "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
+         scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.acme]\ntier = \"internal\"\n\
+         groups = [\"root\"]\n",
+        r = root.display()
+    );
+    let config = Config::parse(&text, &root.join("tenancy.toml")).unwrap();
+    let mut spine = Spine::new(&config, vec![], "tenancy-prolog").unwrap();
+    // A member's job runs for acme; daemon (not a member) claims acme and is refused.
+    let ok = spine.prolog(JobContext::from_vars(job("1", "0", "root", "acme")));
+    assert_eq!(ok.code, 0, "{}", ok.message);
+    let ctx = JobContext::from_vars(job("1", "0", "root", "acme")).unwrap();
+    assert_eq!(spine.epilog(&ctx).code, 0);
+    let denied = spine.prolog(JobContext::from_vars(job("2", "1", "daemon", "acme")));
+    assert_eq!(denied.code, 1);
+    assert!(denied.message.contains("not a member of tenant 'acme'"));
+
+    let log = root.join("audit.jsonl");
+    let records: Vec<Record> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let refusal = records
+        .iter()
+        .find(|r| r.event == Event::JobDenied)
+        .expect("a job_denied record");
+    assert_eq!(refusal.requested_tenant.as_deref(), Some("acme"));
+    assert_eq!(refusal.tenant, None, "an unverified tenant was recorded");
+    let start = records.iter().find(|r| r.event == Event::JobStart).unwrap();
+    assert_eq!(start.tenant.as_deref(), Some("acme"));
+
+    let by_tenant = |tenants: Vec<String>| {
+        aggregate_paths(
+            std::slice::from_ref(&log),
+            Query {
+                by: vec![GroupBy::Tenant],
+                tenants,
+                ..Query::default()
+            },
+            None,
+        )
+        .unwrap()
+    };
+    let all = by_tenant(vec![]);
+    let acme = &all.groups[&vec!["acme".to_string()]];
+    assert_eq!((acme.jobs, acme.denied), (1, 0), "{:?}", all.groups);
+    assert_eq!(all.groups[&vec![UNVERIFIED.to_string()]].denied, 1);
+    // Asking for acme's figures does not bring the claim in either.
+    assert_eq!(by_tenant(vec!["acme".into()]).total.denied, 0);
+}
