@@ -106,16 +106,26 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
 /// from `slurm_spank_task_post_fork`, after the step's I/O connections to srun are made (so
 /// those keep their node cgroup) and after Slurm's proctrack and task plugins have attached the
 /// task (so no attach of Slurm's can move it back out afterwards). With `join_ipc` slurmstepd
-/// also enters the job's IPC namespace (once per slurmstepd). Fails when the job has no journal
-/// or a cgroup cannot be joined: the step then fails, never runs unisolated.
+/// also enters the job's IPC namespace (once per slurmstepd). Fails when a layer is not set up
+/// or a cgroup cannot be joined: the step then fails, never runs unisolated. A job with no
+/// journal on the node (its prolog did not set it up here: a node without Prolog=) is
+/// `Ok(None)`: its tasks fail closed in their own hook, before user code, and Slurm ends the
+/// step as a failed job instead of failing the launch (which drains the node).
 pub fn contain_step(
     config: &Config,
     job_id: u64,
     stepd: i32,
     task: Option<i32>,
     join_ipc: bool,
-) -> Result<Vec<PathBuf>, String> {
-    let cgroups = job_cgroups(&running_journal(config, job_id)?)?;
+) -> Result<Option<Vec<PathBuf>>, String> {
+    let journals = JournalDir::open(&config.cluster.state_dir).map_err(|e| e.to_string())?;
+    let Some(journal) = journals
+        .load_unlocked(job_id)
+        .map_err(|e| format!("job {job_id}: {e}"))?
+    else {
+        return Ok(None);
+    };
+    let cgroups = job_cgroups(&journal)?;
     for cg in &cgroups {
         for pid in task.into_iter().chain([stepd]) {
             join(cg, pid).map_err(|e| format!("job {job_id}: {e}"))?;
@@ -126,7 +136,7 @@ pub fn contain_step(
             join_job_ipc(cg).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
         }
     }
-    Ok(cgroups)
+    Ok(Some(cgroups))
 }
 
 /// The cgroups every process of the job must be in (each once, in layer order); an error when a

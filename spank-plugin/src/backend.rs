@@ -31,17 +31,17 @@ pub fn enter(config: Option<&Path>, job: u64, pid: i32) -> Result<Vec<(String, S
     node_enter(&config, job, pid)
 }
 
-/// Puts slurmstepd `stepd` (and its task `task`, when given) into the job's isolation; see
-/// `tenancy_node::task::contain_step`.
+/// Puts slurmstepd `stepd` (and its task `task`, when given) into the job's isolation; false
+/// when the job has no journal on this node (see `tenancy_node::task::contain_step`).
 pub fn contain_step(
     config: Option<&Path>,
     job: u64,
     stepd: i32,
     task: Option<i32>,
     join_ipc: bool,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let config = tenancy_node::config_cache::load(config).map_err(|e| one_line(&e.to_string()))?;
-    tenancy_node::task::contain_step(&config, job, stepd, task, join_ipc).map(|_| ())
+    tenancy_node::task::contain_step(&config, job, stepd, task, join_ipc).map(|c| c.is_some())
 }
 
 fn node_enter(config: &Config, job: u64, pid: i32) -> Result<Vec<(String, String)>, String> {

@@ -346,10 +346,18 @@ fn contain_stepd(sp: sys::spank_t, task: Option<i32>) -> Result<(), String> {
     // A namespace is entered by the process that calls setns: only slurmstepd itself can put
     // itself in the job's, not a clone of it running the hook (contain_spank).
     let ipc = !contained && me == stepd;
-    backend::contain_step(config.as_deref(), u64::from(job), stepd, task, ipc).map_err(|e| {
-        format!("job {job}: cannot put slurmstepd {stepd} into the job's isolation: {e}")
-    })?;
-    state().stepd_contained = true;
+    let set_up = backend::contain_step(config.as_deref(), u64::from(job), stepd, task, ipc)
+        .map_err(|e| {
+            format!("job {job}: cannot put slurmstepd {stepd} into the job's isolation: {e}")
+        })?;
+    if set_up {
+        state().stepd_contained = true;
+    } else {
+        // The task hook refuses every task of such a job, before user code.
+        log_verbose(&format!(
+            "tenancy: job {job} has no journal on this node: its tasks are refused"
+        ));
+    }
     Ok(())
 }
 
