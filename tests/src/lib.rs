@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 pub mod release_root;
 pub mod sshd;
 pub mod stack;
+pub mod uml_node;
 pub mod users;
 pub use release_root::SlurmRoot;
 pub use users::{TestUser, Users};

@@ -196,9 +196,7 @@ impl RootMounts {
             m.mounts.push(at);
         }
         fs::copy("/etc/hosts", root.dir.join("etc/hosts")).context("copy /etc/hosts")?;
-        for db in ["passwd", "group"] {
-            merge_db(&root.dir, db)?;
-        }
+        merge_users(&root.dir)?;
         Ok(m)
     }
 }
@@ -209,6 +207,15 @@ impl Drop for RootMounts {
             let _ = Command::new("umount").arg("-R").arg("-l").arg(&at).output();
         }
     }
+}
+
+/// Copies the host's users and groups the root lacks (the test users) into its /etc/passwd
+/// and /etc/group, with their ids.
+pub fn merge_users(root: &Path) -> Result<()> {
+    for db in ["passwd", "group"] {
+        merge_db(root, db)?;
+    }
+    Ok(())
 }
 
 /// The root's own entries of /etc/`db` (kept aside at first use as `db.root`) plus the host's
