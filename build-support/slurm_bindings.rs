@@ -42,7 +42,7 @@ fn slurm_bindings(
             "\n{krate}: cannot build against the Slurm headers in {} ({how}): {why}\n\
              remedy: install the headers of the Slurm that will load the plugin (Debian: \
              apt-get install libslurm-dev) or point SLURM_INCLUDE_DIR at their folder (the one \
-             holding slurm/{header})\n",
+             holding {header})\n",
             include.display()
         )
     };
