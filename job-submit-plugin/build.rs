@@ -1,7 +1,8 @@
 //! Generates the job_submit bindings (`job_desc_msg_t`, the version, the error codes) from the
-//! Slurm headers of the build host (build-support/slurm_bindings.rs): slurmctld loads a
-//! job_submit plugin only when its `plugin_version` equals its own SLURM_VERSION_NUMBER, and the
-//! layout of `job_desc_msg_t` changes between releases.
+//! Slurm headers in SLURM_INCLUDE_DIR (default: the build host's; build-support/slurm_bindings.rs):
+//! slurmctld loads a job_submit plugin only when its `plugin_version` equals its own
+//! SLURM_VERSION_NUMBER (micro release included), and the layout of `job_desc_msg_t` changes
+//! between releases.
 
 include!("../build-support/slurm_bindings.rs");
 
@@ -19,6 +20,23 @@ fn main() {
                 // kept opaque so the bindings stay small.
                 .opaque_type("slurm_addr_t|bitstr_t|cron_entry_t|list_t|List|xlist")
                 .prepend_enum_name(false)
+        },
+        |version| {
+            // What src/lib.rs reads of job_desc_msg_t, in every release.
+            let mut uses = vec![
+                ("job_descriptor", "user_id"),
+                ("job_descriptor", "account"),
+                ("job_descriptor", "spank_job_env"),
+                ("job_descriptor", "spank_job_env_size"),
+            ];
+            // The job id of an update: its own field up to 25.11, in `step_id` from 26.05
+            // (`job_id()` in src/lib.rs, selected by the same version).
+            if version >= 0x1a_05_00 {
+                uses.extend([("job_descriptor", "step_id"), ("slurm_step_id_t", "job_id")]);
+            } else {
+                uses.push(("job_descriptor", "job_id"));
+            }
+            uses
         },
     );
 }

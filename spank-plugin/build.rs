@@ -1,5 +1,5 @@
-//! Generates the SPANK bindings from the Slurm headers installed on the build host
-//! (build-support/slurm_bindings.rs), so that `plugin_version` and every constant match the
+//! Generates the SPANK bindings from the Slurm headers in SLURM_INCLUDE_DIR (default: the build
+//! host's; build-support/slurm_bindings.rs), so that `plugin_version` and every constant match the
 //! Slurm that loads the plugin. Slurm's loader checks major.minor of `plugin_version`: a plugin
 //! built against other headers is refused at load, which is why the headers must be the node's.
 
@@ -16,6 +16,13 @@ fn main() {
                 .allowlist_function("slurm_(info|error|verbose|debug|debug2|spank_log)")
                 .allowlist_type("spank_.*")
                 .allowlist_var("SLURM_VERSION_NUMBER|ESPANK_.*|SLURM_SUCCESS")
+        },
+        // The one struct the plugin fills in (its options).
+        |_| {
+            ["name", "arginfo", "usage", "has_arg", "val", "cb"]
+                .into_iter()
+                .map(|f| ("spank_option", f))
+                .collect()
         },
     );
 }

@@ -441,6 +441,18 @@ pub unsafe extern "C" fn job_submit(
     }
 }
 
+/// The job an update's `job_desc` names. Slurm 26.05 moved it into `step_id` (beside the
+/// job's SLUID); the release is the headers' (build-support/slurm_bindings.rs).
+#[cfg(not(slurm_ge_26_05))]
+fn job_id(desc: &sys::job_desc_msg_t) -> u32 {
+    desc.job_id
+}
+
+#[cfg(slurm_ge_26_05)]
+fn job_id(desc: &sys::job_desc_msg_t) -> u32 {
+    desc.step_id.job_id
+}
+
 /// Called by slurmctld for `scontrol update job`. What it is given holds only the changed
 /// fields, not the job's tenant, so a new account a tenant owns is accepted only when it cannot
 /// contradict the tenant: from an administrator, or from a user who is a member of that tenant
@@ -457,7 +469,7 @@ pub unsafe extern "C" fn job_modify(
     if job_desc.is_null() {
         return REFUSED;
     }
-    let job = (*job_desc).job_id;
+    let job = job_id(&*job_desc);
     let verdict = catch_unwind(AssertUnwindSafe(|| {
         let account =
             bytes((*job_desc).account).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase());

@@ -75,6 +75,29 @@ pub fn slurm_job_of(cgroup_text: &str, product_dir: &str) -> Result<Option<u64>,
     Ok(found)
 }
 
+/// Slurm 26.05's cgroup/v2 names a job's folder by its SLUID (`sEKNKTV3WPV500`: `s` and 13
+/// Crockford base32 characters) instead of `job_<id>`; the job id is not in the path then. The
+/// remedy for a refusal that this explains, or "".
+fn sluid_remedy(cgroup_text: &str) -> &'static str {
+    let sluid = |c: &str| {
+        c.len() == 14
+            && c.starts_with('s')
+            && c[1..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
+    };
+    let named_by_sluid = cgroup_text
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .any(|p| p.split('/').any(sluid));
+    if named_by_sluid {
+        " (Slurm 26.05 names job cgroups by SLUID: set CgroupJobIdPaths=yes in cgroup.conf and \
+         restart slurmd, so that the job id is in the path)"
+    } else {
+        ""
+    }
+}
+
 /// Moves process `pid`, a session of user `uid`, into the isolation of the Slurm job it was
 /// adopted into. Refuses when the job has no journal on this node, belongs to another user, or
 /// a cgroup cannot be joined: the session must not run beside the job unisolated.
@@ -102,7 +125,8 @@ pub fn adopt(
                 Some(c),
                 format!(
                     "pam_slurm_adopt adopted the session into job {c}, but process {pid} is in \
-                     no job's cgroup"
+                     no job's cgroup{}",
+                    sluid_remedy(&text)
                 ),
             ))
         }
@@ -311,5 +335,15 @@ mod tests {
         )
         .unwrap_err()
         .contains("two jobs (1 and 2)"));
+    }
+
+    #[test]
+    fn a_job_cgroup_named_by_sluid_gets_the_remedy() {
+        let v2 = "0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_extern/user\n";
+        assert_eq!(super::slurm_job_of(v2, "tenancy"), Ok(None));
+        assert!(super::sluid_remedy(v2).contains("CgroupJobIdPaths=yes"));
+        let by_id = "0::/system.slice/slurmstepd.scope/job_7/step_extern\n";
+        assert_eq!(super::sluid_remedy(by_id), "");
+        assert_eq!(super::sluid_remedy("0::/system.slice/sshd.service\n"), "");
     }
 }

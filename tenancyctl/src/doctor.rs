@@ -86,8 +86,10 @@ fn job_submit_row(slurm_conf: &Path, text: Option<&str>) -> Row {
     )
 }
 
-/// Whether each job gets its own /tmp and /dev/shm (Slurm's `JobContainerType=
-/// job_container/tmpfs`). Without it both are the node's, shared by the jobs of every tenant:
+/// Whether each job gets its own /tmp and /dev/shm: Slurm's `NamespaceType=namespace/linux`
+/// from 25.11 (the recommended one there; `namespace/tmpfs` is the old plugin renamed), or
+/// `JobContainerType=job_container/tmpfs` on 22.05 to 25.05 (25.11+ still read it, and warn
+/// that it is deprecated). Without it both are the node's, shared by the jobs of every tenant:
 /// a file one job leaves there with the usual umask, or a POSIX shared memory segment, is
 /// readable by the next tenant's job (a warning: the product's layers still hold, and TMPDIR
 /// points at the job's scratch). With it, a scratch root under /tmp or /dev/shm is hidden from
@@ -97,9 +99,17 @@ fn job_container_row(slurm_conf: &Path, text: Option<&str>, scratch_root: &Path)
     let Some(text) = text else {
         return unreadable_slurm_conf(CHECK, slurm_conf);
     };
-    let tmpfs = programs(text, "JobContainerType")
-        .iter()
-        .any(|p| p == "job_container/tmpfs");
+    let namespace = programs(text, "NamespaceType")
+        .into_iter()
+        .find(|p| p == "namespace/linux" || p == "namespace/tmpfs");
+    let tmpfs = namespace.is_some()
+        || programs(text, "JobContainerType")
+            .iter()
+            .any(|p| p == "job_container/tmpfs");
+    let how = match &namespace {
+        Some(p) => format!("NamespaceType={p}"),
+        None => "JobContainerType=job_container/tmpfs".to_string(),
+    };
     let hidden = ["/tmp", "/dev/shm"]
         .into_iter()
         .find(|d| scratch_root.starts_with(d));
@@ -107,15 +117,15 @@ fn job_container_row(slurm_conf: &Path, text: Option<&str>, scratch_root: &Path)
         (true, None) => row(
             CHECK,
             Severity::Ok,
-            "JobContainerType=job_container/tmpfs: each job has its own /tmp and /dev/shm".into(),
+            format!("{how}: each job has its own /tmp and /dev/shm"),
             None,
         ),
         (true, Some(d)) => row(
             CHECK,
             Severity::Error,
             format!(
-                "cluster.scratch_root {} is under {d}, which job_container/tmpfs replaces in \
-                 every job: no job would see its scratch folder",
+                "cluster.scratch_root {} is under {d}, which {how} replaces in every job: no \
+                 job would see its scratch folder",
                 scratch_root.display()
             ),
             Some("move cluster.scratch_root to a local disk outside /tmp and /dev/shm".into()),
@@ -124,14 +134,17 @@ fn job_container_row(slurm_conf: &Path, text: Option<&str>, scratch_root: &Path)
             CHECK,
             Severity::Warn,
             format!(
-                "{} has no JobContainerType=job_container/tmpfs: /tmp and /dev/shm are the \
+                "{} has neither NamespaceType=namespace/linux nor JobContainerType=\
+                 job_container/tmpfs: /tmp and /dev/shm are the \
                  node's, shared by the jobs of every tenant (a file left there with the usual \
                  umask is readable by the next tenant's job)",
                 slurm_conf.display()
             ),
             Some(
-                "add JobContainerType=job_container/tmpfs to slurm.conf and a job_container.conf \
-                 with BasePath= on a local disk outside /tmp (README), then restart slurmd"
+                "Slurm 25.11 and later: add NamespaceType=namespace/linux and PrologFlags=Contain \
+                 to slurm.conf and a namespace.yaml with base_path on a local disk outside /tmp; \
+                 Slurm 22.05 to 25.05: JobContainerType=job_container/tmpfs and a \
+                 job_container.conf with BasePath= likewise (README); then restart slurmd"
                     .into(),
             ),
         ),
@@ -960,6 +973,20 @@ mod tests {
             assert_eq!(r.severity, "error", "{hidden}");
             assert!(r.message.contains(hidden), "{}", r.message);
         }
+        // Slurm 25.11+'s namespace plugins give the same.
+        for on in [
+            "NamespaceType=namespace/linux\n",
+            "NamespaceType=namespace/tmpfs\n",
+        ] {
+            let r = job_container_row(p, Some(on), scratch);
+            assert_eq!(r.severity, "ok", "{on}");
+            assert!(r.message.starts_with(on.trim()), "{}", r.message);
+            let r = job_container_row(p, Some(on), std::path::Path::new("/tmp/scratch"));
+            assert_eq!(r.severity, "error", "{on}");
+        }
+        let r = job_container_row(p, Some("NamespaceType=namespace/none\n"), scratch);
+        assert_eq!(r.severity, "warn");
+        assert!(r.remedy.contains("namespace/linux"), "{}", r.remedy);
         // Without per-job /tmp, a scratch root there is not this row's concern.
         let r = job_container_row(p, Some("ClusterName=t\n"), std::path::Path::new("/tmp/s"));
         assert_eq!(r.severity, "warn");

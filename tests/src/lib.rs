@@ -26,10 +26,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod accounting;
+pub mod release_root;
 pub mod sshd;
 pub mod stack;
+pub mod uml_node;
 pub mod users;
 pub use accounting::Accounting;
+pub use release_root::SlurmRoot;
 pub use users::{TestUser, Users};
 
 /// Skips (returns false) when not root, panics under CI.
@@ -71,6 +74,10 @@ pub struct ClusterOptions {
     /// Slurm's accounting: MariaDB + slurmdbd started with the cluster, MIG profiles as typed
     /// GPU GRES in AccountingStorageTRES (default off: accounting_storage/none).
     pub accounting: Option<Accounting>,
+    /// Run Slurm from this release's root (daemons and clients under chroot, cgroup/v1;
+    /// release_root.rs) instead of the host's Slurm. The cluster's folder must then be in the
+    /// temp folder, which the root shares.
+    pub slurm_root: Option<SlurmRoot>,
 }
 
 /// A running single-node cluster.
@@ -81,6 +88,10 @@ pub struct Cluster {
     pub partition: String,
     daemons: Vec<(String, Child)>,
     stopped: bool,
+    /// The release root the cluster runs in, if not the host's Slurm.
+    pub slurm_root: Option<SlurmRoot>,
+    // Dropped after the daemons are stopped (Drop of Cluster), before the lock.
+    _mounts: Option<release_root::RootMounts>,
     _lock: Flock<File>,
 }
 
@@ -102,8 +113,13 @@ fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
     Ok(())
 }
 
-fn munge_works() -> bool {
-    let Ok(mut m) = Command::new("munge")
+fn munge_works(root: Option<&SlurmRoot>) -> bool {
+    let (mut munge, mut unmunge) = (Command::new("munge"), Command::new("unmunge"));
+    if let Some(r) = root {
+        r.enter(&mut munge);
+        r.enter(&mut unmunge);
+    }
+    let Ok(mut m) = munge
         .arg("-n")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -113,7 +129,7 @@ fn munge_works() -> bool {
     };
     let cred = m.stdout.take();
     let Some(cred) = cred else { return false };
-    let ok = Command::new("unmunge")
+    let ok = unmunge
         .stdin(cred)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -156,10 +172,21 @@ impl Cluster {
         let lock = Flock::lock(lock_file, FlockArg::LockExclusive)
             .map_err(|(_, e)| anyhow!("flock /run/tenancy-e2e.lock: {e}"))?;
 
+        let mounts = match &opts.slurm_root {
+            Some(r) => Some(release_root::RootMounts::mount(r)?),
+            None => None,
+        };
         let dir = tempfile::Builder::new()
             .prefix("tenancy-e2e-")
             .tempdir_in(opts.folder_in.clone().unwrap_or_else(std::env::temp_dir))
             .context("temp dir")?;
+        if opts.slurm_root.is_some() {
+            ensure!(
+                dir.path().starts_with(std::env::temp_dir()),
+                "a cluster in a Slurm release root needs its folder in the temp folder, not {}",
+                dir.path().display()
+            );
+        }
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))?;
         let d = dir.path().to_path_buf();
         for sub in ["etc", "state", "spool", "log", "run", "lib", "jobs"] {
@@ -174,23 +201,51 @@ impl Cluster {
             partition: "debug".into(),
             daemons: Vec::new(),
             stopped: false,
+            slurm_root: opts.slurm_root.clone(),
+            _mounts: mounts,
             _lock: lock,
         };
+        let root = opts.slurm_root.as_ref();
 
-        if !munge_works() {
-            fs::create_dir_all("/run/munge")?;
-            let munge = nix::unistd::User::from_name("munge")?
-                .ok_or_else(|| anyhow!("no user munge: apt-get install munge"))?;
-            nix::unistd::chown("/run/munge", Some(munge.uid), Some(munge.gid))?;
-            fs::set_permissions("/run/munge", fs::Permissions::from_mode(0o755))?;
+        if !munge_works(root) {
             let mut cmd = Command::new("munged");
-            cmd.arg("--foreground")
-                .uid(munge.uid.as_raw())
-                .gid(munge.gid.as_raw());
+            cmd.arg("--foreground");
+            if let Some(r) = root {
+                // The root's own munged, key and user (its ids are the root's).
+                let (uid, gid) = r.user("munge")?;
+                let run = r.dir.join("run/munge");
+                fs::create_dir_all(&run)?;
+                nix::unistd::chown(
+                    &run,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )?;
+                fs::set_permissions(&run, fs::Permissions::from_mode(0o755))?;
+                r.enter(&mut cmd);
+                // SAFETY: setgroups/setgid/setuid are async-signal-safe; after the chroot.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::setgroups(0, std::ptr::null()) != 0
+                            || libc::setgid(gid) != 0
+                            || libc::setuid(uid) != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            } else {
+                fs::create_dir_all("/run/munge")?;
+                let munge = nix::unistd::User::from_name("munge")?
+                    .ok_or_else(|| anyhow!("no user munge: apt-get install munge"))?;
+                nix::unistd::chown("/run/munge", Some(munge.uid), Some(munge.gid))?;
+                fs::set_permissions("/run/munge", fs::Permissions::from_mode(0o755))?;
+                cmd.uid(munge.uid.as_raw()).gid(munge.gid.as_raw());
+            }
             let child = spawn_daemon("munged", &mut cmd, &d.join("log/munged.log"))?;
             cluster.daemons.push(("munged".into(), child));
             let t = Instant::now();
-            while !munge_works() {
+            while !munge_works(root) {
                 if t.elapsed() > Duration::from_secs(10) {
                     bail!(
                         "munged did not answer within 10 s; see {}",
@@ -260,11 +315,30 @@ impl Cluster {
         if let Some(t) = &opts.tenancy_toml {
             write_file(&tenancy_path, t, 0o644)?;
         }
-        if let Some(prolog) = &opts.prolog {
-            conf.push(format!("Prolog={}", prolog.display()));
-        }
-        if let Some(epilog) = &opts.epilog {
-            conf.push(format!("Epilog={}", epilog.display()));
+        for (key, program) in [("Prolog", &opts.prolog), ("Epilog", &opts.epilog)] {
+            let Some(program) = program else { continue };
+            let program = match root {
+                // Slurm in the root sees only the temp folder of the host's: a copy there, with
+                // tenancy-prolog-dynamic beside it when the build has one.
+                Some(_) => {
+                    for name in [
+                        program.file_name(),
+                        Some(OsStr::new("tenancy-prolog-dynamic")),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        let src = program.with_file_name(name);
+                        if src.is_file() && !d.join("lib").join(name).exists() {
+                            fs::copy(&src, d.join("lib").join(name))
+                                .with_context(|| format!("copy {}", src.display()))?;
+                        }
+                    }
+                    d.join("lib").join(program.file_name().unwrap_or_default())
+                }
+                None => program.clone(),
+            };
+            conf.push(format!("{key}={}", program.display()));
         }
         let plugstack = d.join("etc/plugstack.conf");
         let mut stack = String::new();
@@ -286,11 +360,11 @@ impl Cluster {
             let dest = plugins.join("job_submit_tenancy.so");
             fs::copy(so, &dest).with_context(|| format!("copy {}", so.display()))?;
             fs::set_permissions(&dest, fs::Permissions::from_mode(0o755))?;
-            conf.push(format!(
-                "PluginDir={}:{}",
-                slurm_plugin_dir()?.display(),
-                plugins.display()
-            ));
+            let own = match root {
+                Some(r) => r.plugin_dir()?,
+                None => slurm_plugin_dir()?,
+            };
+            conf.push(format!("PluginDir={}:{}", own.display(), plugins.display()));
             conf.push("JobSubmitPlugins=tenancy".into());
         }
         conf.extend(opts.extra_conf.iter().cloned());
@@ -309,9 +383,18 @@ impl Cluster {
             "PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
         ));
         write_file(&cluster.conf, &(conf.join("\n") + "\n"), 0o644)?;
+        // Newer releases' cgroup/v2 refuses this hybrid host ("Hybrid mode is not supported"),
+        // and their autodetect picks it: name v1.
+        let cgroup_plugin = if root.is_some() {
+            "cgroup/v1"
+        } else {
+            "autodetect"
+        };
         write_file(
             &d.join("etc/cgroup.conf"),
-            "CgroupPlugin=autodetect\nConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n",
+            &format!(
+                "CgroupPlugin={cgroup_plugin}\nConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n"
+            ),
             0o644,
         )?;
 
@@ -327,10 +410,16 @@ impl Cluster {
         }
         let mut ctld = Command::new("slurmctld");
         ctld.args(["-D", "-i"]).env("SLURM_CONF", &cluster.conf);
+        if let Some(r) = root {
+            r.enter(&mut ctld);
+        }
         let c = spawn_daemon("slurmctld", &mut ctld, &d.join("log/slurmctld.out"))?;
         cluster.daemons.push(("slurmctld".into(), c));
         let mut slurmd = Command::new("slurmd");
         slurmd.arg("-D").env("SLURM_CONF", &cluster.conf);
+        if let Some(r) = root {
+            r.enter(&mut slurmd);
+        }
         let s = spawn_daemon("slurmd", &mut slurmd, &d.join("log/slurmd.out"))?;
         cluster.daemons.push(("slurmd".into(), s));
         cluster.wait_node_state(&["idle"], Duration::from_secs(30))?;
@@ -342,12 +431,16 @@ impl Cluster {
     }
 
     /// A client command (sinfo, sbatch, scontrol ...) as root with this cluster's SLURM_CONF.
+    /// In a release root ([`ClusterOptions::slurm_root`]) the command runs in the root.
     pub fn cmd(&self, program: impl AsRef<OsStr>) -> Command {
         let mut c = Command::new(program);
         c.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
             .env("SLURM_CONF", &self.conf)
             .current_dir(self.dir.path());
+        if let Some(r) = &self.slurm_root {
+            r.enter(&mut c);
+        }
         c
     }
 

@@ -2,7 +2,7 @@
 //! Prolog/Epilog, the NVML stand-in as the node's libnvidia-ml.so.1, two tenants with their
 //! groups and users. Shared by the e2e tests and the demo.
 
-use crate::{artifact, Cluster, ClusterOptions, TestUser, Users};
+use crate::{artifact, Cluster, ClusterOptions, SlurmRoot, TestUser, Users};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::fs;
@@ -227,7 +227,7 @@ impl Stack {
         extra_conf: Vec<String>,
         extra_files: Vec<(String, String)>,
     ) -> Result<Stack> {
-        Stack::start_full(root, tenants, extra_conf, extra_files, None)
+        Stack::start_full(root, tenants, extra_conf, extra_files, None, None)
     }
 
     /// [`Stack::start`] with Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed
@@ -237,7 +237,13 @@ impl Stack {
         tenants: &Tenants,
         accounting: crate::Accounting,
     ) -> Result<Stack> {
-        Stack::start_full(root, tenants, vec![], vec![], Some(accounting))
+        Stack::start_full(root, tenants, vec![], vec![], Some(accounting), None)
+    }
+
+    /// [`Stack::start`] on another Slurm release: its daemons and clients in `slurm`'s root,
+    /// with the plugins built against its headers. `root` must be in the temp folder.
+    pub fn start_in(root: &Path, tenants: &Tenants, slurm: SlurmRoot) -> Result<Stack> {
+        Stack::start_full(root, tenants, vec![], vec![], None, Some(slurm))
     }
 
     fn start_full(
@@ -246,6 +252,7 @@ impl Stack {
         extra_conf: Vec<String>,
         extra_files: Vec<(String, String)>,
         accounting: Option<crate::Accounting>,
+        slurm: Option<SlurmRoot>,
     ) -> Result<Stack> {
         let p = StackPaths::under(root);
         for d in [&p.state_dir, &p.scratch_root, &p.bin_dir] {
@@ -268,16 +275,21 @@ impl Stack {
         for b in ["tenancy-e2e-probe", "nvml-shim-ctl", "tenancyctl"] {
             install_bin(b, &p.bin_dir)?;
         }
+        let plugin = |name: &str| match &slurm {
+            Some(r) => r.plugin(name),
+            None => artifact(name),
+        };
         let cluster = Cluster::start(ClusterOptions {
             prolog: Some(artifact("tenancy-prolog")?),
             epilog: Some(artifact("tenancy-epilog")?),
-            spank_plugin: Some(artifact("libspank_tenancy.so")?),
-            job_submit_plugin: Some(artifact("libjob_submit_tenancy.so")?),
+            spank_plugin: Some(plugin("libspank_tenancy.so")?),
+            job_submit_plugin: Some(plugin("libjob_submit_tenancy.so")?),
             tenancy_toml: Some(tenancy_toml(&p, tenants)),
             extra_conf,
             extra_files,
             folder_in: root.parent().map(Path::to_path_buf),
             accounting,
+            slurm_root: slurm,
         })?;
         let config = cluster.path("etc/tenancy.toml");
         let mut stack = Stack {
