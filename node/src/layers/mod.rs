@@ -1,7 +1,8 @@
 //! Adapters that plug each isolation mechanism (crates under `layers/`) into the spine, in the
 //! order a job's isolation is built: MIG slice, device allowlist (creates the job cgroup),
-//! network (keys on that cgroup), scratch.
+//! network (keys on that cgroup), scratch, and the DCGM job mapping (names the MIG instance).
 
+mod dcgm;
 mod devices;
 mod mig;
 pub mod network;
@@ -39,6 +40,9 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
         Box::new(scratch::Scratch {
             root: config.cluster.scratch_root.clone(),
             config,
+        }),
+        Box::new(dcgm::DcgmMapping {
+            dir: config.cluster.dcgm_job_mapping_dir.clone(),
         }),
     ]
 }
