@@ -105,8 +105,15 @@ impl Layer for DcgmMapping {
                 }
             },
         };
+        let scanning = made.is_none();
         for path in files {
-            let mut jobs = read_jobs(&path)?;
+            let mut jobs = match read_jobs(&path) {
+                Ok(jobs) => jobs,
+                // Looking through the folder: a file the product did not write cannot list
+                // the job; it is left as it is.
+                Err(_) if scanning => continue,
+                Err(e) => return Err(e),
+            };
             let before = jobs.len();
             jobs.retain(|&j| j != intent.job_id);
             if jobs.len() == before {
