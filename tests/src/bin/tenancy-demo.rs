@@ -243,9 +243,13 @@ fn run() -> Result<u32> {
     fs::write(&stack.config, toml)?;
     println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
     let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
-    let libc = std::fs::read_to_string(prolog.with_file_name("LIBC"))
-        .map(|l| format!("linked with {}", l.trim()))
-        .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string());
+    let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
+        "installed by the slurm-tenancy package".to_string()
+    } else {
+        std::fs::read_to_string(prolog.with_file_name("LIBC"))
+            .map(|l| format!("linked with {}", l.trim()))
+            .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string())
+    };
     println!("Prolog=:      {} ({libc})", prolog.display());
     println!(
         "GPUs:         two H200-141GB with MIG on (NVML stand-in {})",
