@@ -1,8 +1,9 @@
 #!/bin/sh
-# slurm-tenancy demo: a local single-node Slurm cluster with the SPANK plugin, tenancy-prolog/
-# -epilog and the NVML stand-in installed; jobs of two tenants side by side, what each got, what
-# was refused, attacks of one tenant's job on the other's that fail, the audit report and its
-# verification; then everything is shut down and removed.
+# slurm-tenancy demo: a local single-node Slurm cluster with the product installed from its
+# Debian packages (scripts/package, apt) and the NVML stand-in; jobs of two tenants side by
+# side, what each got, its DCGM job mapping files and metrics, what was refused, attacks of
+# one tenant's job on the other's that fail, the audit report and its verification; then
+# everything is shut down and removed (the packages too, unless they were installed before).
 #
 # Run as root on a scratch Debian 12 machine or container, from a clone:  sudo ./demo/run.sh
 # (It installs Debian packages, starts Slurm daemons, creates users and nftables rules.)
@@ -53,7 +54,19 @@ as_builder() {
     fi
 }
 as_builder "$cargo" build "$@"
-# The prolog and epilog as the README installs them (linked with musl where the toolchain can).
-TENANCY_JOB_PATH_DIR=$(as_builder ./scripts/build-job-path)
-export TENANCY_JOB_PATH_DIR
-exec "$CARGO_TARGET_DIR/release/tenancy-demo"
+# Installed as the README says: the Debian packages (scripts/package: the prolog and epilog
+# linked with musl where the toolchain can), with apt. The cluster then runs the installed
+# prolog, epilog and plugins. Packages the demo installed are purged at its end.
+debs=$(as_builder ./scripts/package)
+installed_before=$(dpkg-query -W -f='${Package} ${Status}\n' slurm-tenancy 2>/dev/null | grep -c 'install ok installed' || true)
+echo "Installing the packages: apt-get install $debs/*.deb"
+ls -s --block-size=K "$debs"
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confold "$debs"/*.deb
+purge() {
+    if [ "$installed_before" = 0 ]; then
+        echo "Removing the packages the demo installed (dpkg --purge)"
+        dpkg --purge libpam-tenancy slurm-tenancy-job-submit slurm-tenancy-spank slurm-tenancy >/dev/null || true
+    fi
+}
+trap purge EXIT
+TENANCY_FROM_PACKAGES=1 "$CARGO_TARGET_DIR/release/tenancy-demo"

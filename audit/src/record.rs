@@ -247,6 +247,10 @@ pub struct Record {
     pub started: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firewall_drops: Option<u64>,
+    /// On `job_start` and `job_end`: how long the prolog or epilog took to reach the record,
+    /// in microseconds (`tenancyctl metrics` makes its job path histogram of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_us: Option<u64>,
     /// Hash of the previous record (64 zeros for seq 1). Filled by `append`.
     #[serde(default)]
     pub prev: String,
@@ -288,6 +292,7 @@ impl Record {
             resources: Vec::new(),
             started: None,
             firewall_drops: None,
+            duration_us: None,
             prev: String::new(),
             hash: String::new(),
         }
@@ -339,6 +344,10 @@ impl Record {
     }
     pub fn firewall_drops(mut self, n: u64) -> Self {
         self.firewall_drops = Some(n);
+        self
+    }
+    pub fn duration(mut self, d: std::time::Duration) -> Self {
+        self.duration_us = Some(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         self
     }
 

@@ -65,6 +65,9 @@ pub struct Cluster {
     pub audit_anchor: Option<PathBuf>,
     /// Key file whose HMAC authenticates every anchor (root's alone, the same on every node).
     pub audit_anchor_key: Option<PathBuf>,
+    /// DCGM exporter's `DCGM_HPC_JOB_MAPPING_DIR`: the prolog writes the job id into the file
+    /// of the job's GPU (`<gpu>`) or MIG instance (`<gpu>.<gi>`), the epilog removes it.
+    pub dcgm_job_mapping_dir: Option<PathBuf>,
 }
 
 /// Where this node's driver and kernel interfaces live (overridable for the stand-in).
@@ -163,6 +166,7 @@ struct RawCluster {
     nvml_shim_fixture: Option<Spanned<PathBuf>>,
     audit_anchor: Option<Spanned<PathBuf>>,
     audit_anchor_key: Option<Spanned<PathBuf>>,
+    dcgm_job_mapping_dir: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -501,6 +505,10 @@ impl Validator<'_> {
                 .audit_anchor_key
                 .as_ref()
                 .map(|p| self.abs_path(p, "cluster.audit_anchor_key")),
+            dcgm_job_mapping_dir: c
+                .dcgm_job_mapping_dir
+                .as_ref()
+                .map(|p| self.abs_path(p, "cluster.dcgm_job_mapping_dir")),
         };
         let mut node_path = |p: &Option<Spanned<PathBuf>>, key: &str, default: &str| match p {
             Some(p) => self.abs_path(p, key),

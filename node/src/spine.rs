@@ -182,6 +182,7 @@ impl<'c> Spine<'c> {
 
     /// Runs the prolog for the job described by `ctx`.
     pub fn prolog(&mut self, ctx: Result<JobContext, EnvError>) -> Ending {
+        let begun = std::time::Instant::now();
         let ctx = match ctx {
             Ok(c) => c,
             Err(e) => {
@@ -344,6 +345,7 @@ impl<'c> Spine<'c> {
             .tier(plan.tier.name.clone());
         rec.time = journal.started;
         self.describe(&mut rec, &journal, ResourceAction::Made);
+        rec.duration_us = Some(begun.elapsed().as_micros() as u64);
         match self.audit(&mut rec) {
             Ok(_) => Ending::ok(format!(
                 "tenancy: job {} runs for tenant {} (tier {}) with {} layer(s)",
@@ -748,6 +750,7 @@ impl<'c> Spine<'c> {
 
     /// Runs the epilog: tears the job down from its journal and records the end.
     pub fn epilog(&mut self, ctx: &JobContext) -> Ending {
+        let begun = std::time::Instant::now();
         let journal = match self.journals.load(ctx.job_id) {
             Ok(j) => j,
             Err(e) => {
@@ -836,7 +839,7 @@ impl<'c> Spine<'c> {
         if !failures.is_empty() {
             rec = rec.reason(failures.join("; "));
         }
-        let audit = self.audit(&mut rec);
+        let audit = self.audit(&mut rec.duration(begun.elapsed()));
         match (failures.is_empty(), audit) {
             (true, Ok(_)) => Ending::ok(format!("tenancy: job {} torn down", ctx.job_id)),
             // Everything is gone; only the record is missing. Draining the node would not bring

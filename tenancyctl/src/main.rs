@@ -4,6 +4,7 @@ mod adopt;
 mod check;
 mod containment;
 mod doctor;
+mod metrics;
 mod output;
 mod reconcile;
 mod rotate;
@@ -61,6 +62,9 @@ enum Command {
     Devices(tenancy_devices::cli::DevicesArgs),
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
     StorageAudit(tenancy_scratch::AuditArgs),
+    /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
+    /// and audit chain head as OpenMetrics text (node_exporter's textfile collector)
+    Metrics(metrics::MetricsArgs),
     /// Move an ssh session pam_slurm_adopt put into a job into the job's isolation, or refuse
     /// it (for pam_exec in the session phase; exit 1 refuses; under pam_exec a config found
     /// through the environment must be root's alone)
@@ -290,6 +294,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::StorageAudit(args) => {
             tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
         }
+        Command::Metrics(args) => metrics::run(&load(config)?, &args),
         Command::Adopt(args) => adopt::run(&load_for_adopt(config)?, &args),
     }
 }

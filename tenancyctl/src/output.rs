@@ -30,9 +30,28 @@ impl<T: Serialize> Rows<'_, T> {
                 for r in self.rows {
                     t.add_row((self.cells)(r));
                 }
+                // Long cells (doctor's messages and remedies) wrap to the terminal's width
+                // instead of making rows of hundreds of columns; piped output without
+                // COLUMNS keeps one line per row, for grep.
+                if let Some(width) = terminal_width(&t) {
+                    t.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
+                    t.set_width(width);
+                }
                 println!("{t}");
             }
         }
         Ok(())
+    }
+}
+
+/// The width tables fit: `COLUMNS` when set (what shells export, and what a script can set),
+/// else the terminal's when stdout is one; `None` (no wrapping) otherwise.
+fn terminal_width(t: &comfy_table::Table) -> Option<u16> {
+    match std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<u16>().ok())
+    {
+        Some(w) if w >= 20 => Some(w),
+        _ => t.width().filter(|_| t.is_tty()),
     }
 }

@@ -896,6 +896,9 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     if cx.rows.is_empty() && args.format == Format::Table {
         println!("node {node}: nothing to reconcile");
     }
+    if args.apply && !left {
+        crate::metrics::mark_reconciled(journals.path());
+    }
     Ok(if left {
         ExitCode::FAILURE
     } else {

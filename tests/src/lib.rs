@@ -894,6 +894,18 @@ pub fn slurm_plugin_dir() -> Result<PathBuf> {
 /// `tenancy-prolog-dynamic`) come from that folder instead: scripts/build-job-path's, the
 /// prolog and epilog as installed, linked with musl.
 pub fn artifact(name: &str) -> Result<PathBuf> {
+    // The demo after `apt install ./target/debian/*.deb`: the product's files where the
+    // packages put them.
+    if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
+        if let Some(p) = installed(name) {
+            ensure!(
+                p.is_file(),
+                "{} missing: are the packages installed?",
+                p.display()
+            );
+            return Ok(p);
+        }
+    }
     if let Some(dir) = std::env::var_os("TENANCY_JOB_PATH_DIR") {
         if ["tenancy-prolog", "tenancy-epilog", "tenancy-prolog-dynamic"].contains(&name) {
             let p = PathBuf::from(dir).join(name);
@@ -911,4 +923,18 @@ pub fn artifact(name: &str) -> Result<PathBuf> {
         "{name} not found in {} (build it first: cargo build --workspace, same profile and CARGO_TARGET_DIR)",
         t.display()
     )
+}
+
+/// Where the Debian packages (scripts/package) install a product file built as `name`.
+fn installed(name: &str) -> Option<PathBuf> {
+    let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+    Some(PathBuf::from(match name {
+        "tenancy-prolog" | "tenancy-epilog" | "tenancy-prolog-dynamic" => {
+            format!("/usr/sbin/{name}")
+        }
+        "tenancyctl" => "/usr/bin/tenancyctl".into(),
+        "libspank_tenancy.so" => format!("{multiarch}/slurm-tenancy/spank_tenancy.so"),
+        "libjob_submit_tenancy.so" => format!("{multiarch}/slurm-wlm/job_submit_tenancy.so"),
+        _ => return None,
+    }))
 }

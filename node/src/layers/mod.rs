@@ -1,7 +1,8 @@
 //! Adapters that plug each isolation mechanism (crates under `layers/`) into the spine, in the
 //! order a job's isolation is built: MIG slice, device allowlist (creates the job cgroup),
-//! network (keys on that cgroup), scratch.
+//! network (keys on that cgroup), scratch, and the DCGM job mapping (names the MIG instance).
 
+mod dcgm;
 mod devices;
 mod mig;
 pub mod network;
@@ -41,6 +42,9 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
             root: config.cluster.scratch_root.clone(),
             config,
             detached: Vec::new(),
+        }),
+        Box::new(dcgm::DcgmMapping {
+            dir: config.cluster.dcgm_job_mapping_dir.clone(),
         }),
     ]
 }

@@ -246,10 +246,23 @@ fn run() -> Result<u32> {
     )?;
     println!("slurm.conf:   {}", stack.cluster.conf.display());
     println!("tenancy.toml: {}", stack.config.display());
+    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
+    let dcgm = root.path().join("dcgm-job-mapping");
+    let toml = fs::read_to_string(&stack.config)?.replacen(
+        "[cluster]\n",
+        &format!("[cluster]\ndcgm_job_mapping_dir = \"{}\"\n", dcgm.display()),
+        1,
+    );
+    fs::write(&stack.config, toml)?;
+    println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
     let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
-    let libc = std::fs::read_to_string(prolog.with_file_name("LIBC"))
-        .map(|l| format!("linked with {}", l.trim()))
-        .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string());
+    let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
+        "installed by the slurm-tenancy package".to_string()
+    } else {
+        std::fs::read_to_string(prolog.with_file_name("LIBC"))
+            .map(|l| format!("linked with {}", l.trim()))
+            .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string())
+    };
     println!("Prolog=:      {} ({libc})", prolog.display());
     println!(
         "GPUs:         two H200-141GB with MIG on (NVML stand-in {})",
@@ -337,6 +350,21 @@ fn run() -> Result<u32> {
     }
     println!("\nThe MIG instances on the GPUs now (nvml-shim-ctl list):");
     show(&s.shim_ctl(&["list"])?);
+    println!("\nDCGM exporter's job mapping (<gpu>.<gpu instance>: job ids):");
+    show_mapping(&dcgm);
+    println!("\ntenancyctl metrics (excerpt; node_exporter's textfile collector reads it all):");
+    let mut c = s.tenancyctl();
+    c.arg("metrics");
+    let m = s.cluster.run(c)?;
+    for l in text(&m.stdout).lines().filter(|l| {
+        l.starts_with("slurm_tenancy_jobs_running")
+            || l.starts_with("slurm_tenancy_mig_slices_in_use")
+            || l.starts_with("slurm_tenancy_job_path_seconds_count")
+            || l.starts_with("slurm_tenancy_jobs_refused")
+            || l.starts_with("slurm_tenancy_audit_chain_head_seq")
+    }) {
+        println!("    {l}");
+    }
 
     say("Attacks by globex's job on acme's job (both running)");
     let secret = format!("{}/secret.txt", ak["TMPDIR"]);
@@ -421,6 +449,8 @@ fn run() -> Result<u32> {
     }
     let left = s.shim_instances()?.len();
     println!("MIG instances left on the GPUs: {left}");
+    println!("DCGM job mapping files left:");
+    show_mapping(&dcgm);
     for (k, name) in [(&ak, "acme"), (&gk, "globex")] {
         let p = Path::new(&k["TMPDIR"]);
         println!(
@@ -557,6 +587,23 @@ fn chrono_month() -> Result<String> {
         .args(["-u", "+%Y-%m"])
         .output()?;
     Ok(text(&o.stdout).trim().to_string())
+}
+
+/// Each mapping file with the job ids it lists, or that there is none.
+fn show_mapping(dir: &Path) {
+    let mut files: Vec<_> = fs::read_dir(dir).into_iter().flatten().flatten().collect();
+    files.sort_by_key(|e| e.file_name());
+    if files.is_empty() {
+        println!("    (none)");
+    }
+    for e in files {
+        let jobs = fs::read_to_string(e.path()).unwrap_or_default();
+        println!(
+            "    {}: {}",
+            e.file_name().to_string_lossy(),
+            jobs.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
 }
 
 fn free_port() -> Result<u16> {

@@ -1,0 +1,220 @@
+//! DCGM job mapping layer: DCGM exporter labels a GPU's metrics with the jobs listed in the file
+//! `<gpu>` (a whole GPU) or `<gpu>.<gi>` (a MIG GPU instance) of `DCGM_HPC_JOB_MAPPING_DIR`,
+//! one job id a line. The prolog adds the job to its MIG instance's file, the epilog removes it.
+//!
+//! Runs last: it names the instance the MIG layer made. Files are replaced whole (a temporary
+//! file renamed over), so the exporter never reads half a file and a crash leaves the old or the
+//! new list. The intent (folder and job) is enough to undo: without a recorded result every file
+//! of the folder that lists the job loses that line.
+
+use crate::journal::Journal;
+use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+pub struct DcgmMapping {
+    /// `cluster.dcgm_job_mapping_dir`; unset: the layer does nothing (no file touched).
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Intent {
+    dir: PathBuf,
+    job_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Made {
+    /// The file's name in `dir`: `<gpu>.<gi>`.
+    file: String,
+}
+
+impl Layer for DcgmMapping {
+    fn name(&self) -> &'static str {
+        "dcgm"
+    }
+
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+        match (&self.dir, &plan.profile) {
+            (Some(dir), Some(_)) => Ok(Some(serde_json::to_value(Intent {
+                dir: dir.clone(),
+                job_id: plan.job_id,
+            })?)),
+            _ => Ok(None),
+        }
+    }
+
+    fn make(&mut self, intent: &Value, journal: &Journal) -> LayerResult<Value> {
+        let intent: Intent = serde_json::from_value(intent.clone())?;
+        let mig = journal.made_by("mig").ok_or_else(|| {
+            LayerError(format!(
+                "no MIG instance made for job {} to map in {}: the mig layer must run first",
+                intent.job_id,
+                intent.dir.display()
+            ))
+        })?;
+        let index = |k: &str| {
+            mig.get(k).and_then(Value::as_u64).ok_or_else(|| {
+                LayerError(format!(
+                    "the mig layer's result for job {} has no {k}: cannot name the DCGM \
+                     mapping file",
+                    intent.job_id
+                ))
+            })
+        };
+        let file = format!("{}.{}", index("gpu_index")?, index("gi_id")?);
+        std::fs::create_dir_all(&intent.dir).map_err(|e| {
+            LayerError(format!(
+                "cannot create the DCGM job mapping folder {} (cluster.dcgm_job_mapping_dir): \
+                 {e}; create it (root, 0755) or unset the key",
+                intent.dir.display()
+            ))
+        })?;
+        let path = intent.dir.join(&file);
+        let mut jobs = read_jobs(&path)?;
+        if !jobs.contains(&intent.job_id) {
+            jobs.push(intent.job_id);
+        }
+        replace(&path, &jobs)?;
+        Ok(serde_json::to_value(Made { file })?)
+    }
+
+    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
+        let intent: Intent = serde_json::from_value(intent.clone())?;
+        let files: Vec<PathBuf> = match made {
+            Some(m) => {
+                let m: Made = serde_json::from_value(m.clone())?;
+                vec![intent.dir.join(safe_name(&m.file)?)]
+            }
+            // Crashed between the file and the journal's result: look in every file.
+            None => match std::fs::read_dir(&intent.dir) {
+                Ok(entries) => entries
+                    .filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .map(|e| e.path())
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => {
+                    return Err(LayerError(format!(
+                        "cannot read the DCGM job mapping folder {}: {e}",
+                        intent.dir.display()
+                    )))
+                }
+            },
+        };
+        let scanning = made.is_none();
+        for path in files {
+            let mut jobs = match read_jobs(&path) {
+                Ok(jobs) => jobs,
+                // Looking through the folder: a file the product did not write cannot list
+                // the job; it is left as it is.
+                Err(_) if scanning => continue,
+                Err(e) => return Err(e),
+            };
+            let before = jobs.len();
+            jobs.retain(|&j| j != intent.job_id);
+            if jobs.len() == before {
+                continue;
+            }
+            if jobs.is_empty() {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(LayerError(format!(
+                            "cannot remove the DCGM job mapping file {}: {e}",
+                            path.display()
+                        )))
+                    }
+                }
+            } else {
+                replace(&path, &jobs)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn acts_for(&self, plan: &JobPlan) -> bool {
+        self.dir.is_some() && plan.profile.is_some()
+    }
+
+    fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
+        let dir = intent.get("dir").and_then(Value::as_str).unwrap_or("");
+        match made.and_then(|m| m.get("file")).and_then(Value::as_str) {
+            Some(f) => format!("{dir}/{f}"),
+            None => dir.to_string(),
+        }
+    }
+}
+
+/// A journal's file name, used as one component of the folder only.
+fn safe_name(name: &str) -> LayerResult<&str> {
+    if name.is_empty() || name.starts_with('.') || name.contains('/') {
+        return Err(LayerError(format!(
+            "bad DCGM mapping file name '{name}' in the journal: expected <gpu>.<gi>"
+        )));
+    }
+    Ok(name)
+}
+
+/// The job ids a mapping file lists; none when it does not exist. Lines that are not job ids
+/// (someone else's notes) are an error: the file would be rewritten without them.
+fn read_jobs(path: &Path) -> LayerResult<Vec<u64>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(LayerError(format!(
+                "cannot read the DCGM job mapping file {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            l.parse().map_err(|_| {
+                LayerError(format!(
+                    "DCGM job mapping file {} holds '{l}', not a job id: remove the file \
+                     (only the prolog and epilog write this folder)",
+                    path.display()
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Replaces `path` with one job id a line: a temporary file in the same folder, synced, renamed
+/// over it, so a reader sees the old or the new list.
+fn replace(path: &Path, jobs: &[u64]) -> LayerResult<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.unwrap_or_default(),
+        std::process::id()
+    ));
+    let text: String = jobs.iter().map(|j| format!("{j}\n")).collect();
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_data()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        LayerError(format!(
+            "cannot write the DCGM job mapping file {}: {e}",
+            path.display()
+        ))
+    })
+}
