@@ -109,7 +109,9 @@ ip link set lo up
 ip link add d0 type dummy && ip addr add 192.0.2.10/24 dev d0 && ip link set d0 up
 grep -q ' vm$' /etc/hosts || echo '192.0.2.10 vm' >>/etc/hosts
 mkdir -p /run/munge && chown munge:munge /run/munge
-runuser -u munge -- munged --force
+# Logs and seed on tmpfs: hostfs shows files the node writes as the host's root, and munged
+# refuses a log it does not own.
+runuser -u munge -- munged --force --log-file=/run/munge/munged.log --seed-file=/run/munge/munged.seed
 S=/tmp/slurm
 mkdir -p $S/state $S/spool $S/jobs && chmod 1777 $S/jobs
 cat >$S/slurm.conf <<EOF
@@ -130,6 +132,7 @@ MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 SlurmdParameters=config_overrides
+DefMemPerCPU=100
 KillWait=5
 StateSaveLocation=$S/state
 SlurmdSpoolDir=$S/spool
@@ -154,11 +157,12 @@ sh $W/setup.sh >$W/out/setup.log 2>&1
 echo "setup_rc=$?" >>$W/out/results
 slurmctld -i
 slurmd
-i=0
-until sinfo -h -o %t 2>/dev/null | grep -q idle; do
-  i=$((i + 1)); [ $i -gt 120 ] && break; sleep 0.5
+# At most 90 s: a client without munge waits for its message timeout each time.
+end=$(($(date +%s) + 90))
+until timeout 5 sinfo -h -o %t 2>/dev/null | grep -q idle; do
+  [ "$(date +%s)" -gt $end ] && break; sleep 0.5
 done
-state=$(sinfo -h -o %t)
+state=$(timeout 5 sinfo -h -o %t 2>&1)
 echo "node_state=$state" >>$W/out/results
 # A node that did not come up runs no scenario: its logs say why.
 if [ "$state" = idle ]; then
