@@ -28,6 +28,9 @@ fn main() {
                 ("job_descriptor", "account"),
                 ("job_descriptor", "spank_job_env"),
                 ("job_descriptor", "spank_job_env_size"),
+                ("job_descriptor", "environment"),
+                ("job_descriptor", "env_size"),
+                ("job_descriptor", "shared"),
             ];
             // The job id of an update: its own field up to 25.11, in `step_id` from 26.05
             // (`job_id()` in src/lib.rs, selected by the same version).
