@@ -423,11 +423,17 @@ impl Stack {
         self.stopped = true;
         let r = self.cluster.stop();
         // A tenant cgroup the loaded table still names must stay: nft cannot list, save or
-        // delete a ruleset whose cgroup match lost its folder (facts.md).
+        // delete a ruleset whose cgroup match lost its folder (facts.md). The table goes with
+        // the nft that loaded it (a release root's, whose cgroup matches the host's nft 1.0.6
+        // cannot read back: it crashes on every later command).
         let unloaded = self.firewall
-            && Command::new("nft")
-                .args(["delete", "table", "inet", NFT_TABLE])
-                .output()
+            && self
+                .cluster
+                .run({
+                    let mut c = self.cluster.cmd("nft");
+                    c.args(["delete", "table", "inet", NFT_TABLE]);
+                    c
+                })
                 .is_ok_and(|o| o.status.success());
         if unloaded {
             for t in &self.tenant_names {
