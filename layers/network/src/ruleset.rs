@@ -30,10 +30,11 @@
 //!   to `deny_<id>`. An established TCP connection is accepted there: its first packet was
 //!   judged, and later ones can meet a request or time-wait socket, whose cgroup the lookup
 //!   cannot read. Flows with ct mark 0 are accepted by policy.
-//! * Sockets of root:root (uid and gid 0) are accepted at output before the dispatch: they are
-//!   slurmstepd's, which sits in its job's cgroup so that everything it forks for the job is
+//! * TCP sockets of root:root (uid and gid 0) are accepted at output before the dispatch: they
+//!   are slurmstepd's, which sits in its job's cgroup so that everything it forks for the job is
 //!   born there (ARCHITECTURE.md, "Task and sessions"), and which talks to srun and slurmctld
-//!   for Slurm. A setuid-root program a job runs has uid 0 but the user's gid, and is judged.
+//!   for Slurm over TCP. A setuid-root program a job runs has uid 0 but the user's gid, and is
+//!   judged; so is every other protocol, whoever sends it.
 //! * `deny_<id>`: rate-limited `log prefix "tenancy drop <tenant>: "` and
 //!   `counter name "drop_<tenant>" drop`.
 //!
@@ -135,8 +136,9 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
         if hook == "output" && !spec.tenants.is_empty() {
             // slurmstepd runs in its job's cgroup (so that what it forks for the job is born
             // there) and sends Slurm's own messages (task exits to srun, step completion to
-            // slurmctld) as root:root; a setuid-root program a user runs keeps the user's gid.
-            let _ = writeln!(w, "\t\tmeta skuid 0 meta skgid 0 accept");
+            // slurmctld) over TCP as root:root; a setuid-root program a user runs keeps the
+            // user's gid, and no other protocol is let through for root.
+            let _ = writeln!(w, "\t\tmeta skuid 0 meta skgid 0 meta l4proto tcp accept");
         }
         if !spec.tenants.is_empty() {
             let elems: Vec<String> = spec
