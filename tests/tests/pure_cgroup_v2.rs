@@ -105,10 +105,6 @@ wait_line() {{ i=0; until grep -q "^$2" "$1" 2>/dev/null; do i=$((i + 1)); [ $i 
 /// nodes, which acme's own step opens past the allowlist, and cannot connect to acme's port,
 /// which acme's own step reaches.
 #[test]
-#[ignore = "pure cgroup v2: the product's task-by-task move out of Slurm's cgroups races \
-            slurmstepd's own attach there (issue 30); seen on this node: a globex step reached \
-            acme's port in one boot, an acme step opened globex's MIG cap in another; run with \
-            --ignored once the lead's anchoring change is merged"]
 fn pure_cgroup_v2_node_isolates_every_task() {
     if !require_root("pure_cgroup_v2_node_isolates_every_task") {
         return;
