@@ -123,7 +123,7 @@ wait_line $J/a.out listening=
 g=$(as {g_user} sbatch --tenant=globex --mig=3g.71gb -o $J/g.out --wrap "$P connect 127.0.0.1:$PORT 2000; $P envwait $R")
 g=${{g##* }}
 wait_line $J/g.out uid=
-echo "a_job=$a g_job=$g" >>$RES
+echo "a_job=$a" >>$RES; echo "g_job=$g" >>$RES
 echo "batch_attack_connect=$(sed -n 's/^connect=//p' $J/g.out | head -1)" >>$RES
 step() {{ u=$1; j=$2; shift 2; as "$u" srun --jobid=$j --overlap -n1 -N1 $P "$@"; }}
 echo "own_connect=$(step {a_user} $a connect 127.0.0.1:$PORT 2000 | sed -n 's/^connect=//p')" >>$RES
@@ -180,15 +180,22 @@ echo "g_state=$(job_state $g)" >>$RES
         acme_only > 0,
         "acme's step opened none of its caps: {caps:?}"
     );
+    // The isolation is anchored in Slurm's own job cgroup: the batch task stays where Slurm's
+    // cgroup/v2 plugin put it (its memory and CPU limits), never in the product's tree.
+    let batch = run.get("a_batch_cgroup");
+    let a_job = run.get("a_job");
+    assert!(
+        batch.contains(&format!("slurmstepd.scope/job_{a_job}/step_batch/")),
+        "acme's batch task is not in Slurm's job cgroup: {batch}\n{}",
+        run.log
+    );
 }
 
 /// On the pure v2 node with the product installed, Slurm's own memory limit still applies to a
-/// job's tasks: a batch job with `--mem=64` allocating 400 MB is killed by the kernel (as
-/// without the product), while the same allocation under `--mem=480` completes.
+/// job's tasks: a batch job with `--mem=64` allocating 200 MB (tail holding a line of zeros) is
+/// killed by the kernel (as without the product), while the same allocation under `--mem=480`
+/// completes; both tasks stay in Slurm's job cgroup.
 #[test]
-#[ignore = "pure cgroup v2: the product moves tasks out of Slurm's cgroups there, so Slurm's \
-            memory limit no longer applies (facts.md; issue 30); run with --ignored once the \
-            lead's anchoring change is merged"]
 fn pure_cgroup_v2_node_keeps_slurms_memory_limit() {
     if !require_root("pure_cgroup_v2_node_keeps_slurms_memory_limit") {
         return;
@@ -200,7 +207,7 @@ fn pure_cgroup_v2_node_keeps_slurms_memory_limit() {
     let run = node_with_product(
         &t,
         &format!(
-            r#"hog='cat /proc/self/cgroup; head -c 400000000 /dev/zero | tail >/dev/null; echo survived=yes'
+            r#"hog='cat /proc/self/cgroup; head -c 200000000 /dev/zero | tail >/dev/null && echo survived=yes'
 for mem in 64 480; do
   j=$(as {a_user} sbatch --tenant=acme --mem=$mem -o $J/mem$mem.out --wrap "$hog")
   j=${{j##* }}
@@ -218,8 +225,12 @@ done
     assert_eq!(
         run.get("survived_64"),
         "0",
-        "a task with --mem=64 allocated 400 MB: Slurm's memory limit did not apply (its cgroup: \
+        "a task with --mem=64 allocated 200 MB: Slurm's memory limit did not apply (its cgroup: \
          {cgroup})"
     );
     assert_eq!(run.get("state_64"), "OUT_OF_MEMORY", "{}", run.log);
+    assert!(
+        cgroup.contains("slurmstepd.scope/job_") && !cgroup.contains("/tenancy/"),
+        "the task left Slurm's job cgroup: {cgroup}"
+    );
 }

@@ -219,6 +219,7 @@ mod tests {
                 egress: vec![Dest::parse("10.1.0.0/16").unwrap()],
             }],
             infrastructure: vec![],
+            slurm: None,
         };
         let mut out = Vec::new();
         apply_to(
