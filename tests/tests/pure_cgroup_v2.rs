@@ -117,7 +117,7 @@ fn pure_cgroup_v2_node_isolates_every_task() {
         &t,
         &format!(
             r#"R=$J/release; PORT=7777
-a=$(as {a_user} sbatch --tenant=acme --mig=1g.18gb -o $J/a.out --wrap "$P env; $P serve $PORT $R")
+a=$(as {a_user} sbatch --tenant=acme --mig=1g.18gb -o $J/a.out --wrap "$P env; $P write \$TMPDIR/secret s3cret; $P serve $PORT $R")
 a=${{a##* }}
 wait_line $J/a.out listening=
 g=$(as {g_user} sbatch --tenant=globex --mig=3g.71gb -o $J/g.out --wrap "$P connect 127.0.0.1:$PORT 2000; $P envwait $R")
@@ -138,6 +138,25 @@ grep '^cgroup=' $J/a.out | head -3 | sed 's/^/a_batch_/' >>$RES
 sed 's/^\([^ ]*\) \(.*\)/minor_\2=\1/' {T}/nvml/mig-minors >>$RES
 grep -h '^CUDA_VISIBLE_DEVICES=' $J/a.out | sed 's/^/a_/' >>$RES
 grep -h '^CUDA_VISIBLE_DEVICES=' $J/g.out | sed 's/^/g_/' >>$RES
+# Scratch: acme's private folder, read by acme's own step and attacked by globex's.
+A_TMP=$(sed -n 's/^TMPDIR=//p' $J/a.out | head -1)
+echo "own_scratch=$(step {a_user} $a read $A_TMP/secret | sed -n 's/^read=//p')" >>$RES
+echo "scratch_attack=$(step {g_user} $g read $A_TMP/secret | sed -n 's/^read=//p')" >>$RES
+# A task epilog (run by slurmstepd after the task, outside the task hook) attacks too.
+cat >$J/attack.sh <<ATTACK
+#!/bin/sh
+{{
+  $P connect 127.0.0.1:$PORT 2000
+  for c in {T}/dev/nvidia-caps/*; do echo "cap \$(basename \$c) \$($P open \$c)"; done
+  cat /proc/self/cgroup
+}} >$J/epi.out 2>&1
+ATTACK
+chmod 755 $J/attack.sh
+as {g_user} srun --jobid=$g --overlap -n1 -N1 --task-epilog=$J/attack.sh true
+wait_line $J/epi.out 0::
+echo "epilog_connect=$(sed -n 's/^connect=//p' $J/epi.out)" >>$RES
+grep '^cap ' $J/epi.out | while read _ n v; do echo "epi_$n=${{v#open=}}" >>$RES; done
+echo "epilog_cgroup=$(grep '^0::' $J/epi.out)" >>$RES
 touch $R
 wait_done $a; wait_done $g
 echo "a_state=$(job_state $a)" >>$RES
@@ -179,6 +198,39 @@ echo "g_state=$(job_state $g)" >>$RES
     assert!(
         acme_only > 0,
         "acme's step opened none of its caps: {caps:?}"
+    );
+    // Scratch: acme's own step reads its file, globex's cannot.
+    let own = run.get("own_scratch");
+    assert!(
+        own.starts_with("ok s3cret"),
+        "acme's own scratch: {own}\n{}",
+        run.log
+    );
+    assert_eq!(run.get("scratch_attack"), "EACCES", "{}", run.log);
+    // A task epilog of globex's, which slurmstepd runs after the task exited: held by the same
+    // firewall and device program, in globex's job cgroup.
+    let epi = run.get("epilog_connect");
+    assert!(
+        !epi.is_empty() && !epi.starts_with("ok"),
+        "globex's task epilog reached acme's port: {epi}\n{}",
+        run.log
+    );
+    for (cap, v) in &caps {
+        let (own, _) = v.split_once('/').unwrap_or((v.as_str(), ""));
+        if own == "ENXIO" {
+            let name = cap.trim_start_matches("cap_");
+            assert_eq!(
+                run.get(&format!("epi_{name}")),
+                "EPERM",
+                "globex's task epilog opened acme's {name}"
+            );
+        }
+    }
+    let g_job = run.get("g_job");
+    let epi_cg = run.get("epilog_cgroup");
+    assert!(
+        epi_cg.contains(&format!("slurmstepd.scope/job_{g_job}/")),
+        "globex's task epilog ran outside its job cgroup: {epi_cg}"
     );
     // The isolation is anchored in Slurm's own job cgroup: the batch task stays where Slurm's
     // cgroup/v2 plugin put it (its memory and CPU limits), never in the product's tree.
