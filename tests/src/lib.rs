@@ -182,8 +182,9 @@ impl Cluster {
             .context("temp dir")?;
         if opts.slurm_root.is_some() {
             ensure!(
-                dir.path().starts_with(std::env::temp_dir()),
-                "a cluster in a Slurm release root needs its folder in the temp folder, not {}",
+                dir.path().starts_with(std::env::temp_dir()) || dir.path().starts_with("/var/tmp"),
+                "a cluster in a Slurm release root needs its folder in the temp folder or /var/tmp \
+                 (the root shares those), not {}",
                 dir.path().display()
             );
         }
@@ -479,10 +480,13 @@ impl Cluster {
         let src = dir.join("own_spank.c");
         fs::write(&src, include_str!("own_spank.c"))?;
         let so = dir.join("own_spank.so");
-        let o = Command::new("gcc")
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&so)
-            .arg(&src)
+        let mut gcc = Command::new("gcc");
+        gcc.args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src);
+        // Against the headers of the Slurm that loads it (SPANK checks the release).
+        if let Some(root) = &self.slurm_root {
+            gcc.arg("-I").arg(root.dir.join("usr/include"));
+        }
+        let o = gcc
             .output()
             .context("gcc (apt-get install gcc libslurm-dev)")?;
         if !o.status.success() {

@@ -165,7 +165,7 @@ pub struct RootMounts {
 }
 
 impl RootMounts {
-    /// Mounts /proc, /sys, /dev and the temp folder into `root`, and copies the host's
+    /// Mounts /proc, /sys, /dev, the temp folder and /var/tmp into `root`, and copies the host's
     /// /etc/hosts and its users and groups the root lacks into it.
     pub fn mount(root: &SlurmRoot) -> Result<RootMounts> {
         let mut m = RootMounts { mounts: Vec::new() };
@@ -175,6 +175,8 @@ impl RootMounts {
             (Path::new("/sys"), true),
             (Path::new("/dev"), true),
             (tmp.as_path(), false),
+            // Where tests keep what must not be under a job's private /tmp (job_container/tmpfs).
+            (Path::new("/var/tmp"), false),
         ] {
             let at = root.dir.join(host.strip_prefix("/").unwrap_or(host));
             fs::create_dir_all(&at)?;

@@ -318,6 +318,15 @@ fn ssh_sessions_are_isolated(
     port_target: Option<&str>,
 ) {
     let s = &e.stack;
+    if let Some(root) = &s.cluster.slurm_root {
+        // The release roots hold Slurm, not sshd and pam_slurm_adopt: sessions are checked on
+        // the host's Slurm (README, "Supported Slurm releases").
+        eprintln!(
+            "NOT CHECKED on Slurm {}: ssh sessions (no sshd in the release root)",
+            root.version()
+        );
+        return;
+    }
     let config = s.config.display().to_string();
     let hooks = [
         SessionHook::Exec(vec![
@@ -983,6 +992,15 @@ fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
         return;
     }
     let _g = serial();
+    if let Ok(release) = std::env::var(tenancy_e2e::stack::RELEASE_ENV) {
+        // Slurm's job_container/tmpfs keeps each job's mount namespace in a file bind-mounted
+        // in BasePath, which a chroot'ed slurmstepd cannot make on the host's mounts: checked on
+        // the host's Slurm only (README, "Supported Slurm releases").
+        eprintln!(
+            "NOT CHECKED on Slurm {release}: job_container/tmpfs (needs a node, not a chroot)"
+        );
+        return;
+    }
     // Not under /tmp, which each job gets its own of: the plugin's BasePath (it refuses /tmp),
     // and the stack (the job scripts, outputs, config and scratch folders).
     let var_tmp = Path::new("/var/tmp");
