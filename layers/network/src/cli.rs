@@ -169,7 +169,7 @@ pub fn show_to(
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
     if args.rules {
-        write!(out, "{}", ruleset(spec)?)?;
+        write!(out, "{}", ruleset(&spec.for_this_node()?)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     let rows = rows(spec, true)?;
@@ -189,7 +189,7 @@ pub fn apply_to(
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
     if args.dry_run {
-        write!(out, "{}", crate::replace_script(spec)?)?;
+        write!(out, "{}", crate::replace_script(&spec.for_this_node()?)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     apply(spec)?;
@@ -219,6 +219,7 @@ mod tests {
                 egress: vec![Dest::parse("10.1.0.0/16").unwrap()],
             }],
             infrastructure: vec![],
+            cross_node: None,
         };
         let mut out = Vec::new();
         apply_to(

@@ -35,6 +35,7 @@ fn spec(tree: &CgroupTree) -> FirewallSpec {
             },
         ],
         infrastructure: vec![Dest::parse("10.77.3.0/24").unwrap()],
+        cross_node: None,
     }
 }
 
