@@ -47,7 +47,9 @@
 //!   (`@tenant_address`, keyed by the ct mark `out_<id>` stamped). `in_<id>` admits a new flow
 //!   from a tenant address only from its own prefix and sends another tenant's to that
 //!   tenant's deny chain (`@tenant_of_source`); a new flow to a tenant address that no job of
-//!   that tenant receives, and a non-job socket sending from a tenant address, are dropped.
+//!   that tenant receives is dropped. A flow no job opened (ct mark 0) whose source is a tenant
+//!   address (bound, or chosen by the kernel for an on-link tenant prefix) is rewritten to the
+//!   node's own address: outside jobs nothing speaks as a tenant.
 //!
 //! Adding a job is creating `tenancy/<tenant>/job_<id>`: the rules match the tenant ancestor,
 //! so the table never changes per job.
@@ -217,32 +219,32 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
                 );
             }
         }
-        if cross.is_some() {
-            if hook == "output" {
-                // Not a job's socket: no tenant's address is its to send from.
-                let _ = writeln!(w, "\t\tct direction original ip saddr @tenant_space drop");
-            } else {
-                // A tenant's address receives only what its tenant's jobs receive.
-                let _ = writeln!(
-                    w,
-                    "\t\tct direction original ct mark 0 ip daddr @tenant_space ip saddr vmap @tenant_of_source"
-                );
-                let _ = writeln!(
-                    w,
-                    "\t\tct direction original ct mark 0 ip daddr @tenant_space drop"
-                );
-            }
+        if cross.is_some() && hook == "input" {
+            // A tenant's address receives only what its tenant's jobs receive.
+            let _ = writeln!(
+                w,
+                "\t\tct direction original ct mark 0 ip daddr @tenant_space ip saddr vmap @tenant_of_source"
+            );
+            let _ = writeln!(
+                w,
+                "\t\tct direction original ct mark 0 ip daddr @tenant_space drop"
+            );
         }
         let last = hook == "input" && cross.is_none();
         let _ = writeln!(w, "\t}}{}", if last { "" } else { "\n" });
     }
-    if cross.is_some() {
+    if let Some(c) = cross {
+        let node = &c.node.as_ref().expect("checked above").address;
         let _ = writeln!(w, "\tchain postrouting {{");
         let _ = writeln!(
             w,
             "\t\ttype nat hook postrouting priority srcnat; policy accept;"
         );
         let _ = writeln!(w, "\t\toifname \"lo\" return");
+        // A flow no job opened (slurmstepd connecting back to srun as the user before it joins
+        // the job, a process outside every job) leaves from the node's own address even where
+        // it bound, or the kernel chose, a tenant's: only a tenant's jobs speak as the tenant.
+        let _ = writeln!(w, "\t\tct mark 0 ip saddr @tenant_space snat ip to {node}");
         let _ = writeln!(
             w,
             "\t\tip daddr @cluster snat ip to ct mark map @tenant_address"
