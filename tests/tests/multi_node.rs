@@ -138,6 +138,32 @@ fn multi_node_job_reaches_its_own_tasks() {
     // acme's egress lists the node network (its MPI finds peers by host name); globex's lists
     // nothing: its tasks reach each other through its own addresses alone.
     let mn = start(&mut users, &[NODE_NETWORK], &[]);
+    // `tenancyctl doctor` on each node finds its address and the tenants' addresses.
+    for i in 0..2 {
+        let mut c = mn
+            .node_cmd(i, tenancy_e2e::artifact("tenancyctl").unwrap())
+            .unwrap();
+        c.arg("--config")
+            .arg(&mn.tenancy_toml)
+            .args(["doctor", "--format", "json"]);
+        let o = c.output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        let rows: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let row = rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["check"] == "firewall.cross_node")
+            .unwrap_or_else(|| panic!("no firewall.cross_node check: {text}"));
+        assert_eq!(row["severity"], "ok", "{row}");
+        assert!(
+            row["message"]
+                .as_str()
+                .unwrap()
+                .contains(&mn.nodes[i].addr()),
+            "{row}"
+        );
+    }
     for (user, tenant, barrier) in [
         (mn.tenants.acme1.clone(), "acme", "name"),
         (mn.tenants.globex1.clone(), "globex", "addr"),

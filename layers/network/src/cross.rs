@@ -268,6 +268,25 @@ impl CrossNode {
         Ok(have.into_iter().filter(|a| !want.contains(a)).collect())
     }
 
+    /// The tenant addresses of this node that its interface lacks (`tenancyctl doctor`).
+    pub fn missing_addresses(&self) -> Result<Vec<String>> {
+        let Some(node) = &self.node else {
+            return Ok(Vec::new());
+        };
+        let have = ip_addresses()?;
+        Ok(self
+            .prefixes
+            .iter()
+            .filter_map(|(t, _)| self.address(t))
+            .filter(|a| {
+                !have
+                    .iter()
+                    .any(|(i, h, _, _)| *i == node.interface && h == a)
+            })
+            .map(|a| a.to_string())
+            .collect())
+    }
+
     /// Removes addresses [`CrossNode::add_addresses`] found stale.
     pub fn remove_addresses(&self, stale: &[String]) -> Result<()> {
         let Some(node) = &self.node else {
