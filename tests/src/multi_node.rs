@@ -24,7 +24,7 @@
 use crate::stack::Tenants;
 use crate::{
     artifact, find_files, hostname_short, munge_works, parse_kv, slurm_plugin_dir, spawn_daemon,
-    stop_child, write_file, TestUser,
+    stop_child, write_file, TestUser, Users,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use nix::fcntl::{Flock, FlockArg};
@@ -209,7 +209,9 @@ infrastructure = ["{CTL_ADDR}/32:1-65535/tcp", "{NODE_NETWORK}:{SLURMD_PORT}/tcp
 impl MultiNode {
     /// Two nodes with the product (prolog, epilog, SPANK and job_submit plugins, the firewall
     /// applied in each node), tenants acme and globex.
-    pub fn start(tenants: Tenants, opts: MultiNodeOptions) -> Result<MultiNode> {
+    /// The tenants' users and groups are made under the e2e lock (unique names: tests of one
+    /// binary run side by side).
+    pub fn start(users: &mut Users, opts: MultiNodeOptions) -> Result<MultiNode> {
         fs::create_dir_all("/run")?;
         let lock_file = File::options()
             .create(true)
@@ -218,6 +220,7 @@ impl MultiNode {
             .open("/run/tenancy-e2e.lock")?;
         let lock = Flock::lock(lock_file, FlockArg::LockExclusive)
             .map_err(|(_, e)| anyhow!("flock /run/tenancy-e2e.lock: {e}"))?;
+        let tenants = Tenants::create(users)?;
         let v2 = tenancy_devices::CgroupLayout::detect()
             .map_err(|e| anyhow!("cgroup layout: {e}"))?
             .v2_root

@@ -9,15 +9,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tenancy_e2e::multi_node::{MultiNode, MultiNodeOptions, NODE_NETWORK};
-use tenancy_e2e::stack::Tenants;
 use tenancy_e2e::{probe_kv, require_root, TestUser, Users};
 
 const JOB: Duration = Duration::from_secs(120);
 
 fn start(users: &mut Users, acme_egress: &[&str], globex_egress: &[&str]) -> MultiNode {
-    let t = Tenants::create(users).expect("tenants");
     MultiNode::start(
-        t,
+        users,
         MultiNodeOptions {
             acme_egress: acme_egress.iter().map(|s| s.to_string()).collect(),
             globex_egress: globex_egress.iter().map(|s| s.to_string()).collect(),
@@ -367,9 +365,8 @@ fn egress_listing_the_compute_network_does_not_open_other_tenants() {
     }
     let mut users = Users::new();
     for cross_node in [true, false] {
-        let t = Tenants::create(&mut users).expect("tenants");
         let mn = MultiNode::start(
-            t,
+            &mut users,
             MultiNodeOptions {
                 acme_egress: vec![NODE_NETWORK.into()],
                 globex_egress: vec![],
