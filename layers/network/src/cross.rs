@@ -245,9 +245,9 @@ impl CrossNode {
 
     /// Adds each tenant's address of this node to the node's interface (label
     /// [`address_label`], the tenant prefix's length: on one L2 segment the other nodes'
-    /// addresses are then reached directly). Returns the labelled addresses that are no longer
-    /// wanted, for [`CrossNode::remove_addresses`] after the new rules are loaded.
-    pub fn add_addresses(&self) -> Result<Vec<String>> {
+    /// addresses are then reached directly). Returns the labelled addresses, on any interface,
+    /// that are no longer wanted, for [`remove_addresses`] after the new rules are loaded.
+    pub fn add_addresses(&self) -> Result<Vec<(String, String)>> {
         let node = self.node.as_ref().ok_or_else(|| {
             Error::Invalid("cross-node firewall without this node's address".into())
         })?;
@@ -257,15 +257,16 @@ impl CrossNode {
             .iter()
             .filter_map(|(t, p)| Some(format!("{}/{}", self.address(t)?, p.len)))
             .collect();
-        let have: Vec<String> = ip_addresses()?
-            .into_iter()
-            .filter(|(i, _, _, l)| *i == node.interface && *l == label)
-            .map(|(_, a, len, _)| format!("{a}/{len}"))
-            .collect();
-        for a in want.iter().filter(|a| !have.contains(a)) {
-            ip(&["addr", "add", a, "dev", &node.interface, "label", &label])?;
+        let have = labelled_addresses()?;
+        for a in &want {
+            if !have.contains(&(node.interface.clone(), a.clone())) {
+                ip(&["addr", "add", a, "dev", &node.interface, "label", &label])?;
+            }
         }
-        Ok(have.into_iter().filter(|a| !want.contains(a)).collect())
+        Ok(have
+            .into_iter()
+            .filter(|(i, a)| *i != node.interface || !want.contains(a))
+            .collect())
     }
 
     /// The tenant addresses of this node that its interface lacks (`tenancyctl doctor`).
@@ -286,17 +287,24 @@ impl CrossNode {
             .map(|a| a.to_string())
             .collect())
     }
+}
 
-    /// Removes addresses [`CrossNode::add_addresses`] found stale.
-    pub fn remove_addresses(&self, stale: &[String]) -> Result<()> {
-        let Some(node) = &self.node else {
-            return Ok(());
-        };
-        for a in stale {
-            ip(&["addr", "del", a, "dev", &node.interface])?;
-        }
-        Ok(())
+/// Every address `firewall apply` added (label `<interface>:tn`): (interface, `addr/len`).
+pub fn labelled_addresses() -> Result<Vec<(String, String)>> {
+    Ok(ip_addresses()?
+        .into_iter()
+        .filter(|(i, _, _, l)| *l == address_label(i))
+        .map(|(i, a, len, _)| (i, format!("{a}/{len}")))
+        .collect())
+}
+
+/// Removes tenant addresses `firewall apply` added earlier: the stale ones after a change, or
+/// all of them once the config no longer sets `node_network`.
+pub fn remove_addresses(stale: &[(String, String)]) -> Result<()> {
+    for (interface, a) in stale {
+        ip(&["addr", "del", a, "dev", interface])?;
     }
+    Ok(())
 }
 
 fn ip(args: &[&str]) -> Result<String> {

@@ -268,12 +268,11 @@ pub fn apply(spec: &FirewallSpec) -> Result<()> {
     }
     let stale = match &spec.cross_node {
         Some(c) => c.add_addresses()?,
-        None => Vec::new(),
+        // Without node_network no tenant address stays (after the rules that used them go).
+        None => cross::labelled_addresses().unwrap_or_default(),
     };
     nft::run_script(&script, "apply (load table)")?;
-    if let Some(c) = &spec.cross_node {
-        c.remove_addresses(&stale)?;
-    }
+    cross::remove_addresses(&stale)?;
     for t in &spec.tenants {
         let dir = spec.cgroup.tenant_dir(&t.name);
         rustix::fs::setxattr(

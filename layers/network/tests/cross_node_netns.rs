@@ -201,4 +201,36 @@ fn tenants_are_told_apart_across_nodes() {
     assert!(drops(&n1, &spec, "b") > b_drops_n1);
     end_tx.send(()).unwrap();
     listeners.join().unwrap();
+
+    // A config change takes effect with apply: b's new prefix replaces its old address, and
+    // without node_network no tenant address stays.
+    let mut moved = spec.clone();
+    moved.cross_node.as_mut().unwrap().prefixes[1].1 = Ipv4Net::parse("10.78.3.0/24").unwrap();
+    let mut off = spec.clone();
+    off.cross_node = None;
+    let addrs = in_netns(&n1, move || {
+        let list = || {
+            let o = std::process::Command::new("ip")
+                .args(["-4", "-o", "addr", "show"])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        apply(&moved).unwrap();
+        let after_move = list();
+        apply(&off).unwrap();
+        (after_move, list())
+    });
+    assert!(
+        addrs.0.contains("10.78.3.1/24") && !addrs.0.contains("10.78.2.1/"),
+        "{}",
+        addrs.0
+    );
+    assert!(addrs.0.contains("10.78.1.1/24"), "{}", addrs.0);
+    assert!(
+        !addrs.1.contains("10.78.1.1/") && !addrs.1.contains("10.78.3.1/"),
+        "{}",
+        addrs.1
+    );
+    assert!(addrs.1.contains("10.78.0.1/24"), "{}", addrs.1);
 }
