@@ -7,6 +7,8 @@
 
 pub mod job;
 pub mod layout;
+pub mod slurm;
 
 pub use job::{CgroupError, JobCgroup, PRODUCT_DIR};
 pub use layout::{v2_mount, CgroupLayout, LayoutKind};
+pub use slurm::SlurmScope;

@@ -120,6 +120,9 @@ pub fn adopt(
         .map_err(|e| Refused::new(claimed, format!("process {pid}: {e}")))?;
     let job = match (found, claimed) {
         (None, None) => return Ok(Adopted::NotInJob),
+        // Slurm 26.05 names the job's folder by SLUID: the claim holds when the job's journal
+        // anchors its isolation in the folder the process is in (recorded by the prolog).
+        (None, Some(c)) if anchored_in(config, c, &text) => c,
         (None, Some(c)) => {
             return Err(Refused::new(
                 Some(c),
@@ -172,6 +175,23 @@ pub fn adopt(
         node: journal.node,
         env,
     })
+}
+
+/// Whether job `job`'s journal on this node anchors its isolation in a Slurm job folder that
+/// holds the process whose `/proc/<pid>/cgroup` is `cgroup_text` (pure cgroup v2).
+fn anchored_in(config: &Config, job: u64, cgroup_text: &str) -> bool {
+    let Some(own) = cgroup_text.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return false;
+    };
+    let own = std::path::Path::new(tenancy_cgroup::layout::STANDARD_V2_MOUNTS[0])
+        .join(own.trim_start_matches('/'));
+    let Ok(journals) = crate::JournalDir::open(&config.cluster.state_dir) else {
+        return false;
+    };
+    let Ok(Some(journal)) = journals.load_unlocked(job) else {
+        return false;
+    };
+    task::anchors(&journal).iter().any(|a| own.starts_with(a))
 }
 
 /// What the session phase decided about a login ([`session`]), its audit record written.

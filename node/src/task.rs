@@ -82,11 +82,17 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
             _ => {}
         }
     }
+    let anchors = anchors(journal);
+    check_anchored(journal, &anchors, pid)?;
     // The job's IPC namespace, for a process that enters itself (a task, an ssh session
     // through pam_tenancy); `tenancyctl adopt` enters its parent, which it cannot move.
-    if let Some(cgroup) = joined.first() {
-        if u32::try_from(pid) == Ok(std::process::id()) {
-            join_job_ipc(Path::new(cgroup)).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
+    if u32::try_from(pid) == Ok(std::process::id()) {
+        let job_cgroup = joined
+            .first()
+            .map(|c| (Path::new(*c), false))
+            .or(anchors.first().map(|a| (a.as_path(), true)));
+        if let Some((cgroup, below)) = job_cgroup {
+            join_job_ipc_of(cgroup, below).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
         }
     }
     // A job without a slice sees no GPU (its device allowlist denies them all anyway).
@@ -131,9 +137,19 @@ pub fn contain_step(
             join(cg, pid).map_err(|e| format!("job {job_id}: {e}"))?;
         }
     }
+    // Anchored: the task after Slurm's own attach (slurmstepd places itself when it makes
+    // the step's cgroup, which may come after `slurm_spank_init`).
+    let anchors = anchors(&journal);
+    if let Some(pid) = task {
+        check_anchored(&journal, &anchors, pid)?;
+    }
     if join_ipc {
-        if let Some(cg) = cgroups.first() {
-            join_job_ipc(cg).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
+        let job_cgroup = cgroups
+            .first()
+            .map(|c| (c.as_path(), false))
+            .or(anchors.first().map(|a| (a.as_path(), true)));
+        if let Some((cg, below)) = job_cgroup {
+            join_job_ipc_of(cg, below).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
         }
     }
     Ok(Some(cgroups))
@@ -161,6 +177,48 @@ pub fn job_cgroups(journal: &Journal) -> Result<Vec<PathBuf>, String> {
         }
     }
     Ok(out)
+}
+
+/// Slurm's job folders the job's isolation is anchored in (pure cgroup v2 with Slurm's
+/// cgroup/v2 plugin: the layers' `"anchor"`), each once.
+pub fn anchors(journal: &Journal) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for m in journal.steps.iter().filter_map(|s| s.made.as_ref()) {
+        if let Some(a) = m.get("anchor").and_then(Value::as_str) {
+            if !out.iter().any(|o| o == Path::new(a)) {
+                out.push(PathBuf::from(a));
+            }
+        }
+    }
+    out
+}
+
+/// Where the isolation is anchored in Slurm's job folder, a process of the job must be in it
+/// (Slurm put it there): one elsewhere would be outside the job's device program and firewall,
+/// so it fails, never runs unisolated.
+fn check_anchored(journal: &Journal, anchors: &[PathBuf], pid: i32) -> Result<(), String> {
+    for a in anchors {
+        let mount = Path::new(tenancy_cgroup::layout::STANDARD_V2_MOUNTS[0]);
+        match tenancy_cgroup::slurm::is_under(pid, mount, a) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(format!(
+                    "job {}: process {pid} is not in Slurm's job cgroup {} ({}), where the job's device program and firewall hold; is Slurm's CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup in slurm.conf?",
+                    journal.job_id,
+                    a.display(),
+                    tenancy_cgroup::slurm::v2_path_of(pid).unwrap_or_default()
+                ))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "job {}: cannot tell whether process {pid} is in {}: {e}",
+                    journal.job_id,
+                    a.display()
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 fn join(cgroup: &Path, pid: i32) -> Result<(), String> {
@@ -231,6 +289,12 @@ fn pidfd_if_in(pid: i32, cgroup: &Path) -> Option<std::os::fd::OwnedFd> {
 /// starts in, the node's, is in the job's. The cgroup directory's lock orders the job's tasks, so that two starting at
 /// once make one namespace. The namespace ends with the job's last process.
 pub fn join_job_ipc(cgroup: &Path) -> Result<(), String> {
+    join_job_ipc_of(cgroup, false)
+}
+
+/// [`join_job_ipc`] over the processes in `cgroup` and, with `below`, in the cgroups below it
+/// (Slurm's job folder, whose processes are in its step and task folders).
+fn join_job_ipc_of(cgroup: &Path, below: bool) -> Result<(), String> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
     let ns = |pid: &str| {
@@ -245,10 +309,31 @@ pub fn join_job_ipc(cgroup: &Path) -> Result<(), String> {
     rustix::fs::flock(&dir, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| format!("cannot lock {}: {e}", cgroup.display()))?;
     let me = std::process::id() as i32;
-    let job_ns = pids_in(cgroup)?
+    let pids = if below {
+        tenancy_cgroup::slurm::pids_below(cgroup)
+            .map_err(|e| format!("cannot list {}: {e}", cgroup.display()))?
+    } else {
+        pids_in(cgroup)?
+    };
+    let mount = Path::new(tenancy_cgroup::layout::STANDARD_V2_MOUNTS[0]);
+    let job_ns = pids
         .into_iter()
         .filter(|p| *p != me)
-        .filter_map(|p| pidfd_if_in(p, cgroup).map(|fd| (p, fd)))
+        .filter_map(|p| {
+            if below {
+                // The pidfd holds one process: if it is still below the folder, it is the job's.
+                let fd = rustix::process::pidfd_open(
+                    rustix::process::Pid::from_raw(p)?,
+                    rustix::process::PidfdFlags::empty(),
+                )
+                .ok()?;
+                tenancy_cgroup::slurm::is_under(p, mount, cgroup)
+                    .ok()?
+                    .then_some((p, fd))
+            } else {
+                pidfd_if_in(p, cgroup).map(|fd| (p, fd))
+            }
+        })
         .find(|(p, _)| ns(&p.to_string()).is_ok_and(|n| n != node));
     let (what, rc) = match &job_ns {
         // SAFETY: setns on a pidfd we own; it changes only this process's IPC namespace.

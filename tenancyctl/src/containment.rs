@@ -148,30 +148,48 @@ pub fn findings(
         SpankLine::Missing => out.push(no_plugin("every task, task prolog and epilog")),
     }
     if matches!(hook, SpankLine::Required(_)) {
-        let slurm_v2 = layout.kind == LayoutKind::Unified;
-        out.push((
-            "containment.tasks",
-            if slurm_v2 {
-                Severity::Warn
-            } else {
-                Severity::Ok
-            },
-            format!(
+        let pure_v2 = layout.kind == LayoutKind::Unified;
+        let scope = pure_v2.then(tenancy_network::slurm_scope).flatten();
+        out.push(match (&scope, pure_v2) {
+            (Some(scope), _) => (
+                "containment.tasks",
+                Severity::Ok,
+                format!(
+                    "pure cgroup v2 with Slurm's cgroup/v2 plugin ({}): the isolation is anchored \
+                     in Slurm's job cgroup (the node device program on the scope, the firewall's \
+                     jobs maps at level {}), every process of a job stays where Slurm puts it, \
+                     under Slurm's memory and CPU limits, and a task found outside its job's \
+                     folder fails before user code",
+                    scope.dir().display(),
+                    scope.job_level()
+                ),
+                None,
+            ),
+            (None, true) => (
+                "containment.tasks",
+                Severity::Warn,
+                "pure cgroup v2 without Slurm's slurmstepd scope (Slurm's cgroup/v2 plugin not \
+                 in use): each task is moved into the product's job cgroup \
+                 (task_init_privileged, and again at task_post_fork after Slurm's own attach)"
+                    .to_string(),
+                Some(
+                    "set CgroupPlugin=cgroup/v2 (cgroup.conf) with ProctrackType=proctrack/cgroup \
+                     so Slurm's limits and the isolation share one job cgroup"
+                        .to_string(),
+                ),
+            ),
+            (None, false) => (
+                "containment.tasks",
+                Severity::Ok,
                 "the batch script and every step's tasks (srun, --overlap, salloc's interactive \
                  step, srun --pty): each task enters the job's cgroups itself before exec \
                  (task_init_privileged) and slurmstepd puts it there again after Slurm's own \
                  proctrack and task plugins placed it (task_post_fork), so no attach of Slurm's \
-                 moves it back out{}",
-                if slurm_v2 {
-                    "; on this pure cgroup v2 node that takes the tasks out of Slurm's job \
-                     cgroup, so Slurm's memory and CPU limits no longer apply to them"
-                } else {
-                    "; Slurm's limits stay on its cgroup v1 hierarchies"
-                }
+                 moves it back out; Slurm's limits stay on its cgroup v1 hierarchies"
+                    .to_string(),
+                None,
             ),
-            slurm_v2
-                .then(|| "see ARCHITECTURE.md, \"Known gaps\": pure cgroup v2 nodes".to_string()),
-        ));
+        });
         out.push((
             "containment.task_scripts",
             Severity::Ok,

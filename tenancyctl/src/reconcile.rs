@@ -345,6 +345,9 @@ fn owned_by(journals: &[Journal]) -> Owned {
                             tenancy_devices::Target::Existing { dir, .. } => {
                                 o.cgroups.insert(dir.clone());
                             }
+                            tenancy_devices::Target::Anchored { scope } => {
+                                o.cgroups.insert(scope.job_dir(p.job_id));
+                            }
                         }
                     }
                 }
@@ -517,6 +520,7 @@ fn cgroup_orphans(cx: &mut Ctx, owned: &Owned) {
                     },
                     v1: None,
                     v2: None,
+                    anchored: None,
                 };
                 cx.act(row, || {
                     tenancy_devices::teardown(&record)

@@ -60,6 +60,10 @@ impl Tenants {
     }
 }
 
+/// Names the Slurm release every [`Stack`] runs on (a root made by scripts/slurm-root), when
+/// set; the host's own Slurm otherwise.
+pub const RELEASE_ENV: &str = "TENANCY_TEST_SLURM_RELEASE";
+
 /// Paths of one stack's state (all inside `root`).
 pub struct StackPaths {
     pub root: PathBuf,
@@ -254,6 +258,19 @@ impl Stack {
         accounting: Option<crate::Accounting>,
         slurm: Option<SlurmRoot>,
     ) -> Result<Stack> {
+        // The whole e2e suite on another release: TENANCY_TEST_SLURM_RELEASE=24.11 (or 26.05)
+        // runs every stack in that release's root (scripts/test does, after the host's 22.05).
+        let slurm = match (
+            slurm,
+            std::env::var(RELEASE_ENV).ok().filter(|r| !r.is_empty()),
+        ) {
+            (Some(s), _) => Some(s),
+            (None, Some(release)) => Some(
+                SlurmRoot::make(&release)
+                    .with_context(|| format!("{RELEASE_ENV}={release}: Slurm root"))?,
+            ),
+            (None, None) => None,
+        };
         let p = StackPaths::under(root);
         for d in [&p.state_dir, &p.scratch_root, &p.bin_dir] {
             fs::create_dir_all(d)?;

@@ -117,13 +117,13 @@ fn pure_cgroup_v2_node_isolates_every_task() {
         &t,
         &format!(
             r#"R=$J/release; PORT=7777
-a=$(as {a_user} sbatch --tenant=acme --mig=1g.18gb -o $J/a.out --wrap "$P env; $P serve $PORT $R")
+a=$(as {a_user} sbatch --tenant=acme --mig=1g.18gb -o $J/a.out --wrap "$P env; $P write \$TMPDIR/secret s3cret; $P serve $PORT $R")
 a=${{a##* }}
 wait_line $J/a.out listening=
 g=$(as {g_user} sbatch --tenant=globex --mig=3g.71gb -o $J/g.out --wrap "$P connect 127.0.0.1:$PORT 2000; $P envwait $R")
 g=${{g##* }}
 wait_line $J/g.out uid=
-echo "a_job=$a g_job=$g" >>$RES
+echo "a_job=$a" >>$RES; echo "g_job=$g" >>$RES
 echo "batch_attack_connect=$(sed -n 's/^connect=//p' $J/g.out | head -1)" >>$RES
 step() {{ u=$1; j=$2; shift 2; as "$u" srun --jobid=$j --overlap -n1 -N1 $P "$@"; }}
 echo "own_connect=$(step {a_user} $a connect 127.0.0.1:$PORT 2000 | sed -n 's/^connect=//p')" >>$RES
@@ -138,6 +138,25 @@ grep '^cgroup=' $J/a.out | head -3 | sed 's/^/a_batch_/' >>$RES
 sed 's/^\([^ ]*\) \(.*\)/minor_\2=\1/' {T}/nvml/mig-minors >>$RES
 grep -h '^CUDA_VISIBLE_DEVICES=' $J/a.out | sed 's/^/a_/' >>$RES
 grep -h '^CUDA_VISIBLE_DEVICES=' $J/g.out | sed 's/^/g_/' >>$RES
+# Scratch: acme's private folder, read by acme's own step and attacked by globex's.
+A_TMP=$(sed -n 's/^TMPDIR=//p' $J/a.out | head -1)
+echo "own_scratch=$(step {a_user} $a read $A_TMP/secret | sed -n 's/^read=//p')" >>$RES
+echo "scratch_attack=$(step {g_user} $g read $A_TMP/secret | sed -n 's/^read=//p')" >>$RES
+# A task epilog (run by slurmstepd after the task, outside the task hook) attacks too.
+cat >$J/attack.sh <<ATTACK
+#!/bin/sh
+{{
+  $P connect 127.0.0.1:$PORT 2000
+  for c in {T}/dev/nvidia-caps/*; do echo "cap \$(basename \$c) \$($P open \$c)"; done
+  cat /proc/self/cgroup
+}} >$J/epi.out 2>&1
+ATTACK
+chmod 755 $J/attack.sh
+as {g_user} srun --jobid=$g --overlap -n1 -N1 --task-epilog=$J/attack.sh true
+wait_line $J/epi.out 0::
+echo "epilog_connect=$(sed -n 's/^connect=//p' $J/epi.out)" >>$RES
+grep '^cap ' $J/epi.out | while read _ n v; do echo "epi_$n=${{v#open=}}" >>$RES; done
+echo "epilog_cgroup=$(grep '^0::' $J/epi.out)" >>$RES
 touch $R
 wait_done $a; wait_done $g
 echo "a_state=$(job_state $a)" >>$RES
@@ -180,15 +199,55 @@ echo "g_state=$(job_state $g)" >>$RES
         acme_only > 0,
         "acme's step opened none of its caps: {caps:?}"
     );
+    // Scratch: acme's own step reads its file, globex's cannot.
+    let own = run.get("own_scratch");
+    assert!(
+        own.starts_with("ok s3cret"),
+        "acme's own scratch: {own}\n{}",
+        run.log
+    );
+    assert_eq!(run.get("scratch_attack"), "EACCES", "{}", run.log);
+    // A task epilog of globex's, which slurmstepd runs after the task exited: held by the same
+    // firewall and device program, in globex's job cgroup.
+    let epi = run.get("epilog_connect");
+    assert!(
+        !epi.is_empty() && !epi.starts_with("ok"),
+        "globex's task epilog reached acme's port: {epi}\n{}",
+        run.log
+    );
+    for (cap, v) in &caps {
+        let (own, _) = v.split_once('/').unwrap_or((v.as_str(), ""));
+        if own == "ENXIO" {
+            let name = cap.trim_start_matches("cap_");
+            assert_eq!(
+                run.get(&format!("epi_{name}")),
+                "EPERM",
+                "globex's task epilog opened acme's {name}"
+            );
+        }
+    }
+    let g_job = run.get("g_job");
+    let epi_cg = run.get("epilog_cgroup");
+    assert!(
+        epi_cg.contains(&format!("slurmstepd.scope/job_{g_job}/")),
+        "globex's task epilog ran outside its job cgroup: {epi_cg}"
+    );
+    // The isolation is anchored in Slurm's own job cgroup: the batch task stays where Slurm's
+    // cgroup/v2 plugin put it (its memory and CPU limits), never in the product's tree.
+    let batch = run.get("a_batch_cgroup");
+    let a_job = run.get("a_job");
+    assert!(
+        batch.contains(&format!("slurmstepd.scope/job_{a_job}/step_batch/")),
+        "acme's batch task is not in Slurm's job cgroup: {batch}\n{}",
+        run.log
+    );
 }
 
 /// On the pure v2 node with the product installed, Slurm's own memory limit still applies to a
-/// job's tasks: a batch job with `--mem=64` allocating 400 MB is killed by the kernel (as
-/// without the product), while the same allocation under `--mem=480` completes.
+/// job's tasks: a batch job with `--mem=64` allocating 200 MB (tail holding a line of zeros) is
+/// killed by the kernel (as without the product), while the same allocation under `--mem=480`
+/// completes; both tasks stay in Slurm's job cgroup.
 #[test]
-#[ignore = "pure cgroup v2: the product moves tasks out of Slurm's cgroups there, so Slurm's \
-            memory limit no longer applies (facts.md; issue 30); run with --ignored once the \
-            lead's anchoring change is merged"]
 fn pure_cgroup_v2_node_keeps_slurms_memory_limit() {
     if !require_root("pure_cgroup_v2_node_keeps_slurms_memory_limit") {
         return;
@@ -200,7 +259,7 @@ fn pure_cgroup_v2_node_keeps_slurms_memory_limit() {
     let run = node_with_product(
         &t,
         &format!(
-            r#"hog='cat /proc/self/cgroup; head -c 400000000 /dev/zero | tail >/dev/null; echo survived=yes'
+            r#"hog='cat /proc/self/cgroup; head -c 200000000 /dev/zero | tail >/dev/null && echo survived=yes'
 for mem in 64 480; do
   j=$(as {a_user} sbatch --tenant=acme --mem=$mem -o $J/mem$mem.out --wrap "$hog")
   j=${{j##* }}
@@ -218,8 +277,12 @@ done
     assert_eq!(
         run.get("survived_64"),
         "0",
-        "a task with --mem=64 allocated 400 MB: Slurm's memory limit did not apply (its cgroup: \
+        "a task with --mem=64 allocated 200 MB: Slurm's memory limit did not apply (its cgroup: \
          {cgroup})"
     );
     assert_eq!(run.get("state_64"), "OUT_OF_MEMORY", "{}", run.log);
+    assert!(
+        cgroup.contains("slurmstepd.scope/job_") && !cgroup.contains("/tenancy/"),
+        "the task left Slurm's job cgroup: {cgroup}"
+    );
 }

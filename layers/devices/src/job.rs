@@ -5,6 +5,7 @@
 //! entries), build the policy, then either ~510 small writes (v1) or one BPF load + attach
 //! (v2). No process is spawned.
 
+use crate::anchored::{self, AnchoredAttached};
 use crate::driver::{DriverInfo, DriverPaths};
 use crate::error::{Error, Result};
 use crate::layout::CgroupLayout;
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-pub use tenancy_cgroup::PRODUCT_DIR;
+pub use tenancy_cgroup::{SlurmScope, PRODUCT_DIR};
 
 /// The cgroup under [`PRODUCT_DIR`] that keeps shared device programs loaded between jobs
 /// ([`v2::Programs`]); no process is ever in it, and its name cannot be a tenant's.
@@ -53,6 +54,10 @@ pub enum Target {
     /// An existing cgroup the product does not own (e.g. Slurm's job cgroup): only the
     /// rules/program are added and removed.
     Existing { dir: PathBuf, backend: Backend },
+    /// A pure cgroup v2 node where Slurm's cgroup/v2 plugin owns the job's cgroups: the job's
+    /// program goes under the node program on slurmstepd's scope ([`crate::anchored`]), keyed
+    /// by Slurm's job folder, and no process is moved.
+    Anchored { scope: SlurmScope },
 }
 
 impl Target {
@@ -61,6 +66,10 @@ impl Target {
     /// other layout is read from mountinfo, whose read costs a prolog more than the rest of
     /// the device layer's intent.
     pub fn detect() -> Result<Target> {
+        let node = std::env::var("SLURMD_NODENAME").ok();
+        if let Some(scope) = SlurmScope::detect(node.as_deref()) {
+            return Ok(Target::Anchored { scope });
+        }
         match tenancy_cgroup::v2_mount() {
             Some(root) => Ok(Target::Owned {
                 root,
@@ -119,6 +128,9 @@ pub struct DevicesRecord {
     pub v1: Option<V1Applied>,
     #[serde(default)]
     pub v2: Option<V2Attached>,
+    /// Pure cgroup v2 with Slurm's cgroup/v2: the job under the node program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchored: Option<AnchoredAttached>,
 }
 
 /// Check a tenant name used as a cgroup directory name.
@@ -204,12 +216,16 @@ fn setup_policy(
     policy: DevicePolicy,
     programs: Option<&v2::Programs>,
 ) -> Result<DevicesRecord> {
+    if let Target::Anchored { scope } = target {
+        return setup_anchored(job_id, scope, policy, programs);
+    }
     let (dir, backend, owned, created, dir_fd) = match target {
         Target::Owned { root, backend } => {
             let (d, c, fd) = create_owned_open(root, tenant, job_id)?;
             (d, *backend, true, c, Some(fd))
         }
         Target::Existing { dir, backend } => (dir.clone(), *backend, false, false, None),
+        Target::Anchored { .. } => unreachable!("handled above"),
     };
     let mut rec = DevicesRecord {
         job_id,
@@ -219,6 +235,7 @@ fn setup_policy(
         policy,
         v1: None,
         v2: None,
+        anchored: None,
     };
     let res = match backend {
         Backend::V1 => v1::apply(&dir, &rec.policy).map(|a| rec.v1 = Some(a)),
@@ -262,6 +279,35 @@ fn setup_policy(
     Ok(rec)
 }
 
+/// Slurm's job folder (made when slurmstepd has not yet), its program under the node program.
+fn setup_anchored(
+    job_id: u64,
+    scope: &SlurmScope,
+    policy: DevicePolicy,
+    programs: Option<&v2::Programs>,
+) -> Result<DevicesRecord> {
+    let (dir, cgroup_id) = scope
+        .ensure_job_dir(job_id)
+        .map_err(|e| Error::cgroup("mkdir", scope.job_dir(job_id), e))?;
+    let a = anchored::add_job(
+        &scope.dir(),
+        scope.job_level(),
+        cgroup_id,
+        &policy,
+        programs,
+    )?;
+    Ok(DevicesRecord {
+        job_id,
+        backend: Backend::V2,
+        cgroup_dir: dir,
+        owned: false,
+        policy,
+        v1: None,
+        v2: None,
+        anchored: Some(a),
+    })
+}
+
 /// What teardown did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TeardownReport {
@@ -276,6 +322,14 @@ pub fn teardown(r: &DevicesRecord) -> Result<TeardownReport> {
         detached: None,
         removed_dir: false,
     };
+    if let Some(a) = &r.anchored {
+        out.detached = Some(if anchored::remove_job(a)? {
+            Detached::Detached
+        } else {
+            Detached::AlreadyGone
+        });
+        return Ok(out);
+    }
     match r.backend {
         // An owned cgroup is removed, not emptied of its program first: a process still in it
         // (EBUSY) must keep its allowlist, and the kernel releases the programs of a removed
@@ -343,6 +397,7 @@ mod tests {
                 attach_flags: 2,
                 insns: 40,
             }),
+            anchored: None,
         };
         let j = serde_json::to_string(&rec).unwrap();
         assert_eq!(serde_json::from_str::<DevicesRecord>(&j).unwrap(), rec);

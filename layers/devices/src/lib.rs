@@ -13,6 +13,7 @@
 //! [`job::teardown`] with a serde [`job::DevicesRecord`] for the journal. Node checks:
 //! [`doctor::doctor`]; CLI: [`cli`].
 
+pub mod anchored;
 pub mod bpf;
 pub mod cli;
 pub mod doctor;

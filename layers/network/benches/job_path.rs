@@ -38,6 +38,7 @@ fn bench(c: &mut Criterion) {
             },
         ],
         infrastructure: vec![Dest::parse("10.77.3.0/24:53").unwrap()],
+        slurm: None,
         cross_node: None,
     };
     apply(&spec).unwrap();

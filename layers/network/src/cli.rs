@@ -231,6 +231,7 @@ mod tests {
                 egress: vec![Dest::parse("10.1.0.0/16").unwrap()],
             }],
             infrastructure: vec![],
+            slurm: None,
             cross_node: None,
         };
         let mut out = Vec::new();

@@ -27,6 +27,7 @@ pub use cross::{address_label, CrossNode, Ipv4Net, NodeAddr};
 pub use dest::{Dest, DestError, Proto};
 pub use layout::{CgroupLayout, NFT_CGROUP_BASE};
 pub use ruleset::{counter_name, replace_script, ruleset, LOG_RATE_PER_SEC};
+pub use tenancy_cgroup::SlurmScope;
 
 /// Extended attribute set on each tenant cgroup after a successful [`apply`]; its value is the
 /// table name. A tenant directory without it was created (or re-created) after the table was
@@ -95,6 +96,11 @@ pub struct FirewallSpec {
     pub tenants: Vec<TenantNet>,
     /// Destinations every tenant's jobs may reach (DNS, Slurm controller, storage, ...).
     pub infrastructure: Vec<Dest>,
+    /// A pure cgroup v2 node where Slurm's cgroup/v2 plugin owns the job cgroups: jobs are
+    /// keyed by Slurm's job folder, one element per job in the `jobs_out`/`jobs_in` verdict
+    /// maps, and no process is moved (ARCHITECTURE.md, "Pure cgroup v2 nodes").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmScope>,
     /// Tenant identity across nodes (`[network] node_network`, each tenant's
     /// `address_prefix`); `None`: jobs are told apart on this node only.
     #[serde(default)]
@@ -112,6 +118,7 @@ impl FirewallSpec {
             cgroup: CgroupLayout::detect(DEFAULT_SUBTREE)?,
             tenants,
             infrastructure,
+            slurm: slurm_scope(),
             cross_node: None,
         })
     }
@@ -146,14 +153,45 @@ impl FirewallSpec {
     }
 }
 
+/// Slurm's scope on a pure cgroup v2 node with Slurm's cgroup/v2 plugin (the node named by
+/// slurmd's `SLURMD_NODENAME` in a prolog, else the host's short name).
+pub fn slurm_scope() -> Option<SlurmScope> {
+    let node = std::env::var("SLURMD_NODENAME").ok().or_else(|| {
+        rustix::system::uname()
+            .nodename()
+            .to_str()
+            .ok()
+            .map(|h| h.split('.').next().unwrap_or(h).to_string())
+    });
+    SlurmScope::detect(node.as_deref())
+}
+
+/// The cgroup level of the jobs maps' keys, when the table has them: on every pure cgroup v2
+/// node (cgroup2 at /sys/fs/cgroup), since `firewall apply` runs before slurmd makes its scope
+/// (`tenancy-firewall.service` is required by slurmd.service), and a job folder is always at
+/// [`tenancy_cgroup::slurm::JOB_LEVEL`].
+pub fn anchored_level(spec: &FirewallSpec) -> Option<u32> {
+    let pure_v2 = spec.cgroup.nft_root.is_empty() || spec.slurm.is_some();
+    pure_v2.then_some(tenancy_cgroup::slurm::JOB_LEVEL)
+}
+
+/// The verdict maps of jobs anchored in Slurm's job folders (output and input).
+pub const JOBS_OUT: &str = "jobs_out";
+pub const JOBS_IN: &str = "jobs_in";
+
 /// What [`add_job`] created; store it in the job's journal and hand it to [`remove_job`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobNet {
     pub tenant: String,
     pub job_id: u64,
     /// The job's cgroup v2 directory: move every task of the job into it (cgroup.procs)
-    /// before it creates sockets.
+    /// before it creates sockets. Slurm's job folder on an anchored node, where nothing is
+    /// moved.
     pub cgroup_path: PathBuf,
+    /// Anchored node: the id of Slurm's job folder, the key of the job's map elements (they
+    /// are deleted by it once Slurm has removed the folder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_id: Option<u64>,
 }
 
 fn valid_name(n: &str) -> bool {
@@ -332,6 +370,9 @@ pub fn add_job(spec: &FirewallSpec, tenant: &str, job_id: u64) -> Result<JobNet>
         )));
     }
     check_loaded(spec, tenant)?;
+    if let Some(scope) = &spec.slurm {
+        return add_anchored_job(spec, scope, tenant, job_id);
+    }
     let made = tenancy_cgroup::JobCgroup::make_in(
         &spec.cgroup.v2_mount,
         &spec.cgroup.subtree,
@@ -343,6 +384,84 @@ pub fn add_job(spec: &FirewallSpec, tenant: &str, job_id: u64) -> Result<JobNet>
         tenant: tenant.to_string(),
         job_id,
         cgroup_path: made.cgroup.dir,
+        cgroup_id: None,
+    })
+}
+
+/// Slurm's job folder (made when slurmstepd has not yet), and its elements in the jobs maps:
+/// two elements in one transaction, whatever the number of jobs.
+fn add_anchored_job(
+    spec: &FirewallSpec,
+    scope: &SlurmScope,
+    tenant: &str,
+    job_id: u64,
+) -> Result<JobNet> {
+    let t = spec.tenant(tenant)?;
+    if scope.job_level() != tenancy_cgroup::slurm::JOB_LEVEL {
+        return Err(Error::Invalid(format!(
+            "Slurm's scope {} puts job folders at cgroup level {}, not {}",
+            scope.dir().display(),
+            scope.job_level(),
+            tenancy_cgroup::slurm::JOB_LEVEL
+        )));
+    }
+    let (dir, id) = scope.ensure_job_dir(job_id).map_err(|e| {
+        io_err(
+            "cannot create Slurm's job cgroup",
+            &scope.job_dir(job_id),
+            e,
+        )
+    })?;
+    let (out, inp) = (format!("out_{}", t.id), format!("in_{}", t.id));
+    nl::cgroup_elems(
+        &spec.table_name,
+        &[
+            (JOBS_OUT, id, nl::ElemOp::AddGoto(&out)),
+            (JOBS_IN, id, nl::ElemOp::AddGoto(&inp)),
+        ],
+    )
+    .map_err(|e| {
+        Error::NotApplied(format!(
+            "job {job_id} of tenant {tenant:?}: cannot add its cgroup {} to the maps {JOBS_OUT} and {JOBS_IN} of table inet {}: {e}; run `tenancyctl firewall apply` on this node",
+            dir.display(),
+            spec.table_name
+        ))
+    })?;
+    Ok(JobNet {
+        tenant: tenant.to_string(),
+        job_id,
+        cgroup_path: dir,
+        cgroup_id: Some(id),
+    })
+}
+
+/// Deletes an anchored job's map elements (idempotent), by `cgroup_id` (recorded when they
+/// were added) or, when none was recorded, the id of Slurm's job folder if it still exists.
+pub fn remove_anchored_job(
+    spec: &FirewallSpec,
+    scope: &SlurmScope,
+    job_id: u64,
+    cgroup_id: Option<u64>,
+) -> Result<()> {
+    let id = match cgroup_id {
+        Some(id) => id,
+        None => match tenancy_cgroup::slurm::cgroup_id(&scope.job_dir(job_id)) {
+            Ok(id) => id,
+            Err(_) => return Ok(()),
+        },
+    };
+    nl::cgroup_elems(
+        &spec.table_name,
+        &[
+            (JOBS_OUT, id, nl::ElemOp::Delete),
+            (JOBS_IN, id, nl::ElemOp::Delete),
+        ],
+    )
+    .map_err(|e| {
+        Error::NotApplied(format!(
+            "job {job_id}: cannot delete its cgroup {id} from the maps of table inet {}: {e}",
+            spec.table_name
+        ))
     })
 }
 
@@ -447,8 +566,30 @@ mod tests {
                 Dest::parse("10.0.0.53:53").unwrap(),
                 Dest::parse("10.0.0.10:6817-6818/tcp").unwrap(),
             ],
+            slurm: None,
             cross_node: None,
         }
+    }
+
+    /// On a pure cgroup v2 node the table has the jobs maps from the start (it is applied before
+    /// slurmd makes its scope), dispatched at the job folders' level after the tenant map; a
+    /// hybrid node's table has none.
+    #[test]
+    fn pure_v2_tables_dispatch_jobs_anchored_in_slurms_folders() {
+        let mut s = spec();
+        assert!(!ruleset(&s).unwrap().contains("jobs_out"));
+        s.cgroup = CgroupLayout::unified("tenancy");
+        let r = ruleset(&s).unwrap();
+        for want in [
+            "map jobs_out {\n\t\ttype cgroupsv2 : verdict",
+            "map jobs_in {\n\t\ttype cgroupsv2 : verdict",
+            "socket cgroupv2 level 3 vmap @jobs_out",
+            "socket cgroupv2 level 3 vmap @jobs_in",
+        ] {
+            assert!(r.contains(want), "{want} missing:\n{r}");
+        }
+        let tenant = r.find("socket cgroupv2 level 2 vmap").unwrap();
+        assert!(tenant < r.find("vmap @jobs_out").unwrap());
     }
 
     fn cross_spec() -> FirewallSpec {
@@ -582,6 +723,7 @@ mod tests {
             tenant: "acme".into(),
             job_id: 3,
             cgroup_path: s.cgroup.job_dir("acme", 3),
+            cgroup_id: Some(77),
         };
         let j = serde_json::to_string(&jn).unwrap();
         assert_eq!(serde_json::from_str::<JobNet>(&j).unwrap(), jn);

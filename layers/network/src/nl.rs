@@ -127,6 +127,183 @@ pub(crate) fn counter(table: &str, name: &str) -> io::Result<Option<(u64, u64)>>
     )))
 }
 
+/// What to do with one element of a verdict map keyed by cgroup id.
+pub(crate) enum ElemOp<'a> {
+    /// Add `cgroup id : goto <chain>`.
+    AddGoto(&'a str),
+    /// Delete the element (a missing one is no error).
+    Delete,
+}
+
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_DELSETELEM: u16 = 14;
+const NLM_F_CREATE: u16 = 0x400;
+const NLA_F_NESTED: u16 = 0x8000;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+const NFT_GOTO: i32 = -4;
+
+fn nested(buf: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>)) {
+    let start = buf.len();
+    buf.extend_from_slice(&[0, 0]);
+    buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+    inner(buf);
+    let len = (buf.len() - start) as u16;
+    buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+}
+
+fn message(out: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, res_id: u16, body: &[u8]) {
+    let len = (16 + 4 + body.len()) as u32;
+    out.extend_from_slice(&len.to_ne_bytes());
+    out.extend_from_slice(&kind.to_ne_bytes());
+    out.extend_from_slice(&flags.to_ne_bytes());
+    out.extend_from_slice(&seq.to_ne_bytes());
+    out.extend_from_slice(&0u32.to_ne_bytes());
+    out.push(NFPROTO_INET);
+    out.push(0);
+    out.extend_from_slice(&res_id.to_be_bytes());
+    out.extend_from_slice(body);
+}
+
+/// Changes elements of the verdict maps `(set, cgroup id, op)` of table `inet <table>` in one
+/// nf_tables transaction, without `nft`: the element of a cgroup that no longer exists can still
+/// be deleted by its id (nft names cgroups by path, and would fail on it). A missing element to
+/// delete is not an error.
+pub(crate) fn cgroup_elems(table: &str, changes: &[(&str, u64, ElemOp<'_>)]) -> io::Result<()> {
+    let fd = socket_with(
+        AddressFamily::NETLINK,
+        SocketType::RAW,
+        SocketFlags::CLOEXEC,
+        Some(netlink::NETFILTER),
+    )?;
+    // A reply that never comes must not hold the prolog: each wait is bounded.
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(std::time::Duration::from_secs(5)),
+    )?;
+    let mut msg = Vec::with_capacity(256);
+    message(
+        &mut msg,
+        NFNL_MSG_BATCH_BEGIN,
+        NLM_F_REQUEST,
+        1,
+        NFNL_SUBSYS_NFTABLES,
+        &[],
+    );
+    for (i, (set, id, op)) in changes.iter().enumerate() {
+        let mut body = Vec::with_capacity(96);
+        attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &cstr(table)?);
+        attr(&mut body, NFTA_SET_ELEM_LIST_SET, &cstr(set)?);
+        let chain = match op {
+            ElemOp::AddGoto(c) => Some(cstr(c)?),
+            ElemOp::Delete => None,
+        };
+        nested(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
+            nested(b, NFTA_LIST_ELEM, |b| {
+                nested(b, NFTA_SET_ELEM_KEY, |b| {
+                    attr(b, NFTA_DATA_VALUE, &id.to_ne_bytes());
+                });
+                if let Some(chain) = &chain {
+                    nested(b, NFTA_SET_ELEM_DATA, |b| {
+                        nested(b, NFTA_DATA_VERDICT, |b| {
+                            attr(b, NFTA_VERDICT_CODE, &NFT_GOTO.to_be_bytes());
+                            attr(b, NFTA_VERDICT_CHAIN, chain);
+                        });
+                    });
+                }
+            });
+        });
+        let (kind, flags) = match op {
+            ElemOp::AddGoto(_) => (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE),
+            ElemOp::Delete => (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK),
+        };
+        message(
+            &mut msg,
+            (NFNL_SUBSYS_NFTABLES << 8) | kind,
+            flags,
+            2 + i as u32,
+            0,
+            &body,
+        );
+    }
+    let last = 2 + changes.len() as u32;
+    message(
+        &mut msg,
+        NFNL_MSG_BATCH_END,
+        NLM_F_REQUEST,
+        last,
+        NFNL_SUBSYS_NFTABLES,
+        &[],
+    );
+    send(&fd, &msg, SendFlags::empty())?;
+    // One ack per change; the first error aborts the whole transaction.
+    let mut acked = 0;
+    let mut buf = vec![0u8; 8192];
+    while acked < changes.len() {
+        let (n, _) = recv(&fd, &mut buf, RecvFlags::empty())?;
+        let mut at = 0;
+        while at + 20 <= n {
+            let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
+            let kind = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
+            if len < 16 {
+                break;
+            }
+            if kind == NLMSG_ERROR {
+                let errno = -i32::from_ne_bytes(buf[at + 16..at + 20].try_into().unwrap());
+                // The request's header follows the error code: its seq names the change.
+                let seq = buf
+                    .get(at + 28..at + 32)
+                    .map_or(0, |b| u32::from_ne_bytes(b.try_into().unwrap()));
+                let delete = seq
+                    .checked_sub(2)
+                    .and_then(|i| changes.get(i as usize))
+                    .is_some_and(|c| matches!(c.2, ElemOp::Delete));
+                match errno {
+                    0 => {}
+                    e if delete && e == rustix::io::Errno::NOENT.raw_os_error() => {
+                        // A missing element aborts the transaction: retry without it.
+                        let rest: Vec<(&str, u64, ElemOp<'_>)> = changes
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| 2 + *i as u32 != seq)
+                            .map(|(_, (s, id, op))| {
+                                (
+                                    *s,
+                                    *id,
+                                    match op {
+                                        ElemOp::AddGoto(c) => ElemOp::AddGoto(c),
+                                        ElemOp::Delete => ElemOp::Delete,
+                                    },
+                                )
+                            })
+                            .collect();
+                        return if rest.is_empty() {
+                            Ok(())
+                        } else {
+                            cgroup_elems(table, &rest)
+                        };
+                    }
+                    e => return Err(io::Error::from_raw_os_error(e)),
+                }
+                acked += 1;
+            }
+            at += (len + 3) & !3;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::counter_exists;

@@ -101,6 +101,14 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
     for t in &spec.tenants {
         let _ = writeln!(w, "\tcounter {} {{\n\t}}\n", counter_name(&t.name));
     }
+    let anchored = crate::anchored_level(spec);
+    if anchored.is_some() {
+        // Jobs anchored in Slurm's job folders (pure cgroup v2): one element per job, added
+        // by the prolog and deleted by the epilog by cgroup id (netlink).
+        for map in [crate::JOBS_OUT, crate::JOBS_IN] {
+            let _ = writeln!(w, "\tmap {map} {{\n\t\ttype cgroupsv2 : verdict\n\t}}\n");
+        }
+    }
     let _ = writeln!(w, "\tmap sender_deny {{");
     let _ = writeln!(w, "\t\ttype mark : verdict");
     if !spec.tenants.is_empty() {
@@ -206,6 +214,14 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
                 "\t\tsocket cgroupv2 level {level} vmap {{ {} }}",
                 elems.join(", ")
             );
+            if let Some(level) = anchored {
+                let map = if hook == "output" {
+                    crate::JOBS_OUT
+                } else {
+                    crate::JOBS_IN
+                };
+                let _ = writeln!(w, "\t\tsocket cgroupv2 level {level} vmap @{map}");
+            }
             if hook == "input" {
                 let elems: Vec<String> = spec
                     .tenants

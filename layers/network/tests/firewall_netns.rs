@@ -35,6 +35,7 @@ fn spec(tree: &CgroupTree) -> FirewallSpec {
             },
         ],
         infrastructure: vec![Dest::parse("10.77.3.0/24").unwrap()],
+        slurm: None,
         cross_node: None,
     }
 }
@@ -554,4 +555,89 @@ fn a_flow_opened_from_outside_is_no_way_out_for_a_job() {
         remote
     });
     drop(remote);
+}
+
+/// A pure cgroup v2 node with Slurm's cgroup/v2 plugin (`FirewallSpec::slurm`): jobs are keyed
+/// by Slurm's job folder (`<scope>/job_<id>`), their processes stay in Slurm's step and task
+/// folders below it, and the tenant rules hold as on the product's own tree. Slurm removes the
+/// job folder before the epilog: the job's map elements are then deleted by cgroup id, and the
+/// table stays loadable.
+#[test]
+fn anchored_jobs_are_keyed_by_slurms_job_folder() {
+    if !need_root("nft tables in a network namespace and Slurm-like cgroup v2 jobs") {
+        return;
+    }
+    let node = Netns::new("tnwa");
+    let tree = CgroupTree::new("tnw-anch-");
+    let mut spec = spec(&tree);
+    // Job folders sit at level 3, as Slurm's: system.slice/<node>_slurmstepd.scope/job_<id>.
+    let scope_rel = format!("system.slice/{}_slurmstepd.scope", spec.cgroup.subtree);
+    std::fs::create_dir_all(spec.cgroup.v2_mount.join(&scope_rel)).unwrap();
+    let scope = tenancy_network::SlurmScope {
+        v2_mount: spec.cgroup.v2_mount.clone(),
+        rel: scope_rel,
+    };
+    spec.slurm = Some(scope.clone());
+    in_netns(&node, move || {
+        let mut procs = Procs::default();
+        apply(&spec).unwrap();
+        let a = add_job(&spec, "a", 5).unwrap();
+        let b = add_job(&spec, "b", 6).unwrap();
+        assert_eq!(a.cgroup_path, scope.job_dir(5));
+        assert!(a.cgroup_id.is_some());
+        // Slurm's folders below the job: where its tasks and slurmstepd live.
+        let task = |j: &tenancy_network::JobNet, n: u32| {
+            let t = j.cgroup_path.join(format!("step_0/user/task_{n}"));
+            std::fs::create_dir_all(&t).unwrap();
+            t
+        };
+        let (a0, a1, b0) = (task(&a, 0), task(&a, 1), task(&b, 0));
+        start_listener(&mut procs, "tcp-listen 0.0.0.0:5101", Some(&a0), None);
+        start_listener(&mut procs, "udp-listen 0.0.0.0:5102", Some(&a0), None);
+        use Outcome::*;
+        let cases: Vec<(&str, &std::path::Path, &str, Outcome)> = vec![
+            ("a->a tcp", &a1, "tcp 127.0.0.1:5101", Ok),
+            ("a->a udp", &a1, "udp 127.0.0.1:5102", Ok),
+            ("b->a tcp", &b0, "tcp 127.0.0.1:5101", Timeout),
+            ("b->a udp", &b0, "udp 127.0.0.1:5102", Timeout),
+        ];
+        let mut failures = Vec::new();
+        for (name, cg, args, want) in &cases {
+            let got = client(args, Some(cg));
+            if got != *want {
+                failures.push(format!("{name}: {args}: got {got:?}, want {want:?}"));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        drop(procs);
+        // Slurm ends the job and removes its folders; then the epilog deletes by id, twice.
+        for d in [&a0, &a1] {
+            let _ = std::fs::write(d.join("cgroup.kill"), "1");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        for d in [
+            "step_0/user/task_0",
+            "step_0/user/task_1",
+            "step_0/user",
+            "step_0",
+            "",
+        ] {
+            std::fs::remove_dir(a.cgroup_path.join(d)).unwrap();
+        }
+        for _ in 0..2 {
+            tenancy_network::remove_anchored_job(&spec, &scope, 5, a.cgroup_id).unwrap();
+        }
+        tenancy_network::remove_anchored_job(&spec, &scope, 6, b.cgroup_id).unwrap();
+        let maps = nft(&["list", "map", "inet", "tenancy", "jobs_out"]);
+        assert!(!maps.contains("elements"), "{maps}");
+        // Nothing left that names a removed cgroup: the table reloads.
+        apply(&spec).unwrap();
+        let b_task = b.cgroup_path.join("step_0/user/task_0");
+        let _ = std::fs::write(b_task.join("cgroup.kill"), "1");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        for d in ["step_0/user/task_0", "step_0/user", "step_0", ""] {
+            let _ = std::fs::remove_dir(b.cgroup_path.join(d));
+        }
+        let _ = std::fs::remove_dir(scope.dir());
+    });
 }

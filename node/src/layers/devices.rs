@@ -75,7 +75,13 @@ impl Layer for Devices {
             .and_then(|f| tenancy_devices::job::programs_for(&params.target, f));
         let record = tenancy_devices::job::setup_sharing(&params, programs.as_ref())?;
         let mut made = serde_json::to_value(&record)?;
-        made["join_cgroups"] = serde_json::json!([record.cgroup_dir]);
+        if record.anchored.is_some() {
+            // Anchored in Slurm's job folder: its processes stay where Slurm put them.
+            made["join_cgroups"] = serde_json::json!([]);
+            made["anchor"] = serde_json::json!(record.cgroup_dir);
+        } else {
+            made["join_cgroups"] = serde_json::json!([record.cgroup_dir]);
+        }
         Ok(made)
     }
 
@@ -86,6 +92,23 @@ impl Layer for Devices {
                 // Stopped before the result was journaled: the owned cgroup is found by name,
                 // and our programs on it by their tag.
                 let params: JobDeviceParams = serde_json::from_value(intent.clone())?;
+                if let Target::Anchored { scope } = &params.target {
+                    // Found by the id of Slurm's job folder while it exists; once Slurm
+                    // removed it, `tenancyctl reconcile` finds the entry of no folder.
+                    let dir = scope.job_dir(params.job_id);
+                    let Ok(cgroup_id) = tenancy_cgroup::slurm::cgroup_id(&dir) else {
+                        return Ok(());
+                    };
+                    tenancy_devices::anchored::remove_job(
+                        &tenancy_devices::anchored::AnchoredAttached {
+                            scope_dir: scope.dir(),
+                            cgroup_id,
+                            slot: None,
+                            prog_id: None,
+                        },
+                    )?;
+                    return Ok(());
+                }
                 let (cgroup_dir, backend, owned) = match &params.target {
                     Target::Owned { root, backend } => (
                         tenancy_devices::job::owned_dir(root, &params.tenant, params.job_id)?,
@@ -93,6 +116,7 @@ impl Layer for Devices {
                         true,
                     ),
                     Target::Existing { dir, backend } => (dir.clone(), *backend, false),
+                    Target::Anchored { .. } => unreachable!("handled above"),
                 };
                 DevicesRecord {
                     job_id: params.job_id,
@@ -106,6 +130,7 @@ impl Layer for Devices {
                     },
                     v1: None,
                     v2: None,
+                    anchored: None,
                 }
             }
         };

@@ -7,7 +7,7 @@ use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tenancy_config::Config;
-use tenancy_network::{CgroupLayout, CrossNode, FirewallSpec, JobNet, TenantNet};
+use tenancy_network::{CgroupLayout, CrossNode, FirewallSpec, JobNet, SlurmScope, TenantNet};
 
 /// The node's firewall as the config describes it.
 pub fn firewall_spec(config: &Config) -> LayerResult<FirewallSpec> {
@@ -62,6 +62,9 @@ struct Intent {
     cgroup: CgroupLayout,
     tenant: String,
     job_id: u64,
+    /// Pure cgroup v2 with Slurm's cgroup/v2: the job is keyed by Slurm's job folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    slurm: Option<SlurmScope>,
 }
 
 impl Intent {
@@ -76,6 +79,7 @@ impl Intent {
                 egress: Vec::new(),
             }],
             infrastructure: Vec::new(),
+            slurm: self.slurm.clone(),
             cross_node: None,
         }
     }
@@ -106,6 +110,7 @@ impl Layer for Network<'_> {
             cgroup: spec.cgroup.clone(),
             tenant: plan.tenant.clone(),
             job_id: plan.job_id,
+            slurm: spec.slurm.clone(),
         })?))
     }
 
@@ -113,19 +118,35 @@ impl Layer for Network<'_> {
         let intent: Intent = serde_json::from_value(intent.clone())?;
         let job: JobNet = tenancy_network::add_job(self.spec()?, &intent.tenant, intent.job_id)?;
         let mut made = serde_json::to_value(&job)?;
-        made["join_cgroups"] = serde_json::json!([job.cgroup_path]);
+        if job.cgroup_id.is_some() {
+            // Anchored in Slurm's job folder: its processes stay where Slurm put them.
+            made["join_cgroups"] = serde_json::json!([]);
+            made["anchor"] = serde_json::json!(job.cgroup_path);
+        } else {
+            made["join_cgroups"] = serde_json::json!([job.cgroup_path]);
+        }
         Ok(made)
     }
 
-    fn undo(&mut self, intent: &Value, _made: Option<&Value>) -> LayerResult<()> {
+    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
         let intent: Intent = serde_json::from_value(intent.clone())?;
+        if let Some(scope) = &intent.slurm {
+            let id = made
+                .and_then(|m| serde_json::from_value::<JobNet>(m.clone()).ok())
+                .and_then(|j| j.cgroup_id);
+            tenancy_network::remove_anchored_job(&intent.spec(), scope, intent.job_id, id)?;
+            return Ok(());
+        }
         tenancy_network::remove_job(&intent.spec(), &intent.tenant, intent.job_id)?;
         Ok(())
     }
 
     fn resource_id(&self, intent: &Value, _: Option<&Value>) -> String {
         serde_json::from_value::<Intent>(intent.clone())
-            .map(|i| i.cgroup.job_dir(&i.tenant, i.job_id).display().to_string())
+            .map(|i| match &i.slurm {
+                Some(scope) => scope.job_dir(i.job_id).display().to_string(),
+                None => i.cgroup.job_dir(&i.tenant, i.job_id).display().to_string(),
+            })
             .unwrap_or_else(|_| "network".into())
     }
 }

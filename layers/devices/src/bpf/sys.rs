@@ -5,7 +5,14 @@ use super::Insn;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+const BPF_MAP_CREATE: libc::c_int = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_int = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_int = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_int = 4;
 const BPF_PROG_LOAD: libc::c_int = 5;
+const BPF_OBJ_PIN: libc::c_int = 6;
+const BPF_MAP_GET_FD_BY_ID: libc::c_int = 14;
 const BPF_PROG_ATTACH: libc::c_int = 8;
 const BPF_PROG_DETACH: libc::c_int = 9;
 const BPF_PROG_GET_FD_BY_ID: libc::c_int = 13;
@@ -84,6 +91,151 @@ struct Query {
     _pad: u32,
 }
 
+#[repr(C, align(8))]
+#[derive(Default)]
+struct MapCreate {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+    /// Named so the struct has no padding: the kernel reads these bytes too.
+    map_ifindex: u32,
+}
+
+#[repr(C, align(8))]
+#[derive(Default)]
+struct MapElem {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// BPF_MAP_TYPE_HASH
+pub const MAP_TYPE_HASH: u32 = 1;
+/// BPF_MAP_TYPE_PROG_ARRAY
+pub const MAP_TYPE_PROG_ARRAY: u32 = 3;
+/// BPF_ANY
+pub const UPDATE_ANY: u64 = 0;
+
+/// Create a map.
+pub fn map_create(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    name: &str,
+) -> io::Result<OwnedFd> {
+    let mut map_name = [0u8; 16];
+    let n = name.len().min(15);
+    map_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+    let mut attr = MapCreate {
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
+        map_name,
+        ..Default::default()
+    };
+    bpf(BPF_MAP_CREATE, &mut attr).map(fd_from)
+}
+
+fn map_elem(
+    cmd: libc::c_int,
+    map: BorrowedFd<'_>,
+    key: &[u8],
+    value: u64,
+    flags: u64,
+) -> io::Result<()> {
+    let mut attr = MapElem {
+        map_fd: map.as_raw_fd() as u32,
+        key: key.as_ptr() as u64,
+        value,
+        flags,
+        ..Default::default()
+    };
+    bpf(cmd, &mut attr).map(|_| ())
+}
+
+/// Look `key` up into `value` (sized as the map's values). ENOENT when it is not there.
+pub fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<()> {
+    map_elem(BPF_MAP_LOOKUP_ELEM, map, key, value.as_mut_ptr() as u64, 0)
+}
+
+/// Set `key` to `value`.
+pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
+    map_elem(BPF_MAP_UPDATE_ELEM, map, key, value.as_ptr() as u64, flags)
+}
+
+/// Delete `key`. ENOENT when it is not there.
+pub fn map_delete(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
+    map_elem(BPF_MAP_DELETE_ELEM, map, key, 0, 0)
+}
+
+/// The key after `key` (the first with `None`) into `next`; ENOENT after the last.
+pub fn map_next_key(map: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<()> {
+    let mut attr = MapElem {
+        map_fd: map.as_raw_fd() as u32,
+        key: key.map_or(0, |k| k.as_ptr() as u64),
+        value: next.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    bpf(BPF_MAP_GET_NEXT_KEY, &mut attr).map(|_| ())
+}
+
+#[repr(C, align(8))]
+#[derive(Default)]
+struct ObjPin {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+/// Pin `obj` at `path` on a bpf file system.
+pub fn obj_pin(obj: BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut attr = ObjPin {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: obj.as_raw_fd() as u32,
+        ..Default::default()
+    };
+    bpf(BPF_OBJ_PIN, &mut attr).map(|_| ())
+}
+
+/// Open a map by id.
+pub fn map_get_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = GetFdById {
+        id,
+        ..Default::default()
+    };
+    bpf(BPF_MAP_GET_FD_BY_ID, &mut attr).map(fd_from)
+}
+
+/// Ids of the maps a program uses (at most 8).
+pub fn prog_map_ids(prog: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 8];
+    let mut info = ProgInfoHead {
+        nr_map_ids: ids.len() as u32,
+        map_ids: ids.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    let mut attr = InfoByFd {
+        bpf_fd: prog.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<ProgInfoHead>() as u32,
+        info: &mut info as *mut ProgInfoHead as u64,
+    };
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let n = (info.nr_map_ids as usize).min(ids.len());
+    Ok(ids[..n].to_vec())
+}
+
 /// Leading part of `struct bpf_prog_info` (the kernel fills at most `info_len` bytes).
 #[repr(C, align(8))]
 #[derive(Default, Clone, Copy)]
@@ -127,9 +279,15 @@ fn fd_from(r: libc::c_long) -> OwnedFd {
 
 /// Load a cgroup device program. On failure the error carries the verifier log.
 pub fn prog_load(insns: &[Insn]) -> Result<OwnedFd, (io::Error, String)> {
+    prog_load_named(insns, PROG_NAME)
+}
+
+/// [`prog_load`] under another name (at most 15 bytes).
+pub fn prog_load_named(insns: &[Insn], prog_name: &str) -> Result<OwnedFd, (io::Error, String)> {
     let license = b"Apache-2.0\0";
     let mut name = [0u8; 16];
-    name[..PROG_NAME.len()].copy_from_slice(PROG_NAME.as_bytes());
+    let n = prog_name.len().min(15);
+    name[..n].copy_from_slice(&prog_name.as_bytes()[..n]);
     let mut attr = ProgLoad {
         prog_type: PROG_TYPE_CGROUP_DEVICE,
         insn_cnt: insns.len() as u32,
@@ -257,5 +415,9 @@ mod tests {
         assert_eq!(std::mem::offset_of!(Query, prog_cnt), 24);
         assert_eq!(std::mem::offset_of!(ProgInfoHead, name), 64);
         assert_eq!(std::mem::offset_of!(ProgInfoHead, created_by_uid), 48);
+        assert_eq!(std::mem::offset_of!(ProgInfoHead, map_ids), 56);
+        assert_eq!(std::mem::offset_of!(MapCreate, map_name), 28);
+        assert_eq!(std::mem::size_of::<MapElem>(), 32);
+        assert_eq!(std::mem::size_of::<MapCreate>(), 48);
     }
 }

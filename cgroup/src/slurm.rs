@@ -1,0 +1,244 @@
+//! Slurm's own job cgroups on a pure cgroup v2 node (its cgroup/v2 plugin): where the
+//! product anchors a job's isolation instead of moving its processes (ARCHITECTURE.md, "Pure
+//! cgroup v2 nodes"). Slurm keeps every process of a job under
+//! `<scope>/job_<id>/step_*/{slurm,user/task_*}`, where `<scope>` is slurmd's
+//! `[<node>_]slurmstepd.scope` (under `system.slice` without systemd, `IgnoreSystemd=yes`, and
+//! with it). Its memory and CPU limits live there, so processes stay there; the device program
+//! and the firewall find the job by its ancestor at the job's level.
+
+use serde::{Deserialize, Serialize};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::layout::is_cgroup2;
+
+/// Where Slurm's cgroup/v2 plugin puts slurmstepd and everything of its jobs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmScope {
+    /// The cgroup2 mount (`/sys/fs/cgroup`).
+    pub v2_mount: PathBuf,
+    /// The scope relative to the mount: `system.slice/<node>_slurmstepd.scope`.
+    pub rel: String,
+}
+
+/// The cgroup level of Slurm's job folders: `system.slice/<scope>/<job>`.
+pub const JOB_LEVEL: u32 = 3;
+
+/// The name Slurm gives the scope, after an optional `<node>_` prefix (Slurm built with
+/// multiple-slurmd support, as Debian's is).
+const SCOPE_SUFFIX: &str = "slurmstepd.scope";
+
+impl SlurmScope {
+    /// Slurm's scope on this node when the node is pure cgroup v2 (cgroup2 mounted at
+    /// `/sys/fs/cgroup`) and slurmd made it (Slurm's cgroup/v2 plugin is in use); `node` picks
+    /// `<node>_slurmstepd.scope` where there are several.
+    pub fn detect(node: Option<&str>) -> Option<SlurmScope> {
+        Self::detect_in(Path::new("/sys/fs/cgroup"), node)
+    }
+
+    /// [`SlurmScope::detect`] with cgroup2 at `v2_mount` (tests).
+    pub fn detect_in(v2_mount: &Path, node: Option<&str>) -> Option<SlurmScope> {
+        if !is_cgroup2(v2_mount) {
+            return None;
+        }
+        let slice = v2_mount.join("system.slice");
+        let mut found: Vec<String> = std::fs::read_dir(&slice)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.ends_with(SCOPE_SUFFIX))
+            .collect();
+        found.sort();
+        let pick = match node {
+            Some(n) if found.len() > 1 => found
+                .iter()
+                .find(|s| s.strip_suffix(SCOPE_SUFFIX) == Some(&format!("{n}_")))
+                .cloned(),
+            _ if found.len() == 1 => found.pop(),
+            _ => None,
+        }?;
+        Some(SlurmScope {
+            v2_mount: v2_mount.to_path_buf(),
+            rel: format!("system.slice/{pick}"),
+        })
+    }
+
+    /// The scope's folder.
+    pub fn dir(&self) -> PathBuf {
+        self.v2_mount.join(&self.rel)
+    }
+
+    /// Slurm's folder of job `job_id` ([`job_folder`]).
+    pub fn job_dir(&self, job_id: u64) -> PathBuf {
+        self.dir().join(job_folder(job_id))
+    }
+
+    /// The job folder relative to the mount, as nft names cgroups.
+    pub fn job_rel(&self, job_id: u64) -> String {
+        format!("{}/{}", self.rel, job_folder(job_id))
+    }
+
+    /// The cgroup level of a job folder (the mount's root is level 0), which
+    /// `bpf_get_current_ancestor_cgroup_id` and nft's `socket cgroupv2 level` take.
+    pub fn job_level(&self) -> u32 {
+        self.rel.split('/').filter(|c| !c.is_empty()).count() as u32 + 1
+    }
+
+    /// Makes Slurm's job folder when slurmstepd has not yet (Slurm's own mkdir takes an
+    /// existing folder), so the job's cgroup id is known before any of its processes exists.
+    /// Returns the folder and its cgroup id (the inode number on cgroup2).
+    pub fn ensure_job_dir(&self, job_id: u64) -> io::Result<(PathBuf, u64)> {
+        let dir = self.job_dir(job_id);
+        match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let id = cgroup_id(&dir)?;
+        Ok((dir, id))
+    }
+}
+
+/// The name of a job's folder in Slurm's scope: `job_<id>`, or from Slurm 26.05 the job's SLUID
+/// (`SLURM_JOB_SLUID` in the prolog's and epilog's environment) unless cgroup.conf sets
+/// `CgroupJobIdPaths=yes` (cgroup.conf next to `SLURM_CONF`, else /etc/slurm/cgroup.conf).
+pub fn job_folder(job_id: u64) -> String {
+    let sluid = std::env::var("SLURM_JOB_SLUID").ok();
+    let conf = std::env::var_os("SLURM_CONF")
+        .map(PathBuf::from)
+        .and_then(|c| c.parent().map(|d| d.join("cgroup.conf")))
+        .unwrap_or_else(|| PathBuf::from("/etc/slurm/cgroup.conf"));
+    let text = std::fs::read_to_string(conf).unwrap_or_default();
+    job_folder_with(job_id, sluid.as_deref(), &text)
+}
+
+/// [`job_folder`] from the SLUID and cgroup.conf's text.
+pub fn job_folder_with(job_id: u64, sluid: Option<&str>, cgroup_conf: &str) -> String {
+    let id_paths = cgroup_conf.lines().any(|l| {
+        let l = l.split('#').next().unwrap_or_default();
+        l.split_once('=').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("CgroupJobIdPaths")
+                && v.trim().eq_ignore_ascii_case("yes")
+        })
+    });
+    match sluid {
+        // A SLUID is a short alphanumeric string; anything else is not a folder name we make.
+        Some(s)
+            if !id_paths
+                && !s.is_empty()
+                && s.len() <= 32
+                && s.bytes().all(|b| b.is_ascii_alphanumeric()) =>
+        {
+            s.to_string()
+        }
+        _ => format!("job_{job_id}"),
+    }
+}
+
+/// The cgroup id of a cgroup2 folder: its inode number (what nft and BPF key cgroups on).
+pub fn cgroup_id(dir: &Path) -> io::Result<u64> {
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a cgroup folder", dir.display()),
+        ));
+    }
+    Ok(m.ino())
+}
+
+/// The cgroup2 path of `pid` relative to the mount (`/system.slice/...`), from
+/// `/proc/<pid>/cgroup`'s `0::` line.
+pub fn v2_path_of(pid: i32) -> io::Result<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("process {pid} has no cgroup2 path"),
+            )
+        })
+}
+
+/// Whether `pid` is in the cgroup folder `dir` (on the mount `v2_mount`) or below it.
+pub fn is_under(pid: i32, v2_mount: &Path, dir: &Path) -> io::Result<bool> {
+    let rel = dir.strip_prefix(v2_mount).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not under {}", dir.display(), v2_mount.display()),
+        )
+    })?;
+    let own = v2_path_of(pid)?;
+    let own = Path::new(own.trim_start_matches('/'));
+    Ok(own.starts_with(rel))
+}
+
+/// Every process in `dir` and the cgroups below it.
+pub fn pids_below(dir: &Path) -> io::Result<Vec<i32>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        match std::fs::read_to_string(d.join("cgroup.procs")) {
+            Ok(t) => out.extend(t.lines().filter_map(|l| l.trim().parse::<i32>().ok())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+        for e in std::fs::read_dir(&d)?.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(e.path());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_level_counts_the_scope_components() {
+        let s = SlurmScope {
+            v2_mount: "/sys/fs/cgroup".into(),
+            rel: "system.slice/vm_slurmstepd.scope".into(),
+        };
+        assert_eq!(s.job_level(), 3);
+        assert_eq!(
+            s.job_dir(7),
+            Path::new("/sys/fs/cgroup/system.slice/vm_slurmstepd.scope/job_7")
+        );
+        assert_eq!(s.job_rel(7), "system.slice/vm_slurmstepd.scope/job_7");
+    }
+
+    #[test]
+    fn job_folders_are_named_by_sluid_on_26_05_unless_job_id_paths() {
+        assert_eq!(job_folder_with(7, None, ""), "job_7");
+        assert_eq!(
+            job_folder_with(7, Some("sEKNKTV3WPV500"), ""),
+            "sEKNKTV3WPV500"
+        );
+        assert_eq!(
+            job_folder_with(
+                7,
+                Some("sEKNKTV3WPV500"),
+                "ConstrainDevices=yes\nCgroupJobIdPaths=yes\n"
+            ),
+            "job_7"
+        );
+        assert_eq!(
+            job_folder_with(7, Some("sEKNKTV3WPV500"), "#CgroupJobIdPaths=yes\n"),
+            "sEKNKTV3WPV500"
+        );
+        assert_eq!(job_folder_with(7, Some("../x"), ""), "job_7");
+    }
+
+    #[test]
+    fn no_scope_where_cgroup2_is_not_mounted() {
+        let d = std::env::temp_dir();
+        assert_eq!(SlurmScope::detect_in(&d, None), None);
+    }
+}
