@@ -36,6 +36,7 @@ fn spec(tree: &CgroupTree) -> FirewallSpec {
             },
         ],
         infrastructure: vec![],
+        slurm: None,
         cross_node: Some(CrossNode {
             node_network: Ipv4Net::parse("10.78.0.0/24").unwrap(),
             prefixes: vec![
