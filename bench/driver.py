@@ -8,7 +8,7 @@ Used by bench/job-path.sh; stdlib only. Modes:
         variant, repeated; the fill levels alternate over several rounds; all fill jobs are
         torn down at the end
 """
-import argparse, json, os, statistics, subprocess, sys, time
+import argparse, ctypes, json, os, statistics, subprocess, sys, time
 
 # The binaries' one-line reports go to slurmd's log; here they are dropped (errors still show).
 QUIET = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
@@ -27,9 +27,19 @@ def pct(xs, p):
     lo = int(k); hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
+LIBC = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+def enter_netns(fd):
+    """setns(2) of the driver into a network namespace (not timed): the prolog and epilog it
+    spawns next are born there (bench/cross-node.sh: one table per variant, same run)."""
+    if LIBC.setns(fd, CLONE_NEWNET) != 0:
+        sys.exit(f"setns: {os.strerror(ctypes.get_errno())}")
+
 class Variant:
-    def __init__(self, name, prolog, epilog, env):
+    def __init__(self, name, prolog, epilog, env, netns=None):
         self.name, self.prolog, self.epilog, self.env = name, prolog, epilog, env
+        self.netns = netns  # an open fd of the network namespace its jobs run in, or None
         self.rows = []  # (prolog_wall, prolog_cpu, epilog_wall, epilog_cpu)
 
     def job_env(self, job):
@@ -48,6 +58,8 @@ class Variant:
         return w, c
 
     def one(self, job):
+        if self.netns is not None:
+            enter_netns(self.netns)
         pw, pc = self.prolog_only(job)
         ew, ec = self.epilog_only(job)
         self.rows.append((pw, pc, ew, ec))
@@ -71,6 +83,14 @@ def variants(a):
     out["product"] = Variant("product", a.prolog, a.epilog, prod)
     out["baseline-sh"] = Variant("baseline-sh", a.base_prolog, a.base_epilog,
                                  dict(base, BASE_DIR=a.base_dir, BASE_TENANT_GROUP=a.tenant_group))
+    if a.xnode_config:
+        # The same prolog and epilog under a config with `[network] node_network`, whose table
+        # (the cross-node rules) is loaded in another network namespace.
+        out["product+xnode"] = Variant("product+xnode", a.prolog, a.epilog,
+                                       dict(base, TENANCY_CONFIG=a.xnode_config))
+    for spec in a.netns or []:
+        name, path = spec.split("=", 1)
+        out[name].netns = os.open(path, os.O_RDONLY)
     return out
 
 def table(results):
@@ -98,6 +118,10 @@ def main():
     p.add_argument("--tenant-group", required=True, help="the tenant's group, checked by the shell baseline")
     p.add_argument("--mig", default="1g.18gb")
     p.add_argument("--json")
+    p.add_argument("--xnode-config", help="adds the variant product+xnode: the product with this "
+                   "config (cross-node rules)")
+    p.add_argument("--netns", action="append", help="VARIANT=PATH: run that variant's jobs in the "
+                   "network namespace PATH (e.g. /run/netns/NAME), entered before each job")
     p.add_argument("--flush-mb", type=int, default=0, help="pair mode: before every variant's job, "
                    "write this many MiB in the driver itself (evicts the CPU caches without running "
                    "anything of either side)")

@@ -9,6 +9,7 @@ fn main() {
         "src/lib.rs",
         "src/billing.rs",
         "../layers/network/src/dest.rs",
+        "../layers/network/src/cross.rs",
     ] {
         println!("cargo:rerun-if-changed={f}");
         h.update(f.as_bytes());

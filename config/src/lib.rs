@@ -15,7 +15,7 @@ pub use resolve::{group_gid, user_uid, Identity, Refusal, Resolved};
 /// The decimal type of prices and amounts (no binary floating point in money).
 pub use rust_decimal::Decimal;
 /// Network destinations (`10.20.0.0/16:443/tcp`): the firewall layer's own type and parser.
-pub use tenancy_network::{Dest as Destination, Proto};
+pub use tenancy_network::{Dest as Destination, Ipv4Net, Proto};
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -118,6 +118,10 @@ pub struct Tenant {
     pub groups: Vec<String>,
     pub accounts: Vec<String>,
     pub egress: Vec<Destination>,
+    /// With `[network] node_network`: the tenant's addresses, one per node (this prefix plus
+    /// the node's index), from which its jobs' traffic to other nodes leaves.
+    #[serde(default)]
+    pub address_prefix: Option<Ipv4Net>,
 }
 
 /// A validated config.
@@ -130,6 +134,10 @@ pub struct Config {
     pub tiers: BTreeMap<String, Tier>,
     pub tenants: BTreeMap<String, Tenant>,
     pub infrastructure: Vec<Destination>,
+    /// `[network] node_network`: the network of the nodes' own addresses; set, the firewall
+    /// tells tenants apart across nodes (ARCHITECTURE.md, "Across nodes").
+    #[serde(default)]
+    pub node_network: Option<Ipv4Net>,
     /// MIG plan per GPU model: profile -> instances per GPU. Empty: first fit.
     pub mig_plan: BTreeMap<String, BTreeMap<String, u32>>,
     /// `[billing]`: prices for statements (none: statements show quantities only).
@@ -216,6 +224,7 @@ struct RawTenant {
     accounts: Vec<Spanned<String>>,
     #[serde(default)]
     egress: Vec<Spanned<String>>,
+    address_prefix: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -223,6 +232,7 @@ struct RawTenant {
 struct RawNetwork {
     #[serde(default)]
     infrastructure: Vec<Spanned<String>>,
+    node_network: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -389,6 +399,40 @@ impl Validator<'_> {
             );
         }
         n.get_ref().clone()
+    }
+
+    /// Tenant prefixes must not overlap each other or the node network, and must hold an
+    /// address for every node (a length no longer than node_network's).
+    fn cross_node_overlaps(&mut self, nn: Ipv4Net, tenants: &BTreeMap<Spanned<String>, RawTenant>) {
+        let mut seen: Vec<(String, Ipv4Net)> = Vec::new();
+        for (name, t) in tenants {
+            let Some(p) = &t.address_prefix else { continue };
+            let Ok(net) = Ipv4Net::parse(p.get_ref()) else {
+                continue;
+            };
+            let name = name.get_ref();
+            if net.overlaps(&nn) {
+                self.problem(
+                    p,
+                    format!("tenant '{name}': address_prefix {net} overlaps node_network {nn}"),
+                );
+            } else if net.len > nn.len {
+                self.problem(
+                    p,
+                    format!(
+                        "tenant '{name}': address_prefix {net} holds fewer addresses than \
+                         node_network {nn} has nodes: make it /{} or larger",
+                        nn.len
+                    ),
+                );
+            }
+            if let Some((o, q)) = seen.iter().find(|(_, q)| q.overlaps(&net)) {
+                let msg =
+                    format!("tenants '{o}' and '{name}': address prefixes {q} and {net} overlap");
+                self.problem(p, msg);
+            }
+            seen.push((name.clone(), net));
+        }
     }
 
     fn destinations(&mut self, list: &[Spanned<String>]) -> Vec<Destination> {
@@ -645,6 +689,26 @@ impl Validator<'_> {
                 }
             }
             let egress = self.destinations(&t.egress);
+            let address_prefix = t.address_prefix.as_ref().and_then(|p| {
+                let net = Ipv4Net::parse(p.get_ref())
+                    .map_err(|e| self.problem(p, format!("tenant '{name}': address_prefix {e}")))
+                    .ok()?;
+                if raw.network.node_network.is_none() {
+                    let msg = format!(
+                        "tenant '{name}' has an address_prefix but [network] has no \
+                         node_network: set node_network (the nodes' own addresses) too"
+                    );
+                    self.problem(p, msg);
+                }
+                Some(net)
+            });
+            if raw.network.node_network.is_some() && t.address_prefix.is_none() {
+                let msg = format!(
+                    "tenant '{name}' has no address_prefix: with [network] node_network every \
+                     tenant needs its own (e.g. address_prefix = \"10.64.1.0/24\")"
+                );
+                self.problem(&t.tier, msg);
+            }
             tenants.insert(
                 name.clone(),
                 Tenant {
@@ -653,10 +717,19 @@ impl Validator<'_> {
                     groups: t.groups.iter().map(|g| g.get_ref().clone()).collect(),
                     accounts: t.accounts.iter().map(|a| a.get_ref().clone()).collect(),
                     egress,
+                    address_prefix,
                 },
             );
         }
         let infrastructure = self.destinations(&raw.network.infrastructure);
+        let node_network = raw.network.node_network.as_ref().and_then(|n| {
+            Ipv4Net::parse(n.get_ref())
+                .map_err(|e| self.problem(n, format!("network.node_network {e}")))
+                .ok()
+        });
+        if let Some(nn) = node_network {
+            self.cross_node_overlaps(nn, &raw.tenants);
+        }
 
         let mut mig_plan = BTreeMap::new();
         for (model, profiles) in &raw.mig.plan {
@@ -680,6 +753,7 @@ impl Validator<'_> {
                 tiers,
                 tenants,
                 infrastructure,
+                node_network,
                 mig_plan,
                 billing,
             })

@@ -316,3 +316,42 @@ fn resolution_gives_the_gid_of_the_tenants_first_group() {
         .unwrap();
     assert_eq!((r.tenant.as_str(), r.tenant_gid), ("acme", Some(daemon)));
 }
+
+#[test]
+fn cross_node_keys_are_checked() {
+    let text = sample_with("[network]\n", "[network]\nnode_network = \"10.0.2.0/24\"\n").replacen(
+        "egress = [\"10.20.0.0/16:443/tcp\"]",
+        "egress = [\"10.20.0.0/16:443/tcp\"]\naddress_prefix = \"10.64.1.0/24\"",
+        1,
+    );
+    // globex has none.
+    let p = single_problem(&text);
+    assert!(
+        p.message.contains("tenant 'globex' has no address_prefix"),
+        "{p:?}"
+    );
+    let ok = text.replacen(
+        "accounts = [\"globex\", \"globex-audit\"]",
+        "accounts = [\"globex\", \"globex-audit\"]\naddress_prefix = \"10.64.2.0/24\"",
+        1,
+    );
+    let c = parse(&ok).unwrap();
+    assert_eq!(c.node_network.unwrap().to_string(), "10.0.2.0/24");
+    assert_eq!(
+        c.tenants["globex"].address_prefix.unwrap().to_string(),
+        "10.64.2.0/24"
+    );
+    let p = single_problem(&ok.replace("10.64.2.0/24", "10.64.0.0/16"));
+    assert!(p.message.contains("overlap"), "{p:?}");
+    let p = single_problem(&ok.replace("10.64.2.0/24", "10.64.2.0/25"));
+    assert!(p.message.contains("fewer addresses"), "{p:?}");
+    let p = single_problem(&ok.replace("10.64.2.0/24", "10.0.2.0/24"));
+    assert!(p.message.contains("overlaps node_network"), "{p:?}");
+    let p = single_problem(&ok.replace("10.64.2.0/24", "10.64.2.1/24"));
+    assert!(p.message.contains("host bits"), "{p:?}");
+    let p = single_problem(&text.replacen("node_network = \"10.0.2.0/24\"\n", "", 1));
+    assert!(
+        p.message.contains("no\n") || p.message.contains("node_network"),
+        "{p:?}"
+    );
+}

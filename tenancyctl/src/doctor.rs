@@ -694,6 +694,11 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => rows.push(row("firewall.table", Severity::Error, e.0, None)),
     }
+    if let Ok(spec) = tenancy_node::layers::network::firewall_spec(config) {
+        if spec.cross_node.is_some() {
+            rows.push(cross_node_row(&spec));
+        }
+    }
     let pam = pam_slurm_adopt_services(&args.pam_dir);
     if let Ok(svcs) = &pam {
         let lax: Vec<String> = svcs.iter().flat_map(|s| s.lax.iter().cloned()).collect();
@@ -1038,5 +1043,45 @@ mod device_class_tests {
         )
         .unwrap();
         assert!(extra_device_rows(&config, &majors).is_empty());
+    }
+}
+
+/// With `[network] node_network`: this node has one address there and every tenant's address
+/// on that interface (ARCHITECTURE.md, "Across nodes").
+fn cross_node_row(spec: &tenancy_network::FirewallSpec) -> Row {
+    let fix = Some("tenancyctl firewall apply".to_string());
+    let spec = match spec.for_this_node() {
+        Ok(s) => s,
+        Err(e) => return row("firewall.cross_node", Severity::Error, e.to_string(), None),
+    };
+    let Some(c) = &spec.cross_node else {
+        return row("firewall.cross_node", Severity::Ok, "off".into(), None);
+    };
+    let node = c
+        .node
+        .as_ref()
+        .map(|n| format!("{} on {}", n.address, n.interface));
+    match c.missing_addresses() {
+        Ok(m) if m.is_empty() => row(
+            "firewall.cross_node",
+            Severity::Ok,
+            format!(
+                "node {}: every tenant's address is on it",
+                node.unwrap_or_default()
+            ),
+            None,
+        ),
+        Ok(m) => row(
+            "firewall.cross_node",
+            Severity::Error,
+            format!(
+                "node {}: tenant addresses missing: {} (their jobs' traffic to other nodes \
+                 would have no way back)",
+                node.unwrap_or_default(),
+                m.join(" ")
+            ),
+            fix,
+        ),
+        Err(e) => row("firewall.cross_node", Severity::Error, e.to_string(), fix),
     }
 }

@@ -26,6 +26,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod accounting;
+pub mod multi_node;
 pub mod release_root;
 pub mod sshd;
 pub mod stack;
@@ -95,25 +96,25 @@ pub struct Cluster {
     _lock: Flock<File>,
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("0.0.0.0:0")?;
     Ok(l.local_addr()?.port())
 }
 
-fn hostname_short() -> Result<String> {
+pub(crate) fn hostname_short() -> Result<String> {
     let h = nix::unistd::gethostname()?;
     let h = h.to_string_lossy();
     Ok(h.split('.').next().unwrap_or_default().to_string())
 }
 
-fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
+pub(crate) fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
     let mut f = File::create(path).with_context(|| format!("create {}", path.display()))?;
     f.write_all(text.as_bytes())?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
     Ok(())
 }
 
-fn munge_works(root: Option<&SlurmRoot>) -> bool {
+pub(crate) fn munge_works(root: Option<&SlurmRoot>) -> bool {
     let (mut munge, mut unmunge) = (Command::new("munge"), Command::new("unmunge"));
     if let Some(r) = root {
         r.enter(&mut munge);
@@ -140,7 +141,7 @@ fn munge_works(root: Option<&SlurmRoot>) -> bool {
     ok
 }
 
-fn spawn_daemon(name: &str, cmd: &mut Command, log: &Path) -> Result<Child> {
+pub(crate) fn spawn_daemon(name: &str, cmd: &mut Command, log: &Path) -> Result<Child> {
     let out = File::create(log)?;
     let err = out.try_clone()?;
     // SAFETY: setsid is async-signal-safe; the daemon gets its own session so that signals
@@ -773,7 +774,7 @@ impl Cluster {
     }
 }
 
-fn find_files(root: &Path, name: &str) -> Vec<PathBuf> {
+pub(crate) fn find_files(root: &Path, name: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -790,7 +791,7 @@ fn find_files(root: &Path, name: &str) -> Vec<PathBuf> {
     out
 }
 
-fn stop_child(child: &mut Child) -> Result<()> {
+pub(crate) fn stop_child(child: &mut Child) -> Result<()> {
     if child.try_wait()?.is_some() {
         return Ok(());
     }

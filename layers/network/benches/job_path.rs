@@ -39,6 +39,7 @@ fn bench(c: &mut Criterion) {
         ],
         infrastructure: vec![Dest::parse("10.77.3.0/24:53").unwrap()],
         slurm: None,
+        cross_node: None,
     };
     apply(&spec).unwrap();
     let mut g = c.benchmark_group("job_add_remove");

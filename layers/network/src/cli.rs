@@ -39,6 +39,9 @@ struct Row {
     egress: String,
     drop_packets: Option<u64>,
     drop_bytes: Option<u64>,
+    /// Across nodes: the tenant's address on this node (JSON only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    address: Option<String>,
 }
 
 fn rows(spec: &FirewallSpec, with_counters: bool) -> anyhow::Result<Vec<Row>> {
@@ -70,6 +73,11 @@ fn rows(spec: &FirewallSpec, with_counters: bool) -> anyhow::Result<Vec<Row>> {
                     .join(" "),
                 drop_packets: c.map(|c| c.packets),
                 drop_bytes: c.map(|c| c.bytes),
+                address: spec
+                    .cross_node
+                    .as_ref()
+                    .and_then(|x| x.address(&t.name))
+                    .map(|a| a.to_string()),
             }
         })
         .collect())
@@ -169,9 +177,12 @@ pub fn show_to(
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
     if args.rules {
-        write!(out, "{}", ruleset(spec)?)?;
+        write!(out, "{}", ruleset(&spec.for_this_node()?)?)?;
         return Ok(ExitCode::SUCCESS);
     }
+    // The levels as loaded (a bind-mounted cgroup2 adds its depth); as configured where this
+    // node cannot resolve them (the error shows with --rules and apply).
+    let spec = &spec.for_this_node().unwrap_or_else(|_| spec.clone());
     let rows = rows(spec, true)?;
     print_rows(out, spec, &rows, args.format)?;
     Ok(ExitCode::SUCCESS)
@@ -189,10 +200,11 @@ pub fn apply_to(
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
     if args.dry_run {
-        write!(out, "{}", crate::replace_script(spec)?)?;
+        write!(out, "{}", crate::replace_script(&spec.for_this_node()?)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     apply(spec)?;
+    let spec = &spec.for_this_node()?;
     let rows = rows(spec, false)?;
     print_rows(out, spec, &rows, args.format)?;
     Ok(ExitCode::SUCCESS)
@@ -220,6 +232,7 @@ mod tests {
             }],
             infrastructure: vec![],
             slurm: None,
+            cross_node: None,
         };
         let mut out = Vec::new();
         apply_to(

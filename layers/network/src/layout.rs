@@ -26,6 +26,13 @@ pub struct CgroupLayout {
     pub nft_root: String,
     /// The product's subtree under the v2 root, e.g. "tenancy" (one or more components).
     pub subtree: String,
+    /// Depth of the cgroup2 mount's own root in the hierarchy: 0 for a node's normal mount, 1
+    /// where `v2_mount` is a bind mount of `/<dir>` (a node in a container or a test cluster's
+    /// node namespace). nft's `socket cgroupv2 level` counts from the hierarchy's root, so the
+    /// tenants' level grows with it. Found by [`CgroupLayout::resolve_mount_depth`] where the
+    /// rules are rendered (`firewall apply`), never on the job path, which does not need it.
+    #[serde(default)]
+    pub mount_depth: u32,
 }
 
 impl CgroupLayout {
@@ -43,6 +50,7 @@ impl CgroupLayout {
                     .to_string(),
                 v2_mount: mount,
                 subtree: subtree.to_string(),
+                mount_depth: 0,
             }),
             None => Err(Error::Layout(format!(
                 "no cgroup2 hierarchy at {NFT_CGROUP_BASE} or {NFT_CGROUP_BASE}/unified: the \
@@ -58,6 +66,7 @@ impl CgroupLayout {
             v2_mount: Path::new(NFT_CGROUP_BASE).join("unified"),
             nft_root: "unified".into(),
             subtree: subtree.into(),
+            mount_depth: 0,
         }
     }
 
@@ -67,6 +76,7 @@ impl CgroupLayout {
             v2_mount: PathBuf::from(NFT_CGROUP_BASE),
             nft_root: String::new(),
             subtree: subtree.into(),
+            mount_depth: 0,
         }
     }
 
@@ -93,8 +103,30 @@ impl CgroupLayout {
 
     /// The cgroup2 hierarchy level of a tenant directory.
     pub fn tenant_level(&self) -> u32 {
-        self.subtree.split('/').count() as u32 + 1
+        self.mount_depth + self.subtree.split('/').count() as u32 + 1
     }
+
+    /// Sets [`CgroupLayout::mount_depth`] from the root of the cgroup2 mount at `v2_mount` in
+    /// /proc/self/mountinfo (one read; for `firewall apply` and `show`).
+    pub fn resolve_mount_depth(&mut self) -> Result<()> {
+        let text = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| crate::io_err("cannot read", Path::new("/proc/self/mountinfo"), e))?;
+        self.mount_depth = mount_depth_in(&text, &self.v2_mount).unwrap_or(0);
+        Ok(())
+    }
+}
+
+/// The depth of the root of the last cgroup2 mount at `mount` (the one visible there).
+fn mount_depth_in(mountinfo: &str, mount: &Path) -> Option<u32> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            (f.get(sep + 1) == Some(&"cgroup2") && Path::new(f.get(4)?) == mount)
+                .then(|| f[3].split('/').filter(|c| !c.is_empty()).count() as u32)
+        })
+        .next_back()
 }
 
 pub(crate) fn validate_subtree(subtree: &str) -> Result<()> {
@@ -132,6 +164,13 @@ mod tests {
         assert_eq!(u.nft_tenant_path("acme"), "a/b/acme");
         assert_eq!(u.tenant_level(), 3);
         assert!(validate_subtree("../x").is_err());
+        let info = "40 30 0:36 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
+                    90 40 0:36 /mn/n1 /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        let mnt = Path::new("/sys/fs/cgroup/unified");
+        assert_eq!(mount_depth_in(info, mnt), Some(2));
+        let mut b = CgroupLayout::hybrid("tenancy");
+        b.mount_depth = 2;
+        assert_eq!(b.tenant_level(), 4);
         assert!(validate_subtree("/abs").is_err());
     }
 

@@ -10,6 +10,7 @@
 //! * [`counters`] reads the per-tenant drop counters.
 
 pub mod cli;
+mod cross;
 mod dest;
 mod layout;
 mod nft;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use cross::{address_label, CrossNode, Ipv4Net, NodeAddr};
 pub use dest::{Dest, DestError, Proto};
 pub use layout::{CgroupLayout, NFT_CGROUP_BASE};
 pub use ruleset::{counter_name, replace_script, ruleset, LOG_RATE_PER_SEC};
@@ -99,6 +101,10 @@ pub struct FirewallSpec {
     /// maps, and no process is moved (ARCHITECTURE.md, "Pure cgroup v2 nodes").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmScope>,
+    /// Tenant identity across nodes (`[network] node_network`, each tenant's
+    /// `address_prefix`); `None`: jobs are told apart on this node only.
+    #[serde(default)]
+    pub cross_node: Option<CrossNode>,
 }
 
 pub const DEFAULT_TABLE: &str = "tenancy";
@@ -113,7 +119,23 @@ impl FirewallSpec {
             tenants,
             infrastructure,
             slurm: slurm_scope(),
+            cross_node: None,
         })
+    }
+
+    /// The spec with what only this node knows and only the rules need: the cgroup2 mount's
+    /// depth and, across nodes, this node's address in the node network. `firewall apply` and
+    /// `show` call it; the job path does not (it never renders the rules).
+    pub fn for_this_node(&self) -> Result<FirewallSpec> {
+        let mut s = self.clone();
+        s.cgroup.resolve_mount_depth()?;
+        if let Some(c) = &mut s.cross_node {
+            if c.node.is_none() {
+                c.resolve()?;
+            }
+        }
+        validate_spec(&s)?;
+        Ok(s)
     }
 
     pub fn tenant(&self, name: &str) -> Result<&TenantNet> {
@@ -223,6 +245,9 @@ pub fn validate_spec(spec: &FirewallSpec) -> Result<()> {
             )));
         }
     }
+    if let Some(c) = &spec.cross_node {
+        c.validate(&spec.tenants)?;
+    }
     Ok(())
 }
 
@@ -261,7 +286,12 @@ fn ensure_dir(path: &Path) -> Result<()> {
 /// mark the tenant cgroups as covered ([`APPLIED_XATTR`]).
 ///
 /// Tenant cgroups are never removed by this crate: the loaded rules refer to them.
+///
+/// Across nodes ([`FirewallSpec::cross_node`]) the tenants' addresses of this node are added to
+/// its interface before the table is loaded, and addresses of tenants (or prefixes) no longer
+/// configured are removed after it.
 pub fn apply(spec: &FirewallSpec) -> Result<()> {
+    let spec = &spec.for_this_node()?;
     let script = replace_script(spec)?;
     let sub = spec.cgroup.subtree_dir();
     // Create each component of the subtree.
@@ -274,7 +304,13 @@ pub fn apply(spec: &FirewallSpec) -> Result<()> {
     for t in &spec.tenants {
         ensure_dir(&spec.cgroup.tenant_dir(&t.name))?;
     }
+    let stale = match &spec.cross_node {
+        Some(c) => c.add_addresses()?,
+        // Without node_network no tenant address stays (after the rules that used them go).
+        None => cross::labelled_addresses().unwrap_or_default(),
+    };
     nft::run_script(&script, "apply (load table)")?;
+    cross::remove_addresses(&stale)?;
     for t in &spec.tenants {
         let dir = spec.cgroup.tenant_dir(&t.name);
         rustix::fs::setxattr(
@@ -531,6 +567,7 @@ mod tests {
                 Dest::parse("10.0.0.10:6817-6818/tcp").unwrap(),
             ],
             slurm: None,
+            cross_node: None,
         }
     }
 
@@ -553,6 +590,68 @@ mod tests {
         }
         let tenant = r.find("socket cgroupv2 level 2 vmap").unwrap();
         assert!(tenant < r.find("vmap @jobs_out").unwrap());
+    }
+
+    fn cross_spec() -> FirewallSpec {
+        let mut s = spec();
+        s.cross_node = Some(CrossNode {
+            node_network: Ipv4Net::parse("10.0.0.0/24").unwrap(),
+            prefixes: vec![
+                ("acme".into(), Ipv4Net::parse("10.64.1.0/24").unwrap()),
+                ("beta-lab".into(), Ipv4Net::parse("10.64.2.0/24").unwrap()),
+            ],
+            node: Some(NodeAddr {
+                interface: "eth0".into(),
+                address: "10.0.0.7".parse().unwrap(),
+            }),
+        });
+        s
+    }
+
+    /// Snapshot of the rules with tenant identity across nodes.
+    #[test]
+    fn cross_node_ruleset_matches_snapshot() {
+        let got = ruleset(&cross_spec()).unwrap();
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/expected/ruleset_cross_node.nft");
+        if std::env::var_os("UPDATE_EXPECT").is_some() {
+            std::fs::write(&path, &got).unwrap();
+        }
+        let want = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            got, want,
+            "rendering changed; rerun with UPDATE_EXPECT=1 and review"
+        );
+        let c = cross_spec().cross_node.unwrap();
+        assert_eq!(c.address("acme"), Some("10.64.1.7".parse().unwrap()));
+    }
+
+    #[test]
+    fn cross_node_specs_are_checked() {
+        let mut s = cross_spec();
+        s.cross_node.as_mut().unwrap().prefixes.pop();
+        assert!(ruleset(&s)
+            .unwrap_err()
+            .to_string()
+            .contains("no address_prefix"));
+        let mut s = cross_spec();
+        s.cross_node.as_mut().unwrap().prefixes[1].1 = Ipv4Net::parse("10.64.0.0/16").unwrap();
+        assert!(ruleset(&s).unwrap_err().to_string().contains("overlap"));
+        let mut s = cross_spec();
+        s.cross_node.as_mut().unwrap().prefixes[1].1 = Ipv4Net::parse("10.64.2.0/25").unwrap();
+        assert!(ruleset(&s).is_err());
+        let mut s = cross_spec();
+        s.cross_node.as_mut().unwrap().node = None;
+        assert!(ruleset(&s).unwrap_err().to_string().contains("this node"));
+        let mut s = cross_spec();
+        s.cross_node
+            .as_mut()
+            .unwrap()
+            .node
+            .as_mut()
+            .unwrap()
+            .interface = "e; flush".into();
+        assert!(ruleset(&s).is_err());
     }
 
     /// Snapshot: the checked-in expected script must equal the rendering.

@@ -24,6 +24,15 @@ pub(crate) fn nft_binary() -> Result<PathBuf> {
         })
 }
 
+/// Where iproute2's `ip` is (tenancyctl may run without PATH, as from a systemd unit).
+pub(crate) fn tool(name: &str) -> PathBuf {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| PathBuf::from(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 fn finish(action: &str, out: std::process::Output) -> Result<String> {
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())

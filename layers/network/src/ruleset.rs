@@ -38,12 +38,25 @@
 //! * `deny_<id>`: rate-limited `log prefix "tenancy drop <tenant>: "` and
 //!   `counter name "drop_<tenant>" drop`.
 //!
+//! * Across nodes (`cross_node`, ARCHITECTURE.md "Across nodes: tenant identity on the wire"):
+//!   each tenant has one address on every node (its prefix plus the node's index). `out_<id>`
+//!   sends a packet whose source is another tenant's address (a job's socket bound to it) to
+//!   `deny_<id>` and accepts the tenant's own prefix (its jobs on other nodes); the nat chain
+//!   `postrouting` rewrites the source of every new flow a job opens into the cluster (`@cluster`:
+//!   the node network and every tenant prefix) to its tenant's address on this node
+//!   (`@tenant_address`, keyed by the ct mark `out_<id>` stamped). `in_<id>` admits a new flow
+//!   from a tenant address only from its own prefix and sends another tenant's to that
+//!   tenant's deny chain (`@tenant_of_source`); a new flow to a tenant address that no job of
+//!   that tenant receives is dropped. A flow no job opened (ct mark 0) whose source is a tenant
+//!   address (bound, or chosen by the kernel for an on-link tenant prefix) is rewritten to the
+//!   node's own address: outside jobs nothing speaks as a tenant.
+//!
 //! Adding a job is creating `tenancy/<tenant>/job_<id>`: the rules match the tenant ancestor,
 //! so the table never changes per job.
 
 use std::fmt::Write;
 
-use crate::{validate_spec, FirewallSpec, Result, TenantNet};
+use crate::{validate_spec, CrossNode, Error, FirewallSpec, Result, TenantNet};
 
 /// The only IP protocols a job may send, IPv4 and IPv6 alike: those whose receiving socket the
 /// input hook can find (TCP, UDP) and ICMP. The kernel's socket lookup does not cover UDP-Lite,
@@ -64,6 +77,19 @@ pub fn counter_name(tenant: &str) -> String {
 pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
     validate_spec(spec)?;
     let level = spec.cgroup.tenant_level();
+    // Across nodes, with the node's own address (rendered only where it is known).
+    let cross = match &spec.cross_node {
+        Some(_) if spec.tenants.is_empty() => None,
+        Some(c) if c.node.is_some() => Some(c),
+        Some(_) => {
+            return Err(Error::Invalid(
+                "the cross-node rules need this node's address in node_network: render them \
+                 through `tenancyctl firewall apply` or `firewall show --rules` on the node"
+                    .into(),
+            ))
+        }
+        None => None,
+    };
     let mut s = String::new();
     let w = &mut s;
     // Writing to a String cannot fail.
@@ -94,8 +120,18 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
         let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
     }
     let _ = writeln!(w, "\t}}\n");
+    if let Some(c) = cross {
+        write_cross_sets(w, spec, c);
+    }
     for t in &spec.tenants {
         let id = t.id;
+        // Across nodes: the tenant's prefix and its address on this node.
+        let own = cross.map(|c| {
+            (
+                c.prefix(&t.name).expect("validated"),
+                c.address(&t.name).expect("validated"),
+            )
+        });
         let _ = writeln!(w, "\tchain deny_{id} {{");
         let _ = writeln!(
             w,
@@ -116,7 +152,16 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
             "\t\tfib daddr type {{ broadcast, multicast }} goto deny_{id}"
         );
         let _ = writeln!(w, "\t\tmeta l4proto != {JUDGED} goto deny_{id}");
+        if let Some((_, addr)) = own {
+            let _ = writeln!(
+                w,
+                "\t\tip saddr @tenant_space ip saddr != {addr} goto deny_{id}"
+            );
+        }
         let _ = writeln!(w, "\t\tfib daddr type local accept");
+        if let Some((prefix, _)) = own {
+            let _ = writeln!(w, "\t\tip daddr {prefix} accept");
+        }
         write_allowed(w, spec, t);
         let _ = writeln!(w, "\t\tgoto deny_{id}");
         let _ = writeln!(w, "\t}}\n");
@@ -129,6 +174,10 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
         let _ = writeln!(w, "\t}}\n");
 
         let _ = writeln!(w, "\tchain in_{id} {{");
+        if let Some((prefix, _)) = own {
+            let _ = writeln!(w, "\t\tct mark 0 ip saddr {prefix} ct mark set {id} accept");
+            let _ = writeln!(w, "\t\tct mark 0 ip saddr vmap @tenant_of_source");
+        }
         let _ = writeln!(w, "\t\tct mark 0 ct mark set {id} accept");
         let _ = writeln!(w, "\t\tct mark {id} accept");
         let _ = writeln!(w, "\t\tct mark vmap @sender_deny");
@@ -186,10 +235,90 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
                 );
             }
         }
-        let _ = writeln!(w, "\t}}{}", if hook == "output" { "\n" } else { "" });
+        if cross.is_some() && hook == "input" {
+            // A tenant's address receives only what its tenant's jobs receive.
+            let _ = writeln!(
+                w,
+                "\t\tct direction original ct mark 0 ip daddr @tenant_space ip saddr vmap @tenant_of_source"
+            );
+            let _ = writeln!(
+                w,
+                "\t\tct direction original ct mark 0 ip daddr @tenant_space drop"
+            );
+        }
+        let last = hook == "input" && cross.is_none();
+        let _ = writeln!(w, "\t}}{}", if last { "" } else { "\n" });
+    }
+    if let Some(c) = cross {
+        let node = &c.node.as_ref().expect("checked above").address;
+        let _ = writeln!(w, "\tchain postrouting {{");
+        let _ = writeln!(
+            w,
+            "\t\ttype nat hook postrouting priority srcnat; policy accept;"
+        );
+        let _ = writeln!(w, "\t\toifname \"lo\" return");
+        // A flow no job opened (slurmstepd connecting back to srun as the user before it joins
+        // the job, a process outside every job) leaves from the node's own address even where
+        // it bound, or the kernel chose, a tenant's: only a tenant's jobs speak as the tenant.
+        let _ = writeln!(w, "\t\tct mark 0 ip saddr @tenant_space snat ip to {node}");
+        let _ = writeln!(
+            w,
+            "\t\tip daddr @cluster snat ip to ct mark map @tenant_address"
+        );
+        let _ = writeln!(w, "\t}}");
     }
     let _ = writeln!(w, "}}");
     Ok(s)
+}
+
+/// The sets and maps of the cross-node rules (one element per tenant, nothing per job).
+fn write_cross_sets(w: &mut String, spec: &FirewallSpec, c: &CrossNode) {
+    let set = |w: &mut String, name: &str, ty: &str, interval: bool, elems: Vec<String>| {
+        let _ = writeln!(w, "\t{name} {{");
+        let _ = writeln!(w, "\t\ttype {ty}");
+        if interval {
+            let _ = writeln!(w, "\t\tflags interval");
+        }
+        let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
+        let _ = writeln!(w, "\t}}\n");
+    };
+    let prefix = |t: &TenantNet| c.prefix(&t.name).expect("validated");
+    set(
+        w,
+        "set tenant_space",
+        "ipv4_addr",
+        true,
+        spec.tenants.iter().map(|t| prefix(t).to_string()).collect(),
+    );
+    set(
+        w,
+        "set cluster",
+        "ipv4_addr",
+        true,
+        std::iter::once(c.node_network.to_string())
+            .chain(spec.tenants.iter().map(|t| prefix(t).to_string()))
+            .collect(),
+    );
+    set(
+        w,
+        "map tenant_of_source",
+        "ipv4_addr : verdict",
+        true,
+        spec.tenants
+            .iter()
+            .map(|t| format!("{} : goto deny_{}", prefix(t), t.id))
+            .collect(),
+    );
+    set(
+        w,
+        "map tenant_address",
+        "mark : ipv4_addr",
+        false,
+        spec.tenants
+            .iter()
+            .map(|t| format!("{} : {}", t.id, c.address(&t.name).expect("validated")))
+            .collect(),
+    );
 }
 
 /// Accept rules for the tenant's egress list and the cluster's infrastructure list.

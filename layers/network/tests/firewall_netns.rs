@@ -36,6 +36,7 @@ fn spec(tree: &CgroupTree) -> FirewallSpec {
         ],
         infrastructure: vec![Dest::parse("10.77.3.0/24").unwrap()],
         slurm: None,
+        cross_node: None,
     }
 }
 

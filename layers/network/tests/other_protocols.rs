@@ -62,6 +62,7 @@ fn node_with_wide_egress(prefix: &str) -> Option<(Netns, Netns, CgroupTree, Fire
         ],
         infrastructure: vec![],
         slurm: None,
+        cross_node: None,
     };
     Some((node, remote, tree, spec))
 }

@@ -7,7 +7,7 @@ use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tenancy_config::Config;
-use tenancy_network::{CgroupLayout, FirewallSpec, JobNet, SlurmScope, TenantNet};
+use tenancy_network::{CgroupLayout, CrossNode, FirewallSpec, JobNet, SlurmScope, TenantNet};
 
 /// The node's firewall as the config describes it.
 pub fn firewall_spec(config: &Config) -> LayerResult<FirewallSpec> {
@@ -26,10 +26,17 @@ pub fn firewall_spec(config: &Config) -> LayerResult<FirewallSpec> {
             egress: t.egress.clone(),
         });
     }
-    Ok(FirewallSpec::detect(
-        tenants,
-        config.infrastructure.clone(),
-    )?)
+    let mut spec = FirewallSpec::detect(tenants, config.infrastructure.clone())?;
+    spec.cross_node = config.node_network.map(|node_network| CrossNode {
+        node_network,
+        prefixes: config
+            .tenants
+            .values()
+            .filter_map(|t| Some((t.name.clone(), t.address_prefix?)))
+            .collect(),
+        node: None,
+    });
+    Ok(spec)
 }
 
 /// A tenant's conntrack mark: derived from its name (FNV-1a), so it stays the same when other
@@ -73,6 +80,7 @@ impl Intent {
             }],
             infrastructure: Vec::new(),
             slurm: self.slurm.clone(),
+            cross_node: None,
         }
     }
 }
