@@ -121,11 +121,7 @@ impl Occupant {
         let gpu_uuid = journal
             .steps
             .iter()
-            .find(|s| s.layer == "mig")
-            .and_then(|s| s.made.as_ref().or(Some(&s.intent)))
-            .and_then(|v| v.get("gpu_uuid"))
-            .and_then(Value::as_str)
-            .map(String::from);
+            .find_map(|s| crate::contract::holds_gpu(&s.intent, s.made.as_ref()));
         Occupant {
             job_id: journal.job_id,
             tenant: journal.tenant.clone(),

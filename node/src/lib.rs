@@ -5,6 +5,7 @@
 pub mod adopt;
 pub mod config_cache;
 pub mod context;
+pub mod contract;
 pub mod intent_log;
 pub mod journal;
 pub mod layer;
@@ -16,5 +17,5 @@ pub mod task;
 
 pub use context::{EnvError, JobContext};
 pub use journal::{Journal, JournalDir, Occupant, Step, StepState};
-pub use layer::{JobPlan, Layer, LayerError, LayerResult};
+pub use layer::{AuditSummary, Claim, JobPlan, Layer, LayerError, LayerResult, TypedLayer};
 pub use spine::{Boundary, Ending, Handoff, Spine};

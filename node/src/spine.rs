@@ -3,9 +3,10 @@
 //! fails closed. The epilog undoes in reverse from the journal. Both append audit records.
 
 use crate::context::{EnvError, JobContext};
+use crate::contract::Facing;
 use crate::intent_log::Flushing;
 use crate::journal::{Journal, JournalDir, Occupant, Step, StepState, VERSION};
-use crate::layer::{JobPlan, Layer, LayerError};
+use crate::layer::{AuditSummary, JobPlan, Layer, LayerError};
 use crate::layers::network;
 use chrono::Utc;
 use serde_json::Value;
@@ -532,7 +533,14 @@ impl<'c> Spine<'c> {
             }
             self.boundary(Boundary::Intended(name));
             let intent = journal.steps[step].intent.clone();
-            match self.layers[li].make(&intent, journal) {
+            let made = self.layers[li].make(&intent, journal).and_then(|mut made| {
+                // What every task joins and gets, beside the layer's own result.
+                if let Some(facing) = Facing::of(self.layers[li].task_entry(&made)?) {
+                    facing.merge_into(&mut made);
+                }
+                Ok(made)
+            });
+            match made {
                 Ok(made) => {
                     self.boundary(Boundary::Made(name));
                     journal.steps[step].made = Some(made);
@@ -793,13 +801,7 @@ impl<'c> Spine<'c> {
             journal.profile.clone(),
             journal.started,
         );
-        let mig = journal.made_by("mig").cloned();
-        let firewall_table = steps
-            .iter()
-            .find(|s| s.layer == "network")
-            .and_then(|s| s.intent.get("table_name"))
-            .and_then(Value::as_str)
-            .map(String::from);
+        let summary = self.summary(&journal);
         let failures = self.undo_all(journal, ctx);
         let (event, outcome) = if failures.is_empty() {
             (Event::JobEnd, Outcome::Success)
@@ -815,13 +817,11 @@ impl<'c> Spine<'c> {
         if let Some(p) = profile {
             rec = rec.profile(p);
         }
-        if let Some(m) = &mig {
-            if let Some(n) = m.get("compute_slices").and_then(Value::as_u64) {
-                rec = rec.compute_slices(n as u32);
-            }
-            if let Some(g) = m.get("gpu_uuid").and_then(Value::as_str) {
-                rec = rec.gpu(g);
-            }
+        if let Some(n) = summary.compute_slices {
+            rec = rec.compute_slices(n);
+        }
+        if let Some(g) = &summary.gpu {
+            rec = rec.gpu(g);
         }
         for step in steps.iter().rev() {
             let mut r = self.resource(step, ResourceAction::Removed);
@@ -830,7 +830,7 @@ impl<'c> Spine<'c> {
             }
             rec = rec.resource(r);
         }
-        if let Some(table) = &firewall_table {
+        if let Some(table) = &summary.firewall_table {
             let tenant = rec.tenant.clone().unwrap_or_default();
             if let Some(n) = network::drops_since_last_report(&self.journals, table, &tenant) {
                 rec = rec.firewall_drops(n);
@@ -864,8 +864,24 @@ impl<'c> Spine<'c> {
         let mut r = Resource::new(step.layer.clone(), action, id);
         if let Some(Value::Object(m)) = step.made.as_ref().or(Some(&step.intent)) {
             r.detail = m.clone();
+            Facing::strip_added(&mut r.detail);
         }
         r
+    }
+
+    /// What the job's steps add to its audit records, from the layers of this build.
+    fn summary(&self, journal: &Journal) -> AuditSummary {
+        journal
+            .steps
+            .iter()
+            .filter_map(|s| {
+                let made = (s.state == StepState::Made)
+                    .then_some(s.made.as_ref())
+                    .flatten();
+                let i = self.layer_index(&s.layer)?;
+                Some(self.layers[i].audit_summary(&s.intent, made))
+            })
+            .fold(AuditSummary::default(), AuditSummary::or)
     }
 
     fn describe(&self, rec: &mut Record, journal: &Journal, action: ResourceAction) {
@@ -875,12 +891,10 @@ impl<'c> Spine<'c> {
         if let Some(p) = &journal.profile {
             rec.profile = Some(p.clone());
         }
-        if let Some(m) = journal.made_by("mig") {
-            rec.compute_slices = m
-                .get("compute_slices")
-                .and_then(Value::as_u64)
-                .map(|n| n as u32);
-            rec.gpu = m.get("gpu_uuid").and_then(Value::as_str).map(String::from);
+        let summary = self.summary(journal);
+        if summary.gpu.is_some() || summary.compute_slices.is_some() {
+            rec.compute_slices = summary.compute_slices;
+            rec.gpu = summary.gpu;
         }
     }
 }

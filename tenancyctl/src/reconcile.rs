@@ -21,14 +21,13 @@
 
 use anyhow::Context;
 use serde::Serialize;
-use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::SystemTime;
 use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
-use tenancy_node::{layers, Journal, JournalDir, Layer};
+use tenancy_node::{layers, Claim, Journal, JournalDir, Layer};
 use tenancy_output::Format;
 
 use crate::output::Rows;
@@ -301,62 +300,26 @@ struct Owned {
 /// What is done with a resource named after a job whose journal cannot be read.
 const KEPT_UNREADABLE: &str = "kept: Slurm may still run the job; inspect its journal";
 
-fn owned_by(journals: &[Journal]) -> Owned {
+/// What `journals` own, as the layers of this build claim it.
+fn owned_by(layers: &[Box<dyn Layer + '_>], journals: &[Journal]) -> Owned {
     let mut o = Owned::default();
     for j in journals {
         for s in &j.steps {
-            let made = s.made.as_ref();
-            match s.layer.as_str() {
-                "mig" => {
-                    let uuid =
-                        |v: &Value| v.get("gpu_uuid").and_then(Value::as_str).map(String::from);
-                    if let Some(m) = made {
-                        if let (Some(u), Some(gi)) =
-                            (uuid(m), m.get("gi_id").and_then(Value::as_u64))
-                        {
-                            o.gis.insert((u, gi as u32));
-                        }
+            let Some(layer) = layers.iter().find(|l| l.name() == s.layer) else {
+                continue;
+            };
+            for claim in layer.claims(&s.intent, s.made.as_ref()) {
+                match claim {
+                    Claim::GpuInstance { gpu_uuid, gi_id } => {
+                        o.gis.insert((gpu_uuid, gi_id));
                     }
-                    if let (Some(u), Some(start)) = (
-                        uuid(&s.intent),
-                        s.intent.get("placement_start").and_then(Value::as_u64),
-                    ) {
-                        o.placements.insert((u, start as u32));
+                    Claim::Placement { gpu_uuid, start } => {
+                        o.placements.insert((gpu_uuid, start));
+                    }
+                    Claim::Cgroup(dir) => {
+                        o.cgroups.insert(dir);
                     }
                 }
-                "devices" => {
-                    if let Some(d) = made
-                        .and_then(|m| m.get("cgroup_dir"))
-                        .and_then(Value::as_str)
-                    {
-                        o.cgroups.insert(PathBuf::from(d));
-                    }
-                    if let Ok(p) =
-                        serde_json::from_value::<tenancy_devices::JobDeviceParams>(s.intent.clone())
-                    {
-                        match &p.target {
-                            tenancy_devices::Target::Owned { root, .. } => {
-                                if let Ok(d) =
-                                    tenancy_devices::job::owned_dir(root, &p.tenant, p.job_id)
-                                {
-                                    o.cgroups.insert(d);
-                                }
-                            }
-                            tenancy_devices::Target::Existing { dir, .. } => {
-                                o.cgroups.insert(dir.clone());
-                            }
-                        }
-                    }
-                }
-                "network" => {
-                    if let Some(d) = made
-                        .and_then(|m| m.get("cgroup_path"))
-                        .and_then(Value::as_str)
-                    {
-                        o.cgroups.insert(PathBuf::from(d));
-                    }
-                }
-                _ => {}
             }
         }
         // Scratch folders are named by tenant and job: the journal's own say so.
@@ -871,7 +834,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     // a second time as orphans.
     let owned = Owned {
         unreadable,
-        ..owned_by(&remaining)
+        ..owned_by(&node_layers, &remaining)
     };
     mig_orphans(&mut cx, &owned);
     cgroup_orphans(&mut cx, &owned);

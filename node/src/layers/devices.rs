@@ -2,9 +2,9 @@
 //! allows); every other NVIDIA device is denied. The rules live in a product-owned cgroup per
 //! job (v2 BPF program on cgroup2, else v1 devices rules) that every task joins.
 
+use crate::contract::TaskEntry;
 use crate::journal::Journal;
-use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
-use serde_json::Value;
+use crate::layer::{Claim, JobPlan, LayerError, LayerResult, TypedLayer};
 use tenancy_devices::{
     DeviceClass, DevicePolicy, DevicesRecord, DriverPaths, JobDeviceParams, SliceRef, Target,
 };
@@ -26,7 +26,10 @@ impl Devices {
     }
 }
 
-impl Layer for Devices {
+impl TypedLayer for Devices {
+    type Intent = JobDeviceParams;
+    type Made = DevicesRecord;
+
     fn survives_restart(&self) -> bool {
         false
     }
@@ -38,7 +41,7 @@ impl Layer for Devices {
     // The intent names the job's cgroup, which teardown finds by name; the MIG slice it lets
     // through is only known once the MIG layer has made it, so `make` reads it from the journal.
     // Both intents thus share the job's one durable journal write.
-    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<JobDeviceParams>> {
         let extra = plan
             .tier
             .device_classes
@@ -57,35 +60,41 @@ impl Layer for Devices {
             driver: self.driver.clone(),
             target: self.target()?,
         };
-        Ok(Some(serde_json::to_value(params)?))
+        Ok(Some(params))
     }
 
-    fn make(&mut self, intent: &Value, journal: &Journal) -> LayerResult<Value> {
-        let mut params: JobDeviceParams = serde_json::from_value(intent.clone())?;
-        if let Some(m) = journal.made_by("mig") {
+    fn make(&mut self, intent: &JobDeviceParams, journal: &Journal) -> LayerResult<DevicesRecord> {
+        let mut params = intent.clone();
+        if let Some(m) = super::mig::Made::in_journal(journal) {
+            let m = m.map_err(|e| {
+                LayerError(format!(
+                    "the MIG slice in the journal cannot be read: {}",
+                    e.0
+                ))
+            })?;
             params.slices = vec![SliceRef {
-                gpu_minor: field(m, "gpu_minor")?,
-                gi_id: field(m, "gi_id")?,
-                ci_id: field(m, "ci_id")?,
+                gpu_minor: m.slice.gpu_minor,
+                gi_id: m.slice.gi_id,
+                ci_id: m.slice.ci_id,
             }];
         }
         let programs = self
             .programs_file
             .clone()
             .and_then(|f| tenancy_devices::job::programs_for(&params.target, f));
-        let record = tenancy_devices::job::setup_sharing(&params, programs.as_ref())?;
-        let mut made = serde_json::to_value(&record)?;
-        made["join_cgroups"] = serde_json::json!([record.cgroup_dir]);
-        Ok(made)
+        Ok(tenancy_devices::job::setup_sharing(
+            &params,
+            programs.as_ref(),
+        )?)
     }
 
-    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
+    fn undo(&mut self, intent: &JobDeviceParams, made: Option<&DevicesRecord>) -> LayerResult<()> {
         let record: DevicesRecord = match made {
-            Some(m) => serde_json::from_value(m.clone())?,
+            Some(m) => m.clone(),
             None => {
                 // Stopped before the result was journaled: the owned cgroup is found by name,
                 // and our programs on it by their tag.
-                let params: JobDeviceParams = serde_json::from_value(intent.clone())?;
+                let params = intent;
                 let (cgroup_dir, backend, owned) = match &params.target {
                     Target::Owned { root, backend } => (
                         tenancy_devices::job::owned_dir(root, &params.tenant, params.job_id)?,
@@ -113,17 +122,35 @@ impl Layer for Devices {
         Ok(())
     }
 
-    fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
-        made.and_then(|m| m.get("cgroup_dir"))
-            .and_then(Value::as_str)
-            .map(String::from)
-            .unwrap_or_else(|| format!("devices job {}", intent["job_id"]))
+    fn resource_id(&self, intent: &JobDeviceParams, made: Option<&DevicesRecord>) -> String {
+        made.map(|m| m.cgroup_dir.display().to_string())
+            .unwrap_or_else(|| format!("devices job {}", intent.job_id))
     }
-}
 
-fn field(v: &Value, name: &str) -> LayerResult<u32> {
-    v.get(name)
-        .and_then(Value::as_u64)
-        .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| LayerError(format!("the MIG slice in the journal has no valid {name}")))
+    /// Every task joins the job's cgroup, which the allowlist is attached to.
+    fn task_entry(&self, made: &DevicesRecord) -> TaskEntry {
+        TaskEntry {
+            join_cgroups: vec![made.cgroup_dir.clone()],
+            env: Vec::new(),
+        }
+    }
+
+    /// The recorded cgroup, and the one the intent names (found by name when the result was
+    /// not recorded).
+    fn claims(&self, intent: &JobDeviceParams, made: Option<&DevicesRecord>) -> Vec<Claim> {
+        let mut v: Vec<Claim> = made
+            .map(|m| Claim::Cgroup(m.cgroup_dir.clone()))
+            .into_iter()
+            .collect();
+        match &intent.target {
+            Target::Owned { root, .. } => {
+                if let Ok(d) = tenancy_devices::job::owned_dir(root, &intent.tenant, intent.job_id)
+                {
+                    v.push(Claim::Cgroup(d));
+                }
+            }
+            Target::Existing { dir, .. } => v.push(Claim::Cgroup(dir.clone())),
+        }
+        v
+    }
 }

@@ -2,10 +2,10 @@
 //! `tenancy/<tenant>/job_<id>`; the per-tenant nftables rules are static (loaded by
 //! `tenancyctl firewall apply`), so starting a job is one mkdir and never touches the ruleset.
 
+use crate::contract::TaskEntry;
 use crate::journal::{Journal, JournalDir};
-use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
+use crate::layer::{AuditSummary, Claim, JobPlan, LayerError, LayerResult, TypedLayer};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tenancy_config::Config;
 use tenancy_network::{CgroupLayout, FirewallSpec, JobNet, TenantNet};
 
@@ -50,7 +50,7 @@ pub struct Network<'c> {
 
 /// Everything `undo` needs, without the config.
 #[derive(Serialize, Deserialize)]
-struct Intent {
+pub struct Intent {
     table_name: String,
     cgroup: CgroupLayout,
     tenant: String,
@@ -82,7 +82,10 @@ impl Network<'_> {
     }
 }
 
-impl Layer for Network<'_> {
+impl TypedLayer for Network<'_> {
+    type Intent = Intent;
+    type Made = JobNet;
+
     fn survives_restart(&self) -> bool {
         false
     }
@@ -91,34 +94,53 @@ impl Layer for Network<'_> {
         "network"
     }
 
-    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Intent>> {
         let spec = self.spec()?;
-        Ok(Some(serde_json::to_value(Intent {
+        Ok(Some(Intent {
             table_name: spec.table_name.clone(),
             cgroup: spec.cgroup.clone(),
             tenant: plan.tenant.clone(),
             job_id: plan.job_id,
-        })?))
+        }))
     }
 
-    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
-        let intent: Intent = serde_json::from_value(intent.clone())?;
-        let job: JobNet = tenancy_network::add_job(self.spec()?, &intent.tenant, intent.job_id)?;
-        let mut made = serde_json::to_value(&job)?;
-        made["join_cgroups"] = serde_json::json!([job.cgroup_path]);
-        Ok(made)
+    fn make(&mut self, intent: &Intent, _: &Journal) -> LayerResult<JobNet> {
+        Ok(tenancy_network::add_job(
+            self.spec()?,
+            &intent.tenant,
+            intent.job_id,
+        )?)
     }
 
-    fn undo(&mut self, intent: &Value, _made: Option<&Value>) -> LayerResult<()> {
-        let intent: Intent = serde_json::from_value(intent.clone())?;
+    fn undo(&mut self, intent: &Intent, _made: Option<&JobNet>) -> LayerResult<()> {
         tenancy_network::remove_job(&intent.spec(), &intent.tenant, intent.job_id)?;
         Ok(())
     }
 
-    fn resource_id(&self, intent: &Value, _: Option<&Value>) -> String {
-        serde_json::from_value::<Intent>(intent.clone())
-            .map(|i| i.cgroup.job_dir(&i.tenant, i.job_id).display().to_string())
-            .unwrap_or_else(|_| "network".into())
+    fn resource_id(&self, i: &Intent, _: Option<&JobNet>) -> String {
+        i.cgroup.job_dir(&i.tenant, i.job_id).display().to_string()
+    }
+
+    /// The firewall keys on the job's cgroup: every task joins it.
+    fn task_entry(&self, made: &JobNet) -> TaskEntry {
+        TaskEntry {
+            join_cgroups: vec![made.cgroup_path.clone()],
+            env: Vec::new(),
+        }
+    }
+
+    /// The table whose drop counters the job's end record reports.
+    fn audit_summary(&self, intent: &Intent, _: Option<&JobNet>) -> AuditSummary {
+        AuditSummary {
+            firewall_table: Some(intent.table_name.clone()),
+            ..AuditSummary::default()
+        }
+    }
+
+    fn claims(&self, _: &Intent, made: Option<&JobNet>) -> Vec<Claim> {
+        made.map(|m| Claim::Cgroup(m.cgroup_path.clone()))
+            .into_iter()
+            .collect()
     }
 }
 

@@ -1,8 +1,9 @@
 //! Scratch layer: `<scratch_root>/<tenant>/job_<id>` owned by the job's user; wiped or retained
 //! at job end as the tier says.
 
+use crate::contract::TaskEntry;
 use crate::journal::Journal;
-use crate::layer::{JobPlan, Layer, LayerResult};
+use crate::layer::{JobPlan, LayerResult, TypedLayer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -35,17 +36,20 @@ impl Scratch<'_> {
 
 /// Everything teardown needs, including the tier's policy at job start.
 #[derive(Serialize, Deserialize)]
-struct Intent {
+pub struct Intent {
     spec: ScratchSpec,
     on_exit: ScratchOnExit,
 }
 
-impl Layer for Scratch<'_> {
+impl TypedLayer for Scratch<'_> {
+    type Intent = Intent;
+    type Made = Created;
+
     fn name(&self) -> &'static str {
         "scratch"
     }
 
-    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Intent>> {
         let spec = ScratchSpec {
             root: self.root.clone(),
             tenant: plan.tenant.clone(),
@@ -58,20 +62,17 @@ impl Layer for Scratch<'_> {
             tenant_groups: self.tenant_groups(&plan.tenant),
         };
         spec.validate()?;
-        Ok(Some(serde_json::to_value(Intent {
+        Ok(Some(Intent {
             spec,
             on_exit: plan.tier.scratch_on_exit,
-        })?))
+        }))
     }
 
-    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
-        let intent: Intent = serde_json::from_value(intent.clone())?;
-        let created: Created = tenancy_scratch::create(&intent.spec)?;
-        Ok(serde_json::to_value(created)?)
+    fn make(&mut self, intent: &Intent, _: &Journal) -> LayerResult<Created> {
+        Ok(tenancy_scratch::create(&intent.spec)?)
     }
 
-    fn undo(&mut self, intent: &Value, _made: Option<&Value>) -> LayerResult<()> {
-        let intent: Intent = serde_json::from_value(intent.clone())?;
+    fn undo(&mut self, intent: &Intent, _made: Option<&Created>) -> LayerResult<()> {
         self.detached = match intent.on_exit {
             ScratchOnExit::Wipe => match tenancy_scratch::wipe(&intent.spec)? {
                 Wiped::Removed { detached, .. } => detached,
@@ -99,16 +100,27 @@ impl Layer for Scratch<'_> {
         notes
     }
 
-    fn resource_id(&self, intent: &Value, _: Option<&Value>) -> String {
-        serde_json::from_value::<Intent>(intent.clone())
-            .map(|i| i.spec.job_dir().display().to_string())
-            .unwrap_or_else(|_| "scratch".into())
+    fn resource_id(&self, intent: &Intent, _: Option<&Created>) -> String {
+        intent.spec.job_dir().display().to_string()
+    }
+
+    /// The job's folder is its tasks' temporary folder.
+    fn task_entry(&self, made: &Created) -> TaskEntry {
+        let path = made.path.display().to_string();
+        TaskEntry {
+            join_cgroups: Vec::new(),
+            env: vec![
+                ("TMPDIR".into(), path.clone()),
+                ("TENANCY_SCRATCH".into(), path),
+            ],
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layer::Layer;
 
     /// A tenant of several groups gets them all in its scratch intent (the tenant folder's
     /// ACL lets members through any of them in); a tenant of one group needs none.
@@ -139,7 +151,8 @@ mod tests {
         };
         let mut groups = |tenant: &str| -> Vec<u32> {
             let intent: Intent =
-                serde_json::from_value(layer.intend(&plan(tenant)).unwrap().unwrap()).unwrap();
+                serde_json::from_value(Layer::intend(&mut layer, &plan(tenant)).unwrap().unwrap())
+                    .unwrap();
             intent.spec.tenant_groups
         };
         let daemon = tenancy_config::group_gid("daemon").unwrap();
