@@ -19,7 +19,13 @@ use std::path::Path;
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/release1");
 
 /// file, job, tenant index, MIG profile, crash at boundary named
-type Case = (&'static str, u64, usize, Option<&'static str>, Option<&'static str>);
+type Case = (
+    &'static str,
+    u64,
+    usize,
+    Option<&'static str>,
+    Option<&'static str>,
+);
 
 const CASES: [Case; 3] = [
     ("mig_job_made.json", 101, 0, Some("1g.18gb"), None),
