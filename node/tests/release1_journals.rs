@@ -49,6 +49,8 @@ fn placeholders(w: &World) -> Vec<(String, String)> {
         v.push((format!(":{},", u.gid), format!(":\"@GID{t}@\",")));
         v.push((format!(":{}}}", u.uid), format!(":\"@UID{t}@\"}}")));
         v.push((format!(":{}}}", u.gid), format!(":\"@GID{t}@\"}}")));
+        v.push((format!(":{}\n", u.uid), format!(":\"@UID{t}@\"\n")));
+        v.push((format!(":{}\n", u.gid), format!(":\"@GID{t}@\"\n")));
     }
     v
 }
