@@ -621,13 +621,47 @@ fn intent_log_row(state_dir: &Path) -> Row {
 
 pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
-    root_owned_dir(&config.cluster.scratch_root, "scratch.root", &mut rows);
-    root_owned_dir(&config.cluster.state_dir, "state.dir", &mut rows);
+    state_rows(config, &mut rows);
+    nvml_rows(config, &mut rows);
+    firewall_rows(config, &mut rows);
+    let ssh_contained = pam_rows(args, &mut rows);
+    slurm_rows(config, args, ssh_contained, &mut rows);
+    kernel_rows(&mut rows);
+    device_rows(config, args, &mut rows);
+    let failed = rows.iter().any(|r| r.severity == "error");
+    Rows {
+        headers: &["check", "severity", "message", "remedy"],
+        rows: &rows,
+        cells: |r| {
+            vec![
+                r.check.clone(),
+                r.severity.clone(),
+                r.message.clone(),
+                r.remedy.clone(),
+            ]
+        },
+    }
+    .print(args.format)?;
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The product's folders, intent log and audit anchor key.
+fn state_rows(config: &Config, rows: &mut Vec<Row>) {
+    root_owned_dir(&config.cluster.scratch_root, "scratch.root", rows);
+    root_owned_dir(&config.cluster.state_dir, "state.dir", rows);
     rows.push(intent_log_row(&config.cluster.state_dir));
     if let Some(dir) = config.cluster.audit_log.parent() {
-        root_owned_dir(dir, "audit.dir", &mut rows);
+        root_owned_dir(dir, "audit.dir", rows);
     }
     rows.push(anchor_key_row(config.cluster.audit_anchor_key.as_deref()));
+}
+
+/// NVML and each GPU's MIG mode.
+fn nvml_rows(config: &Config, rows: &mut Vec<Row>) {
     match tenancy_mig::Mig::open(config.cluster.nvml_library.as_deref()) {
         Ok(mig) => match mig.gpus() {
             Ok(gpus) => {
@@ -666,6 +700,10 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             Some("set cluster.nvml_library or install the NVIDIA driver".into()),
         )),
     }
+}
+
+/// The firewall table every job's traffic is matched in.
+fn firewall_rows(config: &Config, rows: &mut Vec<Row>) {
     match tenancy_node::layers::network::firewall_spec(config) {
         Ok(spec) => {
             let loaded = std::process::Command::new("/usr/sbin/nft")
@@ -694,6 +732,11 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => rows.push(row("firewall.table", Severity::Error, e.0, None)),
     }
+}
+
+/// ssh sessions pam_slurm_adopt adopts into jobs; whether every such session joins its job's
+/// isolation (`None`: none is adopted).
+fn pam_rows(args: &DoctorArgs, rows: &mut Vec<Row>) -> Option<bool> {
     let pam = pam_slurm_adopt_services(&args.pam_dir);
     if let Ok(svcs) = &pam {
         let lax: Vec<String> = svcs.iter().flat_map(|s| s.lax.iter().cloned()).collect();
@@ -822,6 +865,17 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             None,
         ),
     });
+    ssh_contained
+}
+
+/// slurm.conf: the prolog handoff, job_submit, job_container and the containment of jobs'
+/// processes.
+fn slurm_rows(
+    config: &Config,
+    args: &DoctorArgs,
+    ssh_contained: Option<bool>,
+    rows: &mut Vec<Row>,
+) {
     let slurm_conf = args.slurm_conf.clone().unwrap_or_else(|| {
         std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)
@@ -848,9 +902,17 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     ) {
         rows.push(row(check, severity, message, remedy));
     }
+}
+
+/// Kernel settings the isolation relies on.
+fn kernel_rows(rows: &mut Vec<Row>) {
     rows.push(ptrace_row(
         std::fs::read_to_string(YAMA_PTRACE_SCOPE).ok().as_deref(),
     ));
+}
+
+/// Device classes, RDMA devices and the device controller.
+fn device_rows(config: &Config, args: &DoctorArgs, rows: &mut Vec<Row>) {
     if let Ok(majors) = std::fs::read_to_string(&config.node.proc_devices)
         .map_err(|e| e.to_string())
         .and_then(|t| {
@@ -886,25 +948,6 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     }) {
         rows.push(row(&f.check, f.severity, f.message, f.remedy));
     }
-    let failed = rows.iter().any(|r| r.severity == "error");
-    Rows {
-        headers: &["check", "severity", "message", "remedy"],
-        rows: &rows,
-        cells: |r| {
-            vec![
-                r.check.clone(),
-                r.severity.clone(),
-                r.message.clone(),
-                r.remedy.clone(),
-            ]
-        },
-    }
-    .print(args.format)?;
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
 }
 
 #[cfg(test)]

@@ -645,6 +645,16 @@ fn scratch_orphans(cx: &mut Ctx, owned: &Owned, known: &Result<BTreeSet<u64>, St
 }
 
 /// Runs reconcile on this node with `config`.
+/// The journals found, sorted by whether Slurm still runs their jobs.
+struct Found {
+    live: Vec<Journal>,
+    dead: Vec<Journal>,
+    /// Journals restored from the intent log in a dry run (not written: judged as if they were).
+    dry_from_log: Vec<Journal>,
+    /// Jobs whose journal (or intent log record) cannot be read.
+    unreadable: BTreeSet<u64>,
+}
+
 pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     let node = match &args.node {
         Some(n) => n.clone(),
@@ -669,6 +679,71 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     // Slurm is asked after the lock is held: every journal on disk is older than its answer.
     let running = running_jobs(&args, &node);
     let known = known_jobs(&args);
+    let found = find_journals(&mut cx, &journals, &args, &running)?;
+    if let Err(why) = &running {
+        cx.rows.push(
+            Row::new(
+                "slurm",
+                args.squeue.display().to_string(),
+                format!("Slurm cannot be asked: {why}"),
+            )
+            .left(format!(
+                "{} journal(s) not checked, none touched",
+                found.live.len()
+            )),
+        );
+    }
+    let mut node_layers = layers::for_node(config);
+    tear_down_dead(&mut cx, &mut node_layers, &journals, found.dead);
+    if args.apply {
+        rebuild_occupancy(&mut cx, &journals);
+    }
+    find_orphans(
+        &mut cx,
+        &node_layers,
+        &journals,
+        found.live,
+        found.dry_from_log,
+        found.unreadable,
+        &known,
+    );
+    let left = cx.rows.iter().any(|r| r.left);
+    Rows {
+        headers: &["kind", "job", "tenant", "resource", "finding", "action"],
+        rows: &cx.rows,
+        cells: |r: &Row| {
+            vec![
+                r.kind.clone(),
+                r.job_id.map(|j| j.to_string()).unwrap_or_default(),
+                r.tenant.clone().unwrap_or_default(),
+                r.resource.clone(),
+                r.finding.clone(),
+                r.action.clone(),
+            ]
+        },
+    }
+    .print(args.format)?;
+    if cx.rows.is_empty() && args.format == Format::Table {
+        println!("node {node}: nothing to reconcile");
+    }
+    if args.apply && !left {
+        crate::metrics::mark_reconciled(journals.path());
+    }
+    Ok(if left {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Restores what the intent log holds and reads every journal, sorted by whether Slurm still
+/// runs the job; the unreadable ones are reported.
+fn find_journals(
+    cx: &mut Ctx,
+    journals: &JournalDir,
+    args: &ReconcileArgs,
+    running: &Result<BTreeSet<u64>, String>,
+) -> anyhow::Result<Found> {
     // After a power loss a journal file written since the last sync may be gone or empty; the
     // intent log holds every job's intents on disk (restored with --apply, considered either way).
     let (restored, unreadable_records) = journals
@@ -717,7 +792,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     let mut live = Vec::new();
     let mut dead = Vec::new();
     for j in from_log {
-        match &running {
+        match running {
             Ok(r) if !r.contains(&j.job_id) => dead.push(j),
             _ => live.push(j),
         }
@@ -727,7 +802,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             continue;
         }
         match journals.load(id) {
-            Ok(Some(j)) => match &running {
+            Ok(Some(j)) => match running {
                 Ok(r) if !r.contains(&id) => dead.push(j),
                 _ => live.push(j),
             },
@@ -746,20 +821,21 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    if let Err(why) = &running {
-        cx.rows.push(
-            Row::new(
-                "slurm",
-                args.squeue.display().to_string(),
-                format!("Slurm cannot be asked: {why}"),
-            )
-            .left(format!(
-                "{} journal(s) not checked, none touched",
-                live.len()
-            )),
-        );
-    }
-    let mut node_layers = layers::for_node(config);
+    Ok(Found {
+        live,
+        dead,
+        dry_from_log,
+        unreadable,
+    })
+}
+
+/// Tears down the journals of jobs Slurm no longer runs, as their epilogs would.
+fn tear_down_dead(
+    cx: &mut Ctx,
+    node_layers: &mut [Box<dyn Layer + '_>],
+    journals: &JournalDir,
+    dead: Vec<Journal>,
+) {
     for j in dead {
         let row = Row::new(
             "journal",
@@ -782,40 +858,55 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         )
         .job(j.job_id)
         .tenant(&j.tenant);
-        let journals = &journals;
-        let layers = &mut node_layers;
+        let layers = &mut *node_layers;
         cx.act(row, move || teardown_journal(layers, journals, j));
     }
-    // The occupancy index is derived from the journals; an epilog killed mid-teardown (or a
-    // crash, the index is not synced) can leave an entry without a journal, which would keep
-    // refusing tiers that do not share the node. Rewritten from the journals that remain.
-    if args.apply {
-        let index = journals.path().join("occupancy").display().to_string();
-        match journals.rebuild_occupancy_index() {
-            Ok(None) => {}
-            Ok(Some((old, new))) => {
-                let list = |v: &[u64]| {
-                    if v.is_empty() {
-                        "none".to_string()
-                    } else {
-                        v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
-                    }
-                };
-                let was = old.map_or_else(|| "missing or damaged".to_string(), |o| list(&o));
-                let mut row = Row::new(
-                    "occupancy",
-                    index,
-                    format!("listed jobs {was}; the journals hold {}", list(&new)),
-                );
-                row.action = "rebuilt".into();
-                cx.rows.push(row);
-            }
-            Err(e) => cx.rows.push(
-                Row::new("occupancy", index, format!("cannot be rebuilt: {e}"))
-                    .left("kept as it is (its entries still refuse sharing); rerun once every journal reads"),
-            ),
+}
+
+/// The occupancy index is derived from the journals; an epilog killed mid-teardown (or a
+/// crash, the index is not synced) can leave an entry without a journal, which would keep
+/// refusing tiers that do not share the node. Rewritten from the journals that remain.
+fn rebuild_occupancy(cx: &mut Ctx, journals: &JournalDir) {
+    let index = journals.path().join("occupancy").display().to_string();
+    match journals.rebuild_occupancy_index() {
+        Ok(None) => {}
+        Ok(Some((old, new))) => {
+            let list = |v: &[u64]| {
+                if v.is_empty() {
+                    "none".to_string()
+                } else {
+                    v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                }
+            };
+            let was = old.map_or_else(|| "missing or damaged".to_string(), |o| list(&o));
+            let mut row = Row::new(
+                "occupancy",
+                index,
+                format!("listed jobs {was}; the journals hold {}", list(&new)),
+            );
+            row.action = "rebuilt".into();
+            cx.rows.push(row);
         }
+        Err(e) => cx.rows.push(
+            Row::new("occupancy", index, format!("cannot be rebuilt: {e}")).left(
+                "kept as it is (its entries still refuse sharing); rerun once every journal reads",
+            ),
+        ),
     }
+}
+
+/// Reports (and with --apply removes) what no remaining journal owns, as each layer of this
+/// build claims it ([`Layer::claims`]).
+#[allow(clippy::too_many_arguments)]
+fn find_orphans(
+    cx: &mut Ctx,
+    node_layers: &[Box<dyn Layer + '_>],
+    journals: &JournalDir,
+    live: Vec<Journal>,
+    dry_from_log: Vec<Journal>,
+    unreadable: BTreeSet<u64>,
+    known: &Result<BTreeSet<u64>, String>,
+) {
     // Orphans are judged against the journals that remain (live ones and failed teardowns).
     let mut remaining = live;
     for j in dry_from_log {
@@ -834,37 +925,9 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     // a second time as orphans.
     let owned = Owned {
         unreadable,
-        ..owned_by(&node_layers, &remaining)
+        ..owned_by(node_layers, &remaining)
     };
-    mig_orphans(&mut cx, &owned);
-    cgroup_orphans(&mut cx, &owned);
-    scratch_orphans(&mut cx, &owned, &known);
-
-    let left = cx.rows.iter().any(|r| r.left);
-    Rows {
-        headers: &["kind", "job", "tenant", "resource", "finding", "action"],
-        rows: &cx.rows,
-        cells: |r: &Row| {
-            vec![
-                r.kind.clone(),
-                r.job_id.map(|j| j.to_string()).unwrap_or_default(),
-                r.tenant.clone().unwrap_or_default(),
-                r.resource.clone(),
-                r.finding.clone(),
-                r.action.clone(),
-            ]
-        },
-    }
-    .print(args.format)?;
-    if cx.rows.is_empty() && args.format == Format::Table {
-        println!("node {node}: nothing to reconcile");
-    }
-    if args.apply && !left {
-        crate::metrics::mark_reconciled(journals.path());
-    }
-    Ok(if left {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    mig_orphans(cx, &owned);
+    cgroup_orphans(cx, &owned);
+    scratch_orphans(cx, &owned, known);
 }
