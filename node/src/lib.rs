@@ -2,18 +2,12 @@
 //! journal, the spine that makes and undoes the isolation layers in order, and the layers'
 //! adapters.
 
-pub mod adopt;
-pub mod config_cache;
-pub mod context;
-pub mod contract;
-pub mod intent_log;
-pub mod journal;
+pub use tenancy_job::{adopt, config_cache, context, contract, intent_log, journal, task};
 pub mod layer;
 pub mod layers;
 pub mod linkage;
 pub mod run;
 pub mod spine;
-pub mod task;
 
 pub use context::{EnvError, JobContext};
 pub use journal::{Journal, JournalDir, Occupant, Step, StepState};

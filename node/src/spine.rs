@@ -10,7 +10,7 @@ use crate::layer::{AuditSummary, JobPlan, Layer, LayerError};
 use crate::layers::network;
 use chrono::Utc;
 use serde_json::Value;
-use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{group_gid, Config, Identity, Refusal};
 
 /// How a prolog or epilog run ended; the binary prints `message` and exits with `code`.
@@ -1034,46 +1034,7 @@ fn short_hostname() -> String {
     name.split('.').next().unwrap_or("localhost").to_string()
 }
 
-/// Appends `rec` to the node's audit log and anchors the new chain head outside the log
-/// (syslog, and `cluster.audit_anchor` when set), but for a `job_start`, whose job's `job_end`
-/// anchors a head past it (one send less on every job's start). Every other record is
-/// anchored itself (refusals, rollbacks, teardown failures, sessions, reconcile actions), so
-/// cutting it off before the next job end shows. The anchor is extra evidence: its absence is
-/// reported by `audit verify`, not fatal here.
-pub fn append_anchored(
-    config: &Config,
-    rec: &mut Record,
-) -> Result<tenancy_audit::Appended, String> {
-    let appended = AuditLog::open(&config.cluster.audit_log)
-        .and_then(|mut log| log.append(rec))
-        .map_err(|e| e.to_string())?;
-    if rec.event != Event::JobStart {
-        anchor(config, &rec.node, &appended);
-    }
-    Ok(appended)
-}
-
-/// Anchors a chain head (syslog, `cluster.audit_anchor`), with its MAC when
-/// `cluster.audit_anchor_key` is set. A key that cannot be read sends the anchor without one,
-/// which an authenticating verify leaves out: `tenancyctl doctor` fails on such a key.
-pub fn anchor(
-    config: &Config,
-    node: &str,
-    head: &tenancy_audit::Appended,
-) -> tenancy_audit::AnchorStatus {
-    let key = config
-        .cluster
-        .audit_anchor_key
-        .as_deref()
-        .and_then(|k| tenancy_audit::AnchorKey::load(k).ok());
-    tenancy_audit::send_anchor(
-        node,
-        head.seq,
-        &head.hash,
-        config.cluster.audit_anchor.as_deref(),
-        key.as_ref(),
-    )
-}
+pub use tenancy_job::audit::{anchor, append_anchored};
 
 /// Undoes every step of `journal` in reverse with `layers` (the epilog's and reconcile's
 /// teardown; the caller holds the node lock); returns what could not be undone, each naming
@@ -1138,4 +1099,57 @@ pub fn teardown(
         ));
     }
     failures
+}
+
+#[cfg(test)]
+mod journal_tests {
+    //! (Moved from the journal's tests: it needs the spine's teardown.)
+    use crate::journal::{Journal, JournalDir, Occupant, VERSION};
+
+    fn sample(job_id: u64) -> Journal {
+        Journal {
+            version: VERSION,
+            job_id,
+            cluster: "c".into(),
+            node: "n".into(),
+            user: "u".into(),
+            uid: 1,
+            gid: 1,
+            tenant: "acme".into(),
+            tier: "internal".into(),
+            profile: None,
+            share_gpu: true,
+            share_node: true,
+            started: chrono::Utc::now(),
+            steps: Vec::new(),
+            intent_slot: None,
+            boot_id: None,
+        }
+    }
+
+    #[test]
+    fn teardown_removes_the_occupancy_entry_before_the_journal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut j = sample(1);
+        j.steps.clear();
+        j.share_node = false;
+        dir.save(&j, true).unwrap();
+        dir.set_occupant(1, Some(Occupant::of(&j))).unwrap();
+        // The `- 1` append fails (as if the epilog were killed there): the journal, which the
+        // next epilog or reconcile tears down again, must still be there; an index entry
+        // without a journal is never removed.
+        let index = tmp.path().join("occupancy");
+        std::fs::rename(&index, tmp.path().join("kept")).unwrap();
+        std::os::unix::fs::symlink("kept", &index).unwrap();
+        let failures = super::teardown(&mut [], &dir, &mut j);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(dir.load(1).unwrap(), Some(j.clone()));
+        // With the index writable again it goes as the epilog would.
+        std::fs::remove_file(&index).unwrap();
+        std::fs::rename(tmp.path().join("kept"), &index).unwrap();
+        assert!(super::teardown(&mut [], &dir, &mut j).is_empty());
+        assert_eq!(dir.load(1).unwrap(), None);
+        assert_eq!(dir.occupants(0).unwrap(), vec![]);
+    }
 }

@@ -234,7 +234,7 @@ pub fn session(
             )
         }
     };
-    match adopt(config, pid, uid, claimed, tenancy_devices::job::PRODUCT_DIR) {
+    match adopt(config, pid, uid, claimed, tenancy_cgroup::PRODUCT_DIR) {
         Ok(Adopted::NotInJob) => Session::NotInJob,
         Ok(Adopted::Joined {
             job,
@@ -284,7 +284,7 @@ fn record(config: &Config, node: &str, user: &str, uid: u32, source: &str, event
 }
 
 fn append(config: &Config, rec: &mut Record) -> Result<(), String> {
-    crate::spine::append_anchored(config, rec).map(|_| ())
+    crate::audit::append_anchored(config, rec).map(|_| ())
 }
 
 /// The node name this node's audit chain uses: that of the log's last record (the prolog

@@ -179,7 +179,7 @@ impl JournalDir {
     /// and it is exchanged with the current file (RENAME_EXCHANGE), which then becomes a spare.
     /// A plain rename over a file would also make ext4 (auto_da_alloc) start writing the new
     /// data out at once, and the epilog's unlink would wait for that write.
-    pub(crate) fn replace_file(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+    pub fn replace_file(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         let tmp = self.dir.join(format!(".{name}.tmp"));
         let took_spare = self.take_spare(&tmp);
         let mut f = OpenOptions::new()

@@ -416,30 +416,4 @@ mod tests {
         let e = dir.load_retrying(9, 3, || ()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
-
-    #[test]
-    fn teardown_removes_the_occupancy_entry_before_the_journal() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = JournalDir::open(tmp.path()).unwrap();
-        let mut j = sample(1);
-        j.steps.clear();
-        j.share_node = false;
-        dir.save(&j, true).unwrap();
-        dir.set_occupant(1, Some(Occupant::of(&j))).unwrap();
-        // The `- 1` append fails (as if the epilog were killed there): the journal, which the
-        // next epilog or reconcile tears down again, must still be there; an index entry
-        // without a journal is never removed.
-        let index = tmp.path().join(OCCUPANCY);
-        fs::rename(&index, tmp.path().join("kept")).unwrap();
-        std::os::unix::fs::symlink("kept", &index).unwrap();
-        let failures = crate::spine::teardown(&mut [], &dir, &mut j);
-        assert_eq!(failures.len(), 1, "{failures:?}");
-        assert_eq!(dir.load(1).unwrap(), Some(j.clone()));
-        // With the index writable again it goes as the epilog would.
-        fs::remove_file(&index).unwrap();
-        fs::rename(tmp.path().join("kept"), &index).unwrap();
-        assert!(crate::spine::teardown(&mut [], &dir, &mut j).is_empty());
-        assert_eq!(dir.load(1).unwrap(), None);
-        assert_eq!(dir.occupants(0).unwrap(), vec![]);
-    }
 }
