@@ -7,7 +7,7 @@
 //! isolation as the task hook does a task, or refuses the session ([`session`]).
 
 use crate::task::{self, TaskEnv};
-use tenancy_audit::{AuditLog, Event, Outcome, Record};
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record};
 use tenancy_config::{user_uid, Config};
 
 /// What [`adopt`] did.

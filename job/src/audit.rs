@@ -1,7 +1,7 @@
 //! The audit append every product process shares: the record into the node's chain, and the
 //! chain head anchored outside it.
 
-use tenancy_audit::{AuditLog, Event, Record};
+use tenancy_audit_log::{AuditLog, Event, Record};
 use tenancy_config::Config;
 
 /// Appends `rec` to the node's audit log and anchors the new chain head outside the log
@@ -13,7 +13,7 @@ use tenancy_config::Config;
 pub fn append_anchored(
     config: &Config,
     rec: &mut Record,
-) -> Result<tenancy_audit::Appended, String> {
+) -> Result<tenancy_audit_log::Appended, String> {
     let appended = AuditLog::open(&config.cluster.audit_log)
         .and_then(|mut log| log.append(rec))
         .map_err(|e| e.to_string())?;
@@ -29,14 +29,14 @@ pub fn append_anchored(
 pub fn anchor(
     config: &Config,
     node: &str,
-    head: &tenancy_audit::Appended,
-) -> tenancy_audit::AnchorStatus {
+    head: &tenancy_audit_log::Appended,
+) -> tenancy_audit_log::AnchorStatus {
     let key = config
         .cluster
         .audit_anchor_key
         .as_deref()
-        .and_then(|k| tenancy_audit::AnchorKey::load(k).ok());
-    tenancy_audit::send_anchor(
+        .and_then(|k| tenancy_audit_log::AnchorKey::load(k).ok());
+    tenancy_audit_log::send_anchor(
         node,
         head.seq,
         &head.hash,
