@@ -739,50 +739,66 @@ fn firewall_rows(config: &Config, rows: &mut Vec<Row>) {
 fn pam_rows(args: &DoctorArgs, rows: &mut Vec<Row>) -> Option<bool> {
     let pam = pam_slurm_adopt_services(&args.pam_dir);
     if let Ok(svcs) = &pam {
-        let lax: Vec<String> = svcs.iter().flat_map(|s| s.lax.iter().cloned()).collect();
-        if !lax.is_empty() {
-            rows.push(row(
-                "slurm.pam_adopt_fallback",
-                Severity::Warn,
-                format!(
-                    "pam_slurm_adopt lets users in without adopting them into a job ({}): \
-                     such sessions run outside every job's device allowlist and firewall",
-                    lax.join(", ")
-                ),
-                Some(
-                    "give pam_slurm_adopt action_no_jobs=deny action_adopt_failure=deny \
-                     action_generic_failure=deny, and let administrators in with pam_access"
-                        .into(),
-                ),
-            ));
-        }
-    }
-    if let Ok(svcs) = &pam {
-        let lines: Vec<String> = svcs
-            .iter()
-            .flat_map(|s| s.exec_default_config.iter().cloned())
-            .collect();
-        if !lines.is_empty() && !Path::new(tenancy_config::DEFAULT_PATH).is_file() {
-            rows.push(row(
-                "slurm.pam_adopt_config",
-                Severity::Warn,
-                format!(
-                    "pam_exec runs tenancyctl adopt without --config ({}) and {} does not \
-                     exist: pam_exec passes adopt only the PAM environment, where TENANCY_CONFIG \
-                     and SLURM_CONF are not set by sshd, so adopt finds no config and refuses \
-                     every session pam_slurm_adopt adopts",
-                    lines.join(", "),
-                    tenancy_config::DEFAULT_PATH
-                ),
-                Some("put --config PATH on that line: `tenancyctl --config PATH adopt`".into()),
-            ));
-        }
+        rows.extend(pam_fallback_row(svcs));
+        rows.extend(pam_config_row(svcs));
     }
     let ssh_contained = match &pam {
         Ok(svcs) if !svcs.is_empty() => Some(svcs.iter().all(|s| s.hook.is_some())),
         _ => None,
     };
-    rows.push(match pam {
+    rows.push(pam_adopt_row(args, pam));
+    ssh_contained
+}
+
+/// pam_slurm_adopt letting users in that it did not adopt.
+fn pam_fallback_row(svcs: &[AdoptingService]) -> Option<Row> {
+    let lax: Vec<String> = svcs.iter().flat_map(|s| s.lax.iter().cloned()).collect();
+    if !lax.is_empty() {
+        return Some(row(
+            "slurm.pam_adopt_fallback",
+            Severity::Warn,
+            format!(
+                "pam_slurm_adopt lets users in without adopting them into a job ({}): \
+                 such sessions run outside every job's device allowlist and firewall",
+                lax.join(", ")
+            ),
+            Some(
+                "give pam_slurm_adopt action_no_jobs=deny action_adopt_failure=deny \
+                 action_generic_failure=deny, and let administrators in with pam_access"
+                    .into(),
+            ),
+        ));
+    }
+    None
+}
+
+/// `tenancyctl adopt` run by pam_exec without a config it can find.
+fn pam_config_row(svcs: &[AdoptingService]) -> Option<Row> {
+    let lines: Vec<String> = svcs
+        .iter()
+        .flat_map(|s| s.exec_default_config.iter().cloned())
+        .collect();
+    if !lines.is_empty() && !Path::new(tenancy_config::DEFAULT_PATH).is_file() {
+        return Some(row(
+            "slurm.pam_adopt_config",
+            Severity::Warn,
+            format!(
+                "pam_exec runs tenancyctl adopt without --config ({}) and {} does not \
+                 exist: pam_exec passes adopt only the PAM environment, where TENANCY_CONFIG \
+                 and SLURM_CONF are not set by sshd, so adopt finds no config and refuses \
+                 every session pam_slurm_adopt adopts",
+                lines.join(", "),
+                tenancy_config::DEFAULT_PATH
+            ),
+            Some("put --config PATH on that line: `tenancyctl --config PATH adopt`".into()),
+        ));
+    }
+    None
+}
+
+/// Whether the sessions pam_slurm_adopt adopts join the job's isolation.
+fn pam_adopt_row(args: &DoctorArgs, pam: std::io::Result<Vec<AdoptingService>>) -> Row {
+    match pam {
         Ok(svcs) if svcs.is_empty() => row(
             "slurm.pam_adopt",
             Severity::Ok,
@@ -864,8 +880,7 @@ fn pam_rows(args: &DoctorArgs, rows: &mut Vec<Row>) -> Option<bool> {
             format!("cannot read {}: {e}", args.pam_dir.display()),
             None,
         ),
-    });
-    ssh_contained
+    }
 }
 
 /// slurm.conf: the prolog handoff, job_submit, job_container and the containment of jobs'

@@ -4,7 +4,7 @@
 
 mod dcgm;
 mod devices;
-mod mig;
+pub mod mig;
 pub mod network;
 mod scratch;
 
