@@ -204,6 +204,23 @@ fn release1_journals_are_read_and_torn_down() {
         let out = w.run(&["epilog"], &w.job_env(job, t, profile));
         assert!(out.status.success(), "{file}: {}", text(&out));
         w.assert_nothing_left(&format!("after the epilog of {file}"));
+        // The job's end record says what release 1's did: the slice's GPU and compute slices
+        // (from a made slice only), every step removed, each with the layer's own detail.
+        let recs = w.records();
+        let end = recs
+            .iter()
+            .rfind(|r| r.job_id == Some(job) && r.event == tenancy_audit::Event::JobEnd)
+            .unwrap_or_else(|| panic!("{file}: no job_end"));
+        let made_mig = profile.is_some() && crash.is_none();
+        assert_eq!(end.gpu.is_some(), made_mig, "{file}: {end:?}");
+        assert_eq!(end.compute_slices, made_mig.then_some(1), "{file}");
+        assert_eq!(end.resources.len(), old.steps.len(), "{file}");
+        for r in &end.resources {
+            assert!(
+                !r.detail.contains_key("contract") && !r.detail.contains_key("task_env"),
+                "{file}: {r:?}"
+            );
+        }
     }
     assert!(w.chain_is_valid());
 }
