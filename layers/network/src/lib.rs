@@ -9,7 +9,6 @@
 //!   touched per job, so their cost does not depend on the number of jobs;
 //! * [`counters`] reads the per-tenant drop counters.
 
-pub mod cli;
 mod layout;
 mod nft;
 mod nl;
