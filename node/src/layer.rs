@@ -112,10 +112,108 @@ pub trait Layer {
     }
 
     /// What of the node the step owns, so that `tenancyctl reconcile` does not take it for an
-    /// orphan (`made`: `None` unless recorded).
-    fn claims(&self, intent: &Value, made: Option<&Value>) -> Vec<Claim> {
+    /// orphan (`made`: `None` unless recorded). An error (a step this build cannot read): the
+    /// job's journal counts as unreadable, and what is named after the job is kept.
+    fn claims(&self, intent: &Value, made: Option<&Value>) -> LayerResult<Vec<Claim>> {
         let _ = (intent, made);
+        Ok(Vec::new())
+    }
+
+    /// `tenancyctl reconcile`'s search of the node for what this layer makes and no journal
+    /// claims ([`OrphanScope::owned`]), in the order it reports them.
+    fn orphans(&mut self, scope: &OrphanScope) -> Vec<Orphan> {
+        let _ = scope;
         Vec::new()
+    }
+}
+
+/// What `tenancyctl reconcile` tells a layer's orphan search.
+pub struct OrphanScope<'s> {
+    /// What the remaining journals claim ([`Layer::claims`]).
+    pub owned: &'s std::collections::BTreeSet<Claim>,
+    /// Jobs whose journal cannot be read: what is named after them may be theirs.
+    pub unreadable: &'s std::collections::BTreeSet<u64>,
+    /// The jobs Slurm still has, on any node, or why it could not be asked.
+    pub known: &'s Result<std::collections::BTreeSet<u64>, String>,
+    /// The tenants to look at; empty: every tenant.
+    pub tenants: &'s [String],
+    /// `--apply`: a search that acts itself (retained folders) acts only then.
+    pub apply: bool,
+}
+
+impl OrphanScope<'_> {
+    /// Whether `tenant`'s resources are looked at.
+    pub fn wanted(&self, tenant: &str) -> bool {
+        self.tenants.is_empty() || self.tenants.iter().any(|t| t == tenant)
+    }
+}
+
+/// What is left of a job whose journal cannot be read.
+pub const KEPT_UNREADABLE: &str = "kept: Slurm may still run the job; inspect its journal";
+
+/// One finding of an orphan search, as reconcile reports it (one row).
+pub struct Orphan {
+    /// The row's kind (`mig`, `cgroup`, `scratch`, `retained`, `nvml`).
+    pub kind: &'static str,
+    pub resource: String,
+    pub finding: String,
+    pub job: Option<u64>,
+    pub tenant: Option<String>,
+    pub what: OrphanAction,
+}
+
+/// What becomes of an [`Orphan`].
+pub enum OrphanAction {
+    /// Nothing: why it is left (or what was not checked).
+    Left(String),
+    /// Removed by this with `--apply` (and the removal recorded), reported otherwise.
+    Remove(Box<dyn FnOnce() -> Result<(), String>>),
+    /// The search acted itself (or, without `--apply`, says what it would do).
+    Done {
+        action: String,
+        /// Whether it succeeded (the reconcile record's outcome).
+        ok: bool,
+        /// Whether something is left for the operator.
+        left: bool,
+        /// Whether a reconcile record is written.
+        audit: bool,
+    },
+}
+
+impl Orphan {
+    pub fn new(
+        kind: &'static str,
+        resource: impl Into<String>,
+        finding: impl Into<String>,
+    ) -> Orphan {
+        Orphan {
+            kind,
+            resource: resource.into(),
+            finding: finding.into(),
+            job: None,
+            tenant: None,
+            what: OrphanAction::Left(String::new()),
+        }
+    }
+
+    pub fn job(mut self, job: u64) -> Orphan {
+        self.job = Some(job);
+        self
+    }
+
+    pub fn tenant(mut self, tenant: &str) -> Orphan {
+        self.tenant = Some(tenant.to_string());
+        self
+    }
+
+    pub fn left(mut self, why: impl Into<String>) -> Orphan {
+        self.what = OrphanAction::Left(why.into());
+        self
+    }
+
+    pub fn remove(mut self, f: impl FnOnce() -> Result<(), String> + 'static) -> Orphan {
+        self.what = OrphanAction::Remove(Box::new(f));
+        self
     }
 }
 
@@ -150,6 +248,8 @@ pub enum Claim {
     Placement { gpu_uuid: String, start: u32 },
     /// A cgroup directory.
     Cgroup(PathBuf),
+    /// A job's folder under a tenant's (scratch).
+    JobFolder { tenant: String, job_id: u64 },
 }
 
 /// A layer with typed intents and results. Every `TypedLayer` is a [`Layer`]: the spine
@@ -204,6 +304,11 @@ pub trait TypedLayer {
     /// See [`Layer::claims`].
     fn claims(&self, intent: &Self::Intent, made: Option<&Self::Made>) -> Vec<Claim> {
         let _ = (intent, made);
+        Vec::new()
+    }
+    /// See [`Layer::orphans`].
+    fn orphans(&mut self, scope: &OrphanScope) -> Vec<Orphan> {
+        let _ = scope;
         Vec::new()
     }
 }
@@ -281,12 +386,14 @@ impl<T: TypedLayer> Layer for T {
         TypedLayer::audit_summary(self, &i, made.as_ref())
     }
 
-    fn claims(&self, intent: &Value, made: Option<&Value>) -> Vec<Claim> {
+    fn claims(&self, intent: &Value, made: Option<&Value>) -> LayerResult<Vec<Claim>> {
         let name = TypedLayer::name(self);
-        let Ok(i) = typed::<T::Intent>(name, "intent", intent) else {
-            return Vec::new();
-        };
-        let made: Option<T::Made> = made.and_then(|m| typed(name, "result", m).ok());
-        TypedLayer::claims(self, &i, made.as_ref())
+        let i = typed::<T::Intent>(name, "intent", intent)?;
+        let made: Option<T::Made> = made.map(|m| typed(name, "result", m)).transpose()?;
+        Ok(TypedLayer::claims(self, &i, made.as_ref()))
+    }
+
+    fn orphans(&mut self, scope: &OrphanScope) -> Vec<Orphan> {
+        TypedLayer::orphans(self, scope)
     }
 }

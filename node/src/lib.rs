@@ -11,5 +11,8 @@ pub mod spine;
 
 pub use context::{EnvError, JobContext};
 pub use journal::{Journal, JournalDir, Occupant, Step, StepState};
-pub use layer::{AuditSummary, Claim, JobPlan, Layer, LayerError, LayerResult, TypedLayer};
+pub use layer::{
+    AuditSummary, Claim, JobPlan, Layer, LayerError, LayerResult, Orphan, OrphanAction,
+    OrphanScope, TypedLayer,
+};
 pub use spine::{Boundary, Ending, Handoff, Spine};

@@ -4,7 +4,9 @@
 
 use crate::contract::TaskEntry;
 use crate::journal::Journal;
-use crate::layer::{Claim, JobPlan, LayerError, LayerResult, TypedLayer};
+use crate::layer::{
+    Claim, JobPlan, LayerError, LayerResult, Orphan, OrphanScope, TypedLayer, KEPT_UNREADABLE,
+};
 use tenancy_devices::{
     DeviceClass, DevicePolicy, DevicesRecord, DriverPaths, JobDeviceParams, SliceRef, Target,
 };
@@ -152,5 +154,84 @@ impl TypedLayer for Devices {
             Target::Existing { dir, .. } => v.push(Claim::Cgroup(dir.clone())),
         }
         v
+    }
+
+    /// Job cgroups under the product's folder (`tenancy/<tenant>/job_<id>`, the one the
+    /// device allowlist and the firewall key on) that no journal claims.
+    fn orphans(&mut self, scope: &OrphanScope) -> Vec<Orphan> {
+        let layout = match tenancy_devices::CgroupLayout::detect() {
+            Ok(l) => l,
+            Err(e) => {
+                return vec![Orphan::new(
+                    "cgroup",
+                    "/proc/self/mountinfo",
+                    format!("cannot detect cgroups: {e}"),
+                )
+                .left("cgroups not checked")]
+            }
+        };
+        let roots = [
+            (layout.v2_root.clone(), tenancy_devices::Backend::V2),
+            (layout.v1_devices.clone(), tenancy_devices::Backend::V1),
+        ];
+        let mut out = Vec::new();
+        for (root, backend) in roots {
+            let Some(root) = root else { continue };
+            let product = root.join(tenancy_devices::job::PRODUCT_DIR);
+            for (tenant, tdir) in super::subdirs(&product) {
+                if !scope.wanted(&tenant) {
+                    continue;
+                }
+                for (name, dir) in super::subdirs(&tdir) {
+                    let Some(job) = super::job_id_of(&name) else {
+                        continue;
+                    };
+                    if scope.owned.contains(&Claim::Cgroup(dir.clone())) {
+                        continue;
+                    }
+                    if scope.unreadable.contains(&job) {
+                        out.push(
+                            Orphan::new(
+                                "cgroup",
+                                dir.display().to_string(),
+                                "product cgroup of a job whose journal is unreadable",
+                            )
+                            .job(job)
+                            .tenant(&tenant)
+                            .left(KEPT_UNREADABLE),
+                        );
+                        continue;
+                    }
+                    let record = DevicesRecord {
+                        job_id: job,
+                        backend,
+                        cgroup_dir: dir.clone(),
+                        owned: true,
+                        policy: DevicePolicy {
+                            allow: Vec::new(),
+                            deny_majors: Vec::new(),
+                            deny_devices: Vec::new(),
+                        },
+                        v1: None,
+                        v2: None,
+                    };
+                    out.push(
+                        Orphan::new(
+                            "cgroup",
+                            dir.display().to_string(),
+                            "product cgroup no journal owns",
+                        )
+                        .job(job)
+                        .tenant(&tenant)
+                        .remove(move || {
+                            tenancy_devices::teardown(&record)
+                                .map(|_| ())
+                                .map_err(|e| e.to_string())
+                        }),
+                    );
+                }
+            }
+        }
+        out
     }
 }

@@ -7,7 +7,9 @@
 
 use crate::contract::TaskEntry;
 use crate::journal::{Journal, JournalDir};
-use crate::layer::{AuditSummary, Claim, JobPlan, LayerError, LayerResult, TypedLayer};
+use crate::layer::{
+    AuditSummary, Claim, JobPlan, LayerError, LayerResult, Orphan, OrphanScope, TypedLayer,
+};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use tenancy_mig::{Mig, MigIntent, MigSlice, NodePlan, Occupant, Request};
@@ -198,6 +200,81 @@ impl TypedLayer for MigLayer {
             start: intent.placement_start,
         });
         v
+    }
+
+    /// GPU instances no journal records as made, nor intends at their placement.
+    fn orphans(&mut self, scope: &OrphanScope) -> Vec<Orphan> {
+        if self.library.is_none() && !std::path::Path::new("/dev/nvidiactl").exists() {
+            // A node without the NVIDIA driver holds no MIG instance.
+            return Vec::new();
+        }
+        if !scope.unreadable.is_empty() {
+            // A GPU instance names no job: without the journal, none can be told from its
+            // slices.
+            let jobs: Vec<String> = scope.unreadable.iter().map(u64::to_string).collect();
+            return vec![Orphan::new(
+                "mig",
+                "MIG instances",
+                format!(
+                    "the journal of job(s) {} is unreadable: which GPU instances they hold is \
+                     unknown",
+                    jobs.join(", ")
+                ),
+            )
+            .left("MIG instances not checked")];
+        }
+        let mig = match Mig::open(self.library.as_deref()) {
+            Ok(m) => std::rc::Rc::new(m),
+            Err(e) => {
+                return vec![
+                    Orphan::new("nvml", "NVML", format!("cannot open NVML: {e}"))
+                        .left("MIG instances not checked"),
+                ]
+            }
+        };
+        let gpus = match mig.instances() {
+            Ok(g) => g,
+            Err(e) => {
+                return vec![
+                    Orphan::new("nvml", "NVML", format!("cannot list MIG instances: {e}"))
+                        .left("MIG instances not checked"),
+                ]
+            }
+        };
+        let mut out = Vec::new();
+        for g in gpus {
+            for gi in &g.instances {
+                let made = Claim::GpuInstance {
+                    gpu_uuid: g.uuid.clone(),
+                    gi_id: gi.gi_id,
+                };
+                let intended = Claim::Placement {
+                    gpu_uuid: g.uuid.clone(),
+                    start: gi.start,
+                };
+                if scope.owned.contains(&made) || scope.owned.contains(&intended) {
+                    continue;
+                }
+                let (index, gi_id) = (g.index, gi.gi_id);
+                let mig = mig.clone();
+                out.push(
+                    Orphan::new(
+                        "mig",
+                        format!(
+                            "{} gi {} (placement {}:{})",
+                            g.uuid, gi.gi_id, gi.start, gi.size
+                        ),
+                        "GPU instance no journal references",
+                    )
+                    .remove(move || {
+                        mig.destroy_gi(index, gi_id)
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    }),
+                );
+            }
+        }
+        out
     }
 }
 
