@@ -1,4 +1,4 @@
-// The serialized form of a validated config (node/src/config_cache.rs keeps one) follows the
+// The serialized form of a validated config (job/src/config_cache.rs keeps one) follows the
 // types in these sources: any change to them gives another schema id, so no build reads a
 // cache written by a build whose types differ.
 use sha2::{Digest, Sha256};
@@ -8,8 +8,8 @@ fn main() {
     for f in [
         "src/lib.rs",
         "src/billing.rs",
-        "../layers/network/src/dest.rs",
-        "../layers/network/src/cross.rs",
+        "src/dest.rs",
+        "src/ipv4net.rs",
     ] {
         println!("cargo:rerun-if-changed={f}");
         h.update(f.as_bytes());

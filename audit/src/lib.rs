@@ -8,9 +8,7 @@
 //!
 //! The hash canonicalization is described in [`record`].
 
-pub mod anchor;
-pub mod log;
-pub mod record;
+pub use tenancy_audit_log::{anchor, log, record};
 pub mod report;
 pub mod verify;
 

@@ -15,7 +15,12 @@ pub use resolve::{group_gid, user_uid, Identity, Refusal, Resolved};
 /// The decimal type of prices and amounts (no binary floating point in money).
 pub use rust_decimal::Decimal;
 /// Network destinations (`10.20.0.0/16:443/tcp`): the firewall layer's own type and parser.
-pub use tenancy_network::{Dest as Destination, Ipv4Net, Proto};
+pub mod dest;
+pub mod device_class;
+pub mod ipv4net;
+
+pub use dest::{Dest as Destination, Proto};
+pub use ipv4net::Ipv4Net;
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -767,7 +772,7 @@ impl Validator<'_> {
 /// layer parses it and accepts it as a tier's extra class (one parser: a class the config
 /// accepts never fails the prolog).
 fn valid_device_class(s: &str) -> Result<(), String> {
-    let class: tenancy_devices::DeviceClass = s.parse().map_err(|e| format!("{e}"))?;
+    let class: device_class::DeviceClass = s.parse().map_err(|e| format!("{e}"))?;
     class.refusal_as_extra().map_or(Ok(()), Err)
 }
 

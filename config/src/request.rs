@@ -1,5 +1,5 @@
 //! What a job's request may hold, checked the same way by slurmctld's job_submit/tenancy and by
-//! the prolog (node/src/context.rs): a value one of them refuses, the other refuses with the same
+//! the prolog (job/src/context.rs): a value one of them refuses, the other refuses with the same
 //! words, so a job the controller accepted is never refused on the node for its request alone
 //! (which would drain the node).
 

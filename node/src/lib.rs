@@ -2,19 +2,17 @@
 //! journal, the spine that makes and undoes the isolation layers in order, and the layers'
 //! adapters.
 
-pub mod adopt;
-pub mod config_cache;
-pub mod context;
-pub mod intent_log;
-pub mod journal;
+pub use tenancy_job::{adopt, config_cache, context, contract, intent_log, journal, task};
 pub mod layer;
 pub mod layers;
 pub mod linkage;
 pub mod run;
 pub mod spine;
-pub mod task;
 
 pub use context::{EnvError, JobContext};
 pub use journal::{Journal, JournalDir, Occupant, Step, StepState};
-pub use layer::{JobPlan, Layer, LayerError, LayerResult};
+pub use layer::{
+    AuditSummary, Claim, JobPlan, Layer, LayerError, LayerResult, Orphan, OrphanAction,
+    OrphanScope, TypedLayer,
+};
 pub use spine::{Boundary, Ending, Handoff, Spine};

@@ -3,13 +3,14 @@
 //! fails closed. The epilog undoes in reverse from the journal. Both append audit records.
 
 use crate::context::{EnvError, JobContext};
+use crate::contract::Facing;
 use crate::intent_log::Flushing;
-use crate::journal::{Journal, JournalDir, Occupant, Step, StepState, VERSION};
-use crate::layer::{JobPlan, Layer, LayerError};
+use crate::journal::{Journal, JournalDir, NodeLock, Occupant, Step, StepState, VERSION};
+use crate::layer::{AuditSummary, JobPlan, Layer, LayerError};
 use crate::layers::network;
 use chrono::Utc;
 use serde_json::Value;
-use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{group_gid, Config, Identity, Refusal};
 
 /// How a prolog or epilog run ended; the binary prints `message` and exits with `code`.
@@ -113,7 +114,37 @@ pub enum Boundary {
     AllMade,
 }
 
-/// Why [`Spine::make_all`] made nothing or failed.
+/// The prolog's first step: the job's environment read and checked.
+struct Checked {
+    ctx: JobContext,
+}
+
+/// The job's plan: who, which tenant and tier, which profile (re-checked on the node).
+struct Decided {
+    ctx: JobContext,
+    plan: JobPlan,
+}
+
+/// Every acting layer's intent journaled, under the node lock (held until the layers are made).
+struct Intended {
+    ctx: JobContext,
+    plan: JobPlan,
+    journal: Journal,
+    _lock: NodeLock,
+    /// The layers that act, in order (their steps are the journal's).
+    acting: Vec<usize>,
+    /// The write that takes the intents to the disk.
+    on_disk: Flushing,
+}
+
+/// Every layer made, its result journaled.
+struct Made {
+    ctx: JobContext,
+    plan: JobPlan,
+    journal: Journal,
+}
+
+/// Why [`Spine::intend_all`] or [`Spine::make_intended`] made nothing or failed.
 enum MakeFailure {
     /// A layer or the journal failed: what was made is rolled back.
     Layer(String),
@@ -180,9 +211,27 @@ impl<'c> Spine<'c> {
 
     // ---- prolog ------------------------------------------------------------------------
 
-    /// Runs the prolog for the job described by `ctx`.
+    /// Runs the prolog for the job described by `ctx`, in named steps: the job's environment
+    /// is [`Checked`], its tenant, tier and profile [`Decided`] (an earlier attempt's journal
+    /// torn down), every layer's intent journaled ([`Intended`], under the node lock), every
+    /// layer [`Made`], and the job's start recorded. A step that refuses or fails ends the
+    /// prolog with what it made rolled back.
     pub fn prolog(&mut self, ctx: Result<JobContext, EnvError>) -> Ending {
         let begun = std::time::Instant::now();
+        let steps = self
+            .check(ctx)
+            .and_then(|checked| self.decide_plan(checked))
+            .and_then(|decided| self.clear_earlier_attempt(decided))
+            .and_then(|decided| self.intend_all(decided))
+            .and_then(|intended| self.make_intended(intended))
+            .map(|made| self.record_start(made, begun));
+        match steps {
+            Ok(ending) | Err(ending) => ending,
+        }
+    }
+
+    /// The job's environment, or the denial of a bad one (recorded).
+    fn check(&mut self, ctx: Result<JobContext, EnvError>) -> Result<Checked, Ending> {
         let ctx = match ctx {
             Ok(c) => c,
             Err(e) => {
@@ -204,35 +253,41 @@ impl<'c> Spine<'c> {
                     rec = rec.job_id(j);
                 }
                 rec = rec.reason(reason.clone());
-                return match self.audit(&mut rec) {
+                return Err(match self.audit(&mut rec) {
                     Ok(_) => Ending::fail(format!("tenancy: {reason}")),
                     Err(a) => Ending::fail(format!("tenancy: {reason}; and {a}")),
-                };
+                });
             }
         };
         // A static prolog asks /etc/passwd and /etc/group only: on a node where other NSS
         // sources decide, every job goes to the dynamic build (`crate::linkage`).
         if self.handoff.is_some() {
             if let Err(why) = crate::linkage::identity_from_files() {
-                return self.hand_off_prolog(
+                return Err(self.hand_off_prolog(
                     &ctx,
                     Event::JobDenied,
                     format!("job {}: {why}", ctx.job_id),
-                );
+                ));
             }
         }
-        let mut plan = match self.decide(&ctx) {
+        Ok(Checked { ctx })
+    }
+
+    /// The job's plan (tenant, tier, profile), or its denial; a statically linked prolog hands
+    /// the job on when a layer that acts for it cannot run here.
+    fn decide_plan(&mut self, Checked { ctx }: Checked) -> Result<Decided, Ending> {
+        let plan = match self.decide(&ctx) {
             Ok(plan) => plan,
             // A user or group missing from the files may be in another NSS source: the
             // dynamic build decides with all of them (and records the denial if it stands).
             Err(d) if self.handoff.is_some() && d.event == Event::JobDenied => {
-                return self.hand_off_prolog(
+                return Err(self.hand_off_prolog(
                     &ctx,
                     d.event,
                     format!("{}, as far as /etc/passwd and /etc/group say", d.reason),
-                );
+                ));
             }
-            Err(d) => return self.deny(&ctx, d),
+            Err(d) => return Err(self.deny(&ctx, d)),
         };
         if self.handoff.is_some() {
             if let Some(li) = (0..self.layers.len())
@@ -244,17 +299,22 @@ impl<'c> Spine<'c> {
                     ctx.job_id,
                     self.layers[li].name()
                 );
-                return self.hand_off_prolog(&ctx, Event::JobDenied, why);
+                return Err(self.hand_off_prolog(&ctx, Event::JobDenied, why));
             }
         }
-        // A journal left by a prolog that died (and whose epilog never ran) is torn down first:
-        // a requeued job must not inherit, or leak, an earlier attempt's resources.
+        Ok(Decided { ctx, plan })
+    }
+
+    /// Tears down a journal left by a prolog that died (and whose epilog never ran): a
+    /// requeued job must not inherit, or leak, an earlier attempt's resources.
+    fn clear_earlier_attempt(&mut self, decided: Decided) -> Result<Decided, Ending> {
+        let Decided { ctx, plan } = &decided;
         let stale = match self.journals.load(ctx.job_id) {
             Ok(stale) => stale,
             // Overwriting a journal that cannot be read would orphan what it records.
             Err(e) => {
-                return self.deny(
-                    &ctx,
+                return Err(self.deny(
+                    ctx,
                     Denial {
                         event: Event::TeardownFailed,
                         reason: format!(
@@ -264,74 +324,69 @@ impl<'c> Spine<'c> {
                         ),
                         tenant: Some(plan.tenant.clone()),
                     },
-                )
+                ))
             }
         };
-        if let Some(stale) = stale {
-            if self.handoff.is_some() {
-                if let Some(li) = self.needs_another_process(&stale) {
-                    let why = format!(
-                        "job {}: an earlier attempt's {} must be torn down with a shared \
-                         library, which this statically linked prolog cannot load",
-                        ctx.job_id,
-                        self.layers[li].name()
-                    );
-                    return self.hand_off_prolog(&ctx, Event::TeardownFailed, why);
-                }
-            }
-            let failures = self.undo_all(stale, &ctx);
-            if !failures.is_empty() {
-                return self.deny(
-                    &ctx,
-                    Denial {
-                        event: Event::TeardownFailed,
-                        reason: format!(
-                            "job {}: an earlier attempt's resources could not be removed: {}; \
-                             run `tenancyctl reconcile --apply` on {}",
-                            ctx.job_id,
-                            failures.join("; "),
-                            ctx.node
-                        ),
-                        tenant: Some(plan.tenant.clone()),
-                    },
+        let Some(stale) = stale else {
+            return Ok(decided);
+        };
+        if self.handoff.is_some() {
+            if let Some(li) = self.needs_another_process(&stale) {
+                let why = format!(
+                    "job {}: an earlier attempt's {} must be torn down with a shared \
+                     library, which this statically linked prolog cannot load",
+                    ctx.job_id,
+                    self.layers[li].name()
                 );
+                return Err(self.hand_off_prolog(ctx, Event::TeardownFailed, why));
             }
         }
-        let mut journal = Journal {
-            version: VERSION,
-            job_id: ctx.job_id,
-            cluster: self.config.cluster.name.clone(),
-            node: ctx.node.clone(),
-            user: ctx.user.clone(),
-            uid: ctx.uid,
-            gid: ctx.gid,
-            tenant: plan.tenant.clone(),
-            tier: plan.tier.name.clone(),
-            profile: plan.profile.clone(),
-            share_gpu: plan.tier.share_gpu,
-            share_node: plan.tier.share_node,
-            started: Utc::now(),
-            steps: Vec::new(),
-            intent_slot: None,
-            boot_id: None,
-        };
-        self.boundary(Boundary::Checked);
-        match self.make_all(&mut plan, &mut journal) {
-            Ok(()) => {}
-            Err(MakeFailure::Layer(reason)) => return self.roll_back(&ctx, &plan, journal, reason),
+        let failures = self.undo_all(stale, ctx);
+        if !failures.is_empty() {
+            return Err(self.deny(
+                ctx,
+                Denial {
+                    event: Event::TeardownFailed,
+                    reason: format!(
+                        "job {}: an earlier attempt's resources could not be removed: {}; \
+                         run `tenancyctl reconcile --apply` on {}",
+                        ctx.job_id,
+                        failures.join("; "),
+                        ctx.node
+                    ),
+                    tenant: Some(plan.tenant.clone()),
+                },
+            ));
+        }
+        Ok(decided)
+    }
+
+    /// Ends the prolog after [`Spine::intend_all`] or [`Spine::make_intended`] failed.
+    fn failed(
+        &mut self,
+        ctx: &JobContext,
+        plan: &JobPlan,
+        journal: Journal,
+        f: MakeFailure,
+    ) -> Ending {
+        match f {
+            MakeFailure::Layer(reason) => self.roll_back(ctx, plan, journal, reason),
             // Nothing was made, and the journal there is the other attempt's: a rollback would
             // remove it, and its resources with no record left.
-            Err(MakeFailure::AnotherAttempt(reason)) => {
-                return self.deny(
-                    &ctx,
-                    Denial {
-                        event: Event::JobDenied,
-                        reason,
-                        tenant: Some(plan.tenant.clone()),
-                    },
-                )
-            }
+            MakeFailure::AnotherAttempt(reason) => self.deny(
+                ctx,
+                Denial {
+                    event: Event::JobDenied,
+                    reason,
+                    tenant: Some(plan.tenant.clone()),
+                },
+            ),
         }
+    }
+
+    /// Records the job's start; without its record no job runs: everything is undone.
+    fn record_start(&mut self, made: Made, begun: std::time::Instant) -> Ending {
+        let Made { ctx, plan, journal } = made;
         let mut rec = self
             .record(
                 &ctx.user,
@@ -440,16 +495,58 @@ impl<'c> Spine<'c> {
         Ok(())
     }
 
-    /// Makes every layer in order; every intent is journaled before the first layer makes
-    /// anything, and on disk (through the intent log) before the first layer whose resource
-    /// outlives a restart of the node acts. The layers whose resources a restart removes (MIG,
+    /// Journals every layer's intent, under the node lock, before any layer makes anything.
+    ///
+    /// Every intent is journaled before the first layer makes anything, and on disk (through
+    /// the intent log) before the first layer whose resource outlives a restart of the node
+    /// acts. The layers whose resources a restart removes (MIG,
     /// devices, network) act while that write is under way: until a restart every process
     /// reads the journal from the page cache, and after one there is nothing of theirs to
     /// find. Results need no fsync: every layer can undo from its intent alone, so the last
     /// write only informs the task entry.
-    fn make_all(&mut self, plan: &mut JobPlan, journal: &mut Journal) -> Result<(), MakeFailure> {
+    fn intend_all(&mut self, decided: Decided) -> Result<Intended, Ending> {
+        let Decided { ctx, mut plan } = decided;
+        let mut journal = Journal {
+            version: VERSION,
+            job_id: ctx.job_id,
+            cluster: self.config.cluster.name.clone(),
+            node: ctx.node.clone(),
+            user: ctx.user.clone(),
+            uid: ctx.uid,
+            gid: ctx.gid,
+            tenant: plan.tenant.clone(),
+            tier: plan.tier.name.clone(),
+            profile: plan.profile.clone(),
+            share_gpu: plan.tier.share_gpu,
+            share_node: plan.tier.share_node,
+            started: Utc::now(),
+            steps: Vec::new(),
+            intent_slot: None,
+            boot_id: None,
+        };
+        self.boundary(Boundary::Checked);
+        match self.journal_intents(&mut plan, &mut journal) {
+            Ok((lock, acting, on_disk)) => Ok(Intended {
+                ctx,
+                plan,
+                journal,
+                _lock: lock,
+                acting,
+                on_disk,
+            }),
+            Err(f) => Err(self.failed(&ctx, &plan, journal, f)),
+        }
+    }
+
+    /// [`Spine::intend_all`]'s work: the node lock, the layers' intents (journaled), which
+    /// layers act, and the write that takes the intents to the disk.
+    fn journal_intents(
+        &mut self,
+        plan: &mut JobPlan,
+        journal: &mut Journal,
+    ) -> Result<(NodeLock, Vec<usize>, Flushing), MakeFailure> {
         let job = plan.job_id;
-        let _lock = self.journals.lock_node().map_err(|e| {
+        let lock = self.journals.lock_node().map_err(|e| {
             format!(
                 "job {job}: cannot take the node lock in {}: {e}",
                 self.journals.path().display()
@@ -485,8 +582,6 @@ impl<'c> Spine<'c> {
         })?;
         let plan = &*plan;
         Self::check_node_sharing(plan).map_err(|e| format!("job {job}: layer node: {e}"))?;
-        // A later layer's `make` may read an earlier one's result from the journal.
-        let first_step = journal.steps.len();
         let mut acting = Vec::new();
         for li in 0..self.layers.len() {
             let name = self.layers[li].name();
@@ -514,6 +609,40 @@ impl<'c> Spine<'c> {
                 )
             })?;
         }
+        Ok((lock, acting, on_disk))
+    }
+
+    /// Makes every intended layer in order (see [`Spine::intend_all`] for when each acts),
+    /// then journals the results and the job's occupancy entry; the node lock is released
+    /// after.
+    fn make_intended(&mut self, intended: Intended) -> Result<Made, Ending> {
+        let Intended {
+            ctx,
+            plan,
+            mut journal,
+            _lock,
+            acting,
+            mut on_disk,
+        } = intended;
+        let made = self.make_each(&plan, &mut journal, &acting, &mut on_disk);
+        // A rollback takes the lock again.
+        drop(_lock);
+        match made {
+            Ok(()) => Ok(Made { ctx, plan, journal }),
+            Err(f) => Err(self.failed(&ctx, &plan, journal, f)),
+        }
+    }
+
+    fn make_each(
+        &mut self,
+        plan: &JobPlan,
+        journal: &mut Journal,
+        acting: &[usize],
+        on_disk: &mut Flushing,
+    ) -> Result<(), MakeFailure> {
+        let job = plan.job_id;
+        // A later layer's `make` may read an earlier one's result from the journal.
+        let first_step = journal.steps.len() - acting.len();
         for (k, &li) in acting.iter().enumerate() {
             let step = first_step + k;
             let name = self.layers[li].name();
@@ -532,7 +661,14 @@ impl<'c> Spine<'c> {
             }
             self.boundary(Boundary::Intended(name));
             let intent = journal.steps[step].intent.clone();
-            match self.layers[li].make(&intent, journal) {
+            let made = self.layers[li].make(&intent, journal).and_then(|mut made| {
+                // What every task joins and gets, beside the layer's own result.
+                if let Some(facing) = Facing::of(self.layers[li].task_entry(&made)?) {
+                    facing.merge_into(&mut made);
+                }
+                Ok(made)
+            });
+            match made {
                 Ok(made) => {
                     self.boundary(Boundary::Made(name));
                     journal.steps[step].made = Some(made);
@@ -793,13 +929,7 @@ impl<'c> Spine<'c> {
             journal.profile.clone(),
             journal.started,
         );
-        let mig = journal.made_by("mig").cloned();
-        let firewall_table = steps
-            .iter()
-            .find(|s| s.layer == "network")
-            .and_then(|s| s.intent.get("table_name"))
-            .and_then(Value::as_str)
-            .map(String::from);
+        let summary = self.summary(&journal);
         let failures = self.undo_all(journal, ctx);
         let (event, outcome) = if failures.is_empty() {
             (Event::JobEnd, Outcome::Success)
@@ -815,13 +945,11 @@ impl<'c> Spine<'c> {
         if let Some(p) = profile {
             rec = rec.profile(p);
         }
-        if let Some(m) = &mig {
-            if let Some(n) = m.get("compute_slices").and_then(Value::as_u64) {
-                rec = rec.compute_slices(n as u32);
-            }
-            if let Some(g) = m.get("gpu_uuid").and_then(Value::as_str) {
-                rec = rec.gpu(g);
-            }
+        if let Some(n) = summary.compute_slices {
+            rec = rec.compute_slices(n);
+        }
+        if let Some(g) = &summary.gpu {
+            rec = rec.gpu(g);
         }
         for step in steps.iter().rev() {
             let mut r = self.resource(step, ResourceAction::Removed);
@@ -830,7 +958,7 @@ impl<'c> Spine<'c> {
             }
             rec = rec.resource(r);
         }
-        if let Some(table) = &firewall_table {
+        if let Some(table) = &summary.firewall_table {
             let tenant = rec.tenant.clone().unwrap_or_default();
             if let Some(n) = network::drops_since_last_report(&self.journals, table, &tenant) {
                 rec = rec.firewall_drops(n);
@@ -864,8 +992,24 @@ impl<'c> Spine<'c> {
         let mut r = Resource::new(step.layer.clone(), action, id);
         if let Some(Value::Object(m)) = step.made.as_ref().or(Some(&step.intent)) {
             r.detail = m.clone();
+            Facing::strip_added(&mut r.detail);
         }
         r
+    }
+
+    /// What the job's steps add to its audit records, from the layers of this build.
+    fn summary(&self, journal: &Journal) -> AuditSummary {
+        journal
+            .steps
+            .iter()
+            .filter_map(|s| {
+                let made = (s.state == StepState::Made)
+                    .then_some(s.made.as_ref())
+                    .flatten();
+                let i = self.layer_index(&s.layer)?;
+                Some(self.layers[i].audit_summary(&s.intent, made))
+            })
+            .fold(AuditSummary::default(), AuditSummary::or)
     }
 
     fn describe(&self, rec: &mut Record, journal: &Journal, action: ResourceAction) {
@@ -875,12 +1019,10 @@ impl<'c> Spine<'c> {
         if let Some(p) = &journal.profile {
             rec.profile = Some(p.clone());
         }
-        if let Some(m) = journal.made_by("mig") {
-            rec.compute_slices = m
-                .get("compute_slices")
-                .and_then(Value::as_u64)
-                .map(|n| n as u32);
-            rec.gpu = m.get("gpu_uuid").and_then(Value::as_str).map(String::from);
+        let summary = self.summary(journal);
+        if summary.gpu.is_some() || summary.compute_slices.is_some() {
+            rec.compute_slices = summary.compute_slices;
+            rec.gpu = summary.gpu;
         }
     }
 }
@@ -892,46 +1034,7 @@ fn short_hostname() -> String {
     name.split('.').next().unwrap_or("localhost").to_string()
 }
 
-/// Appends `rec` to the node's audit log and anchors the new chain head outside the log
-/// (syslog, and `cluster.audit_anchor` when set), but for a `job_start`, whose job's `job_end`
-/// anchors a head past it (one send less on every job's start). Every other record is
-/// anchored itself (refusals, rollbacks, teardown failures, sessions, reconcile actions), so
-/// cutting it off before the next job end shows. The anchor is extra evidence: its absence is
-/// reported by `audit verify`, not fatal here.
-pub fn append_anchored(
-    config: &Config,
-    rec: &mut Record,
-) -> Result<tenancy_audit::Appended, String> {
-    let appended = AuditLog::open(&config.cluster.audit_log)
-        .and_then(|mut log| log.append(rec))
-        .map_err(|e| e.to_string())?;
-    if rec.event != Event::JobStart {
-        anchor(config, &rec.node, &appended);
-    }
-    Ok(appended)
-}
-
-/// Anchors a chain head (syslog, `cluster.audit_anchor`), with its MAC when
-/// `cluster.audit_anchor_key` is set. A key that cannot be read sends the anchor without one,
-/// which an authenticating verify leaves out: `tenancyctl doctor` fails on such a key.
-pub fn anchor(
-    config: &Config,
-    node: &str,
-    head: &tenancy_audit::Appended,
-) -> tenancy_audit::AnchorStatus {
-    let key = config
-        .cluster
-        .audit_anchor_key
-        .as_deref()
-        .and_then(|k| tenancy_audit::AnchorKey::load(k).ok());
-    tenancy_audit::send_anchor(
-        node,
-        head.seq,
-        &head.hash,
-        config.cluster.audit_anchor.as_deref(),
-        key.as_ref(),
-    )
-}
+pub use tenancy_job::audit::{anchor, append_anchored};
 
 /// Undoes every step of `journal` in reverse with `layers` (the epilog's and reconcile's
 /// teardown; the caller holds the node lock); returns what could not be undone, each naming
@@ -996,4 +1099,57 @@ pub fn teardown(
         ));
     }
     failures
+}
+
+#[cfg(test)]
+mod journal_tests {
+    //! (Moved from the journal's tests: it needs the spine's teardown.)
+    use crate::journal::{Journal, JournalDir, Occupant, VERSION};
+
+    fn sample(job_id: u64) -> Journal {
+        Journal {
+            version: VERSION,
+            job_id,
+            cluster: "c".into(),
+            node: "n".into(),
+            user: "u".into(),
+            uid: 1,
+            gid: 1,
+            tenant: "acme".into(),
+            tier: "internal".into(),
+            profile: None,
+            share_gpu: true,
+            share_node: true,
+            started: chrono::Utc::now(),
+            steps: Vec::new(),
+            intent_slot: None,
+            boot_id: None,
+        }
+    }
+
+    #[test]
+    fn teardown_removes_the_occupancy_entry_before_the_journal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut j = sample(1);
+        j.steps.clear();
+        j.share_node = false;
+        dir.save(&j, true).unwrap();
+        dir.set_occupant(1, Some(Occupant::of(&j))).unwrap();
+        // The `- 1` append fails (as if the epilog were killed there): the journal, which the
+        // next epilog or reconcile tears down again, must still be there; an index entry
+        // without a journal is never removed.
+        let index = tmp.path().join("occupancy");
+        std::fs::rename(&index, tmp.path().join("kept")).unwrap();
+        std::os::unix::fs::symlink("kept", &index).unwrap();
+        let failures = super::teardown(&mut [], &dir, &mut j);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(dir.load(1).unwrap(), Some(j.clone()));
+        // With the index writable again it goes as the epilog would.
+        std::fs::remove_file(&index).unwrap();
+        std::fs::rename(tmp.path().join("kept"), &index).unwrap();
+        assert!(super::teardown(&mut [], &dir, &mut j).is_empty());
+        assert_eq!(dir.load(1).unwrap(), None);
+        assert_eq!(dir.occupants(0).unwrap(), vec![]);
+    }
 }

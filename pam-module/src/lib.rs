@@ -9,7 +9,7 @@
 //! which no SPANK task hook sees. This module runs in that same process when the session
 //! opens: it moves the process into the job's isolation (cgroups of the device allowlist and
 //! firewall) and writes `session_adopted` to the audit log, or refuses the session
-//! (`tenancy_node::adopt::session`); then it puts the variables the job's tasks get
+//! (`tenancy_job::adopt::session`); then it puts the variables the job's tasks get
 //! (CUDA_VISIBLE_DEVICES, TMPDIR, ...) into the PAM environment, which sshd gives the session.
 //! `tenancyctl adopt` through pam_exec does the same except the environment, which a child
 //! process cannot set.
@@ -21,7 +21,7 @@
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::Path;
-use tenancy_node::adopt::{session, slurm_job_of, Session};
+use tenancy_job::adopt::{session, slurm_job_of, Session};
 
 /// Linux-PAM's opaque handle.
 #[repr(C)]
@@ -106,7 +106,7 @@ fn open_session(pamh: *mut PamHandle, args: &[String]) -> c_int {
     // (Unreadable cgroups take the full path, which refuses.)
     let in_no_job = std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|cgroups| {
         matches!(
-            slurm_job_of(&cgroups, tenancy_devices::job::PRODUCT_DIR),
+            slurm_job_of(&cgroups, tenancy_cgroup::PRODUCT_DIR),
             Ok(None)
         )
     });
@@ -124,7 +124,7 @@ fn open_session(pamh: *mut PamHandle, args: &[String]) -> c_int {
         Ok(a) => a,
         Err(e) => return refuse(format!("bad module line: {e}")),
     };
-    let config = match tenancy_node::config_cache::load(args.config.as_deref().map(Path::new)) {
+    let config = match tenancy_job::config_cache::load(args.config.as_deref().map(Path::new)) {
         Ok(c) => c,
         Err(e) => {
             return refuse(format!(

@@ -13,7 +13,7 @@ pub fn decide(
     tenant: Option<&str>,
     mig: Option<&str>,
 ) -> Result<Resolved, String> {
-    let config = tenancy_node::config_cache::load(config).map_err(|e| {
+    let config = tenancy_job::config_cache::load(config).map_err(|e| {
         format!(
             "cannot read the tenancy config ({}); ask your admin",
             one_line(&e.to_string())
@@ -27,12 +27,12 @@ pub fn decide(
 
 /// Puts task `pid` of `job` into the job's isolation; returns the variables to set in the task.
 pub fn enter(config: Option<&Path>, job: u64, pid: i32) -> Result<Vec<(String, String)>, String> {
-    let config = tenancy_node::config_cache::load(config).map_err(|e| one_line(&e.to_string()))?;
+    let config = tenancy_job::config_cache::load(config).map_err(|e| one_line(&e.to_string()))?;
     node_enter(&config, job, pid)
 }
 
 /// Puts slurmstepd `stepd` (and its task `task`, when given) into the job's isolation; false
-/// when the job has no journal on this node (see `tenancy_node::task::contain_step`).
+/// when the job has no journal on this node (see `tenancy_job::task::contain_step`).
 pub fn contain_step(
     config: Option<&Path>,
     job: u64,
@@ -40,12 +40,12 @@ pub fn contain_step(
     task: Option<i32>,
     join_ipc: bool,
 ) -> Result<bool, String> {
-    let config = tenancy_node::config_cache::load(config).map_err(|e| one_line(&e.to_string()))?;
-    tenancy_node::task::contain_step(&config, job, stepd, task, join_ipc).map(|c| c.is_some())
+    let config = tenancy_job::config_cache::load(config).map_err(|e| one_line(&e.to_string()))?;
+    tenancy_job::task::contain_step(&config, job, stepd, task, join_ipc).map(|c| c.is_some())
 }
 
 fn node_enter(config: &Config, job: u64, pid: i32) -> Result<Vec<(String, String)>, String> {
-    tenancy_node::task::enter(config, job, pid).map(|env| env.vars)
+    tenancy_job::task::enter(config, job, pid).map(|env| env.vars)
 }
 
 fn one_line(s: &str) -> String {

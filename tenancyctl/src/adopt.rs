@@ -1,5 +1,6 @@
 //! `tenancyctl adopt`: the PAM side of ssh sessions that pam_slurm_adopt puts into a job (see
-//! `tenancy_node::adopt`), for `pam_exec` in the session phase, after pam_slurm_adopt:
+//! `tenancy_job::adopt`, re-exported as `tenancy_node::adopt`), for `pam_exec` in the session
+//! phase, after pam_slurm_adopt:
 //!
 //!     account  required  pam_slurm_adopt.so
 //!     session  required  pam_exec.so /usr/local/bin/tenancyctl --config /etc/slurm/tenancy.toml adopt

@@ -621,13 +621,47 @@ fn intent_log_row(state_dir: &Path) -> Row {
 
 pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
-    root_owned_dir(&config.cluster.scratch_root, "scratch.root", &mut rows);
-    root_owned_dir(&config.cluster.state_dir, "state.dir", &mut rows);
+    state_rows(config, &mut rows);
+    nvml_rows(config, &mut rows);
+    firewall_rows(config, &mut rows);
+    let ssh_contained = pam_rows(args, &mut rows);
+    slurm_rows(config, args, ssh_contained, &mut rows);
+    kernel_rows(&mut rows);
+    device_rows(config, args, &mut rows);
+    let failed = rows.iter().any(|r| r.severity == "error");
+    Rows {
+        headers: &["check", "severity", "message", "remedy"],
+        rows: &rows,
+        cells: |r| {
+            vec![
+                r.check.clone(),
+                r.severity.clone(),
+                r.message.clone(),
+                r.remedy.clone(),
+            ]
+        },
+    }
+    .print(args.format)?;
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The product's folders, intent log and audit anchor key.
+fn state_rows(config: &Config, rows: &mut Vec<Row>) {
+    root_owned_dir(&config.cluster.scratch_root, "scratch.root", rows);
+    root_owned_dir(&config.cluster.state_dir, "state.dir", rows);
     rows.push(intent_log_row(&config.cluster.state_dir));
     if let Some(dir) = config.cluster.audit_log.parent() {
-        root_owned_dir(dir, "audit.dir", &mut rows);
+        root_owned_dir(dir, "audit.dir", rows);
     }
     rows.push(anchor_key_row(config.cluster.audit_anchor_key.as_deref()));
+}
+
+/// NVML and each GPU's MIG mode.
+fn nvml_rows(config: &Config, rows: &mut Vec<Row>) {
     match tenancy_mig::Mig::open(config.cluster.nvml_library.as_deref()) {
         Ok(mig) => match mig.gpus() {
             Ok(gpus) => {
@@ -666,6 +700,10 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             Some("set cluster.nvml_library or install the NVIDIA driver".into()),
         )),
     }
+}
+
+/// The firewall table every job's traffic is matched in.
+fn firewall_rows(config: &Config, rows: &mut Vec<Row>) {
     match tenancy_node::layers::network::firewall_spec(config) {
         Ok(spec) => {
             let loaded = std::process::Command::new("/usr/sbin/nft")
@@ -699,52 +737,73 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             rows.push(cross_node_row(&spec));
         }
     }
+}
+
+/// ssh sessions pam_slurm_adopt adopts into jobs; whether every such session joins its job's
+/// isolation (`None`: none is adopted).
+fn pam_rows(args: &DoctorArgs, rows: &mut Vec<Row>) -> Option<bool> {
     let pam = pam_slurm_adopt_services(&args.pam_dir);
     if let Ok(svcs) = &pam {
-        let lax: Vec<String> = svcs.iter().flat_map(|s| s.lax.iter().cloned()).collect();
-        if !lax.is_empty() {
-            rows.push(row(
-                "slurm.pam_adopt_fallback",
-                Severity::Warn,
-                format!(
-                    "pam_slurm_adopt lets users in without adopting them into a job ({}): \
-                     such sessions run outside every job's device allowlist and firewall",
-                    lax.join(", ")
-                ),
-                Some(
-                    "give pam_slurm_adopt action_no_jobs=deny action_adopt_failure=deny \
-                     action_generic_failure=deny, and let administrators in with pam_access"
-                        .into(),
-                ),
-            ));
-        }
-    }
-    if let Ok(svcs) = &pam {
-        let lines: Vec<String> = svcs
-            .iter()
-            .flat_map(|s| s.exec_default_config.iter().cloned())
-            .collect();
-        if !lines.is_empty() && !Path::new(tenancy_config::DEFAULT_PATH).is_file() {
-            rows.push(row(
-                "slurm.pam_adopt_config",
-                Severity::Warn,
-                format!(
-                    "pam_exec runs tenancyctl adopt without --config ({}) and {} does not \
-                     exist: pam_exec passes adopt only the PAM environment, where TENANCY_CONFIG \
-                     and SLURM_CONF are not set by sshd, so adopt finds no config and refuses \
-                     every session pam_slurm_adopt adopts",
-                    lines.join(", "),
-                    tenancy_config::DEFAULT_PATH
-                ),
-                Some("put --config PATH on that line: `tenancyctl --config PATH adopt`".into()),
-            ));
-        }
+        rows.extend(pam_fallback_row(svcs));
+        rows.extend(pam_config_row(svcs));
     }
     let ssh_contained = match &pam {
         Ok(svcs) if !svcs.is_empty() => Some(svcs.iter().all(|s| s.hook.is_some())),
         _ => None,
     };
-    rows.push(match pam {
+    rows.push(pam_adopt_row(args, pam));
+    ssh_contained
+}
+
+/// pam_slurm_adopt letting users in that it did not adopt.
+fn pam_fallback_row(svcs: &[AdoptingService]) -> Option<Row> {
+    let lax: Vec<String> = svcs.iter().flat_map(|s| s.lax.iter().cloned()).collect();
+    if !lax.is_empty() {
+        return Some(row(
+            "slurm.pam_adopt_fallback",
+            Severity::Warn,
+            format!(
+                "pam_slurm_adopt lets users in without adopting them into a job ({}): \
+                 such sessions run outside every job's device allowlist and firewall",
+                lax.join(", ")
+            ),
+            Some(
+                "give pam_slurm_adopt action_no_jobs=deny action_adopt_failure=deny \
+                 action_generic_failure=deny, and let administrators in with pam_access"
+                    .into(),
+            ),
+        ));
+    }
+    None
+}
+
+/// `tenancyctl adopt` run by pam_exec without a config it can find.
+fn pam_config_row(svcs: &[AdoptingService]) -> Option<Row> {
+    let lines: Vec<String> = svcs
+        .iter()
+        .flat_map(|s| s.exec_default_config.iter().cloned())
+        .collect();
+    if !lines.is_empty() && !Path::new(tenancy_config::DEFAULT_PATH).is_file() {
+        return Some(row(
+            "slurm.pam_adopt_config",
+            Severity::Warn,
+            format!(
+                "pam_exec runs tenancyctl adopt without --config ({}) and {} does not \
+                 exist: pam_exec passes adopt only the PAM environment, where TENANCY_CONFIG \
+                 and SLURM_CONF are not set by sshd, so adopt finds no config and refuses \
+                 every session pam_slurm_adopt adopts",
+                lines.join(", "),
+                tenancy_config::DEFAULT_PATH
+            ),
+            Some("put --config PATH on that line: `tenancyctl --config PATH adopt`".into()),
+        ));
+    }
+    None
+}
+
+/// Whether the sessions pam_slurm_adopt adopts join the job's isolation.
+fn pam_adopt_row(args: &DoctorArgs, pam: std::io::Result<Vec<AdoptingService>>) -> Row {
+    match pam {
         Ok(svcs) if svcs.is_empty() => row(
             "slurm.pam_adopt",
             Severity::Ok,
@@ -826,7 +885,17 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             format!("cannot read {}: {e}", args.pam_dir.display()),
             None,
         ),
-    });
+    }
+}
+
+/// slurm.conf: the prolog handoff, job_submit, job_container and the containment of jobs'
+/// processes.
+fn slurm_rows(
+    config: &Config,
+    args: &DoctorArgs,
+    ssh_contained: Option<bool>,
+    rows: &mut Vec<Row>,
+) {
     let slurm_conf = args.slurm_conf.clone().unwrap_or_else(|| {
         std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)
@@ -853,9 +922,17 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     ) {
         rows.push(row(check, severity, message, remedy));
     }
+}
+
+/// Kernel settings the isolation relies on.
+fn kernel_rows(rows: &mut Vec<Row>) {
     rows.push(ptrace_row(
         std::fs::read_to_string(YAMA_PTRACE_SCOPE).ok().as_deref(),
     ));
+}
+
+/// Device classes, RDMA devices and the device controller.
+fn device_rows(config: &Config, args: &DoctorArgs, rows: &mut Vec<Row>) {
     if let Ok(majors) = std::fs::read_to_string(&config.node.proc_devices)
         .map_err(|e| e.to_string())
         .and_then(|t| {
@@ -891,25 +968,6 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     }) {
         rows.push(row(&f.check, f.severity, f.message, f.remedy));
     }
-    let failed = rows.iter().any(|r| r.severity == "error");
-    Rows {
-        headers: &["check", "severity", "message", "remedy"],
-        rows: &rows,
-        cells: |r| {
-            vec![
-                r.check.clone(),
-                r.severity.clone(),
-                r.message.clone(),
-                r.remedy.clone(),
-            ]
-        },
-    }
-    .print(args.format)?;
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
 }
 
 #[cfg(test)]

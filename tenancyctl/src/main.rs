@@ -3,8 +3,11 @@
 mod adopt;
 mod check;
 mod containment;
+mod devices;
 mod doctor;
+mod firewall;
 mod metrics;
+mod mig;
 mod output;
 mod reconcile;
 mod rotate;
@@ -57,9 +60,9 @@ enum Command {
         command: FirewallCommand,
     },
     /// MIG instances and the node's MIG plan as slurm.conf/gres.conf lines
-    Mig(tenancy_mig::cli::MigArgs),
+    Mig(mig::MigArgs),
     /// Device programs attached to a job's cgroup
-    Devices(tenancy_devices::cli::DevicesArgs),
+    Devices(devices::DevicesArgs),
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
     StorageAudit(tenancy_scratch::AuditArgs),
     /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
@@ -180,9 +183,9 @@ enum AuditCommand {
 #[derive(Subcommand)]
 enum FirewallCommand {
     /// Print the tenants' rules summary (or the nft script with --rules) the config yields
-    Show(tenancy_network::cli::ShowArgs),
+    Show(firewall::ShowArgs),
     /// Create the tenant cgroups and load the product's nft table atomically
-    Apply(tenancy_network::cli::ApplyArgs),
+    Apply(firewall::ApplyArgs),
 }
 
 fn load(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
@@ -269,8 +272,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let spec = tenancy_node::layers::network::firewall_spec(&load(config)?)
                 .map_err(|e| anyhow::anyhow!("firewall: {}", e.0))?;
             match command {
-                FirewallCommand::Show(args) => tenancy_network::cli::run_show(&spec, &args),
-                FirewallCommand::Apply(args) => tenancy_network::cli::run_apply(&spec, &args),
+                FirewallCommand::Show(args) => firewall::run_show(&spec, &args),
+                FirewallCommand::Apply(args) => firewall::run_apply(&spec, &args),
             }
         }
         Command::Mig(mut args) => {
@@ -288,9 +291,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     });
                 }
             }
-            tenancy_mig::cli::run(args)
+            mig::run(args)
         }
-        Command::Devices(args) => tenancy_devices::cli::run(args),
+        Command::Devices(args) => devices::run(args),
         Command::StorageAudit(args) => {
             tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
         }

@@ -228,16 +228,12 @@ pub fn render(config: &Config) -> anyhow::Result<String> {
         *running
             .entry((journal.tenant.clone(), journal.tier.clone()))
             .or_default() += 1;
-        if let Some(m) = journal.made_by("mig") {
-            let gpu = m
-                .get("gpu_index")
-                .map(|g| g.to_string())
-                .unwrap_or_default();
-            let profile = m
-                .get("profile")
-                .and_then(|p| p.as_str())
-                .unwrap_or("unknown")
-                .to_string();
+        if let Some(m) = tenancy_node::layers::mig::Made::in_journal(&journal) {
+            let (gpu, profile) = match m {
+                Ok(m) if !m.profile.is_empty() => (m.slice.gpu_index.to_string(), m.profile),
+                Ok(m) => (m.slice.gpu_index.to_string(), "unknown".to_string()),
+                Err(_) => (String::new(), "unknown".to_string()),
+            };
             *slices.entry((gpu, profile)).or_default() += 1;
         }
     }

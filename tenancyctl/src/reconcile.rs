@@ -21,14 +21,12 @@
 
 use anyhow::Context;
 use serde::Serialize;
-use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::time::SystemTime;
 use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
-use tenancy_node::{layers, Journal, JournalDir, Layer};
+use tenancy_node::{layers, Claim, Journal, JournalDir, Layer, OrphanAction, OrphanScope};
 use tenancy_output::Format;
 
 use crate::output::Rows;
@@ -197,10 +195,6 @@ struct Ctx<'c> {
 }
 
 impl Ctx<'_> {
-    fn wanted(&self, tenant: &str) -> bool {
-        self.tenants.is_empty() || self.tenants.iter().any(|t| t == tenant)
-    }
-
     /// Records one action; a failed append is reported as a row of its own.
     fn audit(&mut self, row: &Row, ok: bool) {
         let mut rec = Record::new(
@@ -283,409 +277,40 @@ fn teardown_journal(
     }
 }
 
-/// What the live journals hold, to tell owned resources from orphans.
-#[derive(Default)]
-struct Owned {
-    /// (gpu uuid, gi id) of made slices.
-    gis: BTreeSet<(String, u32)>,
-    /// (gpu uuid, placement start) of intended, not yet made, slices.
-    placements: BTreeSet<(String, u32)>,
-    cgroups: BTreeSet<PathBuf>,
-    /// (tenant, job id) of scratch folders.
-    scratch: BTreeSet<(String, u64)>,
-    /// Jobs whose journal cannot be read: what is named after them may be theirs, and Slurm may
-    /// still run them.
+/// What `journals` claim, as the layers of this build say ([`Layer::claims`]); a job whose
+/// step a layer cannot read goes into `unreadable`, and what is named after it is kept.
+fn owned_by(
+    layers: &[Box<dyn Layer + '_>],
+    journals: &[Journal],
+    unreadable: &mut BTreeSet<u64>,
+) -> BTreeSet<Claim> {
+    let mut owned = BTreeSet::new();
+    for j in journals {
+        for s in &j.steps {
+            let Some(layer) = layers.iter().find(|l| l.name() == s.layer) else {
+                continue;
+            };
+            match layer.claims(&s.intent, s.made.as_ref()) {
+                Ok(claims) => owned.extend(claims),
+                Err(_) => {
+                    unreadable.insert(j.job_id);
+                }
+            }
+        }
+    }
+    owned
+}
+
+/// The journals found, sorted by whether Slurm still runs their jobs.
+struct Found {
+    live: Vec<Journal>,
+    dead: Vec<Journal>,
+    /// Journals restored from the intent log in a dry run (not written: judged as if they were).
+    dry_from_log: Vec<Journal>,
+    /// Jobs whose journal (or intent log record) cannot be read.
     unreadable: BTreeSet<u64>,
 }
 
-/// What is done with a resource named after a job whose journal cannot be read.
-const KEPT_UNREADABLE: &str = "kept: Slurm may still run the job; inspect its journal";
-
-fn owned_by(journals: &[Journal]) -> Owned {
-    let mut o = Owned::default();
-    for j in journals {
-        for s in &j.steps {
-            let made = s.made.as_ref();
-            match s.layer.as_str() {
-                "mig" => {
-                    let uuid =
-                        |v: &Value| v.get("gpu_uuid").and_then(Value::as_str).map(String::from);
-                    if let Some(m) = made {
-                        if let (Some(u), Some(gi)) =
-                            (uuid(m), m.get("gi_id").and_then(Value::as_u64))
-                        {
-                            o.gis.insert((u, gi as u32));
-                        }
-                    }
-                    if let (Some(u), Some(start)) = (
-                        uuid(&s.intent),
-                        s.intent.get("placement_start").and_then(Value::as_u64),
-                    ) {
-                        o.placements.insert((u, start as u32));
-                    }
-                }
-                "devices" => {
-                    if let Some(d) = made
-                        .and_then(|m| m.get("cgroup_dir"))
-                        .and_then(Value::as_str)
-                    {
-                        o.cgroups.insert(PathBuf::from(d));
-                    }
-                    if let Ok(p) =
-                        serde_json::from_value::<tenancy_devices::JobDeviceParams>(s.intent.clone())
-                    {
-                        match &p.target {
-                            tenancy_devices::Target::Owned { root, .. } => {
-                                if let Ok(d) =
-                                    tenancy_devices::job::owned_dir(root, &p.tenant, p.job_id)
-                                {
-                                    o.cgroups.insert(d);
-                                }
-                            }
-                            tenancy_devices::Target::Existing { dir, .. } => {
-                                o.cgroups.insert(dir.clone());
-                            }
-                            tenancy_devices::Target::Anchored { scope } => {
-                                o.cgroups.insert(scope.job_dir(p.job_id));
-                            }
-                        }
-                    }
-                }
-                "network" => {
-                    if let Some(d) = made
-                        .and_then(|m| m.get("cgroup_path"))
-                        .and_then(Value::as_str)
-                    {
-                        o.cgroups.insert(PathBuf::from(d));
-                    }
-                }
-                _ => {}
-            }
-        }
-        // Scratch folders are named by tenant and job: the journal's own say so.
-        if j.steps.iter().any(|s| s.layer == "scratch") {
-            o.scratch.insert((j.tenant.clone(), j.job_id));
-        }
-    }
-    o
-}
-
-fn mig_orphans(cx: &mut Ctx, owned: &Owned) {
-    if cx.config.cluster.nvml_library.is_none() && !Path::new("/dev/nvidiactl").exists() {
-        // A node without the NVIDIA driver holds no MIG instance.
-        return;
-    }
-    if !owned.unreadable.is_empty() {
-        // A GPU instance names no job: without the journal, none can be told from its slices.
-        let jobs: Vec<String> = owned.unreadable.iter().map(u64::to_string).collect();
-        cx.rows.push(
-            Row::new(
-                "mig",
-                "MIG instances",
-                format!(
-                    "the journal of job(s) {} is unreadable: which GPU instances they hold is \
-                     unknown",
-                    jobs.join(", ")
-                ),
-            )
-            .left("MIG instances not checked"),
-        );
-        return;
-    }
-    if let Some(fixture) = &cx.config.cluster.nvml_shim_fixture {
-        std::env::set_var("NVML_SHIM_FIXTURE", fixture);
-    }
-    let mig = match tenancy_mig::Mig::open(cx.config.cluster.nvml_library.as_deref()) {
-        Ok(m) => m,
-        Err(e) => {
-            let row = Row::new("nvml", "NVML", format!("cannot open NVML: {e}"))
-                .left("MIG instances not checked");
-            cx.rows.push(row);
-            return;
-        }
-    };
-    let gpus = match mig.instances() {
-        Ok(g) => g,
-        Err(e) => {
-            let row = Row::new("nvml", "NVML", format!("cannot list MIG instances: {e}"))
-                .left("MIG instances not checked");
-            cx.rows.push(row);
-            return;
-        }
-    };
-    for g in gpus {
-        for gi in &g.instances {
-            let key = (g.uuid.clone(), gi.gi_id);
-            if owned.gis.contains(&key) || owned.placements.contains(&(g.uuid.clone(), gi.start)) {
-                continue;
-            }
-            let row = Row::new(
-                "mig",
-                format!(
-                    "{} gi {} (placement {}:{})",
-                    g.uuid, gi.gi_id, gi.start, gi.size
-                ),
-                "GPU instance no journal references",
-            );
-            let (index, gi_id) = (g.index, gi.gi_id);
-            let mig = &mig;
-            cx.act(row, || {
-                mig.destroy_gi(index, gi_id)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            });
-        }
-    }
-}
-
-fn job_id_of(name: &str) -> Option<u64> {
-    name.strip_prefix("job_")?.parse().ok()
-}
-
-fn subdirs(dir: &Path) -> Vec<(String, PathBuf)> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut v: Vec<(String, PathBuf)> = rd
-        .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-        .collect();
-    v.sort();
-    v
-}
-
-fn cgroup_orphans(cx: &mut Ctx, owned: &Owned) {
-    let layout = match tenancy_devices::CgroupLayout::detect() {
-        Ok(l) => l,
-        Err(e) => {
-            cx.rows.push(
-                Row::new(
-                    "cgroup",
-                    "/proc/self/mountinfo",
-                    format!("cannot detect cgroups: {e}"),
-                )
-                .left("cgroups not checked"),
-            );
-            return;
-        }
-    };
-    let roots = [
-        (layout.v2_root.clone(), tenancy_devices::Backend::V2),
-        (layout.v1_devices.clone(), tenancy_devices::Backend::V1),
-    ];
-    for (root, backend) in roots {
-        let Some(root) = root else { continue };
-        let product = root.join(tenancy_devices::job::PRODUCT_DIR);
-        for (tenant, tdir) in subdirs(&product) {
-            if !cx.wanted(&tenant) {
-                continue;
-            }
-            for (name, dir) in subdirs(&tdir) {
-                let Some(job) = job_id_of(&name) else {
-                    continue;
-                };
-                if owned.cgroups.contains(&dir) {
-                    continue;
-                }
-                if owned.unreadable.contains(&job) {
-                    cx.rows.push(
-                        Row::new(
-                            "cgroup",
-                            dir.display().to_string(),
-                            "product cgroup of a job whose journal is unreadable",
-                        )
-                        .job(job)
-                        .tenant(&tenant)
-                        .left(KEPT_UNREADABLE),
-                    );
-                    continue;
-                }
-                let row = Row::new(
-                    "cgroup",
-                    dir.display().to_string(),
-                    "product cgroup no journal owns",
-                )
-                .job(job)
-                .tenant(&tenant);
-                let record = tenancy_devices::DevicesRecord {
-                    job_id: job,
-                    backend,
-                    cgroup_dir: dir.clone(),
-                    owned: true,
-                    policy: tenancy_devices::DevicePolicy {
-                        allow: Vec::new(),
-                        deny_majors: Vec::new(),
-                        deny_devices: Vec::new(),
-                    },
-                    v1: None,
-                    v2: None,
-                    anchored: None,
-                };
-                cx.act(row, || {
-                    tenancy_devices::teardown(&record)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                });
-            }
-        }
-    }
-}
-
-/// `known`: the jobs Slurm still has anywhere in the cluster ([`known_jobs`]).
-fn scratch_orphans(cx: &mut Ctx, owned: &Owned, known: &Result<BTreeSet<u64>, String>) {
-    let root = cx.config.cluster.scratch_root.clone();
-    if !root.is_dir() {
-        return;
-    }
-    let known = match known {
-        Ok(k) => Some(k),
-        Err(why) => {
-            cx.rows.push(
-                Row::new(
-                    "scratch",
-                    root.display().to_string(),
-                    format!("Slurm cannot be asked which jobs it still has: {why}"),
-                )
-                .left(
-                    "job folders not checked (on a scratch_root the nodes share, they may be \
-                     jobs running on other nodes)",
-                ),
-            );
-            None
-        }
-    };
-    for (tenant, tdir) in subdirs(&root).into_iter().filter(|_| known.is_some()) {
-        if !cx.wanted(&tenant) || tenancy_scratch::validate_tenant_name(&tenant).is_err() {
-            continue;
-        }
-        let gid = match std::fs::symlink_metadata(&tdir) {
-            Ok(m) => std::os::unix::fs::MetadataExt::gid(&m),
-            Err(_) => continue,
-        };
-        for (name, dir) in subdirs(&tdir) {
-            let Some(job) = job_id_of(&name) else {
-                continue;
-            };
-            // Owned here, or a job Slurm still has, here or on another node sharing the
-            // scratch_root.
-            if owned.scratch.contains(&(tenant.clone(), job))
-                || known.is_some_and(|k| k.contains(&job))
-            {
-                continue;
-            }
-            if owned.unreadable.contains(&job) {
-                cx.rows.push(
-                    Row::new(
-                        "scratch",
-                        dir.display().to_string(),
-                        "job folder of a job whose journal is unreadable",
-                    )
-                    .job(job)
-                    .tenant(&tenant)
-                    .left(KEPT_UNREADABLE),
-                );
-                continue;
-            }
-            let row = Row::new(
-                "scratch",
-                dir.display().to_string(),
-                "job folder no journal owns",
-            )
-            .job(job)
-            .tenant(&tenant);
-            let spec = tenancy_scratch::ScratchSpec {
-                root: root.clone(),
-                tenant: tenant.clone(),
-                tenant_gid: gid,
-                job_id: job,
-                uid: 65534,
-                gid: 65534,
-                mode: tenancy_scratch::DEFAULT_JOB_MODE,
-                quota: None,
-                tenant_groups: Vec::new(),
-            };
-            cx.act(row, || {
-                tenancy_scratch::wipe(&spec)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            });
-        }
-    }
-    // Retained folders: the longest retention of any tier, so no tenant loses data early.
-    let days = cx
-        .config
-        .tiers
-        .values()
-        .map(|t| u64::from(t.retain_days))
-        .max()
-        .unwrap_or(0);
-    match tenancy_scratch::purge_retained(&root, days, SystemTime::now(), !cx.apply) {
-        Err(e) => cx.rows.push(
-            Row::new(
-                "retained",
-                root.display().to_string(),
-                format!("cannot purge: {e}"),
-            )
-            .left("retained folders not checked"),
-        ),
-        Ok(actions) => {
-            let past = |path: &Path, tenant: &str, job_id: u64, age_days: u64| {
-                Row::new(
-                    "retained",
-                    path.display().to_string(),
-                    format!("retained {age_days} day(s), past {days}"),
-                )
-                .job(job_id)
-                .tenant(tenant)
-            };
-            for a in actions {
-                match a {
-                    tenancy_scratch::Action::Remove {
-                        path,
-                        tenant,
-                        job_id,
-                        age_days,
-                        dry_run,
-                        ..
-                    } => {
-                        let mut row = past(&path, &tenant, job_id, age_days);
-                        if dry_run {
-                            row.action = "would remove".into();
-                            row.left = true;
-                        } else {
-                            row.action = "removed".into();
-                            cx.audit(&row, true);
-                        }
-                        cx.rows.push(row);
-                    }
-                    tenancy_scratch::Action::Skip { path, reason } => {
-                        cx.rows.push(
-                            Row::new("retained", path.display().to_string(), reason)
-                                .left("not ours or unsafe"),
-                        );
-                    }
-                    tenancy_scratch::Action::Failed {
-                        path,
-                        tenant,
-                        job_id,
-                        age_days,
-                        error,
-                        ..
-                    } => {
-                        let mut row = past(&path, &tenant, job_id, age_days);
-                        row.action = format!("failed: {error}");
-                        row.left = true;
-                        cx.audit(&row, false);
-                        cx.rows.push(row);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Runs reconcile on this node with `config`.
 pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     let node = match &args.node {
         Some(n) => n.clone(),
@@ -710,6 +335,71 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     // Slurm is asked after the lock is held: every journal on disk is older than its answer.
     let running = running_jobs(&args, &node);
     let known = known_jobs(&args);
+    let found = find_journals(&mut cx, &journals, &args, &running)?;
+    if let Err(why) = &running {
+        cx.rows.push(
+            Row::new(
+                "slurm",
+                args.squeue.display().to_string(),
+                format!("Slurm cannot be asked: {why}"),
+            )
+            .left(format!(
+                "{} journal(s) not checked, none touched",
+                found.live.len()
+            )),
+        );
+    }
+    let mut node_layers = layers::for_node(config);
+    tear_down_dead(&mut cx, &mut node_layers, &journals, found.dead);
+    if args.apply {
+        rebuild_occupancy(&mut cx, &journals);
+    }
+    find_orphans(
+        &mut cx,
+        &mut node_layers,
+        &journals,
+        found.live,
+        found.dry_from_log,
+        found.unreadable,
+        &known,
+    );
+    let left = cx.rows.iter().any(|r| r.left);
+    Rows {
+        headers: &["kind", "job", "tenant", "resource", "finding", "action"],
+        rows: &cx.rows,
+        cells: |r: &Row| {
+            vec![
+                r.kind.clone(),
+                r.job_id.map(|j| j.to_string()).unwrap_or_default(),
+                r.tenant.clone().unwrap_or_default(),
+                r.resource.clone(),
+                r.finding.clone(),
+                r.action.clone(),
+            ]
+        },
+    }
+    .print(args.format)?;
+    if cx.rows.is_empty() && args.format == Format::Table {
+        println!("node {node}: nothing to reconcile");
+    }
+    if args.apply && !left {
+        crate::metrics::mark_reconciled(journals.path());
+    }
+    Ok(if left {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Restores what the intent log holds and reads every journal, sorted by whether Slurm still
+/// runs the job; the unreadable ones are reported.
+fn find_journals(
+    cx: &mut Ctx,
+    journals: &JournalDir,
+    args: &ReconcileArgs,
+    running: &Result<BTreeSet<u64>, String>,
+) -> anyhow::Result<Found> {
     // After a power loss a journal file written since the last sync may be gone or empty; the
     // intent log holds every job's intents on disk (restored with --apply, considered either way).
     let (restored, unreadable_records) = journals
@@ -758,7 +448,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     let mut live = Vec::new();
     let mut dead = Vec::new();
     for j in from_log {
-        match &running {
+        match running {
             Ok(r) if !r.contains(&j.job_id) => dead.push(j),
             _ => live.push(j),
         }
@@ -768,7 +458,7 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             continue;
         }
         match journals.load(id) {
-            Ok(Some(j)) => match &running {
+            Ok(Some(j)) => match running {
                 Ok(r) if !r.contains(&id) => dead.push(j),
                 _ => live.push(j),
             },
@@ -787,20 +477,21 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    if let Err(why) = &running {
-        cx.rows.push(
-            Row::new(
-                "slurm",
-                args.squeue.display().to_string(),
-                format!("Slurm cannot be asked: {why}"),
-            )
-            .left(format!(
-                "{} journal(s) not checked, none touched",
-                live.len()
-            )),
-        );
-    }
-    let mut node_layers = layers::for_node(config);
+    Ok(Found {
+        live,
+        dead,
+        dry_from_log,
+        unreadable,
+    })
+}
+
+/// Tears down the journals of jobs Slurm no longer runs, as their epilogs would.
+fn tear_down_dead(
+    cx: &mut Ctx,
+    node_layers: &mut [Box<dyn Layer + '_>],
+    journals: &JournalDir,
+    dead: Vec<Journal>,
+) {
     for j in dead {
         let row = Row::new(
             "journal",
@@ -823,40 +514,56 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         )
         .job(j.job_id)
         .tenant(&j.tenant);
-        let journals = &journals;
-        let layers = &mut node_layers;
+        let layers = &mut *node_layers;
         cx.act(row, move || teardown_journal(layers, journals, j));
     }
-    // The occupancy index is derived from the journals; an epilog killed mid-teardown (or a
-    // crash, the index is not synced) can leave an entry without a journal, which would keep
-    // refusing tiers that do not share the node. Rewritten from the journals that remain.
-    if args.apply {
-        let index = journals.path().join("occupancy").display().to_string();
-        match journals.rebuild_occupancy_index() {
-            Ok(None) => {}
-            Ok(Some((old, new))) => {
-                let list = |v: &[u64]| {
-                    if v.is_empty() {
-                        "none".to_string()
-                    } else {
-                        v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
-                    }
-                };
-                let was = old.map_or_else(|| "missing or damaged".to_string(), |o| list(&o));
-                let mut row = Row::new(
-                    "occupancy",
-                    index,
-                    format!("listed jobs {was}; the journals hold {}", list(&new)),
-                );
-                row.action = "rebuilt".into();
-                cx.rows.push(row);
-            }
-            Err(e) => cx.rows.push(
-                Row::new("occupancy", index, format!("cannot be rebuilt: {e}"))
-                    .left("kept as it is (its entries still refuse sharing); rerun once every journal reads"),
-            ),
+}
+
+/// The occupancy index is derived from the journals; an epilog killed mid-teardown (or a
+/// crash, the index is not synced) can leave an entry without a journal, which would keep
+/// refusing tiers that do not share the node. Rewritten from the journals that remain.
+fn rebuild_occupancy(cx: &mut Ctx, journals: &JournalDir) {
+    let index = journals.path().join("occupancy").display().to_string();
+    match journals.rebuild_occupancy_index() {
+        Ok(None) => {}
+        Ok(Some((old, new))) => {
+            let list = |v: &[u64]| {
+                if v.is_empty() {
+                    "none".to_string()
+                } else {
+                    v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                }
+            };
+            let was = old.map_or_else(|| "missing or damaged".to_string(), |o| list(&o));
+            let mut row = Row::new(
+                "occupancy",
+                index,
+                format!("listed jobs {was}; the journals hold {}", list(&new)),
+            );
+            row.action = "rebuilt".into();
+            cx.rows.push(row);
         }
+        Err(e) => cx.rows.push(
+            Row::new("occupancy", index, format!("cannot be rebuilt: {e}")).left(
+                "kept as it is (its entries still refuse sharing); rerun once every journal reads",
+            ),
+        ),
     }
+}
+
+/// Reports (and with --apply removes) what no remaining journal owns: each layer of this
+/// build searches the node for what it makes ([`Layer::orphans`]) and says what the journals
+/// claim ([`Layer::claims`]).
+#[allow(clippy::too_many_arguments)]
+fn find_orphans(
+    cx: &mut Ctx,
+    node_layers: &mut [Box<dyn Layer + '_>],
+    journals: &JournalDir,
+    live: Vec<Journal>,
+    dry_from_log: Vec<Journal>,
+    mut unreadable: BTreeSet<u64>,
+    known: &Result<BTreeSet<u64>, String>,
+) {
     // Orphans are judged against the journals that remain (live ones and failed teardowns).
     let mut remaining = live;
     for j in dry_from_log {
@@ -873,39 +580,37 @@ pub fn run(config: &Config, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     }
     // In a dry run the dead journals still exist: their resources are reported with them, not
     // a second time as orphans.
-    let owned = Owned {
-        unreadable,
-        ..owned_by(&remaining)
+    let owned = owned_by(node_layers, &remaining, &mut unreadable);
+    let tenants = cx.tenants.clone();
+    let scope = OrphanScope {
+        owned: &owned,
+        unreadable: &unreadable,
+        known,
+        tenants: &tenants,
+        apply: cx.apply,
     };
-    mig_orphans(&mut cx, &owned);
-    cgroup_orphans(&mut cx, &owned);
-    scratch_orphans(&mut cx, &owned, &known);
-
-    let left = cx.rows.iter().any(|r| r.left);
-    Rows {
-        headers: &["kind", "job", "tenant", "resource", "finding", "action"],
-        rows: &cx.rows,
-        cells: |r: &Row| {
-            vec![
-                r.kind.clone(),
-                r.job_id.map(|j| j.to_string()).unwrap_or_default(),
-                r.tenant.clone().unwrap_or_default(),
-                r.resource.clone(),
-                r.finding.clone(),
-                r.action.clone(),
-            ]
-        },
+    for layer in node_layers.iter_mut() {
+        for o in layer.orphans(&scope) {
+            let mut row = Row::new(o.kind, o.resource, o.finding);
+            row.job_id = o.job;
+            row.tenant = o.tenant;
+            match o.what {
+                OrphanAction::Left(why) => cx.rows.push(row.left(why)),
+                OrphanAction::Remove(remove) => cx.act(row, remove),
+                OrphanAction::Done {
+                    action,
+                    ok,
+                    left,
+                    audit,
+                } => {
+                    row.action = action;
+                    row.left = left;
+                    if audit {
+                        cx.audit(&row, ok);
+                    }
+                    cx.rows.push(row);
+                }
+            }
+        }
     }
-    .print(args.format)?;
-    if cx.rows.is_empty() && args.format == Format::Table {
-        println!("node {node}: nothing to reconcile");
-    }
-    if args.apply && !left {
-        crate::metrics::mark_reconciled(journals.path());
-    }
-    Ok(if left {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
 }

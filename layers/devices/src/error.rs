@@ -93,3 +93,12 @@ impl From<tenancy_cgroup::CgroupError> for Error {
         }
     }
 }
+
+impl From<tenancy_config::device_class::BadClass> for Error {
+    fn from(e: tenancy_config::device_class::BadClass) -> Self {
+        Error::BadClass {
+            text: e.text,
+            msg: e.msg,
+        }
+    }
+}

@@ -12,7 +12,6 @@
 #![allow(clippy::result_large_err)]
 
 pub mod choose;
-pub mod cli;
 pub mod error;
 mod nvml;
 pub mod plan;

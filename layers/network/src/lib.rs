@@ -9,9 +9,7 @@
 //!   touched per job, so their cost does not depend on the number of jobs;
 //! * [`counters`] reads the per-tenant drop counters.
 
-pub mod cli;
 mod cross;
-mod dest;
 mod layout;
 mod nft;
 mod nl;
@@ -24,10 +22,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use cross::{address_label, CrossNode, Ipv4Net, NodeAddr};
-pub use dest::{Dest, DestError, Proto};
 pub use layout::{CgroupLayout, NFT_CGROUP_BASE};
 pub use ruleset::{counter_name, replace_script, ruleset, LOG_RATE_PER_SEC};
 pub use tenancy_cgroup::SlurmScope;
+/// Destinations are config values: the type is the config's.
+pub use tenancy_config::dest::{self, Dest, DestError, Proto};
 
 /// Extended attribute set on each tenant cgroup after a successful [`apply`]; its value is the
 /// table name. A tenant directory without it was created (or re-created) after the table was

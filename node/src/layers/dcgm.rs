@@ -8,9 +8,8 @@
 //! of the folder that lists the job loses that line.
 
 use crate::journal::Journal;
-use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
+use crate::layer::{JobPlan, LayerError, LayerResult, TypedLayer};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -21,51 +20,51 @@ pub struct DcgmMapping {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Intent {
+pub struct Intent {
     dir: PathBuf,
     job_id: u64,
 }
 
 #[derive(Serialize, Deserialize)]
-struct Made {
+pub struct Made {
     /// The file's name in `dir`: `<gpu>.<gi>`.
     file: String,
 }
 
-impl Layer for DcgmMapping {
+impl TypedLayer for DcgmMapping {
+    type Intent = Intent;
+    type Made = Made;
+
     fn name(&self) -> &'static str {
         "dcgm"
     }
 
-    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Intent>> {
         match (&self.dir, &plan.profile) {
-            (Some(dir), Some(_)) => Ok(Some(serde_json::to_value(Intent {
+            (Some(dir), Some(_)) => Ok(Some(Intent {
                 dir: dir.clone(),
                 job_id: plan.job_id,
-            })?)),
+            })),
             _ => Ok(None),
         }
     }
 
-    fn make(&mut self, intent: &Value, journal: &Journal) -> LayerResult<Value> {
-        let intent: Intent = serde_json::from_value(intent.clone())?;
-        let mig = journal.made_by("mig").ok_or_else(|| {
+    fn make(&mut self, intent: &Intent, journal: &Journal) -> LayerResult<Made> {
+        let mig = super::mig::Made::in_journal(journal).ok_or_else(|| {
             LayerError(format!(
                 "no MIG instance made for job {} to map in {}: the mig layer must run first",
                 intent.job_id,
                 intent.dir.display()
             ))
         })?;
-        let index = |k: &str| {
-            mig.get(k).and_then(Value::as_u64).ok_or_else(|| {
-                LayerError(format!(
-                    "the mig layer's result for job {} has no {k}: cannot name the DCGM \
-                     mapping file",
-                    intent.job_id
-                ))
-            })
-        };
-        let file = format!("{}.{}", index("gpu_index")?, index("gi_id")?);
+        let mig = mig.map_err(|e| {
+            LayerError(format!(
+                "the mig layer's result for job {} cannot be read ({}): cannot name the DCGM \
+                 mapping file",
+                intent.job_id, e.0
+            ))
+        })?;
+        let file = format!("{}.{}", mig.slice.gpu_index, mig.slice.gi_id);
         std::fs::create_dir_all(&intent.dir).map_err(|e| {
             LayerError(format!(
                 "cannot create the DCGM job mapping folder {} (cluster.dcgm_job_mapping_dir): \
@@ -79,16 +78,12 @@ impl Layer for DcgmMapping {
             jobs.push(intent.job_id);
         }
         replace(&path, &jobs)?;
-        Ok(serde_json::to_value(Made { file })?)
+        Ok(Made { file })
     }
 
-    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
-        let intent: Intent = serde_json::from_value(intent.clone())?;
+    fn undo(&mut self, intent: &Intent, made: Option<&Made>) -> LayerResult<()> {
         let files: Vec<PathBuf> = match made {
-            Some(m) => {
-                let m: Made = serde_json::from_value(m.clone())?;
-                vec![intent.dir.join(safe_name(&m.file)?)]
-            }
+            Some(m) => vec![intent.dir.join(safe_name(&m.file)?)],
             // Crashed between the file and the journal's result: look in every file.
             None => match std::fs::read_dir(&intent.dir) {
                 Ok(entries) => entries
@@ -141,10 +136,10 @@ impl Layer for DcgmMapping {
         self.dir.is_some() && plan.profile.is_some()
     }
 
-    fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
-        let dir = intent.get("dir").and_then(Value::as_str).unwrap_or("");
-        match made.and_then(|m| m.get("file")).and_then(Value::as_str) {
-            Some(f) => format!("{dir}/{f}"),
+    fn resource_id(&self, intent: &Intent, made: Option<&Made>) -> String {
+        let dir = intent.dir.display();
+        match made {
+            Some(m) => format!("{dir}/{}", m.file),
             None => dir.to_string(),
         }
     }

@@ -2,9 +2,11 @@
 //! allows); every other NVIDIA device is denied. The rules live in a product-owned cgroup per
 //! job (v2 BPF program on cgroup2, else v1 devices rules) that every task joins.
 
+use crate::contract::TaskEntry;
 use crate::journal::Journal;
-use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
-use serde_json::Value;
+use crate::layer::{
+    Claim, JobPlan, LayerError, LayerResult, Orphan, OrphanScope, TypedLayer, KEPT_UNREADABLE,
+};
 use tenancy_devices::{
     DeviceClass, DevicePolicy, DevicesRecord, DriverPaths, JobDeviceParams, SliceRef, Target,
 };
@@ -26,7 +28,10 @@ impl Devices {
     }
 }
 
-impl Layer for Devices {
+impl TypedLayer for Devices {
+    type Intent = JobDeviceParams;
+    type Made = DevicesRecord;
+
     fn survives_restart(&self) -> bool {
         false
     }
@@ -38,7 +43,7 @@ impl Layer for Devices {
     // The intent names the job's cgroup, which teardown finds by name; the MIG slice it lets
     // through is only known once the MIG layer has made it, so `make` reads it from the journal.
     // Both intents thus share the job's one durable journal write.
-    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<JobDeviceParams>> {
         let extra = plan
             .tier
             .device_classes
@@ -57,44 +62,44 @@ impl Layer for Devices {
             driver: self.driver.clone(),
             target: self.target()?,
         };
-        Ok(Some(serde_json::to_value(params)?))
+        Ok(Some(params))
     }
 
-    fn make(&mut self, intent: &Value, journal: &Journal) -> LayerResult<Value> {
-        let mut params: JobDeviceParams = serde_json::from_value(intent.clone())?;
-        if let Some(m) = journal.made_by("mig") {
+    fn make(&mut self, intent: &JobDeviceParams, journal: &Journal) -> LayerResult<DevicesRecord> {
+        let mut params = intent.clone();
+        if let Some(m) = super::mig::Made::in_journal(journal) {
+            let m = m.map_err(|e| {
+                LayerError(format!(
+                    "the MIG slice in the journal cannot be read: {}",
+                    e.0
+                ))
+            })?;
             params.slices = vec![SliceRef {
-                gpu_minor: field(m, "gpu_minor")?,
-                gi_id: field(m, "gi_id")?,
-                ci_id: field(m, "ci_id")?,
+                gpu_minor: m.slice.gpu_minor,
+                gi_id: m.slice.gi_id,
+                ci_id: m.slice.ci_id,
             }];
         }
         let programs = self
             .programs_file
             .clone()
             .and_then(|f| tenancy_devices::job::programs_for(&params.target, f));
-        let record = tenancy_devices::job::setup_sharing(&params, programs.as_ref())?;
-        let mut made = serde_json::to_value(&record)?;
-        if record.anchored.is_some() {
-            // Anchored in Slurm's job folder: its processes stay where Slurm put them.
-            made["join_cgroups"] = serde_json::json!([]);
-            made["anchor"] = serde_json::json!(record.cgroup_dir);
-        } else {
-            made["join_cgroups"] = serde_json::json!([record.cgroup_dir]);
-        }
-        Ok(made)
+        Ok(tenancy_devices::job::setup_sharing(
+            &params,
+            programs.as_ref(),
+        )?)
     }
 
-    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
+    fn undo(&mut self, intent: &JobDeviceParams, made: Option<&DevicesRecord>) -> LayerResult<()> {
         let record: DevicesRecord = match made {
-            Some(m) => serde_json::from_value(m.clone())?,
+            Some(m) => m.clone(),
             None => {
                 // Stopped before the result was journaled: the owned cgroup is found by name,
                 // and our programs on it by their tag.
-                let params: JobDeviceParams = serde_json::from_value(intent.clone())?;
+                let params = intent;
                 if let Target::Anchored { scope } = &params.target {
                     // Found by the id of Slurm's job folder while it exists; once Slurm
-                    // removed it, `tenancyctl reconcile` finds the entry of no folder.
+                    // removed it, the entry stays until the node program is replaced.
                     let dir = scope.job_dir(params.job_id);
                     let Ok(cgroup_id) = tenancy_cgroup::slurm::cgroup_id(&dir) else {
                         return Ok(());
@@ -138,17 +143,123 @@ impl Layer for Devices {
         Ok(())
     }
 
-    fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
-        made.and_then(|m| m.get("cgroup_dir"))
-            .and_then(Value::as_str)
-            .map(String::from)
-            .unwrap_or_else(|| format!("devices job {}", intent["job_id"]))
+    fn resource_id(&self, intent: &JobDeviceParams, made: Option<&DevicesRecord>) -> String {
+        made.map(|m| m.cgroup_dir.display().to_string())
+            .unwrap_or_else(|| format!("devices job {}", intent.job_id))
     }
-}
 
-fn field(v: &Value, name: &str) -> LayerResult<u32> {
-    v.get(name)
-        .and_then(Value::as_u64)
-        .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| LayerError(format!("the MIG slice in the journal has no valid {name}")))
+    /// Every task joins the job's cgroup, which the allowlist is attached to; anchored in
+    /// Slurm's job folder (pure cgroup v2), it is checked to be below it instead.
+    fn task_entry(&self, made: &DevicesRecord) -> TaskEntry {
+        match made.anchored {
+            Some(_) => TaskEntry {
+                anchor: Some(made.cgroup_dir.clone()),
+                ..TaskEntry::default()
+            },
+            None => TaskEntry {
+                join_cgroups: vec![made.cgroup_dir.clone()],
+                ..TaskEntry::default()
+            },
+        }
+    }
+
+    /// The recorded cgroup, and the one the intent names (found by name when the result was
+    /// not recorded).
+    fn claims(&self, intent: &JobDeviceParams, made: Option<&DevicesRecord>) -> Vec<Claim> {
+        let mut v: Vec<Claim> = made
+            .map(|m| Claim::Cgroup(m.cgroup_dir.clone()))
+            .into_iter()
+            .collect();
+        match &intent.target {
+            Target::Owned { root, .. } => {
+                if let Ok(d) = tenancy_devices::job::owned_dir(root, &intent.tenant, intent.job_id)
+                {
+                    v.push(Claim::Cgroup(d));
+                }
+            }
+            Target::Existing { dir, .. } => v.push(Claim::Cgroup(dir.clone())),
+            Target::Anchored { scope } => v.push(Claim::Cgroup(scope.job_dir(intent.job_id))),
+        }
+        v
+    }
+
+    /// Job cgroups under the product's folder (`tenancy/<tenant>/job_<id>`, the one the
+    /// device allowlist and the firewall key on) that no journal claims.
+    fn orphans(&mut self, scope: &OrphanScope) -> Vec<Orphan> {
+        let layout = match tenancy_devices::CgroupLayout::detect() {
+            Ok(l) => l,
+            Err(e) => {
+                return vec![Orphan::new(
+                    "cgroup",
+                    "/proc/self/mountinfo",
+                    format!("cannot detect cgroups: {e}"),
+                )
+                .left("cgroups not checked")]
+            }
+        };
+        let roots = [
+            (layout.v2_root.clone(), tenancy_devices::Backend::V2),
+            (layout.v1_devices.clone(), tenancy_devices::Backend::V1),
+        ];
+        let mut out = Vec::new();
+        for (root, backend) in roots {
+            let Some(root) = root else { continue };
+            let product = root.join(tenancy_devices::job::PRODUCT_DIR);
+            for (tenant, tdir) in super::subdirs(&product) {
+                if !scope.wanted(&tenant) {
+                    continue;
+                }
+                for (name, dir) in super::subdirs(&tdir) {
+                    let Some(job) = super::job_id_of(&name) else {
+                        continue;
+                    };
+                    if scope.owned.contains(&Claim::Cgroup(dir.clone())) {
+                        continue;
+                    }
+                    if scope.unreadable.contains(&job) {
+                        out.push(
+                            Orphan::new(
+                                "cgroup",
+                                dir.display().to_string(),
+                                "product cgroup of a job whose journal is unreadable",
+                            )
+                            .job(job)
+                            .tenant(&tenant)
+                            .left(KEPT_UNREADABLE),
+                        );
+                        continue;
+                    }
+                    let record = DevicesRecord {
+                        job_id: job,
+                        backend,
+                        cgroup_dir: dir.clone(),
+                        owned: true,
+                        policy: DevicePolicy {
+                            allow: Vec::new(),
+                            deny_majors: Vec::new(),
+                            deny_devices: Vec::new(),
+                        },
+                        v1: None,
+                        v2: None,
+                        anchored: None,
+                    };
+                    out.push(
+                        Orphan::new(
+                            "cgroup",
+                            dir.display().to_string(),
+                            "product cgroup no journal owns",
+                        )
+                        .job(job)
+                        .tenant(&tenant)
+                        .remove(move || {
+                            tenancy_devices::teardown(&record)
+                                .map(|_| ())
+                                .map_err(|e| e.to_string())
+                        }),
+                    );
+                }
+            }
+        }
+        out
+    }
 }

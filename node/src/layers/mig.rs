@@ -5,11 +5,35 @@
 //! journals. When slurmctld allocated a plan slot (GPU GRES, SLURM_JOB_GPUS), exactly that slot
 //! is created, so Slurm's accounting and the placement always agree.
 
+use crate::contract::TaskEntry;
 use crate::journal::{Journal, JournalDir};
-use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
-use serde_json::Value;
+use crate::layer::{
+    AuditSummary, Claim, JobPlan, LayerError, LayerResult, Orphan, OrphanScope, TypedLayer,
+};
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use tenancy_mig::{Mig, MigIntent, MigSlice, NodePlan, Occupant, Request};
+
+/// The MIG layer's journaled result: the slice, with its profile and compute slices (the
+/// accounting unit).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Made {
+    #[serde(flatten)]
+    pub slice: MigSlice,
+    #[serde(default)]
+    pub profile: String,
+    #[serde(default)]
+    pub compute_slices: u32,
+}
+
+impl Made {
+    /// The MIG layer's result in `journal`, if it made one (for the layers that build on it).
+    pub fn in_journal(journal: &Journal) -> Option<LayerResult<Made>> {
+        journal
+            .made_by("mig")
+            .map(|m| serde_json::from_value(m.clone()).map_err(LayerError::from))
+    }
+}
 
 pub struct MigLayer {
     pub library: Option<PathBuf>,
@@ -59,17 +83,16 @@ impl MigLayer {
         })?;
         Ok(journals
             .iter()
-            .filter_map(|j| j.made_by("mig"))
-            .filter_map(|m| {
-                let uuid = m.get("gpu_uuid")?.as_str()?.to_string();
-                let gi = u32::try_from(m.get("gi_id")?.as_u64()?).ok()?;
-                Some((uuid, gi))
-            })
+            .filter_map(|j| Made::in_journal(j)?.ok())
+            .map(|m| (m.slice.gpu_uuid, m.slice.gi_id))
             .collect())
     }
 }
 
-impl Layer for MigLayer {
+impl TypedLayer for MigLayer {
+    type Intent = MigIntent;
+    type Made = Made;
+
     fn survives_restart(&self) -> bool {
         false
     }
@@ -78,7 +101,7 @@ impl Layer for MigLayer {
         "mig"
     }
 
-    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<MigIntent>> {
         let Some(profile) = plan.profile.clone() else {
             return Ok(None);
         };
@@ -101,26 +124,20 @@ impl Layer for MigLayer {
             tenant: plan.tenant.clone(),
             share_gpu: plan.tier.share_gpu,
         };
-        let intent = self.nvml()?.choose(&request, &occupants)?;
-        Ok(Some(serde_json::to_value(intent)?))
+        Ok(Some(self.nvml()?.choose(&request, &occupants)?))
     }
 
-    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
-        let intent: MigIntent = serde_json::from_value(intent.clone())?;
-        let slice = self.nvml()?.create(&intent)?;
-        let compute_slices = compute_slices(&intent.profile);
-        let mut made = serde_json::to_value(&slice)?;
-        made["profile"] = intent.profile.clone().into();
-        made["compute_slices"] = compute_slices.unwrap_or(0).into();
-        Ok(made)
+    fn make(&mut self, intent: &MigIntent, _: &Journal) -> LayerResult<Made> {
+        let slice = self.nvml()?.create(intent)?;
+        Ok(Made {
+            slice,
+            profile: intent.profile.clone(),
+            compute_slices: compute_slices(&intent.profile).unwrap_or(0),
+        })
     }
 
-    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
-        let intent: MigIntent = serde_json::from_value(intent.clone())?;
-        let made: Option<MigSlice> = match made {
-            Some(v) => Some(serde_json::from_value(v.clone())?),
-            None => None,
-        };
+    fn undo(&mut self, intent: &MigIntent, made: Option<&Made>) -> LayerResult<()> {
+        let made: Option<&MigSlice> = made.map(|m| &m.slice);
         // No recorded result (the prolog stopped before it journaled one): the GI is looked
         // for at the intended placement, which another job may hold since. (Teardown runs
         // under the node lock: no slice is made meanwhile.)
@@ -129,7 +146,7 @@ impl Layer for MigLayer {
             None => self.made_slices()?,
         };
         self.nvml()?
-            .destroy_leaving(&intent, made.as_ref(), &claimed)
+            .destroy_leaving(intent, made, &claimed)
             .map(|_| ())
             .map_err(LayerError::from)
     }
@@ -143,12 +160,122 @@ impl Layer for MigLayer {
         plan.profile.is_some()
     }
 
-    fn resource_id(&self, intent: &Value, made: Option<&Value>) -> String {
-        made.and_then(|m| m.get("mig_uuid"))
-            .or_else(|| intent.get("gpu_uuid"))
-            .and_then(Value::as_str)
-            .unwrap_or("mig")
-            .to_string()
+    fn resource_id(&self, intent: &MigIntent, made: Option<&Made>) -> String {
+        made.map(|m| m.slice.mig_uuid.clone())
+            .unwrap_or_else(|| intent.gpu_uuid.clone())
+    }
+
+    /// The slice is the job's one visible GPU.
+    fn task_entry(&self, made: &Made) -> TaskEntry {
+        let uuid = made.slice.mig_uuid.clone();
+        TaskEntry {
+            join_cgroups: Vec::new(),
+            env: vec![
+                ("CUDA_VISIBLE_DEVICES".into(), uuid.clone()),
+                ("NVIDIA_VISIBLE_DEVICES".into(), uuid),
+            ],
+            anchor: None,
+        }
+    }
+
+    fn audit_summary(&self, _: &MigIntent, made: Option<&Made>) -> AuditSummary {
+        AuditSummary {
+            gpu: made.map(|m| m.slice.gpu_uuid.clone()),
+            compute_slices: made.map(|m| m.compute_slices),
+            firewall_table: None,
+        }
+    }
+
+    /// The made instance, and the intended placement (an instance found there without a
+    /// recorded result may be this job's).
+    fn claims(&self, intent: &MigIntent, made: Option<&Made>) -> Vec<Claim> {
+        let mut v: Vec<Claim> = made
+            .map(|m| Claim::GpuInstance {
+                gpu_uuid: m.slice.gpu_uuid.clone(),
+                gi_id: m.slice.gi_id,
+            })
+            .into_iter()
+            .collect();
+        v.push(Claim::Placement {
+            gpu_uuid: intent.gpu_uuid.clone(),
+            start: intent.placement_start,
+        });
+        v
+    }
+
+    /// GPU instances no journal records as made, nor intends at their placement.
+    fn orphans(&mut self, scope: &OrphanScope) -> Vec<Orphan> {
+        if self.library.is_none() && !std::path::Path::new("/dev/nvidiactl").exists() {
+            // A node without the NVIDIA driver holds no MIG instance.
+            return Vec::new();
+        }
+        if !scope.unreadable.is_empty() {
+            // A GPU instance names no job: without the journal, none can be told from its
+            // slices.
+            let jobs: Vec<String> = scope.unreadable.iter().map(u64::to_string).collect();
+            return vec![Orphan::new(
+                "mig",
+                "MIG instances",
+                format!(
+                    "the journal of job(s) {} is unreadable: which GPU instances they hold is \
+                     unknown",
+                    jobs.join(", ")
+                ),
+            )
+            .left("MIG instances not checked")];
+        }
+        let mig = match Mig::open(self.library.as_deref()) {
+            Ok(m) => std::rc::Rc::new(m),
+            Err(e) => {
+                return vec![
+                    Orphan::new("nvml", "NVML", format!("cannot open NVML: {e}"))
+                        .left("MIG instances not checked"),
+                ]
+            }
+        };
+        let gpus = match mig.instances() {
+            Ok(g) => g,
+            Err(e) => {
+                return vec![
+                    Orphan::new("nvml", "NVML", format!("cannot list MIG instances: {e}"))
+                        .left("MIG instances not checked"),
+                ]
+            }
+        };
+        let mut out = Vec::new();
+        for g in gpus {
+            for gi in &g.instances {
+                let made = Claim::GpuInstance {
+                    gpu_uuid: g.uuid.clone(),
+                    gi_id: gi.gi_id,
+                };
+                let intended = Claim::Placement {
+                    gpu_uuid: g.uuid.clone(),
+                    start: gi.start,
+                };
+                if scope.owned.contains(&made) || scope.owned.contains(&intended) {
+                    continue;
+                }
+                let (index, gi_id) = (g.index, gi.gi_id);
+                let mig = mig.clone();
+                out.push(
+                    Orphan::new(
+                        "mig",
+                        format!(
+                            "{} gi {} (placement {}:{})",
+                            g.uuid, gi.gi_id, gi.start, gi.size
+                        ),
+                        "GPU instance no journal references",
+                    )
+                    .remove(move || {
+                        mig.destroy_gi(index, gi_id)
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    }),
+                );
+            }
+        }
+        out
     }
 }
 

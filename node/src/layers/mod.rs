@@ -4,7 +4,7 @@
 
 mod dcgm;
 mod devices;
-mod mig;
+pub mod mig;
 pub mod network;
 mod scratch;
 
@@ -47,4 +47,23 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
             dir: config.cluster.dcgm_job_mapping_dir.clone(),
         }),
     ]
+}
+
+/// The subfolders of `dir` (name, path), sorted; none when it cannot be read.
+fn subdirs(dir: &std::path::Path) -> Vec<(String, std::path::PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(String, std::path::PathBuf)> = rd
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The job of a folder named `job_<id>`.
+fn job_id_of(name: &str) -> Option<u64> {
+    name.strip_prefix("job_")?.parse().ok()
 }

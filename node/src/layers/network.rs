@@ -2,10 +2,10 @@
 //! `tenancy/<tenant>/job_<id>`; the per-tenant nftables rules are static (loaded by
 //! `tenancyctl firewall apply`), so starting a job is one mkdir and never touches the ruleset.
 
+use crate::contract::TaskEntry;
 use crate::journal::{Journal, JournalDir};
-use crate::layer::{JobPlan, Layer, LayerError, LayerResult};
+use crate::layer::{AuditSummary, Claim, JobPlan, LayerError, LayerResult, TypedLayer};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tenancy_config::Config;
 use tenancy_network::{CgroupLayout, CrossNode, FirewallSpec, JobNet, SlurmScope, TenantNet};
 
@@ -57,7 +57,7 @@ pub struct Network<'c> {
 
 /// Everything `undo` needs, without the config.
 #[derive(Serialize, Deserialize)]
-struct Intent {
+pub struct Intent {
     table_name: String,
     cgroup: CgroupLayout,
     tenant: String,
@@ -94,7 +94,10 @@ impl Network<'_> {
     }
 }
 
-impl Layer for Network<'_> {
+impl TypedLayer for Network<'_> {
+    type Intent = Intent;
+    type Made = JobNet;
+
     fn survives_restart(&self) -> bool {
         false
     }
@@ -103,37 +106,28 @@ impl Layer for Network<'_> {
         "network"
     }
 
-    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Value>> {
+    fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Intent>> {
         let spec = self.spec()?;
-        Ok(Some(serde_json::to_value(Intent {
+        Ok(Some(Intent {
             table_name: spec.table_name.clone(),
             cgroup: spec.cgroup.clone(),
             tenant: plan.tenant.clone(),
             job_id: plan.job_id,
             slurm: spec.slurm.clone(),
-        })?))
+        }))
     }
 
-    fn make(&mut self, intent: &Value, _: &Journal) -> LayerResult<Value> {
-        let intent: Intent = serde_json::from_value(intent.clone())?;
-        let job: JobNet = tenancy_network::add_job(self.spec()?, &intent.tenant, intent.job_id)?;
-        let mut made = serde_json::to_value(&job)?;
-        if job.cgroup_id.is_some() {
-            // Anchored in Slurm's job folder: its processes stay where Slurm put them.
-            made["join_cgroups"] = serde_json::json!([]);
-            made["anchor"] = serde_json::json!(job.cgroup_path);
-        } else {
-            made["join_cgroups"] = serde_json::json!([job.cgroup_path]);
-        }
-        Ok(made)
+    fn make(&mut self, intent: &Intent, _: &Journal) -> LayerResult<JobNet> {
+        Ok(tenancy_network::add_job(
+            self.spec()?,
+            &intent.tenant,
+            intent.job_id,
+        )?)
     }
 
-    fn undo(&mut self, intent: &Value, made: Option<&Value>) -> LayerResult<()> {
-        let intent: Intent = serde_json::from_value(intent.clone())?;
+    fn undo(&mut self, intent: &Intent, made: Option<&JobNet>) -> LayerResult<()> {
         if let Some(scope) = &intent.slurm {
-            let id = made
-                .and_then(|m| serde_json::from_value::<JobNet>(m.clone()).ok())
-                .and_then(|j| j.cgroup_id);
+            let id = made.and_then(|j| j.cgroup_id);
             tenancy_network::remove_anchored_job(&intent.spec(), scope, intent.job_id, id)?;
             return Ok(());
         }
@@ -141,13 +135,40 @@ impl Layer for Network<'_> {
         Ok(())
     }
 
-    fn resource_id(&self, intent: &Value, _: Option<&Value>) -> String {
-        serde_json::from_value::<Intent>(intent.clone())
-            .map(|i| match &i.slurm {
-                Some(scope) => scope.job_dir(i.job_id).display().to_string(),
-                None => i.cgroup.job_dir(&i.tenant, i.job_id).display().to_string(),
-            })
-            .unwrap_or_else(|_| "network".into())
+    fn resource_id(&self, i: &Intent, _: Option<&JobNet>) -> String {
+        match &i.slurm {
+            Some(scope) => scope.job_dir(i.job_id).display().to_string(),
+            None => i.cgroup.job_dir(&i.tenant, i.job_id).display().to_string(),
+        }
+    }
+
+    /// The firewall keys on the job's cgroup: every task joins it, or, anchored in Slurm's job
+    /// folder (pure cgroup v2), is checked to be below it.
+    fn task_entry(&self, made: &JobNet) -> TaskEntry {
+        match made.cgroup_id {
+            Some(_) => TaskEntry {
+                anchor: Some(made.cgroup_path.clone()),
+                ..TaskEntry::default()
+            },
+            None => TaskEntry {
+                join_cgroups: vec![made.cgroup_path.clone()],
+                ..TaskEntry::default()
+            },
+        }
+    }
+
+    /// The table whose drop counters the job's end record reports.
+    fn audit_summary(&self, intent: &Intent, _: Option<&JobNet>) -> AuditSummary {
+        AuditSummary {
+            firewall_table: Some(intent.table_name.clone()),
+            ..AuditSummary::default()
+        }
+    }
+
+    fn claims(&self, _: &Intent, made: Option<&JobNet>) -> Vec<Claim> {
+        made.map(|m| Claim::Cgroup(m.cgroup_path.clone()))
+            .into_iter()
+            .collect()
     }
 }
 

@@ -1,4 +1,4 @@
-//! `tenancyctl firewall show|apply`: clap arguments and run functions. The lead's binary
+//! `tenancyctl firewall show|apply`: clap arguments and run functions. main.rs
 //! builds the [`FirewallSpec`] from the admin config and dispatches here.
 
 use std::io::Write;
@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Serialize;
 
-use crate::{apply, counters, ruleset, FirewallSpec};
+use tenancy_network::{apply, counters, ruleset, FirewallSpec};
 
 pub use tenancy_output::Format;
 
@@ -200,7 +200,11 @@ pub fn apply_to(
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
     if args.dry_run {
-        write!(out, "{}", crate::replace_script(&spec.for_this_node()?)?)?;
+        write!(
+            out,
+            "{}",
+            tenancy_network::replace_script(&spec.for_this_node()?)?
+        )?;
         return Ok(ExitCode::SUCCESS);
     }
     apply(spec)?;
@@ -218,7 +222,7 @@ pub fn run_apply(spec: &FirewallSpec, args: &ApplyArgs) -> anyhow::Result<ExitCo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CgroupLayout, Dest, TenantNet};
+    use tenancy_network::{CgroupLayout, Dest, TenantNet};
 
     #[test]
     fn dry_run_and_rules_print_scripts() {

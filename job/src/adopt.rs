@@ -7,7 +7,7 @@
 //! isolation as the task hook does a task, or refuses the session ([`session`]).
 
 use crate::task::{self, TaskEnv};
-use tenancy_audit::{AuditLog, Event, Outcome, Record};
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record};
 use tenancy_config::{user_uid, Config};
 
 /// What [`adopt`] did.
@@ -254,7 +254,7 @@ pub fn session(
             )
         }
     };
-    match adopt(config, pid, uid, claimed, tenancy_devices::job::PRODUCT_DIR) {
+    match adopt(config, pid, uid, claimed, tenancy_cgroup::PRODUCT_DIR) {
         Ok(Adopted::NotInJob) => Session::NotInJob,
         Ok(Adopted::Joined {
             job,
@@ -304,7 +304,7 @@ fn record(config: &Config, node: &str, user: &str, uid: u32, source: &str, event
 }
 
 fn append(config: &Config, rec: &mut Record) -> Result<(), String> {
-    crate::spine::append_anchored(config, rec).map(|_| ())
+    crate::audit::append_anchored(config, rec).map(|_| ())
 }
 
 /// The node name this node's audit chain uses: that of the log's last record (the prolog

@@ -2,12 +2,12 @@
 //! into the job's isolation and gives it the job's environment, both read from the journal the
 //! prolog wrote.
 //!
-//! Layers say what a task must join through their made value: `"join_cgroups": [paths]` lists
-//! cgroup directories whose `cgroup.procs` the task is written into (the device allowlist and the
-//! firewall key on them).
+//! Layers say what a task must join and the environment it gets through the contract keys of
+//! their made values ([`crate::contract`]): cgroup directories whose `cgroup.procs` the task is
+//! written into (the device allowlist and the firewall key on them), and variables.
 
+use crate::contract::{self, Facing, TaskEntry};
 use crate::journal::{Journal, JournalDir, StepState};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tenancy_config::Config;
@@ -43,43 +43,16 @@ fn running_journal(config: &Config, job_id: u64) -> Result<Journal, String> {
 /// [`enter`] with the job's journal already read.
 pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
     let job_id = journal.job_id;
-    let mut vars = vec![("TENANCY_TENANT".to_string(), journal.tenant.clone())];
-    let mut gpu = String::new();
-    let mut joined: Vec<&str> = Vec::new();
-    for step in &journal.steps {
-        let made = match (&step.state, &step.made) {
-            (StepState::Made, Some(m)) => m,
-            _ => {
-                return Err(format!(
-                    "job {job_id}: layer {} is not set up (state {:?}); the job must not run",
-                    step.layer, step.state
-                ))
+    let mut joined: Vec<&Path> = Vec::new();
+    let entries = made_entries(journal)?;
+    for (layer, entry) in &entries {
+        for p in &entry.join_cgroups {
+            // Layers may share one cgroup (devices and network key on the job's).
+            if joined.contains(&p.as_path()) {
+                continue;
             }
-        };
-        if let Some(paths) = made.get("join_cgroups").and_then(Value::as_array) {
-            for p in paths.iter().filter_map(Value::as_str) {
-                // Layers may share one cgroup (devices and network key on the job's).
-                if joined.contains(&p) {
-                    continue;
-                }
-                joined.push(p);
-                join(Path::new(p), pid)
-                    .map_err(|e| format!("job {job_id}: layer {}: {e}", step.layer))?;
-            }
-        }
-        match step.layer.as_str() {
-            "mig" => {
-                if let Some(u) = made.get("mig_uuid").and_then(Value::as_str) {
-                    gpu = u.to_string();
-                }
-            }
-            "scratch" => {
-                if let Some(p) = made.get("path").and_then(Value::as_str) {
-                    vars.push(("TMPDIR".into(), p.into()));
-                    vars.push(("TENANCY_SCRATCH".into(), p.into()));
-                }
-            }
-            _ => {}
+            joined.push(p);
+            join(p, pid).map_err(|e| format!("job {job_id}: layer {layer}: {e}"))?;
         }
     }
     let anchors = anchors(journal);
@@ -89,19 +62,54 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
     if u32::try_from(pid) == Ok(std::process::id()) {
         let job_cgroup = joined
             .first()
-            .map(|c| (Path::new(*c), false))
+            .map(|c| (*c, false))
             .or(anchors.first().map(|a| (a.as_path(), true)));
         if let Some((cgroup, below)) = job_cgroup {
             join_job_ipc_of(cgroup, below).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
         }
     }
-    // A job without a slice sees no GPU (its device allowlist denies them all anyway).
-    vars.push(("CUDA_VISIBLE_DEVICES".into(), gpu.clone()));
-    vars.push((
-        "NVIDIA_VISIBLE_DEVICES".into(),
-        if gpu.is_empty() { "void".into() } else { gpu },
-    ));
-    Ok(TaskEnv { vars })
+    Ok(env_of(journal, &entries))
+}
+
+/// The environment every task of the job gets (what [`enter_journal`] returns), without
+/// joining anything; an error when a layer is not set up.
+pub fn job_env(journal: &Journal) -> Result<TaskEnv, String> {
+    Ok(env_of(journal, &made_entries(journal)?))
+}
+
+/// The job's tenant, each layer's variables in layer order, then the variables every task gets
+/// ([`contract::ENV_DEFAULTS`]) with a layer's value or their default.
+fn env_of(journal: &Journal, entries: &[(&str, TaskEntry)]) -> TaskEnv {
+    let mut vars = vec![("TENANCY_TENANT".to_string(), journal.tenant.clone())];
+    let mut defaults: Vec<(String, String)> = contract::ENV_DEFAULTS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for (k, v) in entries.iter().flat_map(|(_, e)| &e.env) {
+        match defaults.iter_mut().find(|(d, _)| d == k) {
+            Some(d) => d.1 = v.clone(),
+            None => vars.push((k.clone(), v.clone())),
+        }
+    }
+    vars.extend(defaults);
+    TaskEnv { vars }
+}
+
+/// What each layer gives a task, in layer order; an error when a layer is not set up.
+fn made_entries(journal: &Journal) -> Result<Vec<(&str, TaskEntry)>, String> {
+    journal
+        .steps
+        .iter()
+        .map(|step| match (&step.state, &step.made) {
+            (StepState::Made, Some(m)) => {
+                Ok((step.layer.as_str(), Facing::task_entry(&step.layer, m)))
+            }
+            _ => Err(format!(
+                "job {}: layer {} is not set up (state {:?}); the job must not run",
+                journal.job_id, step.layer, step.state
+            )),
+        })
+        .collect()
 }
 
 /// Puts slurmstepd itself (and, after Slurm's own plugins placed it, one of its tasks) into the
@@ -159,20 +167,10 @@ pub fn contain_step(
 /// layer is not set up, as for a task.
 pub fn job_cgroups(journal: &Journal) -> Result<Vec<PathBuf>, String> {
     let mut out: Vec<PathBuf> = Vec::new();
-    for step in &journal.steps {
-        let made = match (&step.state, &step.made) {
-            (StepState::Made, Some(m)) => m,
-            _ => {
-                return Err(format!(
-                    "job {}: layer {} is not set up (state {:?}); the job must not run",
-                    journal.job_id, step.layer, step.state
-                ))
-            }
-        };
-        let paths = made.get("join_cgroups").and_then(Value::as_array);
-        for p in paths.into_iter().flatten().filter_map(Value::as_str) {
-            if !out.iter().any(|o| o == Path::new(p)) {
-                out.push(PathBuf::from(p));
+    for (_, entry) in made_entries(journal)? {
+        for p in entry.join_cgroups {
+            if !out.contains(&p) {
+                out.push(p);
             }
         }
     }
@@ -183,10 +181,11 @@ pub fn job_cgroups(journal: &Journal) -> Result<Vec<PathBuf>, String> {
 /// cgroup/v2 plugin: the layers' `"anchor"`), each once.
 pub fn anchors(journal: &Journal) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
-    for m in journal.steps.iter().filter_map(|s| s.made.as_ref()) {
-        if let Some(a) = m.get("anchor").and_then(Value::as_str) {
-            if !out.iter().any(|o| o == Path::new(a)) {
-                out.push(PathBuf::from(a));
+    for step in &journal.steps {
+        let Some(m) = &step.made else { continue };
+        if let Some(a) = Facing::task_entry(&step.layer, m).anchor {
+            if !out.contains(&a) {
+                out.push(a);
             }
         }
     }
@@ -241,7 +240,7 @@ pub const END_WAIT: Duration = Duration::from_secs(5);
 /// its device program is detached. Errors name the layer, the cgroup and the pids left (the
 /// caller names the job).
 pub fn end_tasks(journal: &Journal, wait: Duration) -> Result<(), String> {
-    let mut seen: Vec<&str> = Vec::new();
+    let mut seen: Vec<PathBuf> = Vec::new();
     for step in journal
         .steps
         .iter()
@@ -250,20 +249,19 @@ pub fn end_tasks(journal: &Journal, wait: Duration) -> Result<(), String> {
         let paths = step
             .made
             .as_ref()
-            .and_then(|m| m.get("join_cgroups"))
-            .and_then(Value::as_array);
-        for p in paths.into_iter().flatten().filter_map(Value::as_str) {
+            .map(|m| Facing::task_entry(&step.layer, m).join_cgroups);
+        for p in paths.into_iter().flatten() {
             if seen.contains(&p) {
                 continue;
             }
-            seen.push(p);
-            end_cgroup(Path::new(p), wait).map_err(|e| {
+            end_cgroup(&p, wait).map_err(|e| {
                 format!(
                     "layer {}: {e}; every layer stays until they are gone, then run \
                      `tenancyctl reconcile --apply`",
                     step.layer
                 )
             })?;
+            seen.push(p);
         }
     }
     Ok(())

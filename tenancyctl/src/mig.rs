@@ -1,10 +1,10 @@
 //! `tenancyctl mig ...` subcommands.
 
-use crate::plan::{plan_slots, slurm_lines, NodePlan, PlanGpu};
-use crate::Mig;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tenancy_mig::plan::{plan_slots, slurm_lines, NodePlan, PlanGpu};
+use tenancy_mig::Mig;
 
 pub use tenancy_output::Format;
 
