@@ -31,7 +31,8 @@ pub struct CgroupLayout {
     /// node namespace). nft's `socket cgroupv2 level` counts from the hierarchy's root, so the
     /// tenants' level grows with it. Found by [`CgroupLayout::resolve_mount_depth`] where the
     /// rules are rendered (`firewall apply`), never on the job path, which does not need it.
-    #[serde(default)]
+    /// Not written when 0, so a node's journals keep the layout release 1 wrote.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub mount_depth: u32,
 }
 
@@ -182,4 +183,8 @@ mod tests {
             Err(e) => eprintln!("SKIP: no cgroup2 here: {e}"),
         }
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
