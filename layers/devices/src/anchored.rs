@@ -267,7 +267,7 @@ pub fn add_job(
     let mut v = [0u8; 4];
     let slot = match sys::map_lookup(maps.jobs.as_fd(), &key, &mut v) {
         Ok(()) => u32::from_ne_bytes(v),
-        Err(_) => free_slot(&maps)?,
+        Err(_) => free_slot(&maps, scope_fd.as_fd())?,
     };
     use std::os::fd::AsRawFd;
     let fd = (prog.as_raw_fd() as u32).to_ne_bytes();
@@ -299,28 +299,110 @@ pub fn add_job(
     })
 }
 
-/// The lowest slot no job holds.
-fn free_slot(maps: &NodeMaps) -> Result<u32> {
-    let mut used = Vec::new();
+/// The lowest slot no job holds. When every slot is held, the entries of job folders that no
+/// longer exist (an epilog that never ran, a prolog killed before it journaled the result) are
+/// collected first.
+fn free_slot(maps: &NodeMaps, scope_fd: BorrowedFd<'_>) -> Result<u32> {
+    let free = |maps: &NodeMaps| {
+        let used: Vec<u32> = entries(maps).into_iter().map(|(_, slot)| slot).collect();
+        (0..SLOTS).find(|s| !used.contains(s))
+    };
+    if let Some(s) = free(maps) {
+        return Ok(s);
+    }
+    collect_stale_in(maps, scope_fd)?;
+    free(maps).ok_or_else(|| {
+        Error::Policy(format!(
+            "all {SLOTS} device program slots of this node are held by running jobs"
+        ))
+    })
+}
+
+/// (job cgroup id, slot) of every job in the node program's map.
+fn entries(maps: &NodeMaps) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
     let mut key: Option<[u8; 8]> = None;
     loop {
         let mut next = [0u8; 8];
-        match sys::map_next_key(maps.jobs.as_fd(), key.as_ref().map(|k| &k[..]), &mut next) {
-            Ok(()) => {}
-            Err(_) => break,
+        if sys::map_next_key(maps.jobs.as_fd(), key.as_ref().map(|k| &k[..]), &mut next).is_err() {
+            break;
         }
         let mut v = [0u8; 4];
         if sys::map_lookup(maps.jobs.as_fd(), &next, &mut v).is_ok() {
-            used.push(u32::from_ne_bytes(v));
+            out.push((u64::from_ne_bytes(next), u32::from_ne_bytes(v)));
         }
         key = Some(next);
     }
-    (0..SLOTS).find(|s| !used.contains(s)).ok_or_else(|| {
-        Error::Policy(format!(
-            "all {SLOTS} device program slots of this node are held by jobs; run \
-             `tenancyctl reconcile` to free those of ended jobs"
-        ))
-    })
+    out
+}
+
+/// Whether the cgroup of id `id` still exists, asked by file handle on the cgroup2 file system
+/// of `fs_fd` (`open_by_handle_at`: a cgroup's handle is its id). Only a definite "gone"
+/// (ESTALE, ENOENT) is false: anything else keeps the entry.
+fn cgroup_exists(fs_fd: BorrowedFd<'_>, id: u64) -> bool {
+    use std::os::fd::AsRawFd;
+    /// FILEID_KERNFS
+    const KERNFS: i32 = 0xfe;
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        id: u64,
+    }
+    let mut h = Handle {
+        bytes: 8,
+        kind: KERNFS,
+        id,
+    };
+    // SAFETY: a file_handle of 8 bytes laid out as the kernel's struct; the fd returned, if
+    // any, is closed at once.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            fs_fd.as_raw_fd(),
+            &mut h as *mut Handle,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: the kernel just gave us this descriptor.
+        unsafe { libc::close(fd as i32) };
+        return true;
+    }
+    let e = std::io::Error::last_os_error().raw_os_error();
+    !matches!(e, Some(libc::ESTALE) | Some(libc::ENOENT))
+}
+
+/// Removes the entries of job folders that no longer exist from the node program on `scope`
+/// (slot first); returns their cgroup ids.
+pub fn collect_stale(scope: &Path) -> Result<Vec<u64>> {
+    let scope_fd = lock(scope)?;
+    let Some(maps) = find(scope_fd.as_fd())? else {
+        return Ok(Vec::new());
+    };
+    collect_stale_in(&maps, scope_fd.as_fd())
+}
+
+fn collect_stale_in(maps: &NodeMaps, scope_fd: BorrowedFd<'_>) -> Result<Vec<u64>> {
+    let mut gone = Vec::new();
+    for (id, slot) in entries(maps) {
+        if cgroup_exists(scope_fd, id) {
+            continue;
+        }
+        let _ = sys::map_delete(maps.progs.as_fd(), &slot.to_ne_bytes());
+        match sys::map_delete(maps.jobs.as_fd(), &id.to_ne_bytes()) {
+            Ok(()) => gone.push(id),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => {
+                return Err(bpf_err(
+                    "MAP_DELETE_ELEM",
+                    format!("stale job cgroup {id} in the jobs map"),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(gone)
 }
 
 /// Removes job `a.cgroup_id` from the node program's maps (idempotent): its slot first, so a
@@ -369,15 +451,5 @@ pub fn jobs(scope: &Path) -> Result<Vec<u64>> {
     let Some(maps) = find(fd.as_fd())? else {
         return Ok(Vec::new());
     };
-    let mut out = Vec::new();
-    let mut key: Option<[u8; 8]> = None;
-    loop {
-        let mut next = [0u8; 8];
-        if sys::map_next_key(maps.jobs.as_fd(), key.as_ref().map(|k| &k[..]), &mut next).is_err() {
-            break;
-        }
-        out.push(u64::from_ne_bytes(next));
-        key = Some(next);
-    }
-    Ok(out)
+    Ok(entries(&maps).into_iter().map(|(id, _)| id).collect())
 }

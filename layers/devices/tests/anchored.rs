@@ -118,6 +118,20 @@ fn anchored_allowlist_holds_under_slurms_programs() {
     check(&fx, &b_task, &job_b_cases());
     job::teardown(&b2).unwrap();
     assert!(anchored::jobs(&scope_dir).unwrap().is_empty());
+    // A job whose epilog never ran: once Slurm removed its folder, its entry is collected
+    // (a prolog does so when every slot is held); a live job's entry is kept.
+    let c = job::setup(&params(&fx, 7, &[SLICE_A], target.clone())).unwrap();
+    let d = job::setup(&params(&fx, 8, &[SLICE_B], target.clone())).unwrap();
+    std::fs::remove_dir(&c.cgroup_dir).unwrap();
+    assert_eq!(
+        anchored::collect_stale(&scope_dir).unwrap(),
+        vec![c.anchored.as_ref().unwrap().cgroup_id]
+    );
+    assert_eq!(
+        anchored::jobs(&scope_dir).unwrap(),
+        vec![d.anchored.as_ref().unwrap().cgroup_id]
+    );
+    job::teardown(&d).unwrap();
     let pin = format!(
         "{}/tenancy_progs_{}",
         anchored::BPFFS,

@@ -148,6 +148,10 @@ pub(crate) fn validate_subtree(subtree: &str) -> Result<()> {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,8 +187,4 @@ mod tests {
             Err(e) => eprintln!("SKIP: no cgroup2 here: {e}"),
         }
     }
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
