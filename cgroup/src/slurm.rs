@@ -153,15 +153,17 @@ pub fn cgroup_id(dir: &Path) -> io::Result<u64> {
 /// `/proc/<pid>/cgroup`'s `0::` line.
 pub fn v2_path_of(pid: i32) -> io::Result<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_string)
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("process {pid} has no cgroup2 path"),
-            )
-        })
+    v2_path_in(&text).map(str::to_string).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("process {pid} has no cgroup2 path"),
+        )
+    })
+}
+
+/// The cgroup2 path (`0::` line) of a `/proc/<pid>/cgroup` text.
+pub fn v2_path_in(proc_cgroup: &str) -> Option<&str> {
+    proc_cgroup.lines().find_map(|l| l.strip_prefix("0::"))
 }
 
 /// Whether `pid` is in the cgroup folder `dir` (on the mount `v2_mount`) or below it.

@@ -180,7 +180,7 @@ pub fn adopt(
 /// Whether job `job`'s journal on this node anchors its isolation in a Slurm job folder that
 /// holds the process whose `/proc/<pid>/cgroup` is `cgroup_text` (pure cgroup v2).
 fn anchored_in(config: &Config, job: u64, cgroup_text: &str) -> bool {
-    let Some(own) = cgroup_text.lines().find_map(|l| l.strip_prefix("0::")) else {
+    let Some(own) = tenancy_cgroup::slurm::v2_path_in(cgroup_text) else {
         return false;
     };
     let own = std::path::Path::new(tenancy_cgroup::layout::STANDARD_V2_MOUNTS[0])

@@ -55,7 +55,7 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
             join(p, pid).map_err(|e| format!("job {job_id}: layer {layer}: {e}"))?;
         }
     }
-    let anchors = anchors(journal);
+    let anchors = anchors_of(&entries);
     check_anchored(journal, &anchors, pid)?;
     // The job's IPC namespace, for a process that enters itself (a task, an ssh session
     // through pam_tenancy); `tenancyctl adopt` enters its parent, which it cannot move.
@@ -139,7 +139,8 @@ pub fn contain_step(
     else {
         return Ok(None);
     };
-    let cgroups = job_cgroups(&journal)?;
+    let entries = made_entries(&journal)?;
+    let cgroups = cgroups_of(&entries);
     for cg in &cgroups {
         for pid in task.into_iter().chain([stepd]) {
             join(cg, pid).map_err(|e| format!("job {job_id}: {e}"))?;
@@ -147,7 +148,7 @@ pub fn contain_step(
     }
     // Anchored: the task after Slurm's own attach (slurmstepd places itself when it makes
     // the step's cgroup, which may come after `slurm_spank_init`).
-    let anchors = anchors(&journal);
+    let anchors = anchors_of(&entries);
     if let Some(pid) = task {
         check_anchored(&journal, &anchors, pid)?;
     }
@@ -166,27 +167,34 @@ pub fn contain_step(
 /// The cgroups every process of the job must be in (each once, in layer order); an error when a
 /// layer is not set up, as for a task.
 pub fn job_cgroups(journal: &Journal) -> Result<Vec<PathBuf>, String> {
+    Ok(cgroups_of(&made_entries(journal)?))
+}
+
+/// The cgroups the layers' task entries name, each once, in layer order.
+fn cgroups_of(entries: &[(&str, TaskEntry)]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
-    for (_, entry) in made_entries(journal)? {
-        for p in entry.join_cgroups {
-            if !out.contains(&p) {
-                out.push(p);
-            }
+    for p in entries.iter().flat_map(|(_, e)| &e.join_cgroups) {
+        if !out.contains(p) {
+            out.push(p.clone());
         }
     }
-    Ok(out)
+    out
 }
 
 /// Slurm's job folders the job's isolation is anchored in (pure cgroup v2 with Slurm's
-/// cgroup/v2 plugin: the layers' `"anchor"`), each once.
+/// cgroup/v2 plugin: the layers' task entry `anchor`), each once; none when a layer is not set
+/// up (its tasks are refused anyway).
 pub fn anchors(journal: &Journal) -> Vec<PathBuf> {
+    made_entries(journal)
+        .map(|e| anchors_of(&e))
+        .unwrap_or_default()
+}
+
+fn anchors_of(entries: &[(&str, TaskEntry)]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
-    for step in &journal.steps {
-        let Some(m) = &step.made else { continue };
-        if let Some(a) = Facing::task_entry(&step.layer, m).anchor {
-            if !out.contains(&a) {
-                out.push(a);
-            }
+    for a in entries.iter().filter_map(|(_, e)| e.anchor.as_ref()) {
+        if !out.contains(a) {
+            out.push(a.clone());
         }
     }
     out

@@ -128,6 +128,7 @@ pub(crate) fn counter(table: &str, name: &str) -> io::Result<Option<(u64, u64)>>
 }
 
 /// What to do with one element of a verdict map keyed by cgroup id.
+#[derive(Clone, Copy)]
 pub(crate) enum ElemOp<'a> {
     /// Add `cgroup id : goto <chain>`.
     AddGoto(&'a str),
@@ -277,16 +278,7 @@ pub(crate) fn cgroup_elems(table: &str, changes: &[(&str, u64, ElemOp<'_>)]) -> 
                             .iter()
                             .enumerate()
                             .filter(|(i, _)| 2 + *i as u32 != seq)
-                            .map(|(_, (s, id, op))| {
-                                (
-                                    *s,
-                                    *id,
-                                    match op {
-                                        ElemOp::AddGoto(c) => ElemOp::AddGoto(c),
-                                        ElemOp::Delete => ElemOp::Delete,
-                                    },
-                                )
-                            })
+                            .map(|(_, c)| *c)
                             .collect();
                         return if rest.is_empty() {
                             Ok(())
