@@ -1,0 +1,250 @@
+//! The systemd units the slurm-tenancy package installs (packaging/systemd): `systemd-analyze
+//! verify` accepts them, they order themselves before slurmd as the README says, and the
+//! commands they run do their job on a node (this machine's PID 1 is not systemd: the commands
+//! run here as the units would run them, in a network namespace of the test's).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn units_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../packaging/systemd")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n{}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `key=value` lines of a unit file, by key (several values of a key in order).
+fn unit(name: &str) -> BTreeMap<String, Vec<String>> {
+    let t = std::fs::read_to_string(units_dir().join(name)).unwrap();
+    let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for l in t.lines() {
+        if let Some((k, v)) = l.split_once('=') {
+            if !l.starts_with('#') {
+                m.entry(k.trim().to_string())
+                    .or_default()
+                    .push(v.trim().to_string());
+            }
+        }
+    }
+    m
+}
+
+fn has(u: &BTreeMap<String, Vec<String>>, key: &str, word: &str) -> bool {
+    u.get(key)
+        .is_some_and(|v| v.iter().any(|l| l.split_whitespace().any(|w| w == word)))
+}
+
+/// The unit's ExecStart with the installed tenancyctl replaced by the one built here.
+fn exec_start(name: &str) -> Vec<String> {
+    let u = unit(name);
+    let line = &u["ExecStart"][0];
+    let mut words: Vec<String> = line.split_whitespace().map(String::from).collect();
+    assert_eq!(words[0], "/usr/bin/tenancyctl", "{name}: {line}");
+    words[0] = env!("CARGO_BIN_EXE_tenancyctl").to_string();
+    words
+}
+
+#[test]
+fn units_verify() {
+    let names = [
+        "tenancy-firewall.service",
+        "tenancy-reconcile.service",
+        "tenancy-audit-rotate.service",
+        "tenancy-audit-rotate.timer",
+        "tenancy-metrics.service",
+        "tenancy-metrics.timer",
+    ];
+    // systemd-analyze verify, in a root holding the units and the tenancyctl they run.
+    let Ok(sa) = Command::new("systemd-analyze").arg("--version").output() else {
+        if std::env::var_os("CI").is_some() {
+            panic!("systemd-analyze missing: apt-get install systemd");
+        }
+        eprintln!("SKIP (needs systemd-analyze): apt-get install systemd");
+        return;
+    };
+    assert!(sa.status.success());
+    let root = tempfile::tempdir().unwrap();
+    let system = root.path().join("lib/systemd/system");
+    std::fs::create_dir_all(&system).unwrap();
+    std::fs::create_dir_all(root.path().join("usr/bin")).unwrap();
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_tenancyctl"),
+        root.path().join("usr/bin/tenancyctl"),
+    )
+    .unwrap();
+    // The system's own units (targets, slurmd.service) beside ours, which name them.
+    let cp = Command::new("cp")
+        .args(["-a", "/lib/systemd/system/."])
+        .arg(&system)
+        .output()
+        .unwrap();
+    assert!(cp.status.success(), "{}", text(&cp));
+    for n in names {
+        std::fs::copy(units_dir().join(n), system.join(n)).unwrap();
+    }
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg("--man=no")
+        .arg(format!("--root={}", root.path().display()))
+        .args(names.map(|n| system.join(n)))
+        .output()
+        .unwrap();
+    let said = text(&out);
+    assert!(out.status.success(), "systemd-analyze verify: {said}");
+    // Any complaint about our units is a failure (verify exits 0 on some of them).
+    for n in names {
+        assert!(
+            !said.contains(n),
+            "systemd-analyze verify about {n}: {said}"
+        );
+    }
+
+    // The ordering the README promises: the firewall and reconcile before slurmd; slurmd
+    // does not start without the firewall; the timers start their services.
+    let fw = unit("tenancy-firewall.service");
+    assert!(has(&fw, "Before", "slurmd.service"), "{fw:?}");
+    assert!(has(&fw, "RequiredBy", "slurmd.service"), "{fw:?}");
+    let rc = unit("tenancy-reconcile.service");
+    assert!(has(&rc, "Before", "slurmd.service"), "{rc:?}");
+    assert!(has(&rc, "After", "tenancy-firewall.service"), "{rc:?}");
+    assert_eq!(
+        exec_start("tenancy-reconcile.service")[1..],
+        ["reconcile", "--apply"]
+    );
+    assert_eq!(
+        exec_start("tenancy-firewall.service")[1..],
+        ["firewall", "apply"]
+    );
+    assert_eq!(
+        exec_start("tenancy-audit-rotate.service")[1..],
+        ["audit", "rotate"]
+    );
+    assert_eq!(unit("tenancy-audit-rotate.timer")["OnCalendar"], ["daily"]);
+    assert_eq!(
+        exec_start("tenancy-metrics.service")[1..3],
+        ["metrics", "--textfile"]
+    );
+    assert!(unit("tenancy-metrics.timer").contains_key("OnUnitActiveSec"));
+
+    // The commands themselves, as root, on a config of the test's.
+    if !rustix::process::geteuid().is_root() {
+        if std::env::var_os("CI").is_some() {
+            panic!("units_verify: needs root to run the units' commands");
+        }
+        eprintln!("SKIP (needs root): running the units' commands");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tenant = format!("u{}", std::process::id());
+    let config = dir.path().join("tenancy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
+             scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.{tenant}]\n\
+             tier = \"internal\"\ngroups = [\"root\"]\n",
+            r = dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("scratch")).unwrap();
+    let netns = format!("units{}", std::process::id());
+    common::sh("ip", &["netns", "add", &netns]);
+    struct Cleanup(String, String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+            for d in ["unified", "freezer"] {
+                let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{d}/tenancy/{}", self.1));
+            }
+        }
+    }
+    let _cleanup = Cleanup(netns.clone(), tenant.clone());
+    let run = |words: &[String], extra: &[&str]| -> Output {
+        Command::new("/usr/bin/nsenter")
+            .arg(format!("--net=/run/netns/{netns}"))
+            .args(words)
+            .args(extra)
+            .env("TENANCY_CONFIG", &config)
+            .output()
+            .unwrap()
+    };
+    // tenancy-firewall.service: the table is loaded with the tenant's counter.
+    let out = run(&exec_start("tenancy-firewall.service"), &[]);
+    assert!(out.status.success(), "firewall apply: {}", text(&out));
+    let nft = Command::new("/usr/bin/nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .args(["/usr/sbin/nft", "list", "counters"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&nft.stdout).contains(&format!("drop_{tenant}")),
+        "{}",
+        text(&nft)
+    );
+    // tenancy-reconcile.service: nothing left on a fresh node; Slurm's answer (no job on the
+    // node) given as a file, as this machine runs no slurmctld for it.
+    let none = dir.path().join("no-jobs");
+    std::fs::write(&none, "").unwrap();
+    let out = run(
+        &exec_start("tenancy-reconcile.service"),
+        &[
+            "--node",
+            "n1",
+            "--running-jobs-from",
+            none.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "reconcile --apply: {}", text(&out));
+    assert!(dir.path().join("state/reconciled").is_file());
+    // tenancy-metrics.service: the textfile, in a folder of the test's.
+    let mut metrics = exec_start("tenancy-metrics.service");
+    let prom = dir.path().join("prom");
+    std::fs::create_dir(&prom).unwrap();
+    metrics[3] = prom.display().to_string();
+    let out = run(&metrics, &[]);
+    assert!(out.status.success(), "metrics: {}", text(&out));
+    let m = std::fs::read_to_string(prom.join("slurm_tenancy.prom")).unwrap();
+    assert!(
+        m.contains("slurm_tenancy_last_reconcile_timestamp_seconds "),
+        "{m}"
+    );
+    assert!(
+        !m.contains("slurm_tenancy_last_reconcile_timestamp_seconds 0\n"),
+        "{m}"
+    );
+    assert!(m.contains("slurm_tenancy_firewall_loaded 1"), "{m}");
+    // tenancy-audit-rotate.service: the log (one job's end) set aside, its chain going on.
+    let mut log = tenancy_audit::AuditLog::open(dir.path().join("audit.jsonl")).unwrap();
+    let mut rec = tenancy_audit::Record::new(
+        "t",
+        "n1",
+        "alice",
+        1001,
+        tenancy_audit::Event::JobEnd,
+        tenancy_audit::Outcome::Success,
+        "tenancy-epilog",
+    )
+    .job_id(1);
+    log.append(&mut rec).unwrap();
+    drop(log);
+    let out = run(&exec_start("tenancy-audit-rotate.service"), &[]);
+    assert!(out.status.success(), "audit rotate: {}", text(&out));
+    let rotated: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            n.starts_with("audit.jsonl.").then_some(n)
+        })
+        .collect();
+    assert_eq!(rotated.len(), 1, "{rotated:?}");
+}
