@@ -3,7 +3,7 @@
 # network, scratch, audit) side by side with a plain shell prolog/epilog (bench/baseline/).
 # Run as root on a node with cgroup2 and nftables; the bench user (default acme1 in group acme)
 # is created for the run when missing:
-#   cargo build --release -p tenancy-prolog -p tenancy-epilog -p tenancy-prolog-dynamic -p tenancyctl -p nvml-shim
+#   cargo build --release -p tenancy-prolog -p tenancyctl -p nvml-shim
 #   sudo bench/job-path.sh            # pair: 200 jobs per variant, then fill: N=0 and N=999
 # Env: BIN (folder of the built binaries, default target/release), JOB_PATH (folder of the
 #   prolog, epilog and dynamic build to measure; default target/job-path/release, which

@@ -42,7 +42,7 @@ if [ -z "$minor" ] || [ "$minor" -lt 80 ]; then
 fi
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-set -- --release -p tenancy-prolog -p tenancy-epilog -p tenancy-prolog-dynamic -p tenancyctl -p spank-tenancy -p job-submit-tenancy -p nvml-shim -p tenancy-e2e
+set -- --release -p tenancy-prolog -p tenancyctl -p spank-tenancy -p job-submit-tenancy -p nvml-shim -p tenancy-e2e
 echo "Building slurm-tenancy (release; the first build takes a few minutes) ..."
 as_builder() {
     if [ -n "$user_home" ] && [ "${cargo#"$user_home"/}" != "$cargo" ]; then
