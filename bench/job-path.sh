@@ -53,7 +53,7 @@ for b in "$JOB_PATH/tenancy-prolog" "$JOB_PATH/tenancy-epilog" "$JOB_PATH/tenanc
 done
 libc=$(cat "$JOB_PATH/LIBC" 2>/dev/null || echo "glibc (cargo build)")
 mkdir -p "$BENCH_DIR/scratch" "$BENCH_DIR/base/scratch"
-# The bench runs installed copies, as the README installs them (`install -m 0755`), not the
+# The bench runs installed copies, as docs/admin-guide.md installs them (`install -m 0755`), not the
 # linker's output files: the page cache holds the two differently, and the installed copy starts
 # with ~8 fewer page faults per process (A/B: 3.92 -> 3.79 ms per job, same build).
 built=$BIN; BIN=$BENCH_DIR/bin
@@ -72,7 +72,7 @@ model = "H200-141GB"
 [[gpus]]
 model = "H200-141GB"
 EOT
-# The anchor key, as the README recommends: every job end's anchor carries its HMAC.
+# The anchor key, as docs/admin-guide.md recommends: every job end's anchor carries its HMAC.
 head -c 32 /dev/urandom > "$BENCH_DIR/anchor.key"
 chmod 600 "$BENCH_DIR/anchor.key"
 cat > "$BENCH_DIR/tenancy.toml" <<EOT

@@ -54,7 +54,7 @@ as_builder() {
     fi
 }
 as_builder "$cargo" build "$@"
-# Installed as the README says: the Debian packages (scripts/package: the prolog and epilog
+# Installed as docs/admin-guide.md says: the Debian packages (scripts/package: the prolog and epilog
 # linked with musl where the toolchain can), with apt. The cluster then runs the installed
 # prolog, epilog and plugins. Packages the demo installed are purged at its end.
 debs=$(as_builder ./scripts/package)

@@ -825,7 +825,7 @@ impl<'c> Spine<'c> {
         let (program, e) = handoff.exec();
         let reason = format!(
             "{why}; handing the job to {program} failed: {e}; install tenancy-prolog-dynamic \
-             next to tenancy-prolog (README, Build and install)"
+             next to tenancy-prolog (docs/admin-guide.md, Build and install)"
         );
         self.deny(
             ctx,

@@ -4,7 +4,7 @@
 //! faster but cannot load shared libraries; they hand it, with the same environment, the jobs
 //! that need one: a MIG slice (NVML), users or groups that NSS modules such as sssd or LDAP
 //! decide (see `tenancy_node::linkage`). A node whose users all come from such a source can
-//! name it in Prolog= directly (README). C's `main` is defined here, not Rust's: see
+//! name it in Prolog= directly (docs/admin-guide.md). C's `main` is defined here, not Rust's: see
 //! `tenancy_node::run::c_main`.
 
 #[cfg(not(test))]

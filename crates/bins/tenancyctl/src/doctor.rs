@@ -144,7 +144,7 @@ fn job_container_row(slurm_conf: &Path, text: Option<&str>, scratch_root: &Path)
                 "Slurm 25.11 and later: add NamespaceType=namespace/linux and PrologFlags=Contain \
                  to slurm.conf and a namespace.yaml with base_path on a local disk outside /tmp; \
                  Slurm 22.05 to 25.05: JobContainerType=job_container/tmpfs and a \
-                 job_container.conf with BasePath= likewise (README); then restart slurmd"
+                 job_container.conf with BasePath= likewise (docs/admin-guide.md); then restart slurmd"
                     .into(),
             ),
         ),

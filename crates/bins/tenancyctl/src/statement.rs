@@ -548,7 +548,7 @@ pub fn write_plain(out: &mut dyn Write, s: &Statement, format: ReportFormat) -> 
                 Some(_) => {}
                 None => writeln!(
                     out,
-                    "No [billing] prices in the config: quantities only (see README, Billing)."
+                    "No [billing] prices in the config: quantities only (see docs/admin-guide.md, Billing)."
                 )?,
             }
         }

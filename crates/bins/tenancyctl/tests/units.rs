@@ -1,5 +1,5 @@
 //! The systemd units the slurm-tenancy package installs (packaging/systemd): `systemd-analyze
-//! verify` accepts them, they order themselves before slurmd as the README says, and the
+//! verify` accepts them, they order themselves before slurmd as docs/admin-guide.md says, and the
 //! commands they run do their job on a node (this machine's PID 1 is not systemd: the commands
 //! run here as the units would run them, in a network namespace of the test's).
 
@@ -108,7 +108,7 @@ fn units_verify() {
         );
     }
 
-    // The ordering the README promises: the firewall and reconcile before slurmd; slurmd
+    // The ordering docs/admin-guide.md promises: the firewall and reconcile before slurmd; slurmd
     // does not start without the firewall; the timers start their services.
     let fw = unit("tenancy-firewall.service");
     assert!(has(&fw, "Before", "slurmd.service"), "{fw:?}");

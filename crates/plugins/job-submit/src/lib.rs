@@ -99,7 +99,7 @@ pub struct Accepted {
 /// it: the prolog's occupancy check then has nothing to refuse. A user who asked to share the
 /// node (`--oversubscribe`) is refused with the reason. (Node granularity for `share_gpu`:
 /// Slurm 22.05's MCS plugins cannot label a job with its tenant, and GRES does not know which
-/// tenant holds a MIG slice; README, "Tier rules at submission".) A tier with
+/// tenant holds a MIG slice; docs/admin-guide.md, "Tier rules at submission".) A tier with
 /// `gpu_placement = "gpu"` opts out for `share_gpu`: its jobs go beside other tenants and the
 /// prolog gives them a GPU of their own, or refuses them when there is none.
 pub fn placement(config: &Config, resolved: &Resolved, shared: u16) -> Result<bool, String> {

@@ -1,6 +1,6 @@
 //! A real OpenSSH server for the e2e tests of ssh sessions into jobs: Debian's sshd with
 //! Slurm's pam_slurm_adopt in the account phase and `tenancyctl adopt` (pam_exec) in the
-//! session phase, as the README tells an admin to set it up.
+//! session phase, as docs/admin-guide.md tells an admin to set it up.
 //!
 //! It runs from the cluster folder on a free port of 127.0.0.1 with its own host key and
 //! authorized keys, under a PAM service of its own: OpenSSH names its PAM service after the

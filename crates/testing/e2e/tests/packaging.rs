@@ -292,7 +292,7 @@ fn packages_install_into_a_clean_root() {
     drop(chroot);
 }
 
-/// lintian over the packages: no error, and only the warnings README explains.
+/// lintian over the packages: no error, and only the warnings docs/admin-guide.md explains.
 fn lintian(debs: &[PathBuf]) {
     const EXPLAINED: [&str; 4] = [
         "no-manual-page",

@@ -305,7 +305,7 @@ fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
     }
 }
 
-/// ssh through a real sshd, with pam_slurm_adopt and then, as the README says, either
+/// ssh through a real sshd, with pam_slurm_adopt and then, as docs/admin-guide.md says, either
 /// `tenancyctl adopt` (pam_exec) or pam_tenancy.so in the session phase: globex1's session
 /// lands in its job `g`'s isolation and cannot open acme's `device` or reach acme's listener at
 /// `port_target`; with the module it also gets the job's environment (`job_env`, what the job's
@@ -320,7 +320,7 @@ fn ssh_sessions_are_isolated(
     let s = &e.stack;
     if let Some(root) = &s.cluster.slurm_root {
         // The release roots hold Slurm, not sshd and pam_slurm_adopt: sessions are checked on
-        // the host's Slurm (README, "Supported Slurm releases").
+        // the host's Slurm (docs/releases.md).
         eprintln!(
             "NOT CHECKED on Slurm {}: ssh sessions (no sshd in the release root)",
             root.version()
@@ -982,7 +982,7 @@ fn a_job_that_bypasses_the_submit_check_is_refused_by_slurmctld_and_drains_no_no
 }
 
 /// /tmp and /dev/shm are the node's, shared by every job on it, unless Slurm's
-/// job_container/tmpfs gives each job its own (README, "Per-job /tmp and /dev/shm";
+/// job_container/tmpfs gives each job its own (docs/admin-guide.md, "Per-job /tmp and /dev/shm";
 /// `tenancyctl doctor` warns without it): a file acme's job leaves there with the usual umask
 /// would be readable by globex's job. With the plugin it is acme's job's alone: globex's job
 /// and the node itself do not see it. (Without the plugin, globex reads it: the test fails.)
@@ -995,7 +995,7 @@ fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
     if let Ok(release) = std::env::var(tenancy_e2e::stack::RELEASE_ENV) {
         // Slurm's job_container/tmpfs keeps each job's mount namespace in a file bind-mounted
         // in BasePath, which a chroot'ed slurmstepd cannot make on the host's mounts: checked on
-        // the host's Slurm only (README, "Supported Slurm releases").
+        // the host's Slurm only (docs/releases.md).
         eprintln!(
             "NOT CHECKED on Slurm {release}: job_container/tmpfs (needs a node, not a chroot)"
         );
