@@ -216,13 +216,13 @@ impl Submission {
             if !allowed {
                 return Err(format!(
                     "the job asks for your login environment (--get-user-env, or \
-                     --export=NONE or --export=<list> without ALL, for which sbatch sets \
-                     {GET_USER_ENV}, or that variable in its environment, as scrontab sets): \
-                     slurmd would run your login shell as root outside every job's \
-                     isolation, and tier '{}' of tenant '{}' does not allow it; submit \
-                     without --get-user-env and with --export=ALL or --export=ALL,VAR=value \
-                     (export what the job needs, or source it in the job script), or ask \
-                     your admin for allow_get_user_env",
+                     --export=NONE or --export=<list>, for which sbatch sets {GET_USER_ENV} \
+                     itself, or that variable in its environment, as scrontab sets): slurmd \
+                     would run your login shell as root outside every job's isolation, and \
+                     tier '{}' of tenant '{}' does not allow it; submit without \
+                     --get-user-env and with --export=ALL (the default), setting what the job \
+                     needs in the environment you submit from (VAR=value sbatch ...) or in \
+                     the job script, or ask your admin for allow_get_user_env",
                     resolved.tier, resolved.tenant
                 ));
             }

@@ -1541,18 +1541,26 @@ fn export_none_refusal_names_export() {
         );
     }
     assert_eq!(s.cluster.node_state().unwrap(), "idle");
-    // What the refusal suggests runs, with the variable exported.
-    let (id, _) = e.sbatch(
-        &e.t.acme1,
-        &["--tenant=acme", "--export=ALL,TENANCY_E2E_VAR=1"],
-        &script,
-        &out,
+    // What the refusal suggests runs, with the variable set where it is submitted.
+    let (script, out) = e.script(&e.t.acme1, "export-all", "echo \"var=$TENANCY_E2E_VAR\"\n");
+    let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
+    c.env("TENANCY_E2E_VAR", "exported")
+        .args(["--tenant=acme", "--export=ALL", "-o"])
+        .arg(&out)
+        .arg(&script);
+    let o = s.cluster.run(c).unwrap();
+    assert!(
+        o.status.success(),
+        "sbatch --export=ALL: {}",
+        text(&o.stderr)
     );
+    let id = submitted_id(&o).unwrap();
     let info = s
         .cluster
         .wait_job_done(id, Duration::from_secs(60))
         .unwrap();
     assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+    assert_eq!(fs::read_to_string(&out).unwrap().trim(), "var=exported");
 }
 
 #[test]
