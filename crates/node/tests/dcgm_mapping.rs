@@ -129,3 +129,84 @@ fn dcgm_mapping_follows_the_job() {
     }
     w.assert_nothing_left("after the crashed prologs' epilogs");
 }
+
+/// A mapping folder a user can write: the user could put a symlink or a folder where the
+/// prolog writes a mapping file, fail the prolog and drain the node. The prolog refuses the
+/// folder (nothing read or written there) and the job runs without its label.
+#[test]
+fn dcgm_mapping_dir_owned_by_a_user_is_refused() {
+    if !need_root("real cgroups and nftables under the prolog and epilog") {
+        return;
+    }
+    let Some(w) = World::new(1, None) else {
+        eprintln!("SKIP: nvml-shim not built");
+        return;
+    };
+    let dir = with_mapping(&w);
+    std::fs::create_dir(&dir).unwrap();
+    // nobody's folder, with what such a user leaves in every name a GPU instance could get.
+    const NOBODY: u32 = 65534;
+    std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    for gpu in 0..2 {
+        for gi in 0..16 {
+            std::os::unix::fs::symlink("/etc/passwd", dir.join(format!("{gpu}.{gi}"))).unwrap();
+        }
+    }
+    let planted = mapping_names(&dir);
+    let job = 7_700_000 + u64::from(std::process::id() % 100_000);
+    let env = w.job_env(job, 0, Some("1g.18gb"));
+    let out = w.run(&["prolog"], &env);
+    assert!(out.status.success(), "prolog: {}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("layer dcgm") && err.contains("owned by uid 65534") && err.contains("refused"),
+        "the prolog says why the folder is not used: {err}"
+    );
+    assert_eq!(
+        mapping_names(&dir),
+        planted,
+        "nothing written in the user's folder"
+    );
+    let steps = w.journal(job)["steps"].clone();
+    assert!(
+        !steps
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["layer"] == "dcgm"),
+        "no dcgm step journaled: {steps}"
+    );
+    let out = w.run(&["epilog"], &env);
+    assert!(out.status.success(), "epilog: {}", text(&out));
+    assert_eq!(
+        mapping_names(&dir),
+        planted,
+        "nothing removed from the user's folder"
+    );
+
+    // Writable by others, though root's: refused the same way.
+    std::os::unix::fs::chown(&dir, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let env = w.job_env(job + 1, 0, Some("1g.18gb"));
+    let out = w.run(&["prolog"], &env);
+    assert!(out.status.success(), "prolog: {}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("writable by its group or others"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(mapping_names(&dir), planted);
+    let out = w.run(&["epilog"], &env);
+    assert!(out.status.success(), "epilog: {}", text(&out));
+    w.assert_nothing_left("after the refused folder's jobs");
+}
+
+/// The names in the folder (symlinks are not followed).
+fn mapping_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}

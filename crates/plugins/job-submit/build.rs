@@ -31,6 +31,10 @@ fn main() {
                 ("job_descriptor", "environment"),
                 ("job_descriptor", "env_size"),
                 ("job_descriptor", "shared"),
+                ("job_descriptor", "tres_per_job"),
+                ("job_descriptor", "tres_per_node"),
+                ("job_descriptor", "tres_per_socket"),
+                ("job_descriptor", "tres_per_task"),
             ];
             // The job id of an update: its own field up to 25.11, in `step_id` from 26.05
             // (`job_id()` in src/lib.rs, selected by the same version).

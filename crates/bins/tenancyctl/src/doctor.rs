@@ -658,6 +658,34 @@ fn state_rows(config: &Config, rows: &mut Vec<Row>) {
         root_owned_dir(dir, "audit.dir", rows);
     }
     rows.push(anchor_key_row(config.cluster.audit_anchor_key.as_deref()));
+    if let Some(dir) = &config.cluster.dcgm_job_mapping_dir {
+        rows.push(dcgm_dir_row(dir));
+    }
+}
+
+/// DCGM exporter's job mapping folder: one a user can write is refused by the prolog (jobs then
+/// run unlabelled), as a user could otherwise make the prolog fail there and drain the node.
+fn dcgm_dir_row(dir: &Path) -> Row {
+    match tenancy_node::layers::dcgm::folder_problem(dir) {
+        None => row(
+            "dcgm.mapping_dir",
+            Severity::Ok,
+            format!(
+                "{} is root's alone (or made by the first MIG job's prolog, root, 0755)",
+                dir.display()
+            ),
+            None,
+        ),
+        Some(problem) => row(
+            "dcgm.mapping_dir",
+            Severity::Error,
+            problem,
+            Some(format!(
+                "chown root:root {0} && chmod 0755 {0} (or unset cluster.dcgm_job_mapping_dir)",
+                dir.display()
+            )),
+        ),
+    }
 }
 
 /// NVML and each GPU's MIG mode.

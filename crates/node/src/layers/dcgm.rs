@@ -6,6 +6,12 @@
 //! file renamed over), so the exporter never reads half a file and a crash leaves the old or the
 //! new list. The intent (folder and job) is enough to undo: without a recorded result every file
 //! of the folder that lists the job loses that line.
+//!
+//! The folder must be root's alone ([`folder_problem`]): in one a user can write, a symlink or
+//! a folder where a mapping file goes makes the prolog fail, and Slurm drain the node. Such a
+//! folder is refused: the job runs without its DCGM label (a monitoring gap, not an isolation
+//! one), the prolog says why on its standard error (slurmd's log), and `tenancyctl doctor`
+//! reports it (`dcgm.mapping_dir`).
 
 use crate::journal::Journal;
 use crate::layer::{JobPlan, LayerError, LayerResult, TypedLayer};
@@ -41,10 +47,20 @@ impl TypedLayer for DcgmMapping {
 
     fn intend(&mut self, plan: &JobPlan) -> LayerResult<Option<Intent>> {
         match (&self.dir, &plan.profile) {
-            (Some(dir), Some(_)) => Ok(Some(Intent {
-                dir: dir.clone(),
-                job_id: plan.job_id,
-            })),
+            (Some(dir), Some(_)) => {
+                if let Some(problem) = folder_problem(dir) {
+                    eprintln!(
+                        "tenancy: job {}: layer dcgm: {problem}; the job runs without its DCGM \
+                         exporter label",
+                        plan.job_id
+                    );
+                    return Ok(None);
+                }
+                Ok(Some(Intent {
+                    dir: dir.clone(),
+                    job_id: plan.job_id,
+                }))
+            }
             _ => Ok(None),
         }
     }
@@ -72,6 +88,10 @@ impl TypedLayer for DcgmMapping {
                 intent.dir.display()
             ))
         })?;
+        // Made since the prolog looked (its parent is not root's alone): not written into.
+        if let Some(problem) = folder_problem(&intent.dir) {
+            return Err(LayerError(problem));
+        }
         let path = intent.dir.join(&file);
         let mut jobs = read_jobs(&path)?;
         if !jobs.contains(&intent.job_id) {
@@ -82,6 +102,15 @@ impl TypedLayer for DcgmMapping {
     }
 
     fn undo(&mut self, intent: &Intent, made: Option<&Made>) -> LayerResult<()> {
+        // A folder that became writable to users since the prolog: nothing is read or written
+        // there (the job's line stays, a stale label; doctor reports the folder).
+        if let Some(problem) = folder_problem(&intent.dir) {
+            eprintln!(
+                "tenancy: job {}: layer dcgm: {problem}; its line stays in the mapping file",
+                intent.job_id
+            );
+            return Ok(());
+        }
         let files: Vec<PathBuf> = match made {
             Some(m) => vec![intent.dir.join(safe_name(&m.file)?)],
             // Crashed between the file and the journal's result: look in every file.
@@ -143,6 +172,43 @@ impl TypedLayer for DcgmMapping {
             None => dir.to_string(),
         }
     }
+}
+
+/// Why the mapping folder is not root's alone, if it is not: a symlink or not a folder, owned
+/// by another user, or writable by its group or others. A folder that does not exist yet is
+/// fine: the prolog makes it (root, 0755).
+pub fn folder_problem(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            return Some(format!(
+                "cannot stat the DCGM job mapping folder {}: {e}",
+                dir.display()
+            ))
+        }
+    };
+    let what = if meta.file_type().is_symlink() {
+        "is a symlink".to_string()
+    } else if !meta.is_dir() {
+        "is not a folder".to_string()
+    } else if meta.uid() != 0 {
+        format!("is owned by uid {}, not root", meta.uid())
+    } else if meta.permissions().mode() & 0o022 != 0 {
+        format!(
+            "is writable by its group or others (mode {:04o})",
+            meta.permissions().mode() & 0o7777
+        )
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the DCGM job mapping folder {} (cluster.dcgm_job_mapping_dir) {what}: a user who can \
+         write there can make the prolog fail and the node drain; refused: make it a folder of \
+         root's that only root writes (chown root:root, chmod 0755)",
+        dir.display()
+    ))
 }
 
 /// A journal's file name, used as one component of the folder only.

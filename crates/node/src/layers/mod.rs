@@ -2,7 +2,7 @@
 //! order a job's isolation is built: MIG slice, device allowlist (creates the job cgroup),
 //! network (keys on that cgroup), scratch, and the DCGM job mapping (names the MIG instance).
 
-mod dcgm;
+pub mod dcgm;
 mod devices;
 pub mod mig;
 pub mod network;

@@ -42,6 +42,7 @@ fn submission(tenant: &str) -> Submission {
         mig: Some("1g.18gb".into()),
         shared: job_submit_tenancy::NO_VAL16,
         get_user_env: false,
+        gpus: job_submit_tenancy::gres::gpu_requests("gres/gpu:1g.18gb:1"),
     }
 }
 

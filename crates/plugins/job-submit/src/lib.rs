@@ -26,6 +26,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tenancy_config::{request, Config, GpuPlacement, Identity, Resolved};
 
+pub mod gres;
+
 #[allow(
     non_camel_case_types,
     non_upper_case_globals,
@@ -80,8 +82,10 @@ pub struct Submission {
     /// `job_desc_msg_t.shared` (NO_VAL16 when the user asked nothing).
     pub shared: u16,
     /// The job asks slurmd for the user's login environment (`SLURM_GET_USER_ENV=1` in its
-    /// environment: `sbatch --get-user-env`, scrontab).
+    /// environment: `sbatch --get-user-env`, `--export=NONE`, `--export=<list>`, scrontab).
     pub get_user_env: bool,
+    /// The GPUs it asks Slurm for (`--gres`, `--gpus*`), checked against `--mig` ([`gres`]).
+    pub gpus: Vec<gres::GpuRequest>,
 }
 
 /// What the plugin changes in an accepted job so that the prolog's tier rules cannot refuse
@@ -118,7 +122,8 @@ pub fn placement(config: &Config, resolved: &Resolved, shared: u16) -> Result<bo
     };
     if shared == JOB_SHARED_OK {
         return Err(format!(
-            "tenant '{}' (tier {}, {rule}) does not share nodes with other tenants: submit              without --oversubscribe (the job gets a node of its own)",
+            "tenant '{}' (tier {}, {rule}) does not share nodes with other tenants: submit \
+             without --oversubscribe (the job gets a node of its own)",
             resolved.tenant, tier.name
         ));
     }
@@ -176,6 +181,7 @@ impl Submission {
             mig: var(MIG_VAR)?,
             shared: NO_VAL16,
             get_user_env: false,
+            gpus: Vec::new(),
         })
     }
 
@@ -210,11 +216,13 @@ impl Submission {
             if !allowed {
                 return Err(format!(
                     "the job asks for your login environment (--get-user-env, or \
-                     {GET_USER_ENV} in its environment, as scrontab sets): slurmd would run \
-                     your login shell as root outside every job's isolation, and tier '{}' of \
-                     tenant '{}' does not allow it; submit without --get-user-env (export \
-                     what the job needs, or source it in the job script), or ask your admin \
-                     for allow_get_user_env",
+                     --export=NONE or --export=<list>, for which sbatch sets {GET_USER_ENV} \
+                     itself, or that variable in its environment, as scrontab sets): slurmd \
+                     would run your login shell as root outside every job's isolation, and \
+                     tier '{}' of tenant '{}' does not allow it; submit without \
+                     --get-user-env and with --export=ALL (the default), setting what the job \
+                     needs in the environment you submit from (VAR=value sbatch ...) or in \
+                     the job script, or ask your admin for allow_get_user_env",
                     resolved.tier, resolved.tenant
                 ));
             }
@@ -258,6 +266,7 @@ pub fn decide(submission: Result<Submission, String>) -> Result<Accepted, String
 /// [`decide`] with a config at hand.
 pub fn decide_with(submission: &Submission, config: &Config) -> Result<Accepted, String> {
     let resolved = submission.check(config)?;
+    gres::check(config, resolved.profile.as_deref(), &submission.gpus)?;
     let exclusive = placement(config, &resolved, submission.shared)?;
     Ok(Accepted {
         resolved,
@@ -377,8 +386,27 @@ unsafe fn submission(desc: &sys::job_desc_msg_t) -> Result<Submission, String> {
     }
     Submission::from_parts(desc.user_id, bytes(desc.account), &env).map(|mut s| {
         s.shared = desc.shared;
+        s.gpus = tres_per(desc)
+            .into_iter()
+            .flatten()
+            .flat_map(gres::gpu_requests)
+            .collect();
         s.with_job_environment(&job_env)
     })
+}
+
+/// The four fields every GPU request of a job lands in (module [`gres`]).
+///
+/// # Safety
+/// `desc` points to a valid `job_desc_msg_t`.
+unsafe fn tres_per(desc: &sys::job_desc_msg_t) -> [Option<&str>; 4] {
+    [
+        desc.tres_per_job,
+        desc.tres_per_node,
+        desc.tres_per_socket,
+        desc.tres_per_task,
+    ]
+    .map(|p| bytes(p).and_then(|b| std::str::from_utf8(b).ok()))
 }
 
 // ---- the plugin interface ----------------------------------------------------------------
@@ -457,14 +485,44 @@ fn job_id(desc: &sys::job_desc_msg_t) -> u32 {
 /// fields, not the job's tenant, so a new account a tenant owns is accepted only when it cannot
 /// contradict the tenant: from an administrator, or from a user who is a member of that tenant
 /// and of no other one (the job's tenant was checked against their memberships at submission).
+/// The job's `--mig` is not in an update either (nor readable here: `job_record_t` is
+/// slurmctld's own), so only an administrator may change its GPU requests: they were checked
+/// against `--mig` at submission ([`gres`]). From 23.02 slurmctld also passes `err_msg`, and
+/// the submitter sees the reason.
 ///
 /// # Safety
-/// Called by slurmctld with a valid `job_desc`.
+/// Called by slurmctld with a valid `job_desc` (and `err_msg`, from 23.02).
+#[cfg(slurm_ge_24_11)]
 #[no_mangle]
 pub unsafe extern "C" fn job_modify(
     job_desc: *mut sys::job_desc_msg_t,
     _job_ptr: *mut c_void,
     submit_uid: u32,
+    err_msg: *mut *mut c_char,
+) -> c_int {
+    modify(job_desc, submit_uid, err_msg)
+}
+
+/// [`job_modify`] of 22.05, whose slurmctld passes no `err_msg` (the reason is logged).
+///
+/// # Safety
+/// Called by slurmctld with a valid `job_desc`.
+#[cfg(not(slurm_ge_24_11))]
+#[no_mangle]
+pub unsafe extern "C" fn job_modify(
+    job_desc: *mut sys::job_desc_msg_t,
+    _job_ptr: *mut c_void,
+    submit_uid: u32,
+) -> c_int {
+    modify(job_desc, submit_uid, std::ptr::null_mut())
+}
+
+/// # Safety
+/// `job_desc` is valid; `err_msg` is null or as [`set_err_msg`] takes it.
+unsafe fn modify(
+    job_desc: *mut sys::job_desc_msg_t,
+    submit_uid: u32,
+    err_msg: *mut *mut c_char,
 ) -> c_int {
     if job_desc.is_null() {
         return REFUSED;
@@ -478,14 +536,24 @@ pub unsafe extern "C" fn job_modify(
             return Err(format!("job {job}: {ACCOUNT_VAR} {problem}"));
         }
         let shares = (*job_desc).shared == JOB_SHARED_OK;
-        if (account.is_none() && !shares) || super_user(submit_uid) {
+        let gpus = gres::update_touches_gpus(&tres_per(&*job_desc));
+        if (account.is_none() && !shares && gpus.is_none()) || super_user(submit_uid) {
             return Ok(());
         }
         // The job's tier is not known here: a tier that shares no node would land beside
         // another tenant and be refused on the node. Administrators may.
         if shares {
             return Err(format!(
-                "job {job}: only an administrator may let a job share its node                  (OverSubscribe=yes): a tenant's tier may forbid it"
+                "job {job}: only an administrator may let a job share its node \
+                 (OverSubscribe=yes): a tenant's tier may forbid it"
+            ));
+        }
+        if let Some(gpus) = gpus {
+            return Err(format!(
+                "job {job}: only an administrator may change a job's GPU request (GRES \
+                 {gpus}): its --mig slice and its GRES were checked together at submission, \
+                 and an update names only the GRES; cancel the job and submit it again with \
+                 both (--mig=<profile> --gres=gpu:<profile>:1)"
             ));
         }
         check_account_change(&*current_config()?, submit_uid, job, account.as_deref())
@@ -495,6 +563,7 @@ pub unsafe extern "C" fn job_modify(
         Ok(()) => SUCCESS,
         Err(why) => {
             log(false, &format!("refused an update: {why}"));
+            set_err_msg(err_msg, &format!("tenancy: {why}"));
             REFUSED
         }
     }

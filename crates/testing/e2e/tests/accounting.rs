@@ -14,6 +14,13 @@ fn text(o: &std::process::Output) -> String {
     )
 }
 
+/// One cluster (and one set of test users) at a time in this process.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn submit(stack: &Stack, user: &TestUser, args: &[&str], secs: u32) -> u64 {
     let mut c = stack.cluster.cmd_as(user, "sbatch");
     c.args(args)
@@ -85,6 +92,7 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
     if !require_root("compare_sacct_agrees_on_the_e2e_jobs") {
         return;
     }
+    let _g = serial();
     let mut users = Users::new();
     let t = Tenants::create(&mut users).expect("users");
     let root = tempfile::Builder::new()
@@ -148,13 +156,16 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
     );
 
     // A job Slurm bills for one profile while the prolog made another: the books disagree,
-    // for that job alone, on both profiles.
-    let m = submit(
-        &stack,
-        &t.acme1,
-        &["--tenant=acme", "--mig=2g.35gb", "--gres=gpu:1g.18gb:1"],
-        20,
-    );
+    // for that job alone, on both profiles. job_submit/tenancy refuses such a job; a controller
+    // without it (doctor warns of one) takes it, and the cross-check is what shows it then.
+    let m = without_job_submit_check(&stack, || {
+        submit(
+            &stack,
+            &t.acme1,
+            &["--tenant=acme", "--mig=2g.35gb", "--gres=gpu:1g.18gb:1"],
+            20,
+        )
+    });
     let info = stack
         .cluster
         .wait_job_done(m, Duration::from_secs(150))
@@ -177,4 +188,188 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
         "{out}"
     );
     assert_eq!(out.matches("DISAGREE").count(), 2, "{out}");
+}
+
+/// Runs `f` while slurmctld runs without job_submit/tenancy (slurm.conf without the line,
+/// `scontrol reconfigure`), then puts the plugin back.
+fn without_job_submit_check<T>(stack: &Stack, f: impl FnOnce() -> T) -> T {
+    let conf = std::fs::read_to_string(&stack.cluster.conf).unwrap();
+    let reconfigure = |conf_text: &str| {
+        std::fs::write(&stack.cluster.conf, conf_text).unwrap();
+        let mut c = stack.cluster.cmd("scontrol");
+        c.arg("reconfigure");
+        let o = stack.cluster.run(c).unwrap();
+        assert!(o.status.success(), "scontrol reconfigure: {}", text(&o));
+    };
+    let without: String = conf
+        .lines()
+        .filter(|l| !l.starts_with("JobSubmitPlugins="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(without, conf, "slurm.conf names the plugin");
+    reconfigure(&without);
+    let r = f();
+    reconfigure(&conf);
+    r
+}
+
+/// A cluster in GRES slot mode: every slot of the MIG plan (`[mig.plan]`, per H200: one
+/// 3g.71gb and four 1g.18gb) is a typed GRES record of slurmctld's, as
+/// layers/mig/README.md has it, on the stand-in's two H200s.
+fn slot_mode_stack(t: &Tenants, root: &std::path::Path) -> Stack {
+    let accounting = Accounting {
+        gpu_types: vec![("3g.71gb".into(), 2), ("1g.18gb".into(), 8)],
+    };
+    let stack = Stack::start_with_accounting(root, t, accounting).expect("stack");
+    let mut config = std::fs::read_to_string(&stack.config).unwrap();
+    config.push_str("\n[mig.plan.H200-141GB]\n\"3g.71gb\" = 1\n\"1g.18gb\" = 4\n");
+    std::fs::write(&stack.config, config).unwrap();
+    stack
+}
+
+/// sbatch as `user`; the refusal's text, or the job id.
+fn sbatch(stack: &Stack, user: &TestUser, args: &[&str]) -> Result<u64, String> {
+    let mut c = stack.cluster.cmd_as(user, "sbatch");
+    c.args(args)
+        .arg("--no-requeue")
+        .args(["-o", "/dev/null", "--wrap", "true"]);
+    let o = stack.cluster.run(c).unwrap();
+    if o.status.success() {
+        Ok(submitted_id(&o).unwrap())
+    } else {
+        Err(text(&o))
+    }
+}
+
+fn no_job_and_node_idle(stack: &Stack) {
+    let mut q = stack.cluster.cmd("squeue");
+    q.args(["-h", "-o", "%i"]);
+    let o = stack.cluster.run(q).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "",
+        "no job was made"
+    );
+    assert_eq!(stack.cluster.node_state().unwrap(), "idle");
+}
+
+#[test]
+fn mig_without_matching_gres_is_refused_at_submit() {
+    if !require_root("mig_without_matching_gres_is_refused_at_submit") {
+        return;
+    }
+    let _g = serial();
+    let mut users = Users::new();
+    let t = Tenants::create(&mut users).expect("users");
+    let root = tempfile::Builder::new()
+        .prefix("tenancy-e2e-gres-")
+        .tempdir()
+        .unwrap();
+    let stack = slot_mode_stack(&t, root.path());
+
+    // A slice Slurm does not know of would take a slot it hands another job.
+    let e = sbatch(&stack, &t.acme1, &["--tenant=acme", "--mig=1g.18gb"]).unwrap_err();
+    assert!(
+        e.contains("tenancy:") && e.contains("--mig=1g.18gb") && e.contains("--gres=gpu:1g.18gb:1"),
+        "the refusal names the option and the GRES to add: {e}"
+    );
+    no_job_and_node_idle(&stack);
+    // One profile made, another billed.
+    for gres in [
+        "--gres=gpu:3g.71gb:1",
+        "--gpus=3g.71gb:1",
+        "--gpus-per-node=3g.71gb:1",
+    ] {
+        let e = sbatch(&stack, &t.acme1, &["--tenant=acme", "--mig=1g.18gb", gres]).unwrap_err();
+        assert!(
+            e.contains("--mig=1g.18gb") && e.contains("gpu:3g.71gb:1") && e.contains("disagree"),
+            "{gres}: the refusal names both: {e}"
+        );
+    }
+    // An untyped GPU can be any slot; a MIG slot without --mig gets no slice.
+    let e = sbatch(
+        &stack,
+        &t.acme1,
+        &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1"],
+    )
+    .unwrap_err();
+    assert!(e.contains("gpu:1") && e.contains("--mig=1g.18gb"), "{e}");
+    let e = sbatch(&stack, &t.acme1, &["--tenant=acme", "--gres=gpu:1g.18gb:1"]).unwrap_err();
+    assert!(e.contains("no --mig") && e.contains("--mig=1g.18gb"), "{e}");
+    // srun and salloc ask slurmctld the same way.
+    for client in ["srun", "salloc"] {
+        let mut c = stack.cluster.cmd_as(&t.acme1, client);
+        c.args(["--tenant=acme", "--mig=1g.18gb", "true"]);
+        let o = stack.cluster.run(c).unwrap();
+        assert!(!o.status.success(), "{client} without GRES ran");
+        assert!(
+            text(&o).contains("--gres=gpu:1g.18gb:1"),
+            "{client}: {}",
+            text(&o)
+        );
+    }
+    no_job_and_node_idle(&stack);
+
+    // Both naming one profile: the job runs in that slot, and Slurm accounts it.
+    let id = sbatch(
+        &stack,
+        &t.acme1,
+        &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1g.18gb:1"],
+    )
+    .unwrap();
+    let info = stack
+        .cluster
+        .wait_job_done(id, Duration::from_secs(90))
+        .unwrap();
+    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+    assert_eq!(stack.audit_events(id).unwrap(), ["job_start", "job_end"]);
+    assert_eq!(stack.cluster.node_state().unwrap(), "idle");
+}
+
+#[test]
+fn gres_update_of_pending_job_is_refused() {
+    if !require_root("gres_update_of_pending_job_is_refused") {
+        return;
+    }
+    let _g = serial();
+    let mut users = Users::new();
+    let t = Tenants::create(&mut users).expect("users");
+    let root = tempfile::Builder::new()
+        .prefix("tenancy-e2e-gres-")
+        .tempdir()
+        .unwrap();
+    let stack = slot_mode_stack(&t, root.path());
+    let id = sbatch(
+        &stack,
+        &t.acme1,
+        &[
+            "--tenant=acme",
+            "--mig=1g.18gb",
+            "--gres=gpu:1g.18gb:1",
+            "--hold",
+        ],
+    )
+    .unwrap();
+    let tres = |stack: &Stack| {
+        let info = stack.cluster.job_info(id).unwrap();
+        info.get("TresPerNode").cloned().unwrap_or_default()
+    };
+    let before = tres(&stack);
+    assert!(before.contains("1g.18gb"), "{before}");
+    // The owner may not move the pending job to another GPU type, nor drop its GPU.
+    for gres in ["Gres=gpu:3g.71gb:1", "TresPerNode=gres/gpu:3g.71gb:1"] {
+        let mut c = stack.cluster.cmd_as(&t.acme1, "scontrol");
+        c.args(["update", &format!("JobId={id}"), gres]);
+        let o = stack.cluster.run(c).unwrap();
+        assert!(
+            !o.status.success(),
+            "update {gres} was accepted: {}",
+            text(&o)
+        );
+        assert_eq!(tres(&stack), before, "the job's GRES after {gres}");
+    }
+    assert_eq!(stack.cluster.node_state().unwrap(), "idle");
+    let mut c = stack.cluster.cmd("scancel");
+    c.arg(id.to_string());
+    stack.cluster.run(c).unwrap();
 }

@@ -1516,6 +1516,54 @@ fn get_user_env_is_refused_at_submit() {
 }
 
 #[test]
+fn export_none_refusal_names_export() {
+    if !require_root("export_none_refusal_names_export") {
+        return;
+    }
+    let _g = serial();
+    let e = env();
+    let s = &e.stack;
+    let (script, out) = e.script(&e.t.acme1, "export", "true\n");
+    // sbatch itself asks for the login environment with these (SLURM_GET_USER_ENV=1).
+    for export in ["--export=NONE", "--export=TENANCY_E2E_VAR=1"] {
+        let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
+        c.args(["--tenant=acme", export, "-o"])
+            .arg(&out)
+            .arg(&script);
+        let o = s.cluster.run(c).unwrap();
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "sbatch {export} was accepted");
+        assert!(
+            err.contains("tenancy:")
+                && err.contains("--export=NONE")
+                && err.contains("--export=ALL"),
+            "sbatch {export}: the refusal names --export and what to use instead: {err}"
+        );
+    }
+    assert_eq!(s.cluster.node_state().unwrap(), "idle");
+    // What the refusal suggests runs, with the variable set where it is submitted.
+    let (script, out) = e.script(&e.t.acme1, "export-all", "echo \"var=$TENANCY_E2E_VAR\"\n");
+    let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
+    c.env("TENANCY_E2E_VAR", "exported")
+        .args(["--tenant=acme", "--export=ALL", "-o"])
+        .arg(&out)
+        .arg(&script);
+    let o = s.cluster.run(c).unwrap();
+    assert!(
+        o.status.success(),
+        "sbatch --export=ALL: {}",
+        text(&o.stderr)
+    );
+    let id = submitted_id(&o).unwrap();
+    let info = s
+        .cluster
+        .wait_job_done(id, Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+    assert_eq!(fs::read_to_string(&out).unwrap().trim(), "var=exported");
+}
+
+#[test]
 fn get_user_env_allowed_by_the_tier_is_warned_by_doctor() {
     if !require_root("get_user_env_allowed_by_the_tier_is_warned_by_doctor") {
         return;
