@@ -10,7 +10,7 @@ use crate::layer::{AuditSummary, JobPlan, Layer, LayerError};
 use crate::layers::network;
 use chrono::Utc;
 use serde_json::Value;
-use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{group_gid, Config, Identity, Refusal};
 
 /// How a prolog or epilog run ended; the binary prints `message` and exits with `code`.
@@ -195,7 +195,7 @@ impl<'c> Spine<'c> {
     }
 
     /// Appends one audit record; the caller decides what a failure means (fail closed).
-    pub fn audit(&self, rec: &mut Record) -> Result<tenancy_audit::Appended, String> {
+    pub fn audit(&self, rec: &mut Record) -> Result<tenancy_audit_log::Appended, String> {
         append_anchored(self.config, rec)
     }
 
