@@ -641,7 +641,7 @@ fn rpms_build_and_lint() {
         return;
     };
     let slurm = slurm_release();
-    let major = slurm.rsplitn(2, '.').nth(1).unwrap().to_string();
+    let major = slurm.rsplit_once('.').unwrap().0.to_string();
     let arch = std::env::consts::ARCH;
     let names: Vec<String> = rpms.iter().map(|r| names_of(r)).collect();
     assert_eq!(
@@ -698,7 +698,7 @@ fn rpms_build_and_lint() {
     assert!(
         requires
             .lines()
-            .any(|l| l == format!("slurm-tenancy(x86-64) = 0.1.0-1")),
+            .any(|l| l == "slurm-tenancy(x86-64) = 0.1.0-1"),
         "{requires}"
     );
     let conflicts = rpm_query(spank, &["--conflicts"]);
