@@ -60,9 +60,17 @@ fn slurm_bindings(
             println!("cargo:rustc-cfg=slurm_ge_{name}");
         }
     }
+    // clang gets the Slurm folder alone (a copy in OUT_DIR), not all of `include`: that is
+    // usually /usr/include, whose C library headers would then come before the ones the
+    // target's compiler names (scripts/build-portable's zig, for glibc 2.28: its headers and
+    // `__GLIBC_MINOR__` in BINDGEN_EXTRA_CLANG_ARGS) and clash with them.
+    let own = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("slurm-include");
+    if let Err(e) = copy_slurm_headers(&include, &own) {
+        fail(format!("cannot copy the Slurm headers into {}: {e}", own.display()));
+    }
     let builder = bindgen::Builder::default()
         .header_contents("wrapper.h", wrapper)
-        .clang_arg(format!("-I{}", include.display()))
+        .clang_arg(format!("-I{}", own.display()))
         .layout_tests(false);
     // bindgen panics when libclang cannot be loaded: say so plainly.
     let generated =
@@ -76,4 +84,18 @@ fn slurm_bindings(
         fail(why);
     }
     std::fs::write(&out, bindings).expect("write bindings.rs");
+}
+
+/// `<include>/slurm/*.h` into `<to>/slurm/`, and nothing else.
+fn copy_slurm_headers(include: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    let dest = to.join("slurm");
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(&dest)?;
+    for entry in std::fs::read_dir(include.join("slurm"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "h") && path.is_file() {
+            std::fs::copy(&path, dest.join(path.file_name().expect("a file name")))?;
+        }
+    }
+    Ok(())
 }
