@@ -361,7 +361,10 @@ fn cross_node_keys_are_checked() {
 #[test]
 fn scratch_encryption_is_off_unless_required() {
     let c = parse(SAMPLE).unwrap();
-    assert_eq!(c.tiers["regulated"].scratch_encryption, ScratchEncryption::Off);
+    assert_eq!(
+        c.tiers["regulated"].scratch_encryption,
+        ScratchEncryption::Off
+    );
     let required = sample_with(
         "retain_days = 30\n",
         "retain_days = 30\nscratch_encryption = \"required\"\n",
@@ -371,7 +374,10 @@ fn scratch_encryption_is_off_unless_required() {
         c.tiers["regulated"].scratch_encryption,
         ScratchEncryption::Required
     );
-    assert_eq!(c.tiers["internal"].scratch_encryption, ScratchEncryption::Off);
+    assert_eq!(
+        c.tiers["internal"].scratch_encryption,
+        ScratchEncryption::Off
+    );
     let off = sample_with(
         "retain_days = 30\n",
         "retain_days = 30\nscratch_encryption = \"off\"\n",
