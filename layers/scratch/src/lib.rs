@@ -775,6 +775,15 @@ pub fn retain_encrypted(spec: &ScratchSpec, id: KeyId, now: SystemTime) -> Resul
     })
 }
 
+/// Whether job folders under the scratch root `root` can be encrypted: the file system as
+/// the kernel names it, or why not (naming it, and what to do). What the prolog of a tier with
+/// `scratch_encryption = "required"` decides on, and `tenancyctl doctor` reports.
+pub fn encryption_support(root: &Path) -> std::result::Result<String, String> {
+    let fd = open_root(root).map_err(|e| e.to_string())?;
+    fscrypt::probe(&fd, root)?;
+    Ok(fscrypt::describe_fs(&fd, root))
+}
+
 /// The key of the encrypted folder `<root>/<tenant>/<name>`, `None` when it is not one (or is
 /// not there).
 pub fn folder_key(root: &Path, tenant: &str, name: &str) -> Option<KeyId> {
