@@ -241,6 +241,13 @@ fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
             .filter(|u| *u != 0 && tenants_of[u] == 1);
         map.insert(t.name.clone(), gids, uids);
     }
+    let encrypted = config.tenants.values().filter(|t| {
+        config.tier_of(t).scratch_encryption == tenancy_config::ScratchEncryption::Required
+    });
+    map.require_encrypted_scratch(
+        &config.cluster.scratch_root,
+        encrypted.map(|t| t.name.clone()),
+    );
     map
 }
 
