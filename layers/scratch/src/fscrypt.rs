@@ -275,7 +275,8 @@ pub fn remove_key(fs: impl AsFd, id: KeyId) -> Result<Removal, Errno> {
             Ok(Removal::FilesBusy)
         }
         Ok(()) => Ok(Removal::Removed),
-        Err(Errno::NOKEY) => Ok(Removal::Absent),
+        // No such key, or a file system that cannot hold one (nothing was ever added there).
+        Err(Errno::NOKEY) | Err(Errno::NOTTY) | Err(Errno::OPNOTSUPP) => Ok(Removal::Absent),
         Err(e) => Err(e),
     }
 }
