@@ -1599,11 +1599,9 @@ fn encrypted_tier_job_uses_its_tmpdir() {
     }
     let _g = serial();
     let mut e = env();
-    let mut scratch_fs = tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(
-        &e.stack.paths.scratch_root,
-        256,
-    )
-    .expect("an ext4 -O encrypt loop mount over the scratch root");
+    let mut scratch_fs =
+        tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&e.stack.paths.scratch_root, 256)
+            .expect("an ext4 -O encrypt loop mount over the scratch root");
     tenancy_e2e::scratch_fs::require_encryption(&e.stack.config, "regulated").unwrap();
     let body = "set -e\n\
         echo \"tmpdir=$TMPDIR\"\n\
@@ -1628,7 +1626,12 @@ fn encrypted_tier_job_uses_its_tmpdir() {
             .unwrap();
         assert_eq!(info["JobState"], "COMPLETED", "{tenant}: {info:?}");
         let o = fs::read_to_string(&out).unwrap();
-        let folder = e.stack.paths.scratch_root.join(tenant).join(format!("job_{id}"));
+        let folder = e
+            .stack
+            .paths
+            .scratch_root
+            .join(tenant)
+            .join(format!("job_{id}"));
         for want in [
             format!("tmpdir={}", folder.display()),
             "mktemp=inside".into(),
@@ -1674,14 +1677,21 @@ fn encrypted_tier_job_uses_its_tmpdir() {
     let mut locked = 0;
     for ent in fs::read_dir(&retained[0].path).unwrap().flatten() {
         let n = ent.file_name().to_string_lossy().into_owned();
-        assert!(!["big", "link"].contains(&n.as_str()), "a name in clear: {n}");
+        assert!(
+            !["big", "link"].contains(&n.as_str()),
+            "a name in clear: {n}"
+        );
         if ent.file_type().unwrap().is_file() {
             let err = fs::read(ent.path()).unwrap_err();
             assert_eq!(err.raw_os_error(), Some(libc::ENOKEY), "{err}");
             locked += 1;
         }
     }
-    assert!(locked >= 1, "no locked file in {}", retained[0].path.display());
+    assert!(
+        locked >= 1,
+        "no locked file in {}",
+        retained[0].path.display()
+    );
     e.stack.stop().unwrap();
     scratch_fs.remove();
 }

@@ -142,7 +142,11 @@ fn main() -> anyhow::Result<ExitCode> {
         }
         Cmd::EmptyTrash { root } => {
             let done = timed(|| trash::empty(&root, true))?;
-            println!("removed {} failed {}", done.removed.len(), done.failed.len());
+            println!(
+                "removed {} failed {}",
+                done.removed.len(),
+                done.failed.len()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::BenchCreate {
