@@ -44,7 +44,7 @@ pub(crate) fn to_hex(bytes: &[u8]) -> String {
 /// The bytes of an even-length hex string; `None` for anything else.
 pub(crate) fn from_hex(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
-    if b.len() % 2 != 0 || !b.iter().all(u8::is_ascii_hexdigit) {
+    if b.len() & 1 == 1 || !b.iter().all(u8::is_ascii_hexdigit) {
         return None;
     }
     b.chunks(2)

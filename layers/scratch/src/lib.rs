@@ -838,7 +838,7 @@ pub fn list_retained(root: &Path, tenant: Option<&str>) -> Result<Vec<RetainedFo
         let Ok(name) = ent.file_name().to_str() else {
             continue;
         };
-        if validate_tenant_name(name).is_ok() && tenant.is_none_or(|t| t == name) {
+        if validate_tenant_name(name).is_ok() && (tenant.is_none() || tenant == Some(name)) {
             tenants.push(name.to_string());
         }
     }
