@@ -10,8 +10,10 @@
 # sparse image under BENCH_DIR, about SIZE + 2 GB at most), and removes it at the end.
 #   cargo build --release -p tenancy-scratch --examples
 #   sudo bench/scratch-erase.sh
-# Env: SIZES ("1 10", GB), DIRTY_SIZES ("1"), FILE_KB (64: the files' size), FILES_PER_DIR
-#   (1000), JOBS (200), BENCH_DIR (/var/tmp/tenancy-erase-bench), BIN (target/release).
+# Env: SIZES ("1 10", GB), STATES ("cached cold"), DIRTY_SIZES ("1"), FILE_KB (64: the files' size), FILES_PER_DIR
+#   (1000), JOBS (200), BENCH_DIR (/var/tmp/tenancy-erase-bench), BIN (target/release),
+#   MIN_FREE_GB (3: a fill stops, and the bench fails, when the disk of BENCH_DIR has less free:
+#   the machine is shared).
 # The epilog step is timed in three states of the job's data: "cached" (written, synced, still
 # in the page cache: a job whose output is on disk), "cold" (synced and the caches dropped: data
 # the node evicted during a long job) and, for DIRTY_SIZES, "dirty" (written just before the
@@ -21,7 +23,7 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 BIN=${BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
-SIZES=${SIZES:-"1 10"}; DIRTY_SIZES=${DIRTY_SIZES-"1"}; FILE_KB=${FILE_KB:-64}; FILES_PER_DIR=${FILES_PER_DIR:-1000}
+SIZES=${SIZES-"1 10"}; STATES=${STATES:-"cached cold"}; MIN_FREE_GB=${MIN_FREE_GB:-3}; DIRTY_SIZES=${DIRTY_SIZES-"1"}; FILE_KB=${FILE_KB:-64}; FILES_PER_DIR=${FILES_PER_DIR:-1000}
 JOBS=${JOBS:-200}; BENCH_DIR=${BENCH_DIR:-/var/tmp/tenancy-erase-bench}
 tool=$BIN/examples/scratchtool
 [ -x "$tool" ] || { echo "missing $tool: cargo build --release -p tenancy-scratch --examples" >&2; exit 2; }
@@ -51,15 +53,19 @@ echo "host: $(nproc) CPUs, kernel $(uname -r), $(findmnt -no SOURCE,FSTYPE "$mnt
 # Fills the job folder $1 with $2 GB in files of FILE_KB KiB, FILES_PER_DIR a folder; syncs
 # unless $3 is dirty.
 fill() {
-  python3 - "$1" "$2" "$FILE_KB" "$FILES_PER_DIR" <<'EOF'
+  python3 - "$1" "$2" "$FILE_KB" "$FILES_PER_DIR" "$BENCH_DIR" "$MIN_FREE_GB" <<'EOF'
 import os, sys
 top, gb, kb, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+host, min_free = sys.argv[5], int(sys.argv[6]) << 30
 chunk = os.urandom(kb * 1024)
 n = gb * 1024 * 1024 // kb
 for i in range(n):
     d = os.path.join(top, "d%05d" % (i // per))
     if i % per == 0:
         os.mkdir(d)
+        st = os.statvfs(host)
+        if st.f_bavail * st.f_frsize < min_free:
+            sys.exit("bench: less than %d GB free on %s: stopped" % (min_free >> 30, host))
     with open(os.path.join(d, "f%06d" % i), "wb") as f:
         f.write(chunk)
 print(n)
@@ -70,7 +76,7 @@ EOF
 job=1
 printf '%-6s %-8s %-7s %-14s %12s %22s\n' size files state variant "epilog ms" "after the epilog (ms)"
 for size in $SIZES; do
-  states="cached cold"
+  states=$STATES
   case " $DIRTY_SIZES " in *" $size "*) states="$states dirty" ;; esac
   for state in $states; do
     for variant in wipe crypto-erase; do
