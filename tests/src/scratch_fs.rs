@@ -11,6 +11,8 @@ pub struct EncryptedScratch {
     pub mount: PathBuf,
     pub image: PathBuf,
     mounted: bool,
+    /// The same file system bound into a Slurm release root ([`Self::also_in_root`]).
+    binds: Vec<PathBuf>,
 }
 
 fn run(cmd: &str, args: &[&str]) -> Result<()> {
@@ -51,6 +53,7 @@ impl EncryptedScratch {
             mount: scratch_root.to_path_buf(),
             image,
             mounted: true,
+            binds: Vec::new(),
         };
         std::fs::set_permissions(
             scratch_root,
@@ -59,9 +62,26 @@ impl EncryptedScratch {
         Ok(fs)
     }
 
+    /// Binds the file system at the same path inside the root folder `root` (a Slurm
+    /// release's, whose daemons run in it with chroot): the host's mounts are private, so one
+    /// made after the root's bind of the temp folder does not show there by itself.
+    pub fn also_in_root(&mut self, root: &Path) -> Result<()> {
+        let at = root.join(self.mount.strip_prefix("/").unwrap_or(&self.mount));
+        let (from, to) = (self.mount.display().to_string(), at.display().to_string());
+        run("mount", &["--bind", &from, &to])?;
+        self.binds.push(at);
+        Ok(())
+    }
+
     /// Unmounts (lazily when something still holds it: a deleter at work) and removes the
     /// image. Idempotent.
     pub fn remove(&mut self) {
+        for at in self.binds.drain(..).rev() {
+            let at = at.display().to_string();
+            if run("umount", &[&at]).is_err() {
+                let _ = run("umount", &["-l", &at]);
+            }
+        }
         if self.mounted {
             let m = self.mount.display().to_string();
             let mut done = false;

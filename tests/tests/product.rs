@@ -1602,6 +1602,11 @@ fn encrypted_tier_job_uses_its_tmpdir() {
     let mut scratch_fs =
         tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&e.stack.paths.scratch_root, 256)
             .expect("an ext4 -O encrypt loop mount over the scratch root");
+    if let Some(r) = &e.stack.cluster.slurm_root {
+        scratch_fs
+            .also_in_root(&r.dir)
+            .expect("the mount in the release root");
+    }
     tenancy_e2e::scratch_fs::require_encryption(&e.stack.config, "regulated").unwrap();
     let body = "set -e\n\
         echo \"tmpdir=$TMPDIR\"\n\
