@@ -98,6 +98,38 @@ fn tmpdir(w: &World, job: u64) -> PathBuf {
     PathBuf::from(made["path"].as_str().unwrap())
 }
 
+/// `tenancyctl reconcile --apply` with no job running, for this world's tenants alone (the
+/// host's product cgroups of other tests' tenants are not this test's to judge).
+fn reconcile(w: &World) -> Option<Output> {
+    let none = w.root.join("no-jobs");
+    std::fs::write(&none, "").unwrap();
+    let mut args = vec![
+        "reconcile".to_string(),
+        "--apply".into(),
+        "--node".into(),
+        "node1".into(),
+        "--running-jobs-from".into(),
+        none.display().to_string(),
+    ];
+    for t in &w.tenants {
+        args.extend(["--tenant".into(), t.clone()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    tenancyctl(w, &args)
+}
+
+/// Waits (20 s at most) until the trash of the world's scratch root holds nothing.
+fn wait_trash_empty(w: &World, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while tenancy_scratch::trash::has_entries(&scratch_root(w)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the trash was not emptied"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// `tenancyctl ARGS` with the world's config, in its network namespace.
 fn tenancyctl(w: &World, args: &[&str]) -> Option<Output> {
     let bin = product_binary("tenancyctl")?;
@@ -261,6 +293,9 @@ fn wipe_is_crypto_erase() {
     let env: Vec<(OsString, OsString)> = vec![("TENANCY_EMPTY_TRASH".into(), root.into())];
     let out = w.run(&["epilog"], &env);
     assert!(out.status.success(), "{}", text(&out));
+    // (A deleter the epilog started may have taken the trash first, as soon as it was let go:
+    // then this one left it to that one.)
+    wait_trash_empty(&w, "the deleter");
     assert!(!entry.exists(), "the deleter left the erased folder");
 
     // A file still open at the key removal (a process outside the job holds it): the key's
@@ -301,6 +336,7 @@ fn wipe_is_crypto_erase() {
     drop(held);
     let out = w.run(&["epilog"], &env);
     assert!(out.status.success(), "{}", text(&out));
+    wait_trash_empty(&w, "the deleter after the busy file");
     assert!(!entry.exists());
     assert_eq!(
         status(&w, id),
@@ -313,14 +349,7 @@ fn wipe_is_crypto_erase() {
     let out = as_user(&w, 0, &tmpdir(&w, 21), "seq 100000 > \"$TMPDIR/f\"");
     assert!(out.status.success(), "{}", text(&out));
     epilog(&w, 21, 0, None);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while tenancy_scratch::trash::has_entries(&scratch_root(&w)) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the detached deleter did not empty the trash"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_trash_empty(&w, "the detached deleter");
     w.assert_nothing_left("after two erased jobs");
 }
 
@@ -422,20 +451,7 @@ fn retained_scratch_unlocks_until_expiry() {
     let (job, ts) = name.rsplit_once('.').unwrap();
     let old = folder.with_file_name(format!("{job}.{}", ts.parse::<u64>().unwrap() - 2 * 86_400));
     std::fs::rename(&folder, &old).unwrap();
-    let none = w.root.join("no-jobs");
-    std::fs::write(&none, "").unwrap();
-    let out = tenancyctl(
-        &w,
-        &[
-            "reconcile",
-            "--apply",
-            "--node",
-            "node1",
-            "--running-jobs-from",
-            none.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
+    let out = reconcile(&w).unwrap();
     assert!(out.status.success(), "reconcile: {}", text(&out));
     assert!(!old.exists(), "the expired folder is still there");
     assert!(!wrapped.exists(), "the wrapped key outlived retention");
@@ -540,8 +556,6 @@ fn killed_prolog_leaves_no_unfound_key() {
     epilog(&w, 100, 0, Some("1g.18gb"));
     let made_at = seen.iter().position(|s| s == "made scratch").unwrap();
     assert!(seen.iter().position(|s| s == "intended scratch").unwrap() + 1 == made_at);
-    let none = w.root.join("no-jobs");
-    std::fs::write(&none, "").unwrap();
     for (t, tenant_tier) in [(0usize, "wipe"), (1, "retain")] {
         for (i, want) in seen.iter().enumerate() {
             let n = i + 1;
@@ -583,18 +597,7 @@ fn killed_prolog_leaves_no_unfound_key() {
                 match *then {
                     "epilog" => epilog(&w, job, t, Some("1g.18gb")),
                     _ => {
-                        let out = tenancyctl(
-                            &w,
-                            &[
-                                "reconcile",
-                                "--apply",
-                                "--node",
-                                "node1",
-                                "--running-jobs-from",
-                                none.to_str().unwrap(),
-                            ],
-                        )
-                        .expect("tenancyctl");
+                        let out = reconcile(&w).expect("tenancyctl");
                         assert!(
                             out.status.success(),
                             "{tenant_tier}: reconcile after a kill at {want}: {}",
