@@ -547,6 +547,8 @@ fn run() -> Result<u32> {
 
     say("Shutting the cluster down");
     drop(demo);
+    // The encrypted scratch root's file system, after the cluster (and its epilogs) stopped.
+    drop(scratch_fs);
     drop(users);
     drop(root);
     println!("done: daemons stopped, users and temp folders removed");
