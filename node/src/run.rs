@@ -176,7 +176,7 @@ fn spawn_trash_emptier(scratch_root: &std::path::Path) -> Option<String> {
     match spawned {
         Ok(_) => None,
         Err(e) => Some(format!(
-            "the erased scratch folders wait in {}/{} (starting their deletion failed: {e};              `tenancyctl reconcile --apply` deletes them)",
+            "the erased scratch folders wait in {}/{} (starting their deletion failed: {e}; `tenancyctl reconcile --apply` deletes them)",
             scratch_root.display(),
             tenancy_scratch::trash::TRASH_DIR
         )),

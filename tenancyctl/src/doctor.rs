@@ -675,7 +675,7 @@ fn scratch_encryption_rows(config: &Config, rows: &mut Vec<Row>) {
                 &check,
                 Severity::Ok,
                 format!(
-                    "tier {name}: each job folder is encrypted with a key of its own                      ({}) on {fs}",
+                    "tier {name}: each job folder is encrypted with a key of its own ({}) on {fs}",
                     tenancy_scratch::fscrypt::POLICY_NAME
                 ),
                 None,
@@ -684,17 +684,17 @@ fn scratch_encryption_rows(config: &Config, rows: &mut Vec<Row>) {
                 &check,
                 Severity::Error,
                 format!(
-                    "tier {name} requires scratch_encryption, and every job of it fails at                      the prolog: {why}"
+                    "tier {name} requires scratch_encryption, and every job of it fails at the prolog: {why}"
                 ),
                 Some(format!(
-                    "move cluster.scratch_root to a file system with fscrypt (ext4 made with                      `mkfs.ext4 -O encrypt`), or set scratch_encryption = \"off\" in                      [tiers.{name}]"
+                    "move cluster.scratch_root to a file system with fscrypt (ext4 made with `mkfs.ext4 -O encrypt`), or set scratch_encryption = \"off\" in [tiers.{name}]"
                 )),
             ),
             (ScratchEncryption::Off, Ok(fs)) => row(
                 &check,
                 Severity::Ok,
                 format!(
-                    "tier {name}: scratch_encryption off, job folders in clear; {fs} supports                      it (scratch_encryption = \"required\")"
+                    "tier {name}: scratch_encryption off, job folders in clear; {fs} supports it (scratch_encryption = \"required\")"
                 ),
                 None,
             ),
@@ -702,7 +702,7 @@ fn scratch_encryption_rows(config: &Config, rows: &mut Vec<Row>) {
                 &check,
                 Severity::Ok,
                 format!(
-                    "tier {name}: scratch_encryption off, job folders in clear; it could not                      be turned on here: {why}"
+                    "tier {name}: scratch_encryption off, job folders in clear; it could not be turned on here: {why}"
                 ),
                 None,
             ),
@@ -730,7 +730,7 @@ fn scratch_encryption_rows(config: &Config, rows: &mut Vec<Row>) {
                     "scratch.node_key",
                     Severity::Ok,
                     format!(
-                        "{}: root's alone; it unseals the keys of retained encrypted folders                          (back it up with the state folder's care: without it they cannot                          be unlocked)",
+                        "{}: root's alone; it unseals the keys of retained encrypted folders (back it up with the state folder's care: without it they cannot be unlocked)",
                         path.display()
                     ),
                     None,

@@ -631,7 +631,7 @@ fn encrypt_new_folder(
         return Err(ScratchError::Encryption {
             job: spec.job_id,
             msg: format!(
-                "the kernel named the job's key {added}, not {id}: refusing an unknown key                  derivation"
+                "the kernel named the job's key {added}, not {id}: refusing an unknown key derivation"
             ),
         });
     }
@@ -884,7 +884,7 @@ pub fn unlock(root: &Path, folder: &RetainedFolder, store: &KeyStore) -> Result<
     if owner.tenant != folder.tenant || owner.job_id != folder.job_id {
         return Err(ScratchError::Key {
             msg: format!(
-                "the wrapped key {id} belongs to tenant {} job {}, not to {} (tenant {} job {}):                  not unlocked",
+                "the wrapped key {id} belongs to tenant {} job {}, not to {} (tenant {} job {}): not unlocked",
                 owner.tenant,
                 owner.job_id,
                 folder.path.display(),

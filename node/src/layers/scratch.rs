@@ -121,7 +121,7 @@ impl TypedLayer for Scratch<'_> {
         };
         let key = self.key.take().filter(|k| k.id() == id).ok_or_else(|| {
             format!(
-                "the key {id} of this intent is not in this process (only the prolog that                  journaled an intent can make its folder); the job does not run"
+                "the key {id} of this intent is not in this process (only the prolog that journaled an intent can make its folder); the job does not run"
             )
         })?;
         let store = intent.key_store.as_deref().map(KeyStore::new);
