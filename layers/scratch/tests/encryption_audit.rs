@@ -47,7 +47,7 @@ fn unencrypted_job_scratch_of_an_encrypted_tier_is_reported() {
     map.insert("ta", [ga.gid], [ua.uid]);
     map.insert("tb", [gb.gid], [ub.uid]);
     map.require_encrypted_scratch(&root, ["ta".to_string()]);
-    let report = audit_paths(&[root.clone()], &map, Some(1), false).unwrap();
+    let report = audit_paths(std::slice::from_ref(&root), &map, Some(1), false).unwrap();
     let found: Vec<String> = report
         .findings
         .iter()
@@ -59,7 +59,7 @@ fn unencrypted_job_scratch_of_an_encrypted_tier_is_reported() {
     assert_eq!(found[1], "ta/job_2", "{found:?}");
     // Without the requirement, nothing of the kind.
     map.encrypted_scratch = None;
-    let report = audit_paths(&[root.clone()], &map, Some(1), false).unwrap();
+    let report = audit_paths(std::slice::from_ref(&root), &map, Some(1), false).unwrap();
     assert!(!report
         .findings
         .iter()
