@@ -43,6 +43,29 @@ pub enum ScratchOnExit {
     Retain,
 }
 
+/// Whether a tier's job scratch folders are encrypted at rest (fscrypt v2, a key per job;
+/// docs/encrypted-scratch.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScratchEncryption {
+    /// Plain folders (the default).
+    #[default]
+    Off,
+    /// Every job folder is an fscrypt directory with a fresh key; a scratch root that cannot
+    /// (no fscrypt on its file system) fails the job at the prolog.
+    Required,
+}
+
+impl ScratchEncryption {
+    /// The config's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScratchEncryption::Off => "off",
+            ScratchEncryption::Required => "required",
+        }
+    }
+}
+
 /// Where slurmctld puts a MIG job of a tier with `share_gpu = false`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -105,6 +128,9 @@ pub struct Tier {
     pub retain_days: u32,
     /// Mode of the job's scratch folder (owner is the job's user).
     pub scratch_mode: u32,
+    /// `scratch_encryption`: the job folder encrypted with a key of its own (default off).
+    #[serde(default)]
+    pub scratch_encryption: ScratchEncryption,
     /// Extra device classes a job of this tier may open, in cgroup syntax (`c 1:3 rwm`).
     pub device_classes: Vec<String>,
     /// Jobs may ask slurmd for the user's login environment (`sbatch --get-user-env`, which
@@ -206,6 +232,7 @@ struct RawTier {
     #[serde(default)]
     retain_days: u32,
     scratch_mode: Option<Spanned<String>>,
+    scratch_encryption: Option<Spanned<String>>,
     #[serde(default)]
     device_classes: Vec<Spanned<String>>,
     #[serde(default)]
@@ -610,6 +637,24 @@ impl Validator<'_> {
                     }
                 },
             };
+            let scratch_encryption = match &t.scratch_encryption {
+                None => ScratchEncryption::Off,
+                Some(e) => match e.get_ref().as_str() {
+                    "off" => ScratchEncryption::Off,
+                    "required" => ScratchEncryption::Required,
+                    other => {
+                        self.problem(
+                            e,
+                            format!(
+                                "bad scratch_encryption '{other}' for tier '{name}': \"required\" \
+                                 (each job folder encrypted with a key of its own, fscrypt; \
+                                 docs/encrypted-scratch.md) or \"off\""
+                            ),
+                        );
+                        ScratchEncryption::Off
+                    }
+                },
+            };
             let mut classes = Vec::new();
             for d in &t.device_classes {
                 if let Err(why) = valid_device_class(d.get_ref()) {
@@ -635,6 +680,7 @@ impl Validator<'_> {
                     scratch_on_exit: t.scratch_on_exit,
                     retain_days: t.retain_days,
                     scratch_mode,
+                    scratch_encryption,
                     device_classes: classes,
                     allow_get_user_env: t.allow_get_user_env,
                 },

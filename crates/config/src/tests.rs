@@ -355,3 +355,56 @@ fn cross_node_keys_are_checked() {
         "{p:?}"
     );
 }
+
+/// `scratch_encryption`: off unless a tier says "required"; anything else is refused, naming
+/// the tier and the two values.
+#[test]
+fn scratch_encryption_is_off_unless_required() {
+    let c = parse(SAMPLE).unwrap();
+    assert_eq!(
+        c.tiers["regulated"].scratch_encryption,
+        ScratchEncryption::Off
+    );
+    let required = sample_with(
+        "retain_days = 30\n",
+        "retain_days = 30\nscratch_encryption = \"required\"\n",
+    );
+    let c = parse(&required).unwrap();
+    assert_eq!(
+        c.tiers["regulated"].scratch_encryption,
+        ScratchEncryption::Required
+    );
+    assert_eq!(
+        c.tiers["internal"].scratch_encryption,
+        ScratchEncryption::Off
+    );
+    let off = sample_with(
+        "retain_days = 30\n",
+        "retain_days = 30\nscratch_encryption = \"off\"\n",
+    );
+    assert_eq!(
+        parse(&off).unwrap().tiers["regulated"].scratch_encryption,
+        ScratchEncryption::Off
+    );
+    for bad in ["\"yes\"", "\"Required\"", "\"\""] {
+        let text = sample_with(
+            "retain_days = 30\n",
+            &format!("retain_days = 30\nscratch_encryption = {bad}\n"),
+        );
+        let p = single_problem(&text);
+        assert!(
+            p.message.contains("bad scratch_encryption")
+                && p.message.contains("tier 'regulated'")
+                && p.message.contains("\"required\"")
+                && p.message.contains("\"off\""),
+            "{p:?}"
+        );
+        assert_eq!(p.line, line_of(&text, "scratch_encryption"), "{p:?}");
+    }
+    // Not a string at all: refused by the parser, with its position.
+    let text = sample_with(
+        "retain_days = 30\n",
+        "retain_days = 30\nscratch_encryption = true\n",
+    );
+    assert!(parse(&text).is_err());
+}

@@ -250,6 +250,8 @@ pub enum Claim {
     Cgroup(PathBuf),
     /// A job's folder under a tenant's (scratch).
     JobFolder { tenant: String, job_id: u64 },
+    /// An encrypted job folder's key (its identifier), and its wrapped copy (scratch).
+    ScratchKey(String),
 }
 
 /// A layer with typed intents and results. Every `TypedLayer` is a [`Layer`]: the spine

@@ -153,6 +153,61 @@ fn asked_for_mig() -> bool {
     std::env::var_os("SPANK_TENANCY_MIG").is_some_and(|v| !v.is_empty())
 }
 
+/// Set in the environment of the detached process an epilog starts to delete the erased job
+/// folders it moved into the trash of the scratch root named here ([`empty_trash`]).
+pub const EMPTY_TRASH: &str = "TENANCY_EMPTY_TRASH";
+
+/// Starts this same program (its arguments, its environment) detached from the prolog or
+/// epilog, in a process group of its own (Slurm ends the group of its script) with no
+/// standard streams (slurmd waits for the script's output to close), to delete what this
+/// process moved into the trash of `scratch_root`; it deletes at low priority and leaves at
+/// once if another one is at it. A failure to start is reported: the trash waits for the next
+/// epilog or `tenancyctl reconcile`.
+fn spawn_trash_emptier(scratch_root: &std::path::Path) -> Option<String> {
+    use std::os::unix::process::CommandExt;
+    let spawned = std::process::Command::new("/proc/self/exe")
+        .args(std::env::args_os().skip(1))
+        .env(EMPTY_TRASH, scratch_root)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn();
+    match spawned {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "the erased scratch folders wait in {}/{} (starting their deletion failed: {e}; `tenancyctl reconcile --apply` deletes them)",
+            scratch_root.display(),
+            tenancy_scratch::trash::TRASH_DIR
+        )),
+    }
+}
+
+/// The detached deleter's body ([`EMPTY_TRASH`] set): empties that trash, at the lowest CPU
+/// and I/O priority, and exits 0 (nothing of it is Slurm's business any more).
+fn empty_trash() -> Option<u8> {
+    let root = std::env::var_os(EMPTY_TRASH)?;
+    let _ = rustix::process::setpriority_process(None, 19);
+    // ioprio_set(IOPRIO_WHO_PROCESS, self, IOPRIO_CLASS_IDLE): rustix has no wrapper.
+    // SAFETY: a plain system call with integer arguments.
+    unsafe {
+        libc::syscall(libc::SYS_ioprio_set, 1, 0, 3 << 13);
+    }
+    let _ = tenancy_scratch::trash::empty(std::path::Path::new(&root), false);
+    Some(0)
+}
+
+/// Ends a prolog or epilog run: a folder moved into the trash gets its deleter started first.
+fn finish_run(config: &Config, mut end: Ending) -> u8 {
+    if tenancy_scratch::trash::pending() {
+        if let Some(note) = spawn_trash_emptier(&config.cluster.scratch_root) {
+            end.message.push_str("; ");
+            end.message.push_str(&note);
+        }
+    }
+    finish_or_drain(end)
+}
+
 /// [`prolog`], as an exit status: the body of `tenancy-prolog` and of [`DYNAMIC_BUILD`].
 ///
 /// `tenancy-prolog` is statically linked (build-support/link.rs). A job it cannot run alone
@@ -162,6 +217,9 @@ fn asked_for_mig() -> bool {
 /// the spine meets the rest (a tier's profile, an earlier attempt's slice, a denial that other
 /// NSS sources might overturn) and reports a failed hand-off.
 pub fn prolog_status() -> u8 {
+    if let Some(status) = empty_trash() {
+        return status;
+    }
     let handoff = (!crate::linkage::can_load_libraries()).then(|| Handoff {
         sibling: DYNAMIC_BUILD.to_string(),
         args: Vec::new(),
@@ -188,7 +246,7 @@ pub fn prolog_status() -> u8 {
             message: format!("tenancy: tenancy-prolog: {e}; failing closed"),
         },
     };
-    finish_or_drain(end)
+    finish_run(&config, end)
 }
 
 /// [`epilog`], as an exit status: the body of `tenancy-epilog`. That binary is statically
@@ -196,6 +254,9 @@ pub fn prolog_status() -> u8 {
 /// a MIG slice) is handed to the dynamically linked [`DYNAMIC_BUILD`] next to it, run as
 /// `tenancy-prolog-dynamic --epilog` ([`handed_off_epilog_status`]).
 pub fn epilog_status() -> u8 {
+    if let Some(status) = empty_trash() {
+        return status;
+    }
     if crate::linkage::can_load_libraries() {
         return epilog_with(None);
     }
@@ -234,6 +295,9 @@ pub const HANDOFF_JOB_ID: &str = "TENANCY_HANDOFF_JOB_ID";
 /// (origin `tenancy-epilog`), every layer in this process (or, in a statically linked
 /// `tenancy-prolog --epilog`, handed on as `tenancy-epilog` would).
 pub fn handed_off_epilog_status() -> u8 {
+    if let Some(status) = empty_trash() {
+        return status;
+    }
     // Single-threaded here: nothing else reads the environment yet.
     if let Some(id) = std::env::var_os(HANDOFF_JOB_ID) {
         std::env::set_var("SLURM_JOB_ID", id);
@@ -270,5 +334,5 @@ fn epilog_with(handoff: Option<Handoff>) -> u8 {
             message: format!("tenancy: tenancy-epilog: job {}: {e}", ctx.job_id),
         },
     };
-    finish_or_drain(end)
+    finish_run(&config, end)
 }

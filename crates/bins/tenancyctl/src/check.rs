@@ -47,7 +47,15 @@ pub fn run(config: &Config, format: Format) -> anyhow::Result<ExitCode> {
                 mig_profiles: tier.mig_profiles.clone(),
                 share_gpu: tier.share_gpu,
                 share_node: tier.share_node,
-                scratch_on_exit: scratch_policy(tier.scratch_on_exit, tier.retain_days),
+                scratch_on_exit: match tier.scratch_encryption {
+                    tenancy_config::ScratchEncryption::Off => {
+                        scratch_policy(tier.scratch_on_exit, tier.retain_days)
+                    }
+                    tenancy_config::ScratchEncryption::Required => format!(
+                        "{}, encrypted",
+                        scratch_policy(tier.scratch_on_exit, tier.retain_days)
+                    ),
+                },
                 unknown_groups: t
                     .groups
                     .iter()

@@ -652,6 +652,7 @@ pub fn run(config: &Config, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
 /// The product's folders, intent log and audit anchor key.
 fn state_rows(config: &Config, rows: &mut Vec<Row>) {
     root_owned_dir(&config.cluster.scratch_root, "scratch.root", rows);
+    scratch_encryption_rows(config, rows);
     root_owned_dir(&config.cluster.state_dir, "state.dir", rows);
     rows.push(intent_log_row(&config.cluster.state_dir));
     if let Some(dir) = config.cluster.audit_log.parent() {
@@ -685,6 +686,119 @@ fn dcgm_dir_row(dir: &Path) -> Row {
                 dir.display()
             )),
         ),
+    }
+}
+
+/// Per tier, whether its job folders are encrypted on this node's scratch root (a tier that
+/// requires it on a file system without fscrypt fails every job at the prolog); the node key
+/// of retained encrypted folders, and erased folders still waiting in the trash.
+fn scratch_encryption_rows(config: &Config, rows: &mut Vec<Row>) {
+    use tenancy_config::{ScratchEncryption, ScratchOnExit};
+    let root = &config.cluster.scratch_root;
+    let support = tenancy_scratch::encryption_support(root);
+    for (name, tier) in &config.tiers {
+        let check = format!("scratch.encryption.{name}");
+        rows.push(match (tier.scratch_encryption, &support) {
+            (ScratchEncryption::Required, Ok(fs)) => row(
+                &check,
+                Severity::Ok,
+                format!(
+                    "tier {name}: each job folder is encrypted with a key of its own ({}) on {fs}",
+                    tenancy_scratch::fscrypt::POLICY_NAME
+                ),
+                None,
+            ),
+            (ScratchEncryption::Required, Err(why)) => row(
+                &check,
+                Severity::Error,
+                format!(
+                    "tier {name} requires scratch_encryption, and every job of it fails at the prolog: {why}"
+                ),
+                Some(format!(
+                    "move cluster.scratch_root to a file system with fscrypt (ext4 made with `mkfs.ext4 -O encrypt`), or set scratch_encryption = \"off\" in [tiers.{name}]"
+                )),
+            ),
+            (ScratchEncryption::Off, Ok(fs)) => row(
+                &check,
+                Severity::Ok,
+                format!(
+                    "tier {name}: scratch_encryption off, job folders in clear; {fs} supports it (scratch_encryption = \"required\")"
+                ),
+                None,
+            ),
+            (ScratchEncryption::Off, Err(why)) => row(
+                &check,
+                Severity::Ok,
+                format!(
+                    "tier {name}: scratch_encryption off, job folders in clear; it could not be turned on here: {why}"
+                ),
+                None,
+            ),
+        });
+    }
+    let retains_encrypted = config.tiers.values().any(|t| {
+        t.scratch_encryption == ScratchEncryption::Required
+            && t.scratch_on_exit == ScratchOnExit::Retain
+    });
+    if retains_encrypted {
+        let store = tenancy_scratch::KeyStore::new(&config.cluster.state_dir);
+        let path = store.node_key_path();
+        rows.push(match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => row(
+                "scratch.node_key",
+                Severity::Ok,
+                format!(
+                    "{}: none yet (the first retained encrypted job makes it)",
+                    path.display()
+                ),
+                None,
+            ),
+            Ok(m) if m.is_file() && m.uid() == 0 && m.mode() & 0o077 == 0 && m.len() == 32 => {
+                row(
+                    "scratch.node_key",
+                    Severity::Ok,
+                    format!(
+                        "{}: root's alone; it unseals the keys of retained encrypted folders (back it up with the state folder's care: without it they cannot be unlocked)",
+                        path.display()
+                    ),
+                    None,
+                )
+            }
+            Ok(m) => row(
+                "scratch.node_key",
+                Severity::Error,
+                format!(
+                    "{} is not a 32-byte file of root's alone (uid {}, mode {:04o}, {} bytes)",
+                    path.display(),
+                    m.uid(),
+                    m.mode() & 0o7777,
+                    m.len()
+                ),
+                Some(format!("chown root {0} && chmod 400 {0}", path.display())),
+            ),
+            Err(e) => row(
+                "scratch.node_key",
+                Severity::Error,
+                format!("{}: {e}", path.display()),
+                None,
+            ),
+        });
+    }
+    match tenancy_scratch::trash::list(root) {
+        Ok(entries) if entries.is_empty() => {}
+        // (A missing scratch root is scratch.root's row.)
+        Err(_) if !root.is_dir() => {}
+        Ok(entries) => rows.push(row(
+            "scratch.trash",
+            Severity::Ok,
+            format!(
+                "{} erased job folder(s) (keys removed) wait for deletion in {}",
+                entries.len(),
+                root.join(tenancy_scratch::trash::TRASH_DIR).display()
+            ),
+            Some("tenancyctl reconcile --apply deletes them now".into()),
+        )),
+        Err(e) => rows.push(row("scratch.trash", Severity::Error, format!("{e}"), None)),
     }
 }
 

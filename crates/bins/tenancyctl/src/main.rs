@@ -12,6 +12,7 @@ mod output;
 mod reconcile;
 mod rotate;
 mod sacct;
+mod scratch;
 mod statement;
 
 use clap::{Parser, Subcommand};
@@ -63,6 +64,8 @@ enum Command {
     Mig(mig::MigArgs),
     /// Device programs attached to a job's cgroup
     Devices(devices::DevicesArgs),
+    /// Retained encrypted scratch: unlock (its key added again) or lock a job's folder
+    Scratch(scratch::ScratchArgs),
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
     StorageAudit(tenancy_scratch::AuditArgs),
     /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
@@ -238,6 +241,13 @@ fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
             .filter(|u| *u != 0 && tenants_of[u] == 1);
         map.insert(t.name.clone(), gids, uids);
     }
+    let encrypted = config.tenants.values().filter(|t| {
+        config.tier_of(t).scratch_encryption == tenancy_config::ScratchEncryption::Required
+    });
+    map.require_encrypted_scratch(
+        &config.cluster.scratch_root,
+        encrypted.map(|t| t.name.clone()),
+    );
     map
 }
 
@@ -298,6 +308,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
         }
         Command::Metrics(args) => metrics::run(&load(config)?, &args),
+        Command::Scratch(args) => scratch::run(&load(config)?, &args),
         Command::Adopt(args) => adopt::run(&load_for_adopt(config)?, &args),
     }
 }

@@ -166,7 +166,7 @@ fn job_ids(text: &str) -> Result<BTreeSet<u64>, String> {
     Ok(ids)
 }
 
-fn short_hostname() -> anyhow::Result<String> {
+pub(crate) fn short_hostname() -> anyhow::Result<String> {
     let h = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .context("cannot read the host name; pass --node")?;
     Ok(h.trim().split('.').next().unwrap_or_default().to_string())

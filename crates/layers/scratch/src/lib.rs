@@ -16,14 +16,19 @@
 //! symlink planted anywhere under the root is never followed.
 
 pub mod audit;
+pub mod fscrypt;
 mod fsutil;
+pub mod keys;
 pub mod quota;
+pub mod trash;
 pub use audit::{
     audit_paths, run_storage_audit, AuditArgs, Finding, Format, Report, Rule, TenantIds, TenantMap,
 };
 mod mounts;
 mod wipe;
 
+pub use fscrypt::{JobKey, KeyId, Removal};
+pub use keys::KeyStore;
 pub use quota::{QuotaSpec, QuotaStatus};
 
 use fsutil::{describe_entry, open_beneath, open_root};
@@ -84,6 +89,45 @@ pub struct Created {
     pub gid: u32,
     pub mode: u32,
     pub quota: QuotaStatus,
+    /// Set when the folder is encrypted ([`create_encrypted`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encrypted: Option<Encrypted>,
+}
+
+/// How a job folder is encrypted: its key (by identifier) and the policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Encrypted {
+    pub key_id: KeyId,
+    pub policy: String,
+    /// The file system, as the kernel and mountinfo name it.
+    pub file_system: String,
+    /// Where the key is kept wrapped by the node key (retain tiers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrapped_key: Option<PathBuf>,
+}
+
+/// Result of [`erase`]: the key removed first, then the folder moved to the trash (deleted
+/// there by [`trash::empty`]) or, where there is no trash on its file system, deleted here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Erased {
+    Trashed {
+        path: PathBuf,
+        trash: PathBuf,
+        key: Removal,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        detached: Vec<PathBuf>,
+    },
+    Removed {
+        path: PathBuf,
+        key: Removal,
+        entries: u64,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        detached: Vec<PathBuf>,
+    },
+    AlreadyGone {
+        path: PathBuf,
+        key: Removal,
+    },
 }
 
 /// Result of [`wipe`].
@@ -111,6 +155,10 @@ pub enum Retained {
         /// Mounts found under the folder and detached before the move ([`mounts`]).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         detached: Vec<PathBuf>,
+        /// An encrypted folder's key, removed before the move (it is locked until
+        /// `tenancyctl scratch unlock`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<Removal>,
     },
     AlreadyGone {
         path: PathBuf,
@@ -130,6 +178,17 @@ pub enum Action {
         age_days: u64,
         dry_run: bool,
         entries: u64,
+    },
+    /// The key of an encrypted retained folder past retention destroyed (or, in a dry run,
+    /// would be): its wrapped copy (`wrapped`, when the node kept one) and the file system's
+    /// (if it was unlocked). Comes before the folder's own [`Action::Remove`].
+    DestroyKey {
+        path: PathBuf,
+        tenant: String,
+        job_id: u64,
+        key_id: KeyId,
+        wrapped: Option<PathBuf>,
+        dry_run: bool,
     },
     /// Left alone: something that is not ours or not safe to touch.
     Skip { path: PathBuf, reason: String },
@@ -159,6 +218,10 @@ pub enum ScratchError {
     },
     #[error("scratch layer, job {job}: quota required but not applied: {msg}")]
     Quota { job: u64, msg: String },
+    #[error("scratch layer, job {job}: scratch_encryption is required but {msg}")]
+    Encryption { job: u64, msg: String },
+    #[error("scratch layer: key store: {msg}")]
+    Key { msg: String },
 }
 
 pub type Result<T> = std::result::Result<T, ScratchError>;
@@ -421,8 +484,37 @@ fn open_error(parent: &OwnedFd, name: &str, path: &Path, e: Errno) -> ScratchErr
 /// Creates `<root>/<tenant>/job_<id>` for the job, safely. Refuses, writing nothing, when the
 /// root or tenant folder is unsafe or anything already sits where the job folder goes.
 pub fn create(spec: &ScratchSpec) -> Result<Created> {
+    create_inner(spec, None)
+}
+
+/// [`create`], the folder encrypted with `key` (fscrypt v2) before its user can write in it:
+/// made root's, its policy set (naming the key, on disk from then on), the key added to the
+/// file system's keyring, and only then given to the user. With `store`, the key is kept
+/// wrapped by the node key first (retain tiers), durably. A scratch root whose file system
+/// cannot be encrypted fails before anything is written, naming the file system.
+pub fn create_encrypted(
+    spec: &ScratchSpec,
+    key: &JobKey,
+    store: Option<&KeyStore>,
+) -> Result<Created> {
+    create_inner(spec, Some((key, store)))
+}
+
+fn create_inner(spec: &ScratchSpec, enc: Option<(&JobKey, Option<&KeyStore>)>) -> Result<Created> {
     spec.validate()?;
     let root = open_root(&spec.root)?;
+    let file_system = match enc {
+        Some(_) => match fscrypt::probe(&root, &spec.root) {
+            Ok(()) => Some(fscrypt::describe_fs(&root, &spec.root)),
+            Err(msg) => {
+                return Err(ScratchError::Encryption {
+                    job: spec.job_id,
+                    msg,
+                })
+            }
+        },
+        None => None,
+    };
     // Quota support is decided before anything is written, so a required quota fails closed.
     let quota_support = spec
         .quota
@@ -460,6 +552,19 @@ pub fn create(spec: &ScratchSpec) -> Result<Created> {
         e => io_err("mkdirat", &path, e),
     })?;
     let fd = open_beneath(&tenant, &name).map_err(|e| io_err("open new job folder", &path, e))?;
+    // Encrypted before the user owns it: nothing can be written in clear.
+    let encrypted = match (enc, file_system) {
+        (Some((key, store)), Some(file_system)) => Some(encrypt_new_folder(
+            spec,
+            &root,
+            &fd,
+            &path,
+            key,
+            store,
+            file_system,
+        )?),
+        _ => None,
+    };
     rfs::fchown(
         &fd,
         Some(rfs::Uid::from_raw(spec.uid)),
@@ -491,6 +596,50 @@ pub fn create(spec: &ScratchSpec) -> Result<Created> {
         gid: spec.gid,
         mode: spec.mode,
         quota,
+        encrypted,
+    })
+}
+
+/// The encryption steps of [`create_encrypted`] on the new, empty, root-owned folder `fd`.
+fn encrypt_new_folder(
+    spec: &ScratchSpec,
+    root: &OwnedFd,
+    fd: &OwnedFd,
+    path: &Path,
+    key: &JobKey,
+    store: Option<&KeyStore>,
+    file_system: String,
+) -> Result<Encrypted> {
+    let id = key.id();
+    fscrypt::set_policy(fd, id).map_err(|e| ScratchError::Encryption {
+        job: spec.job_id,
+        msg: format!(
+            "setting the encryption policy of {} failed: {e}; check the file system ({file_system})",
+            path.display()
+        ),
+    })?;
+    let wrapped_key = store
+        .map(|s| s.store(key, &spec.tenant, spec.job_id))
+        .transpose()?;
+    let added = fscrypt::add_key(root, key).map_err(|e| ScratchError::Encryption {
+        job: spec.job_id,
+        msg: format!("adding the job's key to {file_system} failed: {e}"),
+    })?;
+    if added != id {
+        // Not the key this folder names: it could open nothing, and would be nobody's.
+        let _ = fscrypt::remove_key(root, added);
+        return Err(ScratchError::Encryption {
+            job: spec.job_id,
+            msg: format!(
+                "the kernel named the job's key {added}, not {id}: refusing an unknown key derivation"
+            ),
+        });
+    }
+    Ok(Encrypted {
+        key_id: id,
+        policy: fscrypt::POLICY_NAME.to_string(),
+        file_system,
+        wrapped_key,
     })
 }
 
@@ -529,6 +678,244 @@ pub fn wipe(spec: &ScratchSpec) -> Result<Wiped> {
             detached,
         }),
     }
+}
+
+/// Removes the key `id` of an encrypted job folder from its file system: what the folder
+/// holds is unreadable from then on, to root too.
+fn lock_job_key(spec: &ScratchSpec, id: KeyId) -> Result<Removal> {
+    if matches!(std::fs::symlink_metadata(&spec.root), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    {
+        return Ok(Removal::Absent);
+    }
+    let root = open_root(&spec.root)?;
+    trash::remove_key_fully(&root, id).map_err(|e| {
+        io_err(
+            "remove the encryption key (FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS) of",
+            &spec.job_dir(),
+            e,
+        )
+    })
+}
+
+/// [`wipe`] of an encrypted job folder: its key `id` removed first, then the tree deleted
+/// here (a rollback, an orphan; the epilog uses [`erase`]).
+pub fn wipe_encrypted(spec: &ScratchSpec, id: KeyId) -> Result<Wiped> {
+    lock_job_key(spec, id)?;
+    wipe(spec)
+}
+
+/// The end of an encrypted job folder of a wipe tier: its key `id` removed (the erase), then
+/// the folder renamed into the trash under the scratch root, where [`trash::empty`] deletes
+/// it outside the epilog: the epilog's time does not grow with the folder. Idempotent.
+pub fn erase(spec: &ScratchSpec, id: KeyId) -> Result<Erased> {
+    let path = spec.job_dir();
+    let key = lock_job_key(spec, id)?;
+    let Some(tenant) = open_tenant_existing(spec)? else {
+        return Ok(Erased::AlreadyGone { path, key });
+    };
+    let name = spec.job_name();
+    match rfs::statat(&tenant, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => return Ok(Erased::AlreadyGone { path, key }),
+        Ok(st) if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory => {}
+        Ok(_) => {
+            // Not a folder (never one this layer made): removed as it is.
+            return match wipe::remove_entry(&tenant, &name, &path)? {
+                None => Ok(Erased::AlreadyGone { path, key }),
+                Some(entries) => Ok(Erased::Removed {
+                    path,
+                    key,
+                    entries,
+                    detached: Vec::new(),
+                }),
+            };
+        }
+        Err(e) => return Err(io_err("fstatat", &path, e)),
+    }
+    let detached = mounts::detach_under(&tenant, &spec.tenant_dir(), &name)?;
+    let root = open_root(&spec.root)?;
+    let entry = trash::entry_name(&spec.tenant, spec.job_id, id);
+    match trash::move_in(&root, &spec.root, &tenant, &name, &entry)? {
+        Some(trash) => Ok(Erased::Trashed {
+            path,
+            trash,
+            key,
+            detached,
+        }),
+        None => match wipe::remove_entry(&tenant, &name, &path)? {
+            None => Ok(Erased::AlreadyGone { path, key }),
+            Some(entries) => Ok(Erased::Removed {
+                path,
+                key,
+                entries,
+                detached,
+            }),
+        },
+    }
+}
+
+/// [`retain`] of an encrypted job folder: its key `id` removed first, so the retained folder
+/// is unreadable until `tenancyctl scratch unlock` adds it again from its wrapped copy.
+pub fn retain_encrypted(spec: &ScratchSpec, id: KeyId, now: SystemTime) -> Result<Retained> {
+    let removal = lock_job_key(spec, id)?;
+    Ok(match retain(spec, now)? {
+        Retained::Moved {
+            from,
+            to,
+            retained_at,
+            detached,
+            ..
+        } => Retained::Moved {
+            from,
+            to,
+            retained_at,
+            detached,
+            key: Some(removal),
+        },
+        gone => gone,
+    })
+}
+
+/// Whether job folders under the scratch root `root` can be encrypted: the file system as
+/// the kernel names it, or why not (naming it, and what to do). What the prolog of a tier with
+/// `scratch_encryption = "required"` decides on, and `tenancyctl doctor` reports.
+pub fn encryption_support(root: &Path) -> std::result::Result<String, String> {
+    let fd = open_root(root).map_err(|e| e.to_string())?;
+    fscrypt::probe(&fd, root)?;
+    Ok(fscrypt::describe_fs(&fd, root))
+}
+
+/// The key of the encrypted folder `<root>/<tenant>/<name>`, `None` when it is not one (or is
+/// not there).
+pub fn folder_key(root: &Path, tenant: &str, name: &str) -> Option<KeyId> {
+    let rootfd = open_root(root).ok()?;
+    let fd = open_beneath(&rootfd, &format!("{tenant}/{name}")).ok()?;
+    fscrypt::policy_of(&fd).ok().flatten()
+}
+
+/// A retained folder of a job ([`find_retained`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RetainedFolder {
+    pub path: PathBuf,
+    pub tenant: String,
+    pub job_id: u64,
+    pub retained_at: u64,
+    /// Its key, when it is encrypted.
+    pub key_id: Option<KeyId>,
+}
+
+/// The retained folders of job `job_id` under `root` (of `tenant` alone when given): a job
+/// requeued on the node may have several.
+pub fn find_retained(
+    root: &Path,
+    job_id: u64,
+    tenant: Option<&str>,
+) -> Result<Vec<RetainedFolder>> {
+    Ok(list_retained(root, tenant)?
+        .into_iter()
+        .filter(|f| f.job_id == job_id)
+        .collect())
+}
+
+/// The keys of every encrypted retained folder under `root` (reconcile keeps their wrapped
+/// copies).
+pub fn retained_keys(root: &Path) -> Result<std::collections::BTreeSet<KeyId>> {
+    if !root.is_dir() {
+        return Ok(Default::default());
+    }
+    Ok(list_retained(root, None)?
+        .into_iter()
+        .filter_map(|f| f.key_id)
+        .collect())
+}
+
+/// Every retained folder under `root` (of `tenant` alone when given).
+pub fn list_retained(root: &Path, tenant: Option<&str>) -> Result<Vec<RetainedFolder>> {
+    let rootfd = open_root(root)?;
+    let mut out = Vec::new();
+    let mut tenants = Vec::new();
+    for ent in rfs::Dir::read_from(&rootfd).map_err(|e| io_err("readdir", root, e))? {
+        let ent = ent.map_err(|e| io_err("readdir", root, e))?;
+        let Ok(name) = ent.file_name().to_str() else {
+            continue;
+        };
+        if validate_tenant_name(name).is_ok() && (tenant.is_none() || tenant == Some(name)) {
+            tenants.push(name.to_string());
+        }
+    }
+    tenants.sort();
+    for t in tenants {
+        let rel = format!("{t}/{RETAINED_DIR}");
+        let Ok(rfd) = open_beneath(&rootfd, &rel) else {
+            continue;
+        };
+        let rpath = root.join(&rel);
+        for ent in rfs::Dir::read_from(&rfd).map_err(|e| io_err("readdir", &rpath, e))? {
+            let ent = ent.map_err(|e| io_err("readdir", &rpath, e))?;
+            let n = ent.file_name().to_string_lossy().into_owned();
+            let Some((job_id, retained_at)) = parse_retained(&n) else {
+                continue;
+            };
+            let key_id = open_beneath(&rfd, &n)
+                .ok()
+                .and_then(|fd| fscrypt::policy_of(&fd).ok().flatten());
+            out.push(RetainedFolder {
+                path: rpath.join(&n),
+                tenant: t.clone(),
+                job_id,
+                retained_at,
+                key_id,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+/// Makes the retained encrypted folder readable again: its key unwrapped from `store` (it must
+/// be bound to the folder's tenant and job) and added to the file system.
+pub fn unlock(root: &Path, folder: &RetainedFolder, store: &KeyStore) -> Result<KeyId> {
+    let Some(id) = folder.key_id else {
+        return Err(unsafe_path(
+            &folder.path,
+            "is not encrypted: nothing to unlock",
+        ));
+    };
+    let (key, owner) = store.load(id)?;
+    if owner.tenant != folder.tenant || owner.job_id != folder.job_id {
+        return Err(ScratchError::Key {
+            msg: format!(
+                "the wrapped key {id} belongs to tenant {} job {}, not to {} (tenant {} job {}): not unlocked",
+                owner.tenant,
+                owner.job_id,
+                folder.path.display(),
+                folder.tenant,
+                folder.job_id
+            ),
+        });
+    }
+    let rootfd = open_root(root)?;
+    let added = fscrypt::add_key(&rootfd, &key)
+        .map_err(|e| io_err("add the encryption key of", &folder.path, e))?;
+    if added != id {
+        let _ = fscrypt::remove_key(&rootfd, added);
+        return Err(unsafe_path(
+            &folder.path,
+            format!("the kernel named its key {added}, not {id}"),
+        ));
+    }
+    Ok(id)
+}
+
+/// Locks a retained encrypted folder again (its key removed from the file system).
+pub fn lock(root: &Path, folder: &RetainedFolder) -> Result<Removal> {
+    let Some(id) = folder.key_id else {
+        return Err(unsafe_path(
+            &folder.path,
+            "is not encrypted: nothing to lock",
+        ));
+    };
+    let rootfd = open_root(root)?;
+    trash::remove_key_fully(&rootfd, id).map_err(|e| io_err("remove the key of", &folder.path, e))
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
@@ -579,6 +966,7 @@ pub fn retain(spec: &ScratchSpec, now: SystemTime) -> Result<Retained> {
         to,
         retained_at: ts,
         detached,
+        key: None,
     })
 }
 
@@ -596,6 +984,19 @@ pub fn purge_retained(
     retain_days: u64,
     now: SystemTime,
     dry_run: bool,
+) -> Result<Vec<Action>> {
+    purge_retained_with(root, retain_days, now, dry_run, None)
+}
+
+/// [`purge_retained`]; an encrypted folder's key goes first ([`Action::DestroyKey`]): removed
+/// from the file system if it was unlocked, and its wrapped copy in `keys` destroyed, so what
+/// a failed removal leaves of the folder can never be read again.
+pub fn purge_retained_with(
+    root: &Path,
+    retain_days: u64,
+    now: SystemTime,
+    dry_run: bool,
+    keys: Option<&KeyStore>,
 ) -> Result<Vec<Action>> {
     let rootfd = open_root(root)?;
     let now = unix_secs(now);
@@ -661,6 +1062,36 @@ pub fn purge_retained(
             let age = now.saturating_sub(retained_at);
             if age < retain_days.saturating_mul(86_400) {
                 continue;
+            }
+            let key_id = open_beneath(&rfd, &n)
+                .ok()
+                .and_then(|fd| fscrypt::policy_of(&fd).ok().flatten());
+            if let Some(key_id) = key_id {
+                let wrapped = keys.map(|k| k.path_of(key_id)).filter(|p| p.exists());
+                if !dry_run {
+                    let destroyed = trash::remove_key_fully(&rootfd, key_id)
+                        .map_err(|e| io_err("remove the key of", &path, e))
+                        .and_then(|_| keys.map_or(Ok(false), |k| k.destroy(key_id)));
+                    if let Err(e) = destroyed {
+                        actions.push(Action::Failed {
+                            path,
+                            tenant: tenant.clone(),
+                            job_id,
+                            retained_at,
+                            age_days: age / 86_400,
+                            error: format!("its key could not be destroyed: {e}"),
+                        });
+                        continue;
+                    }
+                }
+                actions.push(Action::DestroyKey {
+                    path: path.clone(),
+                    tenant: tenant.clone(),
+                    job_id,
+                    key_id,
+                    wrapped,
+                    dry_run,
+                });
             }
             let entries = if dry_run {
                 0

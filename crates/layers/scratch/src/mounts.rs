@@ -50,6 +50,46 @@ fn mount_points() -> std::io::Result<Vec<PathBuf>> {
         .collect())
 }
 
+/// One mount, as mountinfo describes it.
+pub(crate) struct MountInfo {
+    pub fstype: String,
+    pub source: String,
+    pub mount_point: PathBuf,
+}
+
+/// The mount of device `dev` that holds `path`: of the mounts of that device (field 3 of
+/// mountinfo), the one whose mount point is the longest prefix of `path`.
+pub(crate) fn mount_of(path: &Path, dev: u64) -> Option<MountInfo> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+    let mut best: Option<MountInfo> = None;
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if fields.get(2) != Some(&want.as_str()) || fields.len() < sep + 3 {
+            continue;
+        }
+        let point = unescape(fields[4]);
+        if !path.starts_with(&point) {
+            continue;
+        }
+        if best
+            .as_ref()
+            .is_some_and(|b| b.mount_point.as_os_str().len() >= point.as_os_str().len())
+        {
+            continue;
+        }
+        best = Some(MountInfo {
+            fstype: fields[sep + 1].to_string(),
+            source: unescape(fields[sep + 2]).display().to_string(),
+            mount_point: point,
+        });
+    }
+    best
+}
+
 /// The outermost mount points at or below `dir` (a mount below another goes with it).
 fn outermost_under(points: &[PathBuf], dir: &Path) -> Vec<PathBuf> {
     let mut under: Vec<PathBuf> = points

@@ -38,11 +38,7 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
             programs_file: Some(config.cluster.state_dir.join("device-programs")),
         }),
         Box::new(network::Network { spec: None, config }),
-        Box::new(scratch::Scratch {
-            root: config.cluster.scratch_root.clone(),
-            config,
-            detached: Vec::new(),
-        }),
+        Box::new(scratch::Scratch::new(config)),
         Box::new(dcgm::DcgmMapping {
             dir: config.cluster.dcgm_job_mapping_dir.clone(),
         }),

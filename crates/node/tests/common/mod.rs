@@ -10,6 +10,9 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use tenancy_audit::{verify_paths, AnchorSet, Record};
 
+#[path = "../../../layers/scratch/tests/common/loopfs.rs"]
+pub mod loopfs;
+
 /// True when the test may go on; otherwise says why it skips (panics under CI).
 pub fn need_root(what: &str) -> bool {
     if rustix::process::geteuid().is_root() {
@@ -123,6 +126,9 @@ pub struct User {
 
 /// Everything a test's node needs, removed on drop (users, groups, leftover cgroups).
 pub struct World {
+    /// The scratch root's own file system, when the world has one (unmounted before `tmp`
+    /// goes: fields drop in order).
+    pub scratch_fs: Option<loopfs::LoopFs>,
     pub tmp: tempfile::TempDir,
     pub root: PathBuf,
     pub config_path: PathBuf,
@@ -142,6 +148,17 @@ impl World {
     /// `gpus` H200s in the shim; two tenants (one user each) on the `internal` tier.
     /// `audit_log` replaces the default audit log path when given.
     pub fn new(gpus: usize, audit_log: Option<&Path>) -> Option<World> {
+        World::build(gpus, audit_log, None)
+    }
+
+    /// A world whose scratch root is a file system of `kind` of its own (64 MB), and whose
+    /// tiers require `scratch_encryption`: tenant 0 on `internal` (wiped), tenant 1 on
+    /// `keeper` (retained 1 day).
+    pub fn encrypted(gpus: usize, kind: loopfs::Kind) -> Option<World> {
+        World::build(gpus, None, Some(kind))
+    }
+
+    fn build(gpus: usize, audit_log: Option<&Path>, fs: Option<loopfs::Kind>) -> Option<World> {
         let shim = shim_lib()?;
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let tag = format!("rl{}x{n}", std::process::id());
@@ -170,6 +187,11 @@ impl World {
             });
         }
         std::fs::create_dir(root.join("scratch")).unwrap();
+        let scratch_fs = fs.map(|kind| loopfs::LoopFs::new(kind, &root.join("scratch"), 64));
+        let (encryption, b_tier) = match fs {
+            Some(_) => ("scratch_encryption = \"required\"\n", "keeper"),
+            None => ("", "internal"),
+        };
         let mut fixture = format!(
             "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\n\
              mig_minors = \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n",
@@ -195,15 +217,15 @@ proc_devices = "{r}/proc-devices"
 mig_minors = "{r}/mig-minors"
 [tiers.internal]
 mig_profiles = ["1g.18gb", "3g.71gb"]
-[tiers.keeper]
+{encryption}[tiers.keeper]
 mig_profiles = ["1g.18gb"]
 scratch_on_exit = "retain"
 retain_days = 1
-[tenants.{a}]
+{encryption}[tenants.{a}]
 tier = "internal"
 groups = ["{a}"]
 [tenants.{b}]
-tier = "internal"
+tier = "{b_tier}"
 groups = ["{b}"]
 "#,
             r = root.display(),
@@ -221,6 +243,7 @@ groups = ["{b}"]
             "ip netns add {netns}"
         );
         let w = World {
+            scratch_fs,
             tmp,
             root,
             config_path,

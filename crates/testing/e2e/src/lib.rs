@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 pub mod accounting;
 pub mod multi_node;
 pub mod release_root;
+pub mod scratch_fs;
 pub mod sshd;
 pub mod stack;
 pub mod uml_node;

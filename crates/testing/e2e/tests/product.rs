@@ -1633,3 +1633,118 @@ fn get_user_env_allowed_by_the_tier_is_warned_by_doctor() {
     let o = s.cluster.run(c).unwrap();
     assert!(!o.status.success(), "globex's tier does not allow it");
 }
+
+/// A job of a tier with `scratch_encryption = "required"` (globex's, regulated) on a scratch
+/// root that can encrypt (ext4 made with `mkfs.ext4 -O encrypt` on a loop device, mounted over
+/// the stack's): its TMPDIR works as any other (temporary folders, large files, copies,
+/// renames, links), it is an fscrypt folder whose key the journal names, and at job end it is
+/// retained locked: root reads no file of it. A job of a tier without it (acme's) on the same
+/// file system gets a plain folder.
+#[test]
+fn encrypted_tier_job_uses_its_tmpdir() {
+    if !require_root("encrypted_tier_job_uses_its_tmpdir") {
+        return;
+    }
+    let _g = serial();
+    let mut e = env();
+    let mut scratch_fs =
+        tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&e.stack.paths.scratch_root, 256)
+            .expect("an ext4 -O encrypt loop mount over the scratch root");
+    if let Some(r) = &e.stack.cluster.slurm_root {
+        scratch_fs
+            .also_in_root(&r.dir)
+            .expect("the mount in the release root");
+    }
+    tenancy_e2e::scratch_fs::require_encryption(&e.stack.config, "regulated").unwrap();
+    let body = "set -e\n\
+        echo \"tmpdir=$TMPDIR\"\n\
+        d=$(mktemp -d)\n\
+        case \"$d\" in \"$TMPDIR\"/*) echo mktemp=inside ;; *) echo \"mktemp=outside $d\" ;; esac\n\
+        echo hello > \"$d/f\" && echo \"read=$(cat \"$d/f\")\"\n\
+        dd if=/dev/urandom of=\"$TMPDIR/big\" bs=1M count=16 status=none\n\
+        cp \"$TMPDIR/big\" \"$TMPDIR/copy\" && cmp \"$TMPDIR/big\" \"$TMPDIR/copy\" && echo cmp=ok\n\
+        mv \"$TMPDIR/copy\" \"$d/moved\" && ln -s \"$d/moved\" \"$TMPDIR/link\" && \
+        cmp \"$TMPDIR/link\" \"$TMPDIR/big\" && echo links=ok\n\
+        echo \"files=$(ls \"$TMPDIR\" | sort | tr '\\n' ,)\"\n\
+        echo done=ok\n";
+    let mut folders = Vec::new();
+    for (user, tenant) in [(&e.t.globex1, "globex"), (&e.t.acme1, "acme")] {
+        let (script, out) = e.script(user, &format!("encrypted-tmpdir-{tenant}"), body);
+        let (id, _) = e.sbatch(user, &[&format!("--tenant={tenant}")], &script, &out);
+        // While it runs the journal says how its folder is made: read it once it started.
+        let info = e
+            .stack
+            .cluster
+            .wait_job_done(id, Duration::from_secs(120))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "{tenant}: {info:?}");
+        let o = fs::read_to_string(&out).unwrap();
+        let folder = e
+            .stack
+            .paths
+            .scratch_root
+            .join(tenant)
+            .join(format!("job_{id}"));
+        for want in [
+            format!("tmpdir={}", folder.display()),
+            "mktemp=inside".into(),
+            "read=hello".into(),
+            "cmp=ok".into(),
+            "links=ok".into(),
+            "files=big,link,tmp".into(),
+            "done=ok".into(),
+        ] {
+            if want.starts_with("files=") {
+                // mktemp's folder name varies: the listing has big, link and it.
+                assert!(o.contains("files=big,link,tmp."), "{tenant}: {o}");
+                continue;
+            }
+            assert!(o.lines().any(|l| l == want), "{tenant}: no {want:?} in {o}");
+        }
+        folders.push((tenant, id, folder));
+    }
+    // The job_start records say which folder is encrypted, and with which key.
+    let recs = e.stack.audit_records().unwrap();
+    let key_of = |job: u64| -> Option<String> {
+        recs.iter()
+            .find(|r| r["job_id"] == job && r["event"] == "job_start")
+            .and_then(|r| {
+                r["resources"]
+                    .as_array()?
+                    .iter()
+                    .find(|x| x["layer"] == "scratch")?
+                    .get("detail")?
+                    .get("encrypted")?
+                    .get("key_id")?
+                    .as_str()
+                    .map(String::from)
+            })
+    };
+    let (_, gid, _) = &folders[0];
+    let key = key_of(*gid).expect("globex's job_start names its scratch key");
+    assert_eq!(key_of(folders[1].1), None, "acme's tier does not encrypt");
+    // globex's folder is retained, locked: names in ciphertext, no file opens for root.
+    let retained = tenancy_scratch::find_retained(&e.stack.paths.scratch_root, *gid, None).unwrap();
+    assert_eq!(retained.len(), 1, "{retained:?}");
+    assert_eq!(retained[0].key_id.map(|k| k.to_string()), Some(key));
+    let mut locked = 0;
+    for ent in fs::read_dir(&retained[0].path).unwrap().flatten() {
+        let n = ent.file_name().to_string_lossy().into_owned();
+        assert!(
+            !["big", "link"].contains(&n.as_str()),
+            "a name in clear: {n}"
+        );
+        if ent.file_type().unwrap().is_file() {
+            let err = fs::read(ent.path()).unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::ENOKEY), "{err}");
+            locked += 1;
+        }
+    }
+    assert!(
+        locked >= 1,
+        "no locked file in {}",
+        retained[0].path.display()
+    );
+    e.stack.stop().unwrap();
+    scratch_fs.remove();
+}

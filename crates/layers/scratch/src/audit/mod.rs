@@ -12,6 +12,7 @@
 //! the walk stays on the file system of each PATH.
 
 pub mod acl;
+mod encryption;
 
 use acl::{perm_str, Acl, ACL_GROUP, ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
 use anyhow::{bail, Context as _};
@@ -42,6 +43,10 @@ pub struct TenantIds {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantMap {
     pub tenants: BTreeMap<String, TenantIds>,
+    /// The scratch root and the tenants whose tier requires `scratch_encryption`: their job
+    /// folders there must be encrypted (rule `unencrypted-scratch`).
+    #[serde(default)]
+    pub encrypted_scratch: Option<(PathBuf, BTreeSet<String>)>,
 }
 
 impl TenantMap {
@@ -57,6 +62,16 @@ impl TenantMap {
         let e = self.tenants.entry(name.into()).or_default();
         e.gids.extend(gids);
         e.uids.extend(uids);
+        self
+    }
+
+    /// The job folders of `tenants` under the scratch root `root` must be encrypted.
+    pub fn require_encrypted_scratch(
+        &mut self,
+        root: &Path,
+        tenants: impl IntoIterator<Item = String>,
+    ) -> &mut Self {
+        self.encrypted_scratch = Some((root.to_path_buf(), tenants.into_iter().collect()));
         self
     }
 }
@@ -96,6 +111,8 @@ pub enum Rule {
     SetId,
     /// A symlink whose target (resolved by text) lies outside the tenant's tree.
     SymlinkOutOfTree,
+    /// A job scratch folder of a tier that requires `scratch_encryption`, not encrypted.
+    UnencryptedScratch,
 }
 
 impl Rule {
@@ -108,6 +125,7 @@ impl Rule {
             Rule::WorldWritableNoSticky => "world-writable-no-sticky",
             Rule::SetId => "set-id",
             Rule::SymlinkOutOfTree => "symlink-out-of-tree",
+            Rule::UnencryptedScratch => "unencrypted-scratch",
         }
     }
 }
@@ -798,6 +816,7 @@ pub fn audit_paths(
         r
     })?;
     report.scanned = scanned.load(Ordering::Relaxed);
+    report.findings.extend(encryption::unencrypted(paths, map));
     report
         .findings
         .sort_by(|a, b| (&a.path, a.rule, &a.who).cmp(&(&b.path, b.rule, &b.who)));

@@ -255,6 +255,30 @@ fn run() -> Result<u32> {
     );
     fs::write(&stack.config, toml)?;
     println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
+    // The regulated tenant's scratch encrypted with a key per job (docs/encrypted-scratch.md):
+    // the scratch root on an ext4 made with `mkfs.ext4 -O encrypt` on a loop device, unmounted
+    // and removed at the end (after the cluster stopped: it is dropped after `demo`). Where no
+    // loop device can be had (a container), the demo goes on with globex's scratch in clear.
+    let scratch_fs =
+        match tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&stack.paths.scratch_root, 512)
+            .and_then(|fs| {
+                tenancy_e2e::scratch_fs::require_encryption(&stack.config, "regulated").map(|()| fs)
+            }) {
+            Ok(fs) => {
+                println!(
+                    "scratch root: {} on ext4 (mkfs.ext4 -O encrypt, loop device of {})",
+                    stack.paths.scratch_root.display(),
+                    fs.image.display()
+                );
+                Some(fs)
+            }
+            Err(e) => {
+                println!(
+                    "scratch root: NOT ENCRYPTED for globex (no encrypt-capable ext4 here: {e})"
+                );
+                None
+            }
+        };
     let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
     let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
         "installed by the slurm-tenancy package".to_string()
@@ -269,7 +293,8 @@ fn run() -> Result<u32> {
         stack.paths.nvml_library.display()
     );
     println!(
-        "tenants:      acme (tier internal: scratch wiped at job end), globex (tier regulated: own GPU, scratch retained)"
+        "tenants:      acme (tier internal: scratch wiped at job end), globex (tier regulated: own GPU, scratch {}retained)",
+        if scratch_fs.is_some() { "encrypted with a key per job, " } else { "" }
     );
     println!(
         "firewall:     {}",
@@ -463,6 +488,9 @@ fn run() -> Result<u32> {
     for e in fs::read_dir(&retained).into_iter().flatten().flatten() {
         println!("  retained: {}", e.path().display());
     }
+    if scratch_fs.is_some() {
+        broken += show_locked_scratch(d, g)?;
+    }
     println!("node {} is {}", s.cluster.node, s.cluster.node_state()?);
 
     let audit = s.paths.audit_log.display().to_string();
@@ -519,6 +547,8 @@ fn run() -> Result<u32> {
 
     say("Shutting the cluster down");
     drop(demo);
+    // The encrypted scratch root's file system, after the cluster (and its epilogs) stopped.
+    drop(scratch_fs);
     drop(users);
     drop(root);
     println!("done: daemons stopped, users and temp folders removed");
@@ -590,6 +620,70 @@ fn chrono_month() -> Result<String> {
 }
 
 /// Each mapping file with the job ids it lists, or that there is none.
+/// globex's retained scratch is locked (its key removed at job end): root reads nothing of it
+/// until the admin unlocks it with `tenancyctl scratch unlock`; locked again after. Returns
+/// the number of checks that did not hold.
+fn show_locked_scratch(d: &Demo, job: u64) -> Result<u32> {
+    let s = &d.stack;
+    say(&format!(
+        "globex's retained scratch of job {job} is encrypted and locked: root reads nothing"
+    ));
+    let folders = tenancy_scratch::find_retained(&s.paths.scratch_root, job, Some("globex"))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(f) = folders.first() else {
+        println!("    no retained folder of job {job}");
+        return Ok(1);
+    };
+    println!(
+        "    {} (key {})",
+        f.path.display(),
+        f.key_id
+            .map(|k| k.to_string())
+            .unwrap_or_else(|| "none: NOT ENCRYPTED".into())
+    );
+    let files: Vec<_> = fs::read_dir(&f.path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.path())
+        .collect();
+    let mut broken = u32::from(f.key_id.is_none());
+    let read = |p: &Path| match fs::read(p) {
+        Ok(b) => format!("readable ({} bytes)", b.len()),
+        Err(e) => format!("{e}"),
+    };
+    for p in &files {
+        let r = read(p);
+        println!("    root reads {}: {r}", p.display());
+        if !r.contains("Required key not available") {
+            broken += 1;
+        }
+    }
+    for verb in ["unlock", "lock"] {
+        say(&format!(
+            "tenancyctl scratch {verb} {job} (root only; audited)"
+        ));
+        let mut c = s.tenancyctl();
+        c.args(["scratch", verb, &job.to_string()]);
+        let o = s.cluster.run(c)?;
+        show(&o);
+        if !o.status.success() {
+            broken += 1;
+        }
+        if verb == "unlock" {
+            let names: Vec<String> = fs::read_dir(&f.path)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            println!("    files now: {}", names.join(", "));
+        }
+    }
+    Ok(broken)
+}
+
 fn show_mapping(dir: &Path) {
     let mut files: Vec<_> = fs::read_dir(dir).into_iter().flatten().flatten().collect();
     files.sort_by_key(|e| e.file_name());
