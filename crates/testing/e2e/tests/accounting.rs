@@ -3,8 +3,7 @@
 //! audit log, compared job by job with `tenancyctl report --compare-sacct`. Needs root.
 
 use std::time::{Duration, Instant};
-use tenancy_e2e::stack::{Stack, Tenants};
-use tenancy_e2e::{require_root, submitted_id, Accounting, TestUser, Users};
+use tenancy_e2e::{scenario, submitted_id, Accounting, Env, Options, Stack, TestUser};
 
 fn text(o: &std::process::Output) -> String {
     format!(
@@ -80,41 +79,41 @@ fn compare(stack: &Stack, tolerance_seconds: u32) -> std::process::Output {
     stack.cluster.run(c).unwrap()
 }
 
-#[test]
-fn compare_sacct_agrees_on_the_e2e_jobs() {
-    if !require_root("compare_sacct_agrees_on_the_e2e_jobs") {
-        return;
-    }
-    let mut users = Users::new();
-    let t = Tenants::create(&mut users).expect("users");
-    let root = tempfile::Builder::new()
-        .prefix("tenancy-e2e-acct-")
-        .tempdir()
-        .unwrap();
-    let accounting = Accounting {
+/// Slurm's accounting with the MIG profiles the jobs ask for as typed GPU GRES.
+fn accounting() -> Accounting {
+    Accounting {
         gpu_types: vec![
             ("1g.18gb".into(), 7),
             ("2g.35gb".into(), 3),
             ("3g.71gb".into(), 2),
         ],
-    };
-    let stack = Stack::start_with_accounting(root.path(), &t, accounting).expect("stack");
+    }
+}
+
+scenario!(
+    compare_sacct_agrees_on_the_e2e_jobs,
+    Options::default().accounting(accounting()),
+    |e: &mut Env| compare_sacct_agrees(e)
+);
+
+fn compare_sacct_agrees(e: &Env) {
+    let (stack, t) = (&e.stack, &e.t);
 
     // Jobs with a MIG slice ask Slurm for the same profile as typed GPU GRES, so slurmctld
     // accounts what the prolog makes; one job has no slice.
     let a = submit(
-        &stack,
+        stack,
         &t.acme1,
         &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1g.18gb:1"],
         4,
     );
     let g = submit(
-        &stack,
+        stack,
         &t.globex1,
         &["--tenant=globex", "--mig=3g.71gb", "--gres=gpu:3g.71gb:1"],
         3,
     );
-    let n = submit(&stack, &t.acme1, &["--tenant=acme"], 1);
+    let n = submit(stack, &t.acme1, &["--tenant=acme"], 1);
     for id in [a, g, n] {
         let info = stack
             .cluster
@@ -127,7 +126,7 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
             "job {id}"
         );
     }
-    let sacct = sacct_when_ended(&stack, &[a, g, n]);
+    let sacct = sacct_when_ended(stack, &[a, g, n]);
     eprintln!("sacct:\n{sacct}");
     assert!(
         sacct
@@ -137,7 +136,7 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
     );
 
     // The tolerance a site would run with: the prolog and epilog's own seconds.
-    let o = compare(&stack, 60);
+    let o = compare(stack, 60);
     let out = text(&o);
     eprintln!("tenancyctl report --compare-sacct:\n{out}");
     assert!(o.status.success(), "{out}");
@@ -150,7 +149,7 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
     // A job Slurm bills for one profile while the prolog made another: the books disagree,
     // for that job alone, on both profiles.
     let m = submit(
-        &stack,
+        stack,
         &t.acme1,
         &["--tenant=acme", "--mig=2g.35gb", "--gres=gpu:1g.18gb:1"],
         20,
@@ -160,9 +159,9 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
         .wait_job_done(m, Duration::from_secs(150))
         .unwrap();
     assert_eq!(info["JobState"], "COMPLETED", "job {m}: {info:?}");
-    sacct_when_ended(&stack, &[m]);
+    sacct_when_ended(stack, &[m]);
     // Slurm's 20 s of 1g.18gb against the audit log's 20 s of 2g.35gb, each beyond 10 s.
-    let o = compare(&stack, 10);
+    let o = compare(stack, 10);
     let out = text(&o);
     eprintln!("tenancyctl report --compare-sacct (a mismatched job):\n{out}");
     assert_eq!(o.status.code(), Some(1), "{out}");

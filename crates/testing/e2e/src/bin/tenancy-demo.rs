@@ -10,8 +10,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
-use tenancy_e2e::stack::{Stack, Tenants};
 use tenancy_e2e::{probe_kv, submitted_id, TestUser, Users};
+use tenancy_e2e::{Options, Stack, Tenants};
 
 fn say(s: &str) {
     println!("\n=== {s}");
@@ -232,28 +232,24 @@ fn run() -> Result<u32> {
     say("Starting a local Slurm cluster with slurm-tenancy installed");
     // With Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed GPU GRES), so the
     // demo can end with the cross-check of the two books.
-    let stack = Stack::start_with_accounting(
-        root.path(),
-        &t,
-        tenancy_e2e::Accounting {
+    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
+    let dcgm = root.path().join("dcgm-job-mapping");
+    let mapping = dcgm.clone();
+    let options = Options::default()
+        .accounting(tenancy_e2e::Accounting {
             gpu_types: vec![
                 ("1g.18gb".into(), 7),
                 ("2g.35gb".into(), 3),
                 ("3g.71gb".into(), 2),
                 ("7g.141gb".into(), 1),
             ],
-        },
-    )?;
+        })
+        .config(move |c| {
+            c.cluster().dcgm_job_mapping_dir(&mapping);
+        });
+    let stack = Stack::start(root.path(), &t, &options)?;
     println!("slurm.conf:   {}", stack.cluster.conf.display());
     println!("tenancy.toml: {}", stack.config.display());
-    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
-    let dcgm = root.path().join("dcgm-job-mapping");
-    let toml = fs::read_to_string(&stack.config)?.replacen(
-        "[cluster]\n",
-        &format!("[cluster]\ndcgm_job_mapping_dir = \"{}\"\n", dcgm.display()),
-        1,
-    );
-    fs::write(&stack.config, toml)?;
     println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
     let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
     let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
