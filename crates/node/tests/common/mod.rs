@@ -10,9 +10,9 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use tenancy_audit::{verify_paths, AnchorSet, Record};
 
-pub use tenancy_test_support::{built_or_skip, nvml_stand_in, requires_root, target_dir};
 /// What a command did, for a failure message.
 pub use tenancy_test_support::output_text as text;
+pub use tenancy_test_support::{built_or_skip, nvml_stand_in, requires_root, target_dir};
 use tenancy_test_support::{ScratchOnExit, TenancyToml};
 
 /// The crash_prolog example, built by `cargo test`.
@@ -408,7 +408,6 @@ impl Drop for World {
         }
     }
 }
-
 
 /// Whether the ELF file at `path` names a program interpreter (PT_INTERP): dynamically linked.
 pub fn has_interpreter(path: &Path) -> bool {

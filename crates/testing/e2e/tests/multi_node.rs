@@ -1,5 +1,5 @@
 //! Tenant isolation across nodes (ARCHITECTURE.md, "Across nodes: tenant identity on the
-//! wire"), on a two-node Slurm cluster on this machine (tests/src/multi_node.rs: each node a
+//! wire"), on a two-node Slurm cluster on this machine (src/multi_node.rs: each node a
 //! network, UTS and mount namespace with its own slurmd, joined by a bridge in a namespace of
 //! the test's own), with the whole product on every node: real Slurm, munge, nftables in each
 //! node's namespace, real users and cgroups. Needs root; skips loudly otherwise.
