@@ -7,9 +7,10 @@
 //! The node runs one scenario, a shell script of scripts/pure_v2/, as root after slurmctld,
 //! slurmd and munged are up (scripts/uml/init.sh is its PID 1), then powers off. Everything the
 //! product and the jobs write stays on the node's tmpfs (/tmp); the scenario hands its findings
-//! back as `key=value` lines in `/tenancy-uml/out/results`, on the root's folder (hostfs), with
+//! back as `key=value` lines in `out/results` of the node's folder in the root (hostfs), with
 //! its log beside them.
 
+use crate::daemons::machine_lock;
 use crate::release_root::{merge_users, SlurmRoot};
 use crate::slurm_conf::{cgroup_conf, SlurmConf};
 use crate::stack::{nvml_fixture, tenancy_toml, StackPaths, Tenants};
@@ -20,11 +21,20 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// The folder in the root that holds the node's programs, scripts and results (its path
-/// inside the node: `/tenancy-uml`).
-const DIR: &str = "tenancy-uml";
+/// The folder in the root that holds a boot's programs, scripts and results (`/<it>` inside the
+/// node): one per boot, so that boots of other checkouts on this machine on the same cached root
+/// do not take each other's files.
+fn boot_dir() -> String {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "tenancy-uml-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    )
+}
 
 /// What a boot left: the scenario's `key=value` results, its log and the kernel's console.
 #[derive(Debug)]
@@ -91,7 +101,7 @@ pub fn kernel() -> Result<PathBuf> {
 
 /// slurm.conf of the node: Slurm's cgroup/v2 with memory accounted per core and job, its files
 /// on the node's tmpfs (/tmp/slurm), the product's prolog, epilog and plugstack.
-fn slurm_conf() -> String {
+fn slurm_conf(w: &str) -> String {
     let mut c = SlurmConf::new("uml", "vm").files_in(Path::new("/tmp/slurm"), false);
     for (k, v) in [
         ("SelectTypeParameters", "CR_Core_Memory"),
@@ -99,8 +109,8 @@ fn slurm_conf() -> String {
         // UML has one CPU: the node's CPUs=4 stands.
         ("SlurmdParameters", "config_overrides"),
         ("DefMemPerCPU", "100"),
-        ("Prolog", "/tenancy-uml/bin/tenancy-prolog"),
-        ("Epilog", "/tenancy-uml/bin/tenancy-epilog"),
+        ("Prolog", &format!("/{w}/bin/tenancy-prolog")),
+        ("Epilog", &format!("/{w}/bin/tenancy-epilog")),
         ("PlugStackConfig", "/tmp/slurm/plugstack.conf"),
     ] {
         c.set(k, v);
@@ -152,12 +162,13 @@ impl PureV2Node {
         .collect();
         programs.push(("libspank_tenancy.so".into(), spank));
         let t = &self.tenants;
+        let dir = boot_dir();
         let files = [
             (
                 "init.sh",
                 include_str!("../scripts/uml/init.sh").to_string(),
             ),
-            ("slurm.conf", slurm_conf()),
+            ("slurm.conf", slurm_conf(&dir)),
             ("cgroup.conf", cgroup_conf("cgroup/v2")),
             ("fixture.toml", nvml_fixture(&paths)),
             ("tenancy.toml", tenancy_toml(&paths, t).to_string()),
@@ -170,14 +181,18 @@ impl PureV2Node {
             ("a_user", t.acme1.name.clone()),
             ("g_user", t.globex1.name.clone()),
         ];
+        // The machine-wide e2e lock, as every cluster here (other checkouts boot on this root).
+        let lock = machine_lock().unwrap_or_else(|e| panic!("{e:#}"));
         let run = boot(
             &self.root,
+            &dir,
             &self.kernel,
             &programs,
             &files,
             Duration::from_secs(900),
         )
         .unwrap_or_else(|e| panic!("UML node: {e:#}"));
+        drop(lock);
         eprintln!("UML node up and down in {:.0} s", run.boot_seconds);
         assert_eq!(run.get("setup_rc"), "0", "{}", run.log);
         assert_eq!(run.get("node_state"), "idle", "{}", run.log);
@@ -185,16 +200,18 @@ impl PureV2Node {
     }
 }
 
-/// Boots the node on `root` with `kernel`: `programs` (name, host path) copied into
-/// `/tenancy-uml/bin`, `files` (name, text) into `/tenancy-uml` (init.sh is its PID 1).
+/// Boots the node on `root` with `kernel`: `programs` (name, host path) copied into `/DIR/bin`,
+/// `files` (name, text) into `/DIR` (init.sh is its PID 1); the folder goes afterwards (unless
+/// TENANCY_E2E_KEEP is set).
 fn boot(
     root: &SlurmRoot,
+    dir: &str,
     kernel: &Path,
     programs: &[(String, PathBuf)],
     files: &[(&str, String)],
     timeout: Duration,
 ) -> Result<NodeRun> {
-    let w = root.dir.join(DIR);
+    let w = root.dir.join(dir);
     if w.exists() {
         fs::remove_dir_all(&w).with_context(|| format!("remove {}", w.display()))?;
     }
@@ -221,7 +238,7 @@ fn boot(
         .arg("rootfstype=hostfs")
         .arg(format!("rootflags={}", root.dir.display()))
         .arg("rw")
-        .arg(format!("init=/{DIR}/init.sh"))
+        .arg(format!("init=/{dir}/init.sh"))
         .arg("con=null")
         .arg("con0=fd:0,fd:1")
         .stdin(Stdio::null())
@@ -254,6 +271,11 @@ fn boot(
         console: read("out/console.log"),
         boot_seconds,
     };
+    if std::env::var_os("TENANCY_E2E_KEEP").is_some() {
+        eprintln!("tenancy-e2e: keeping {}", w.display());
+    } else {
+        let _ = fs::remove_dir_all(&w);
+    }
     if status.is_none() {
         bail!(
             "the UML node did not power off within {timeout:?}: results {:?}\n{}\n--- console\n{}",

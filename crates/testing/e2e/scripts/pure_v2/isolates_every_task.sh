@@ -2,7 +2,7 @@
 # and keeps a secret in its scratch; globex's batch task, its steps and a task epilog of its
 # own try acme's port, MIG cap nodes and scratch; acme's own steps are the controls. Results:
 # each attempt's outcome, the jobs' slices and cgroups, as key=value lines in $RES.
-. /tenancy-uml/lib.sh
+. "$W/lib.sh"
 R=$J/release; PORT=7777
 a=$(as $A_USER sbatch --tenant=acme --mig=1g.18gb -o $J/a.out --wrap "$P env; $P write \$TMPDIR/secret s3cret; $P serve $PORT $R")
 a=${a##* }

@@ -1,10 +1,12 @@
 #!/bin/sh
 # PID 1 of the pure cgroup v2 node (uml_node.rs): file systems, a pure cgroup v2 tree with memory
 # and pids for Slurm, an address for slurmd, munged, Slurm with cgroup/v2 (slurm.conf and
-# cgroup.conf as the test wrote them into /tenancy-uml), setup.sh before the daemons start, then
-# scenario.sh once the node is idle; results as key=value lines in out/results; then power off.
+# cgroup.conf as the test wrote them into this script's folder, $W), setup.sh before the daemons
+# start, then scenario.sh once the node is idle; results as key=value lines in $W/out/results;
+# then power off.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-W=/tenancy-uml
+W=$(dirname "$0")
+export W
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t cgroup2 cgroup2 /sys/fs/cgroup

@@ -1,12 +1,13 @@
-# What every pure v2 scenario (scripts/pure_v2/) starts with, sourced by PureV2Node::run:
+# What every pure v2 scenario (scripts/pure_v2/) starts with (`. "$W/lib.sh"`; $W the node's
+# folder of programs, files and results):
 # `as USER CMD...` runs a client as a user, `$P` is the probe, `$J` a folder every user may
 # write, `$T` the product's folder, results go to `$RES` as key=value lines; `$A_USER` and
 # `$G_USER` are acme's and globex's users (the files a_user, g_user the test wrote).
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
-A_USER=$(cat /tenancy-uml/a_user)
-G_USER=$(cat /tenancy-uml/g_user)
-RES=/tenancy-uml/out/results
-P=/tenancy-uml/bin/tenancy-e2e-probe
+A_USER=$(cat "$W/a_user")
+G_USER=$(cat "$W/g_user")
+RES=$W/out/results
+P=$W/bin/tenancy-e2e-probe
 J=/tmp/slurm/jobs
 T=/tmp/tenancy
 as() { u=$1; shift; runuser -u "$u" -- env SLURM_CONF=$SLURM_CONF "$@"; }

@@ -1,9 +1,8 @@
 # The product on the pure cgroup v2 node, as on a real node (PureV2Node, before Slurm starts):
 # its folders on the node's tmpfs, the anchor key, the NVML stand-in with its fixture, the
 # config and the SPANK plugin's plugstack line, the device nodes laid out, the firewall applied.
-# The programs and the files the test wrote are in /tenancy-uml/bin and /tenancy-uml.
+# The programs and the files the test wrote are in $W/bin and $W (init.sh's folder).
 set -e
-W=/tenancy-uml
 T=/tmp/tenancy
 mkdir -p $T/state $T/audit $T/scratch $T/lib $T/nvml $T/dev $T/bin
 chmod 755 $T $T/scratch $T/lib $T/nvml $T/dev
