@@ -204,7 +204,7 @@ scenario!(
         let script = cluster.user_dir(&acme1).join("job.sh");
         fs::write(
             &script,
-            "#!/bin/sh\n#SBATCH --tenant=acme\n#SBATCH --mig=1g.18gb\necho ran\n",
+            include_str!("../scripts/jobs/tenant-by-sbatch-lines.sh"),
         )
         .unwrap();
         let mut c = cluster.cmd_as(&acme1, "sbatch");

@@ -55,13 +55,7 @@ impl Demo {
         let dir = self.stack.cluster.user_dir(user);
         let script = dir.join("job.sh");
         let p = self.probe();
-        fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\n{p} env\n{p} write \"$TMPDIR/secret.txt\" \"$USER's data\"\n{p} serve {port} {}\n",
-                self.release.display()
-            ),
-        )?;
+        fs::write(&script, include_str!("../../scripts/jobs/demo.sh"))?;
         let mut shown: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
         shown.push("sbatch".into());
         shown.extend(args.iter().map(|a| a.to_string()));
@@ -71,7 +65,10 @@ impl Demo {
             .args(args)
             .arg("-o")
             .arg(dir.join("slurm-%j.out"))
-            .arg(&script);
+            .arg(&script)
+            .arg(&p)
+            .arg(port.to_string())
+            .arg(&self.release);
         let o = self.stack.cluster.run(c)?;
         if o.status.success() {
             print!("    {}", text(&o.stdout));
