@@ -1,12 +1,10 @@
 //! Generates seeded per-node audit logs for benchmarks:
 //! `gen_logs OUT_DIR TOTAL_RECORDS NODES [SEED]`.
 
-#[path = "../tests/common/gen.rs"]
-mod gen;
-
 use std::io::Write;
 
 use chrono::{TimeZone, Utc};
+use tenancy_test_support::audit_logs as gen;
 
 fn main() -> anyhow::Result<()> {
     let a: Vec<String> = std::env::args().collect();

@@ -6,17 +6,9 @@ use std::process::Command;
 
 use tenancy_audit::{verify_paths, AnchorSet, AuditError, AuditLog, Event, Outcome, Record};
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
 macro_rules! need_root {
     () => {
-        if !is_root() {
-            if std::env::var_os("CI").is_some() {
-                panic!("needs root");
-            }
-            eprintln!("SKIP (needs root): mounts a tmpfs");
+        if !tenancy_test_support::requires_root("mounts a tmpfs") {
             return;
         }
     };

@@ -1,18 +1,15 @@
 //! Report totals versus an independent computation from the generator's ground truth.
 
-#[path = "common/gen.rs"]
-mod gen;
-
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
-use gen::{generate, Truth};
 use tenancy_audit::report::{
     aggregate_paths, parse_month, write_statement, Figures, GroupBy, Query,
 };
 use tenancy_audit::{AuditLog, Event, Format, Outcome, Record};
+use tenancy_test_support::audit_logs::{self as gen, generate, Truth};
 
 fn write_logs(dir: &std::path::Path, seed: u64, nodes: usize, per_node: usize) -> Vec<Truth> {
     let mut files: Vec<std::io::BufWriter<std::fs::File>> = (0..nodes)

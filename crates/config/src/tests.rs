@@ -1,4 +1,5 @@
 use super::*;
+use tenancy_test_support::TenancyToml;
 
 const SAMPLE: &str = include_str!("../examples/tenancy.toml");
 
@@ -161,22 +162,16 @@ fn config_search_order() {
 }
 
 /// Tenants over groups that exist on every Debian system, so resolution runs through NSS.
-const NSS_CONFIG: &str = r#"
-[cluster]
-name = "t"
-state_dir = "/tmp/s"
-audit_log = "/tmp/a.jsonl"
-scratch_root = "/tmp/scratch"
-[tiers.internal]
-mig_profiles = ["1g.18gb"]
-[tenants.acme]
-tier = "internal"
-groups = ["daemon"]
-accounts = ["acme-acct"]
-[tenants.globex]
-tier = "internal"
-groups = ["bin", "sys"]
-"#;
+fn nss_config() -> String {
+    let mut c = TenancyToml::under("t", Path::new("/tmp"));
+    c.tier("internal").mig_profiles(["1g.18gb"]);
+    c.tenant("acme")
+        .tier("internal")
+        .groups(["daemon"])
+        .accounts(["acme-acct"]);
+    c.tenant("globex").tier("internal").groups(["bin", "sys"]);
+    c.to_string()
+}
 
 fn who(gids: &[u32]) -> Identity {
     Identity::with_groups(4242, "u4242", gids.to_vec())
@@ -184,7 +179,7 @@ fn who(gids: &[u32]) -> Identity {
 
 #[test]
 fn tenant_resolution_refuses_precisely() {
-    let c = parse(NSS_CONFIG).unwrap();
+    let c = parse(&nss_config()).unwrap();
     let gid = |n: &str| group_gid(n).unwrap();
     let (daemon, bin) = (gid("daemon"), gid("bin"));
 
@@ -301,7 +296,7 @@ fn profile_and_device_class_syntax() {
 
 #[test]
 fn resolution_gives_the_gid_of_the_tenants_first_group() {
-    let c = parse(NSS_CONFIG).unwrap();
+    let c = parse(&nss_config()).unwrap();
     let gid = |n: &str| group_gid(n).unwrap();
     let (bin, sys) = (gid("bin"), gid("sys"));
     // Member through the second group: the tenant's group is still the first one.

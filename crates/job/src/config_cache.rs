@@ -166,34 +166,27 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
     use std::path::PathBuf;
+    use tenancy_test_support::{requires_root, TenancyToml};
 
-    const TOML: &str = r#"
-[cluster]
-name = "c"
-state_dir = "/var/lib/tenancy"
-audit_log = "/var/log/tenancy/audit.jsonl"
-scratch_root = "/scratch"
-[tiers.internal]
-mig_profiles = ["1g.18gb"]
-[tenants.acme]
-tier = "internal"
-groups = ["acme"]
-egress = ["10.20.0.0/16:443/tcp"]
-"#;
+    fn toml() -> String {
+        let mut c = TenancyToml::under("c", std::path::Path::new("/var/lib/tenancy"));
+        c.tier("internal").mig_profiles(["1g.18gb"]);
+        c.tenant("acme")
+            .tier("internal")
+            .groups(["acme"])
+            .egress(["10.20.0.0/16:443/tcp"]);
+        c.to_string()
+    }
 
     /// The cache is only trusted from root's own folder and files.
     fn root() -> bool {
-        let root = rustix::process::geteuid().is_root();
-        if !root {
-            eprintln!("SKIP (needs root): the cache is root's only");
-        }
-        root
+        requires_root("the cache is root's only")
     }
 
     fn world() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("tenancy.toml");
-        fs::write(&path, TOML).unwrap();
+        fs::write(&path, toml()).unwrap();
         let dir = tmp.path().join("cache");
         (tmp, path, dir)
     }
@@ -230,14 +223,14 @@ egress = ["10.20.0.0/16:443/tcp"]
         let (_tmp, path, dir) = world();
         load_via(&path, &dir).unwrap();
         // Same length, same second: only the text tells.
-        fs::write(&path, TOML.replace("acme", "acne")).unwrap();
+        fs::write(&path, toml().replace("acme", "acne")).unwrap();
         let (c, hit) = load_via(&path, &dir).unwrap();
         assert!(!hit);
         assert!(c.tenants.contains_key("acne") && !c.tenants.contains_key("acme"));
         assert!(load_via(&path, &dir).unwrap().1);
         fs::write(
             &path,
-            TOML.replace("tier = \"internal\"", "tier = \"nope\""),
+            toml().replace("tier = \"internal\"", "tier = \"nope\""),
         )
         .unwrap();
         assert!(

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{need_root, text, World};
+use common::{requires_root, text, World};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
@@ -98,7 +98,7 @@ fn fails_closed(w: &World, job: u64, why: &str) {
 
 #[test]
 fn a_full_or_read_only_audit_log_fails_the_prolog_closed() {
-    if !need_root("mount tmpfs, real users, product cgroups") {
+    if !requires_root("mount tmpfs, real users, product cgroups") {
         return;
     }
     let Some((w, fs)) = world_with_tmpfs_log() else {
@@ -130,7 +130,7 @@ fn a_full_or_read_only_audit_log_fails_the_prolog_closed() {
 
 #[test]
 fn the_epilog_tears_down_and_exits_zero_when_the_audit_log_cannot_be_written() {
-    if !need_root("mount tmpfs, real users, product cgroups") {
+    if !requires_root("mount tmpfs, real users, product cgroups") {
         return;
     }
     let Some((w, fs)) = world_with_tmpfs_log() else {
@@ -181,7 +181,7 @@ fn the_epilog_tears_down_and_exits_zero_when_the_audit_log_cannot_be_written() {
 /// cuts the partial line off again, the prolog rolls the job back, and the chain stays valid.
 #[test]
 fn a_record_cut_short_by_a_full_filesystem_is_undone_and_the_job_rolled_back() {
-    if !need_root("mount tmpfs, real users, product cgroups") {
+    if !requires_root("mount tmpfs, real users, product cgroups") {
         return;
     }
     let Some((w, fs)) = world_with_tmpfs_log() else {

@@ -17,16 +17,7 @@ use std::time::Instant;
 use tenancy_audit::{verify_paths, AnchorSet, AuditLog, Event, Outcome, Record};
 use tenancy_config::{Config, ConfigError, Identity};
 use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine};
-
-/// `default` inputs, times `TENANCY_FUZZ_SCALE` (a longer campaign: `TENANCY_FUZZ_SCALE=10`).
-fn cases(default: u32) -> u32 {
-    let scale = std::env::var("TENANCY_FUZZ_SCALE")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(1)
-        .clamp(1, 1000);
-    default.saturating_mul(scale)
-}
+use tenancy_test_support::{fuzz_cases, ScratchOnExit, TenancyToml};
 
 /// Runs `test` over `cases` inputs of `strategy`, fails with the shrunk input, reports figures.
 fn campaign<S: Strategy>(name: &str, n: u32, strategy: S, test: impl Fn(S::Value)) {
@@ -54,41 +45,42 @@ fn campaign<S: Strategy>(name: &str, n: u32, strategy: S, test: impl Fn(S::Value
 
 // ---- config ------------------------------------------------------------------------------
 
-const SAMPLE: &str = r#"[cluster]
-name = "demo"
-state_dir = "/var/lib/tenancy"
-audit_log = "/var/log/tenancy/audit.jsonl"
-scratch_root = "/scratch"
-nvml_library = "/usr/lib/libnvidia-ml.so.1"
-[node]
-proc_devices = "/proc/devices"
-mig_minors = "/proc/driver/nvidia-caps/mig-minors"
-[network]
-infrastructure = ["10.0.0.0/8:6817-6819/tcp", "10.1.2.3/32"]
-[mig.plan.H200-141GB]
-"1g.18gb" = 4
-"3g.71gb" = 1
-[tiers.internal]
-mig_profiles = ["1g.18gb", "3g.71gb"]
-share_gpu = true
-share_node = true
-scratch_on_exit = "retain"
-retain_days = 7
-scratch_mode = "0750"
-device_classes = ["c 1:3 rwm"]
-[tiers.restricted]
-mig_profiles = ["1g.18gb"]
-share_gpu = false
-share_node = false
-[tenants.acme]
-tier = "internal"
-groups = ["acme", "root"]
-accounts = ["acme-a"]
-egress = ["192.168.0.0/16:443/tcp"]
-[tenants.lab-2]
-tier = "restricted"
-groups = ["lab2"]
-"#;
+/// A config that uses every section, as the mutations' seed.
+fn sample() -> String {
+    let mut c = TenancyToml::new("demo");
+    c.cluster()
+        .state_dir("/var/lib/tenancy")
+        .audit_log("/var/log/tenancy/audit.jsonl")
+        .scratch_root("/scratch")
+        .nvml_library("/usr/lib/libnvidia-ml.so.1");
+    c.node()
+        .proc_devices("/proc/devices")
+        .mig_minors("/proc/driver/nvidia-caps/mig-minors");
+    c.network()
+        .infrastructure(["10.0.0.0/8:6817-6819/tcp", "10.1.2.3/32"]);
+    c.mig_plan("H200-141GB")
+        .instances("1g.18gb", 4)
+        .instances("3g.71gb", 1);
+    c.tier("internal")
+        .mig_profiles(["1g.18gb", "3g.71gb"])
+        .share_gpu(true)
+        .share_node(true)
+        .scratch_on_exit(ScratchOnExit::Retain)
+        .retain_days(7)
+        .scratch_mode("0750")
+        .device_classes(["c 1:3 rwm"]);
+    c.tier("restricted")
+        .mig_profiles(["1g.18gb"])
+        .share_gpu(false)
+        .share_node(false);
+    c.tenant("acme")
+        .tier("internal")
+        .groups(["acme", "root"])
+        .accounts(["acme-a"])
+        .egress(["192.168.0.0/16:443/tcp"]);
+    c.tenant("lab-2").tier("restricted").groups(["lab2"]);
+    c.to_string()
+}
 
 fn check_config(text: &str) {
     match Config::parse(text, Path::new("/etc/slurm/tenancy.toml")) {
@@ -198,22 +190,26 @@ fn apply_edits(text: &str, edits: &[Edit]) -> String {
 
 #[test]
 fn config_parser_survives_arbitrary_and_mutated_text_and_locates_errors() {
-    check_config(SAMPLE);
-    assert!(Config::parse(SAMPLE, Path::new("t.toml")).is_ok());
-    campaign("config/arbitrary", cases(1500), ".{0,300}", |t: String| {
-        check_config(&t)
-    });
+    let sample = sample();
+    check_config(&sample);
+    assert!(Config::parse(&sample, Path::new("t.toml")).is_ok());
+    campaign(
+        "config/arbitrary",
+        fuzz_cases(1500),
+        ".{0,300}",
+        |t: String| check_config(&t),
+    );
     campaign(
         "config/arbitrary-bytes-lossy",
-        cases(500),
+        fuzz_cases(500),
         proptest::collection::vec(any::<u8>(), 0..300),
         |b: Vec<u8>| check_config(&String::from_utf8_lossy(&b)),
     );
     campaign(
         "config/mutated-sample",
-        cases(2500),
+        fuzz_cases(2500),
         proptest::collection::vec(edit_strategy(), 1..6),
-        |edits: Vec<Edit>| check_config(&apply_edits(SAMPLE, &edits)),
+        |edits: Vec<Edit>| check_config(&apply_edits(&sample, &edits)),
     );
 }
 
@@ -316,7 +312,7 @@ const VARS_BUT_NODE: &[&str] = &[
 fn job_environment_parser_survives_garbage_and_names_the_variable() {
     campaign(
         "env/from_vars",
-        cases(4000),
+        fuzz_cases(4000),
         hostile_env(),
         |env: Vec<(OsString, OsString)>| match JobContext::from_vars(env.clone()) {
             Ok(c) => {
@@ -340,7 +336,7 @@ fn job_environment_parser_survives_garbage_and_names_the_variable() {
     // Completely arbitrary variable sets (names too).
     campaign(
         "env/arbitrary-sets",
-        cases(1000),
+        fuzz_cases(1000),
         proptest::collection::vec((hostile_value(), hostile_value()), 0..12),
         |env: Vec<(OsString, OsString)>| {
             let _ = JobContext::from_vars(env);
@@ -369,29 +365,13 @@ impl Layer for Tripwire {
 }
 
 fn test_config(root: &Path) -> Config {
-    let text = format!(
-        r#"[cluster]
-name = "test"
-state_dir = "{r}/state"
-audit_log = "{r}/audit.jsonl"
-scratch_root = "{r}/scratch"
-[tiers.internal]
-mig_profiles = ["1g.18gb"]
-[tenants.acme]
-tier = "internal"
-groups = ["root"]
-"#,
-        r = root.display()
-    );
-    Config::parse(&text, &root.join("tenancy.toml")).unwrap()
+    let mut text = TenancyToml::minimal("test", root);
+    text.tier("internal").mig_profiles(["1g.18gb"]);
+    Config::parse(&text.to_string(), &root.join("tenancy.toml")).unwrap()
 }
 
 fn audit_lines(path: &Path) -> Vec<Record> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    tenancy_test_support::json_lines(path)
 }
 
 /// Runs the prolog (a tripwire layer stands for the layers) over hostile environments: a bad one
@@ -455,12 +435,13 @@ fn hostile_prologs(
 
 #[test]
 fn a_prolog_with_a_hostile_environment_makes_nothing_and_records_a_denial() {
-    hostile_prologs("prolog/hostile-env", cases(200), VARS);
+    hostile_prologs("prolog/hostile-env", fuzz_cases(200), VARS);
 }
 
 #[test]
 fn denials_of_hostile_environments_keep_the_audit_chain_valid() {
-    let (_tmp, config) = hostile_prologs("prolog/hostile-env-chain", cases(150), VARS_BUT_NODE);
+    let (_tmp, config) =
+        hostile_prologs("prolog/hostile-env-chain", fuzz_cases(150), VARS_BUT_NODE);
     let report = verify_paths(
         std::slice::from_ref(&config.cluster.audit_log),
         &AnchorSet::default(),
@@ -530,7 +511,7 @@ fn spank_option_values_never_resolve_to_anything_but_a_configured_tenant_and_pro
     ];
     campaign(
         "spank/resolve",
-        cases(5000),
+        fuzz_cases(5000),
         (
             proptest::option::of(value.clone()),
             proptest::option::of(value),
@@ -681,7 +662,7 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
     };
     campaign(
         "audit/tampered",
-        cases(1500),
+        fuzz_cases(1500),
         proptest::collection::vec(log_edit(), 1..4),
         |edits: Vec<LogEdit>| {
             let mut bytes = seed.clone();
@@ -707,7 +688,7 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
     );
     campaign(
         "audit/random-lines",
-        cases(800),
+        fuzz_cases(800),
         proptest::collection::vec(
             prop_oneof![
                 proptest::collection::vec(any::<u8>(), 0..120),

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{need_root, text, World};
+use common::{requires_root, text, World};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Barrier};
 use tenancy_audit::Event;
@@ -37,7 +37,7 @@ fn profile(job: u64) -> Option<&'static str> {
 
 #[test]
 fn forty_prolog_epilog_pairs_at_once_place_each_slice_once_and_keep_one_chain() {
-    if !need_root("real users, product cgroups, BPF device programs") {
+    if !requires_root("real users, product cgroups, BPF device programs") {
         return;
     }
     let started = std::time::Instant::now();

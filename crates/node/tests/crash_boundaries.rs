@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{need_root, text, World};
+use common::{requires_root, text, World};
 use std::os::unix::process::ExitStatusExt;
 use tenancy_audit::Event;
 
@@ -96,7 +96,7 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
 
 #[test]
 fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
-    if !need_root("real users, product cgroups, BPF device programs") {
+    if !requires_root("real users, product cgroups, BPF device programs") {
         return;
     }
     let Some(w) = World::new(2, None) else { return };
@@ -170,7 +170,7 @@ fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
 /// audit log stays whole.
 #[test]
 fn an_epilog_killed_at_any_moment_is_finished_by_the_next_one() {
-    if !need_root("real users, product cgroups, BPF device programs") {
+    if !requires_root("real users, product cgroups, BPF device programs") {
         return;
     }
     let Some(w) = World::new(2, None) else { return };
@@ -222,7 +222,7 @@ fn an_epilog_killed_at_any_moment_is_finished_by_the_next_one() {
 /// slice there alone.
 #[test]
 fn an_epilog_with_no_recorded_slice_leaves_another_jobs_slice_at_its_placement() {
-    if !need_root("real users, product cgroups, BPF device programs") {
+    if !requires_root("real users, product cgroups, BPF device programs") {
         return;
     }
     let Some(w) = World::new(1, None) else { return };

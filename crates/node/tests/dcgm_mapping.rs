@@ -4,18 +4,15 @@
 
 mod common;
 
-use common::{need_root, text, World};
+use common::{requires_root, text, World};
 use std::path::{Path, PathBuf};
 
 /// Adds `dcgm_job_mapping_dir` to the world's config (the driver reads it on every run).
 fn with_mapping(w: &World) -> PathBuf {
     let dir = w.root.join("dcgm-jobs");
-    let toml = std::fs::read_to_string(&w.config_path).unwrap().replacen(
-        "[cluster]\n",
-        &format!("[cluster]\ndcgm_job_mapping_dir = \"{}\"\n", dir.display()),
-        1,
-    );
-    std::fs::write(&w.config_path, toml).unwrap();
+    w.rewrite_config(|c| {
+        c.cluster().dcgm_job_mapping_dir(&dir);
+    });
     dir
 }
 
@@ -39,7 +36,7 @@ fn mapping(dir: &Path) -> Vec<(String, String)> {
 
 #[test]
 fn dcgm_mapping_follows_the_job() {
-    if !need_root("real cgroups and nftables under the prolog and epilog") {
+    if !requires_root("real cgroups and nftables under the prolog and epilog") {
         return;
     }
     let Some(w) = World::new(1, None) else {
@@ -135,7 +132,7 @@ fn dcgm_mapping_follows_the_job() {
 /// folder (nothing read or written there) and the job runs without its label.
 #[test]
 fn dcgm_mapping_dir_owned_by_a_user_is_refused() {
-    if !need_root("real cgroups and nftables under the prolog and epilog") {
+    if !requires_root("real cgroups and nftables under the prolog and epilog") {
         return;
     }
     let Some(w) = World::new(1, None) else {

@@ -9,7 +9,7 @@
 mod common;
 
 use common::loopfs::Kind;
-use common::{need_root, product_binary, text, World};
+use common::{built_or_skip, requires_root, text, World};
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
@@ -132,7 +132,7 @@ fn wait_trash_empty(w: &World, what: &str) {
 
 /// `tenancyctl ARGS` with the world's config, in its network namespace.
 fn tenancyctl(w: &World, args: &[&str]) -> Option<Output> {
-    let bin = product_binary("tenancyctl")?;
+    let bin = built_or_skip("tenancyctl")?;
     let mut full = vec!["--config", w.config_path.to_str().unwrap()];
     full.extend_from_slice(args);
     Some(w.command_of(&bin, &full, &[]).output().unwrap())
@@ -166,7 +166,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn scratch_is_encrypted_at_rest() {
-    if !need_root("real users, a loop device, fscrypt") {
+    if !requires_root("real users, a loop device, fscrypt") {
         return;
     }
     let Some(w) = World::encrypted(1, Kind::Ext4Encrypt) else {
@@ -223,7 +223,7 @@ fn scratch_is_encrypted_at_rest() {
 
 #[test]
 fn wipe_is_crypto_erase() {
-    if !need_root("real users, a loop device, fscrypt") {
+    if !requires_root("real users, a loop device, fscrypt") {
         return;
     }
     let Some(w) = World::encrypted(1, Kind::Ext4Encrypt) else {
@@ -355,13 +355,13 @@ fn wipe_is_crypto_erase() {
 
 #[test]
 fn retained_scratch_unlocks_until_expiry() {
-    if !need_root("real users, a loop device, fscrypt") {
+    if !requires_root("real users, a loop device, fscrypt") {
         return;
     }
     let Some(w) = World::encrypted(1, Kind::Ext4Encrypt) else {
         return;
     };
-    if product_binary("tenancyctl").is_none() {
+    if built_or_skip("tenancyctl").is_none() {
         return;
     }
     // Tenant 1's tier keeps its scratch a day.
@@ -474,7 +474,7 @@ fn retained_scratch_unlocks_until_expiry() {
 
 #[test]
 fn required_encryption_on_unsupported_fs_fails_closed() {
-    if !need_root("real users, a loop device, tmpfs") {
+    if !requires_root("real users, a loop device, tmpfs") {
         return;
     }
     for (kind, fs_named, remedy) in [
@@ -539,7 +539,7 @@ fn required_encryption_on_unsupported_fs_fails_closed() {
 
 #[test]
 fn killed_prolog_leaves_no_unfound_key() {
-    if !need_root("real users, product cgroups, BPF device programs, a loop device") {
+    if !requires_root("real users, product cgroups, BPF device programs, a loop device") {
         return;
     }
     let Some(w) = World::encrypted(2, Kind::Ext4Encrypt) else {

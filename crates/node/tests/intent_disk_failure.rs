@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{need_root, text, World};
+use common::{requires_root, text, World};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use tenancy_audit::Event;
@@ -131,7 +131,7 @@ fn s(p: &Path) -> &str {
 
 #[test]
 fn a_prolog_whose_intents_cannot_reach_the_disk_fails_closed_before_scratch() {
-    if !need_root("loop devices, mounts, real users, product cgroups") {
+    if !requires_root("loop devices, mounts, real users, product cgroups") {
         return;
     }
     if let Some(why) = no_loop_device() {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{need_root, text, World};
+use common::{requires_root, text, World};
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
@@ -13,7 +13,7 @@ use std::process::Command;
 /// the job's end leaves nothing behind.
 #[test]
 fn a_process_that_outlives_its_job_is_ended_before_any_layer_comes_down() {
-    if !need_root("moves a process into a job's cgroup") {
+    if !requires_root("moves a process into a job's cgroup") {
         return;
     }
     let Some(w) = World::new(1, None) else {

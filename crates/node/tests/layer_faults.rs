@@ -4,13 +4,13 @@
 
 mod common;
 
-use common::{need_root, text, World};
+use common::{requires_root, text, World};
 use std::ffi::OsString;
 use tenancy_audit::Event;
 
 #[test]
 fn an_nvml_failure_and_a_planted_symlink_roll_the_job_back_completely() {
-    if !need_root("real users, product cgroups, BPF device programs") {
+    if !requires_root("real users, product cgroups, BPF device programs") {
         return;
     }
     let Some(w) = World::new(2, None) else { return };

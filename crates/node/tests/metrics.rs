@@ -4,17 +4,17 @@
 
 mod common;
 
-use common::{need_root, product_binary, text, World};
+use common::{built_or_skip, requires_root, text, World};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use tenancy_audit::{Event, Record};
 
 /// `tenancyctl metrics ARGS` in the world's network namespace (its firewall's counters).
 fn metrics(w: &World, args: &[&str]) -> Option<String> {
-    let bin = product_binary("tenancyctl")?;
+    let bin = built_or_skip("tenancyctl")?;
     let mut all = vec!["metrics"];
     all.extend_from_slice(args);
     let out = w
@@ -41,29 +41,17 @@ print(json.dumps(fams))
         .status()
         .is_ok_and(|s| s.success());
     if !has {
-        if std::env::var_os("CI").is_some() {
-            panic!("prometheus_client missing: apt-get install python3-prometheus-client");
-        }
-        eprintln!(
-            "SKIP (needs python3-prometheus-client): apt-get install python3-prometheus-client"
+        tenancy_test_support::skip(
+            "needs python3-prometheus-client",
+            "apt-get install python3-prometheus-client",
         );
         return None;
     }
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", PY])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(exposition.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = tenancy_test_support::output_with_stdin(
+        Command::new("/usr/bin/python3").args(["-c", PY]),
+        exposition,
+    )
+    .unwrap();
     assert!(
         out.status.success(),
         "not valid OpenMetrics: {}\n--- the text:\n{exposition}",
@@ -124,7 +112,7 @@ fn busy_world() -> Option<(World, Vec<(OsString, OsString)>)> {
 
 #[test]
 fn metrics_parse_as_openmetrics() {
-    if !need_root("real cgroups, nftables and the prolog") {
+    if !requires_root("real cgroups, nftables and the prolog") {
         return;
     }
     let Some((w, _)) = busy_world() else { return };
@@ -180,7 +168,7 @@ fn metrics_parse_as_openmetrics() {
         .collect();
     assert_eq!(entries, vec!["slurm_tenancy.prom".to_string()]);
     // A folder that is not there is an error naming it, not an empty success.
-    let bin = product_binary("tenancyctl").unwrap();
+    let bin = built_or_skip("tenancyctl").unwrap();
     let missing = w.root.join("no-such-folder");
     let out = w
         .command_of(
@@ -200,7 +188,7 @@ fn metrics_parse_as_openmetrics() {
 
 #[test]
 fn metrics_count_what_the_audit_log_says() {
-    if !need_root("real cgroups, nftables and the prolog") {
+    if !requires_root("real cgroups, nftables and the prolog") {
         return;
     }
     let Some((w, torn)) = busy_world() else {

@@ -6,15 +6,13 @@
 //! with the real layers.
 
 mod common;
-#[path = "../../layers/scratch/tests/common/seccomp.rs"]
-mod seccomp;
 
-use common::{need_root, text, World};
-use seccomp::{install, openat2_failing_with, with_openat2_failing};
+use common::{requires_root, text, World};
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::process::Output;
+use tenancy_test_support::seccomp::{install, openat2_failing_with, with_openat2_failing};
 
 /// The driver (`prolog` or `epilog`) as the world runs it, under a filter that makes `openat2`
 /// fail with `errno`.
@@ -47,7 +45,7 @@ fn with_openat2_refused_eperm_a_job_gets_its_scratch_folder_and_a_planted_symlin
 }
 
 fn a_job_gets_its_folder_and_a_planted_symlink_is_refused(errno: i32, job: u64) {
-    if !need_root("real users, product cgroups, BPF device programs, seccomp") {
+    if !requires_root("real users, product cgroups, BPF device programs, seccomp") {
         return;
     }
     // The filter does what the test relies on: in a thread of its own, openat2 fails.

@@ -7,6 +7,7 @@ use tenancy_audit::report::{aggregate_paths, GroupBy, Query, UNVERIFIED};
 use tenancy_audit::{Event, Record};
 use tenancy_config::Config;
 use tenancy_node::{JobContext, Spine};
+use tenancy_test_support::TenancyToml;
 
 fn job(id: &str, uid: &str, user: &str, tenant: &str) -> Vec<(OsString, OsString)> {
     [
@@ -26,12 +27,7 @@ fn job(id: &str, uid: &str, user: &str, tenant: &str) -> Vec<(OsString, OsString
 fn unverified_refusal_is_not_counted_for_the_tenant() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let text = format!(
-        "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
-         scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.acme]\ntier = \"internal\"\n\
-         groups = [\"root\"]\n",
-        r = root.display()
-    );
+    let text = TenancyToml::minimal("t", root).to_string();
     let config = Config::parse(&text, &root.join("tenancy.toml")).unwrap();
     let mut spine = Spine::new(&config, vec![], "tenancy-prolog").unwrap();
     // A member's job runs for acme; daemon (not a member) claims acme and is refused.

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{need_root, text, World};
+use common::{requires_root, text, World};
 use std::path::Path;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/release1");
@@ -93,7 +93,7 @@ fn prolog(w: &World, job: u64, t: usize, profile: Option<&str>, crash: Option<&s
 #[test]
 #[ignore]
 fn capture_release1_fixtures() {
-    if std::env::var_os("TENANCY_CAPTURE_FIXTURES").is_none() || !need_root("real layers") {
+    if std::env::var_os("TENANCY_CAPTURE_FIXTURES").is_none() || !requires_root("real layers") {
         return;
     }
     let Some(w) = World::new(1, None) else { return };
@@ -133,7 +133,7 @@ fn fixture(w: &World, file: &str) -> String {
 
 #[test]
 fn release1_journals_are_read_and_torn_down() {
-    if !need_root("real users, product cgroups, BPF device programs") {
+    if !requires_root("real users, product cgroups, BPF device programs") {
         return;
     }
     let Some(w) = World::new(1, None) else { return };

@@ -8,6 +8,7 @@ use std::rc::Rc;
 use tenancy_audit::{verify_paths, AnchorSet, Event, Record};
 use tenancy_config::Config;
 use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine, StepState};
+use tenancy_test_support::TenancyToml;
 
 /// A layer that makes one file per job and logs every call.
 struct FileLayer {
@@ -101,31 +102,17 @@ struct World {
 
 impl World {
     fn new() -> World {
-        World::with_cluster_keys("")
+        World::with_cluster(|_, _| {})
     }
 
-    /// `keys`: more `[cluster]` lines, `{r}` standing for the world's folder.
-    fn with_cluster_keys(keys: &str) -> World {
+    /// `cluster` sets more `[cluster]` keys, given the world's folder.
+    fn with_cluster(cluster: impl FnOnce(&mut TenancyToml, &Path)) -> World {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_path_buf();
-        let keys = keys.replace("{r}", &root.display().to_string());
-        let text = format!(
-            r#"
-[cluster]
-name = "test"
-state_dir = "{r}/state"
-audit_log = "{r}/audit.jsonl"
-scratch_root = "{r}/scratch"
-{keys}
-[tiers.internal]
-mig_profiles = ["1g.18gb"]
-[tenants.acme]
-tier = "internal"
-groups = ["root"]
-"#,
-            r = root.display()
-        );
-        let config = Config::parse(&text, &root.join("tenancy.toml")).unwrap();
+        let mut text = TenancyToml::minimal("test", &root);
+        text.tier("internal").mig_profiles(["1g.18gb"]);
+        cluster(&mut text, &root);
+        let config = Config::parse(&text.to_string(), &root.join("tenancy.toml")).unwrap();
         std::fs::create_dir(root.join("made")).unwrap();
         World {
             _tmp: tmp,
@@ -589,7 +576,9 @@ fn an_unreadable_earlier_journal_fails_the_prolog_instead_of_being_overwritten()
 /// the next job end shows in `audit verify`. A `job_start` is covered by its job's `job_end`.
 #[test]
 fn every_record_but_a_job_start_is_anchored() {
-    let w = World::with_cluster_keys("audit_anchor = \"{r}/anchors\"");
+    let w = World::with_cluster(|c, r| {
+        c.cluster().audit_anchor(r.join("anchors"));
+    });
     let anchored = || -> Vec<u64> {
         std::fs::read_to_string(w.root.join("anchors"))
             .unwrap_or_default()
@@ -647,9 +636,11 @@ fn every_record_but_a_job_start_is_anchored() {
 #[test]
 fn anchors_carry_the_mac_of_the_configured_key() {
     use std::os::unix::fs::PermissionsExt;
-    let w = World::with_cluster_keys(
-        "audit_anchor = \"{r}/anchors\"\naudit_anchor_key = \"{r}/anchor.key\"",
-    );
+    let w = World::with_cluster(|c, r| {
+        c.cluster()
+            .audit_anchor(r.join("anchors"))
+            .audit_anchor_key(r.join("anchor.key"));
+    });
     let key = w.root.join("anchor.key");
     std::fs::write(&key, b"0123456789abcdef0123456789abcdef").unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();

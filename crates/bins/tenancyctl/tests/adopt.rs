@@ -8,6 +8,7 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use tenancy_node::{Journal, JournalDir, Step, StepState};
+use tenancy_test_support::{output_text, requires_root};
 
 fn cgroup2_root() -> PathBuf {
     tenancy_devices::CgroupLayout::detect()
@@ -130,15 +131,6 @@ fn tenancyctl_with_raw_env(args: &[&str], env: &[(&str, &str)]) -> i32 {
     }
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// A job as the prolog leaves it on this node: its journal (one layer whose cgroup a task
 /// joins), its product cgroup, and where Slurm keeps its extern steps.
 struct JobFixture {
@@ -213,11 +205,9 @@ impl JobFixture {
 
 #[test]
 fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "SKIP a_session_in_a_job_joins_its_isolation_or_is_refused: needs root (moves \
-             processes between cgroups)"
-        );
+    if !requires_root(
+        "a_session_in_a_job_joins_its_isolation_or_is_refused: moves processes between cgroups",
+    ) {
         return;
     }
     let mut f = JobFixture::new("adopt", 4_200_000);
@@ -228,50 +218,66 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
     // Another user's session in the job: refused, and left where it was.
     let pid = f.tree.process_in(&f.extern_step(job));
     let o = adopt(&config, pid, "daemon", "open_session");
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("belongs to uid 0"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("belongs to uid 0"),
+        "{}",
+        output_text(&o)
+    );
     assert_eq!(cgroup_of(pid), rel(&f.extern_step(job)));
     // At close_session nothing is done.
     let o = adopt(&config, pid, "root", "close_session");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
     assert_eq!(cgroup_of(pid), rel(&f.extern_step(job)));
     // pam_slurm_adopt's claim (SLURM_JOB_ID) must match the job the process is in.
     let o = adopt_claiming(&config, pid, "root", "open_session", Some(job + 7));
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
     assert!(
-        text(&o).contains(&format!("is in job {job}'s cgroup")),
+        output_text(&o).contains(&format!("is in job {job}'s cgroup")),
         "{}",
-        text(&o)
+        output_text(&o)
     );
     assert_eq!(cgroup_of(pid), rel(&f.extern_step(job)));
     // The job's own user: the session now runs in the job's isolation.
     let o = adopt_claiming(&config, pid, "root", "open_session", Some(job));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
     assert!(
-        text(&o).contains(&format!("joined the isolation of job {job} (tenant acme)")),
+        output_text(&o).contains(&format!("joined the isolation of job {job} (tenant acme)")),
         "{}",
-        text(&o)
+        output_text(&o)
     );
     assert_eq!(cgroup_of(pid), rel(&product));
 
     // A job the prolog did not set up here (no journal): refused, never unisolated.
     let other = f.tree.process_in(&f.extern_step(job + 1));
     let o = adopt(&config, other, "root", "open_session");
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("no journal"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("no journal"),
+        "{}",
+        output_text(&o)
+    );
     assert_eq!(cgroup_of(other), rel(&f.extern_step(job + 1)));
 
     // A login in no job (pam_slurm_adopt let it through): nothing to isolate, left alone.
     let plain = root.join(format!("{}-slurm/plain", f.tag));
     let login = f.tree.process_in(&plain);
     let o = adopt(&config, login, "root", "open_session");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert!(text(&o).contains("in no Slurm job"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("in no Slurm job"),
+        "{}",
+        output_text(&o)
+    );
     assert_eq!(cgroup_of(login), rel(&plain));
     // ... unless pam_slurm_adopt says it adopted it into a job: then something is off, refused.
     let o = adopt_claiming(&config, login, "root", "open_session", Some(job));
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("in no job's cgroup"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("in no job's cgroup"),
+        "{}",
+        output_text(&o)
+    );
     assert_eq!(cgroup_of(login), rel(&plain));
 
     // The audit log tells the adopted session from the refused ones, and its chain holds.
@@ -301,7 +307,7 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
         .arg(r.join("audit.jsonl"))
         .output()
         .unwrap();
-    assert!(verify.status.success(), "{}", text(&verify));
+    assert!(verify.status.success(), "{}", output_text(&verify));
 }
 
 /// pam_exec hands `tenancyctl adopt` the PAM environment, which the session's user can write to
@@ -311,11 +317,8 @@ fn a_session_in_a_job_joins_its_isolation_or_is_refused() {
 /// adopt read a config the user wrote (with its journals and audit log where they like).
 #[test]
 fn a_users_pam_environment_cannot_steer_adopt() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "SKIP a_users_pam_environment_cannot_steer_adopt: needs root (moves processes \
-             between cgroups)"
-        );
+    if !requires_root("a_users_pam_environment_cannot_steer_adopt: moves processes between cgroups")
+    {
         return;
     }
     let mut f = JobFixture::new("adoptenv", 4_300_000);

@@ -5,6 +5,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
+use tenancy_test_support::TenancyToml;
 
 #[test]
 fn a_world_writable_scratch_root_fails_the_doctor() {
@@ -15,25 +16,10 @@ fn a_world_writable_scratch_root_fails_the_doctor() {
     std::fs::create_dir(&scratch).unwrap();
     std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o777)).unwrap();
     let config = root.join("tenancy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[cluster]
-name = "t"
-state_dir = "{r}/state"
-audit_log = "{r}/audit.jsonl"
-scratch_root = "{r}/scratch"
-nvml_library = "{r}/no-such-libnvidia-ml.so.1"
-[tiers.internal]
-[tenants.acme]
-tier = "internal"
-groups = ["root"]
-"#,
-            r = root.display()
-        ),
-    )
-    .unwrap();
+    let mut text = TenancyToml::minimal("t", root);
+    text.cluster()
+        .nvml_library(root.join("no-such-libnvidia-ml.so.1"));
+    std::fs::write(&config, text.to_string()).unwrap();
     // A PAM stack with pam_slurm_adopt (and one where it is only a comment).
     let pam = root.join("pam.d");
     std::fs::create_dir(&pam).unwrap();

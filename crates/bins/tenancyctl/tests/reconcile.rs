@@ -22,6 +22,9 @@ use tenancy_audit::{verify_paths, AnchorSet, Event, Outcome, Record};
 use tenancy_config::Config;
 use tenancy_node::intent_log::IntentLog;
 use tenancy_node::{layers, JobContext, Spine};
+use tenancy_test_support::{
+    nvml_fixture, nvml_stand_in, requires_root, Immutable, ScratchOnExit, TenancyToml,
+};
 
 const CGROUP2: &str = "/sys/fs/cgroup/unified";
 
@@ -33,33 +36,7 @@ fn nvml_env() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn need_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("needs root");
-    }
-    eprintln!("SKIP (needs root): reconcile with real cgroups, users, nft");
-    false
-}
-
-fn shim_lib() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("TENANCY_NVML_SHIM") {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent()?.parent()?.join("libnvidia_ml.so");
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "{} missing: run `cargo build -p nvml-shim` first",
-            p.display()
-        );
-    }
-    eprintln!("SKIP (needs nvml-shim): {} missing", p.display());
-    None
+    requires_root("reconcile with real cgroups, users, nft")
 }
 
 struct Guard {
@@ -106,23 +83,6 @@ fn make_slice(mig: &tenancy_mig::Mig, tenant: &str) {
         )
         .unwrap();
     mig.create(&intent).unwrap();
-}
-
-/// `root/fixture.toml`: the NVML stand-in with `gpus` H200s, its state and driver files under
-/// `root`. Returns its path.
-fn shim_fixture(root: &Path, gpus: usize) -> PathBuf {
-    let path = root.join("fixture.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\nmig_minors = \
-             \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n{}",
-            "[[gpus]]\nmodel = \"H200-141GB\"\n".repeat(gpus),
-            r = root.display()
-        ),
-    )
-    .unwrap();
-    path
 }
 
 fn reconcile(config: &Path, args: &[&str]) -> Output {
@@ -195,7 +155,7 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
     if !need_root() {
         return;
     }
-    let Some(shim) = shim_lib() else { return };
+    let Some(shim) = nvml_stand_in() else { return };
     let _env = nvml_env();
     // This thread (and what it spawns) gets a network namespace of its own.
     // SAFETY: only the network namespace of this thread changes; no file descriptor table,
@@ -219,36 +179,21 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
         );
     }
     std::fs::create_dir(root.join("scratch")).unwrap();
-    shim_fixture(root, 2);
-    let text = format!(
-        r#"[cluster]
-name = "rel"
-state_dir = "{r}/state"
-audit_log = "{r}/audit.jsonl"
-scratch_root = "{r}/scratch"
-nvml_library = "{shim}"
-nvml_shim_fixture = "{r}/fixture.toml"
-[node]
-proc_devices = "{r}/proc-devices"
-mig_minors = "{r}/mig-minors"
-[tiers.internal]
-mig_profiles = ["1g.18gb"]
-[tiers.keeper]
-mig_profiles = ["1g.18gb"]
-scratch_on_exit = "retain"
-retain_days = 2
-[tenants.{a}]
-tier = "internal"
-groups = ["{a}"]
-[tenants.{b}]
-tier = "keeper"
-groups = ["{b}"]
-"#,
-        r = root.display(),
-        shim = shim.display(),
-        a = tenants[0],
-        b = tenants[1],
-    );
+    nvml_fixture(root, 2);
+    let mut text = TenancyToml::under("rel", root);
+    text.nvml_stand_in(root, &shim);
+    text.tier("internal").mig_profiles(["1g.18gb"]);
+    text.tier("keeper")
+        .mig_profiles(["1g.18gb"])
+        .scratch_on_exit(ScratchOnExit::Retain)
+        .retain_days(2);
+    text.tenant(&tenants[0])
+        .tier("internal")
+        .groups([&tenants[0]]);
+    text.tenant(&tenants[1])
+        .tier("keeper")
+        .groups([&tenants[1]]);
+    let text = text.to_string();
     let cfg_path = root.join("tenancy.toml");
     std::fs::write(&cfg_path, &text).unwrap();
     let config = Config::parse(&text, &cfg_path).unwrap();
@@ -641,21 +586,17 @@ groups = ["{b}"]
 }
 
 /// `root/tenancy.toml`: state, audit log and scratch under `root`, retention 2 days, one tenant
-/// of group root; `cluster` lines are added to `[cluster]`.
-fn small_config(root: &Path, tenant: &str, cluster: &str) -> PathBuf {
+/// of group root; `cluster` sets more `[cluster]` keys.
+fn small_config(root: &Path, tenant: &str, cluster: impl FnOnce(&mut TenancyToml)) -> PathBuf {
     std::fs::create_dir_all(root.join("scratch")).unwrap();
     let path = root.join("tenancy.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[cluster]\nname = \"rel\"\nstate_dir = \"{r}/state\"\naudit_log = \
-             \"{r}/audit.jsonl\"\nscratch_root = \"{r}/scratch\"\n{cluster}\n[tiers.keeper]\n\
-             scratch_on_exit = \"retain\"\nretain_days = 2\n[tenants.{tenant}]\ntier = \
-             \"keeper\"\ngroups = [\"root\"]\n",
-            r = root.display()
-        ),
-    )
-    .unwrap();
+    let mut c = TenancyToml::under("rel", root);
+    cluster(&mut c);
+    c.tier("keeper")
+        .scratch_on_exit(ScratchOnExit::Retain)
+        .retain_days(2);
+    c.tenant(tenant).tier("keeper").groups(["root"]);
+    std::fs::write(&path, c.to_string()).unwrap();
     path
 }
 
@@ -664,7 +605,7 @@ fn small_config(root: &Path, tenant: &str, cluster: &str) -> PathBuf {
 fn small_node(prefix: &str) -> (String, tempfile::TempDir, PathBuf) {
     let tenant = format!("{prefix}{}", std::process::id());
     let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
-    let cfg = small_config(tmp.path(), &tenant, "");
+    let cfg = small_config(tmp.path(), &tenant, |_| {});
     std::fs::create_dir(tmp.path().join("state")).unwrap();
     (tenant, tmp, cfg)
 }
@@ -685,16 +626,8 @@ fn root_spec(root: &Path, tenant: &str, job: u64) -> tenancy_scratch::ScratchSpe
 }
 
 fn audit_records(path: &Path) -> Vec<Record> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    tenancy_test_support::json_lines(path)
 }
-
-#[path = "../../../layers/scratch/tests/common/immutable.rs"]
-mod immutable;
-use immutable::Immutable;
 
 #[test]
 fn reconcile_purges_past_a_retained_folder_it_cannot_remove_and_audits_both() {
@@ -704,7 +637,7 @@ fn reconcile_purges_past_a_retained_folder_it_cannot_remove_and_audits_both() {
     let tenant = format!("rp{}", std::process::id());
     let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
     let root = tmp.path();
-    let cfg = small_config(root, &tenant, "");
+    let cfg = small_config(root, &tenant, |_| {});
     // Jobs 1, 2 and 3 retained 10 days ago (past the 2 days); 2, sorted between the others,
     // holds a file not even root can remove.
     let mut retained = Vec::new();
@@ -794,21 +727,15 @@ fn reconcile_keeps_what_an_unreadable_journal_may_own() {
     if !need_root() {
         return;
     }
-    let Some(shim) = shim_lib() else { return };
+    let Some(shim) = nvml_stand_in() else { return };
     let _env = nvml_env();
     let tenant = format!("ru{}", std::process::id());
     let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
     let root = tmp.path();
-    let fixture = shim_fixture(root, 1);
-    let cfg = small_config(
-        root,
-        &tenant,
-        &format!(
-            "nvml_library = \"{}\"\nnvml_shim_fixture = \"{}\"",
-            shim.display(),
-            fixture.display()
-        ),
-    );
+    let fixture = nvml_fixture(root, 1);
+    let cfg = small_config(root, &tenant, |c| {
+        c.cluster().nvml_library(&shim).nvml_shim_fixture(&fixture);
+    });
     // Job 21's journal is garbage (corrupt, or of a newer format); job 22 has none.
     std::fs::create_dir(root.join("state")).unwrap();
     let journal = root.join("state/job_21.json");

@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
 use tenancy_audit::{send_anchor_to, AuditLog, Event, Outcome, Record};
+use tenancy_test_support::TenancyToml;
 
 fn tenancyctl(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
@@ -36,17 +37,13 @@ const BILLING: &str = "[billing]\ncurrency = \"EUR\"\njob_hour_without_mig = 0.1
 /// A config with two tenants (tier `gpu` offers 1g.18gb and 3g.71gb) and `billing`.
 fn config(root: &Path, billing: &str) -> PathBuf {
     let c = root.join("tenancy.toml");
-    std::fs::write(
-        &c,
-        format!(
-            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/logs/audit.jsonl\"\n\
-             scratch_root = \"{r}/scratch\"\n[tiers.gpu]\nmig_profiles = [\"1g.18gb\", \"3g.71gb\"]\n\
-             [tenants.acme]\ntier = \"gpu\"\ngroups = [\"root\"]\n\
-             [tenants.globex]\ntier = \"gpu\"\ngroups = [\"daemon\"]\n{billing}",
-            r = root.display()
-        ),
-    )
-    .unwrap();
+    let mut text = TenancyToml::under("t", root);
+    text.cluster().audit_log(root.join("logs/audit.jsonl"));
+    text.tier("gpu").mig_profiles(["1g.18gb", "3g.71gb"]);
+    text.tenant("acme").tier("gpu").groups(["root"]);
+    text.tenant("globex").tier("gpu").groups(["daemon"]);
+    // The billing under test, as written (some of it on purpose not a valid config).
+    std::fs::write(&c, format!("{text}{billing}")).unwrap();
     c
 }
 
@@ -461,10 +458,10 @@ fn chromium_run(bin: &Path, profile: &Path, args: &[&str]) -> Output {
 #[test]
 fn html_statement_renders_in_a_browser() {
     let Some(chrome) = chromium() else {
-        if std::env::var_os("CI").is_some() {
-            panic!("chromium is not installed (scripts/install-deps --tests installs it)");
-        }
-        eprintln!("SKIP (needs chromium): apt-get install chromium");
+        tenancy_test_support::skip(
+            "needs chromium",
+            "apt-get install chromium (scripts/install-deps --tests installs it)",
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -596,18 +593,10 @@ fn compare_sacct_finds_a_job_without_records() {
     let compare = |sacct: &str| {
         let f = root.join("sacct.txt");
         std::fs::write(&f, sacct).unwrap();
-        tenancyctl(
-            &c,
-            &[
-                "report",
-                "--compare-sacct",
-                "--statement",
-                "2026-01",
-                "--sacct-file",
-                f.to_str().unwrap(),
-                logs.to_str().unwrap(),
-            ],
-        )
+        let (f, logs) = (f.to_str().unwrap(), logs.to_str().unwrap());
+        let mut args = vec!["report", "--compare-sacct", "--statement", "2026-01"];
+        args.extend(["--sacct-file", f, logs]);
+        tenancyctl(&c, &args)
     };
     let o = compare(&agreeing);
     assert!(o.status.success(), "{}", text(&o));
@@ -663,11 +652,7 @@ fn compare_sacct_finds_a_job_without_records() {
     );
     assert_eq!(o.status.code(), Some(1));
     let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let kinds: Vec<&str> = doc["disagreements"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["kind"].as_str().unwrap())
-        .collect();
+    let kinds: Vec<&Value> = doc["disagreements"].as_array().unwrap().iter().collect();
+    let kinds: Vec<&str> = kinds.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["no_job_start", "usage_differs", "no_slurm_job"]);
 }

@@ -7,6 +7,7 @@ use common::{id, sh};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
+use tenancy_test_support::{requires_root, TenancyToml};
 
 /// Users first, then their groups, whatever the test did.
 struct Accounts {
@@ -27,8 +28,9 @@ impl Drop for Accounts {
 
 #[test]
 fn a_file_owned_by_or_granted_to_another_tenants_user_is_reported() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIP a_file_owned_by_or_granted_to_another_tenants_user_is_reported (needs root: real users, chown, setfacl)");
+    if !requires_root(
+        "a_file_owned_by_or_granted_to_another_tenants_user_is_reported: real users, chown, setfacl",
+    ) {
         return;
     }
     let tag = format!("sa{}", std::process::id());
@@ -52,16 +54,11 @@ fn a_file_owned_by_or_granted_to_another_tenants_user_is_reported() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let config = root.join("tenancy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
-             scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.ta]\ntier = \"internal\"\n\
-             groups = [\"{ga}\"]\n[tenants.tb]\ntier = \"internal\"\ngroups = [\"{gb}\"]\n",
-            r = root.display()
-        ),
-    )
-    .unwrap();
+    let mut text = TenancyToml::under("t", root);
+    text.tier("internal");
+    text.tenant("ta").tier("internal").groups([&ga]);
+    text.tenant("tb").tier("internal").groups([&gb]);
+    std::fs::write(&config, text.to_string()).unwrap();
     // Tenant a's tree as the scratch layer makes it: the tenant folder root:a 0750, a job folder
     // of ua 0700.
     let scratch = root.join("scratch");

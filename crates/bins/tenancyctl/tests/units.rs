@@ -8,18 +8,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use tenancy_test_support::{output_text, requires_root, skip, TenancyToml};
 
 fn units_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../packaging/systemd")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `key=value` lines of a unit file, by key (several values of a key in order).
@@ -65,10 +57,7 @@ fn units_verify() {
     ];
     // systemd-analyze verify, in a root holding the units and the tenancyctl they run.
     let Ok(sa) = Command::new("systemd-analyze").arg("--version").output() else {
-        if std::env::var_os("CI").is_some() {
-            panic!("systemd-analyze missing: apt-get install systemd");
-        }
-        eprintln!("SKIP (needs systemd-analyze): apt-get install systemd");
+        skip("needs systemd-analyze", "apt-get install systemd");
         return;
     };
     assert!(sa.status.success());
@@ -87,7 +76,7 @@ fn units_verify() {
         .arg(&system)
         .output()
         .unwrap();
-    assert!(cp.status.success(), "{}", text(&cp));
+    assert!(cp.status.success(), "{}", output_text(&cp));
     for n in names {
         std::fs::copy(units_dir().join(n), system.join(n)).unwrap();
     }
@@ -98,7 +87,7 @@ fn units_verify() {
         .args(names.map(|n| system.join(n)))
         .output()
         .unwrap();
-    let said = text(&out);
+    let said = output_text(&out);
     assert!(out.status.success(), "systemd-analyze verify: {said}");
     // Any complaint about our units is a failure (verify exits 0 on some of them).
     for n in names {
@@ -136,26 +125,16 @@ fn units_verify() {
     assert!(unit("tenancy-metrics.timer").contains_key("OnUnitActiveSec"));
 
     // The commands themselves, as root, on a config of the test's.
-    if !rustix::process::geteuid().is_root() {
-        if std::env::var_os("CI").is_some() {
-            panic!("units_verify: needs root to run the units' commands");
-        }
-        eprintln!("SKIP (needs root): running the units' commands");
+    if !requires_root("running the units' commands") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let tenant = format!("u{}", std::process::id());
     let config = dir.path().join("tenancy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
-             scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.{tenant}]\n\
-             tier = \"internal\"\ngroups = [\"root\"]\n",
-            r = dir.path().display()
-        ),
-    )
-    .unwrap();
+    let mut toml = TenancyToml::under("t", dir.path());
+    toml.tier("internal");
+    toml.tenant(&tenant).tier("internal").groups(["root"]);
+    std::fs::write(&config, toml.to_string()).unwrap();
     std::fs::create_dir(dir.path().join("scratch")).unwrap();
     let netns = format!("units{}", std::process::id());
     common::sh("ip", &["netns", "add", &netns]);
@@ -180,7 +159,11 @@ fn units_verify() {
     };
     // tenancy-firewall.service: the table is loaded with the tenant's counter.
     let out = run(&exec_start("tenancy-firewall.service"), &[]);
-    assert!(out.status.success(), "firewall apply: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "firewall apply: {}",
+        output_text(&out)
+    );
     let nft = Command::new("/usr/bin/nsenter")
         .arg(format!("--net=/run/netns/{netns}"))
         .args(["/usr/sbin/nft", "list", "counters"])
@@ -189,7 +172,7 @@ fn units_verify() {
     assert!(
         String::from_utf8_lossy(&nft.stdout).contains(&format!("drop_{tenant}")),
         "{}",
-        text(&nft)
+        output_text(&nft)
     );
     // tenancy-reconcile.service: nothing left on a fresh node; Slurm's answer (no job on the
     // node) given as a file, as this machine runs no slurmctld for it.
@@ -204,7 +187,11 @@ fn units_verify() {
             none.to_str().unwrap(),
         ],
     );
-    assert!(out.status.success(), "reconcile --apply: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "reconcile --apply: {}",
+        output_text(&out)
+    );
     assert!(dir.path().join("state/reconciled").is_file());
     // tenancy-metrics.service: the textfile, in a folder of the test's.
     let mut metrics = exec_start("tenancy-metrics.service");
@@ -212,7 +199,7 @@ fn units_verify() {
     std::fs::create_dir(&prom).unwrap();
     metrics[3] = prom.display().to_string();
     let out = run(&metrics, &[]);
-    assert!(out.status.success(), "metrics: {}", text(&out));
+    assert!(out.status.success(), "metrics: {}", output_text(&out));
     let m = std::fs::read_to_string(prom.join("slurm_tenancy.prom")).unwrap();
     assert!(
         m.contains("slurm_tenancy_last_reconcile_timestamp_seconds "),
@@ -238,7 +225,7 @@ fn units_verify() {
     log.append(&mut rec).unwrap();
     drop(log);
     let out = run(&exec_start("tenancy-audit-rotate.service"), &[]);
-    assert!(out.status.success(), "audit rotate: {}", text(&out));
+    assert!(out.status.success(), "audit rotate: {}", output_text(&out));
     let rotated: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(|e| {

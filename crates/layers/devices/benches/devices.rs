@@ -66,11 +66,6 @@ fn driver(c: &mut Criterion) {
     g.finish();
 }
 
-fn root() -> bool {
-    // SAFETY: no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 fn cg_bench(c: &mut Criterion, name: &str, mount: Option<PathBuf>, backend: Backend) {
     let Some(mount) = mount else {
         eprintln!("SKIP {name}: controller not mounted");
@@ -115,8 +110,7 @@ fn cg_bench(c: &mut Criterion, name: &str, mount: Option<PathBuf>, backend: Back
 }
 
 fn cgroups(c: &mut Criterion) {
-    if !root() {
-        eprintln!("SKIP cgroup benches (needs root)");
+    if !tenancy_test_support::requires_root("cgroup benches") {
         return;
     }
     let l = CgroupLayout::detect().unwrap();

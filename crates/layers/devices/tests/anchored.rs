@@ -55,7 +55,7 @@ fn params(fx: &Fixture, job: u64, slices: &[SliceRef], target: Target) -> JobDev
 
 #[test]
 fn anchored_allowlist_holds_under_slurms_programs() {
-    if !need_root("anchored_allowlist_holds_under_slurms_programs") {
+    if !requires_root("anchored_allowlist_holds_under_slurms_programs") {
         return;
     }
     let fx = Fixture::new();

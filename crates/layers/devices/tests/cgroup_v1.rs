@@ -28,7 +28,7 @@ fn params(fx: &Fixture, job: u64, slices: &[SliceRef], target: Target) -> JobDev
 
 #[test]
 fn v1_two_jobs_share_a_gpu_but_not_caps() {
-    if !need_root("v1_two_jobs_share_a_gpu_but_not_caps") {
+    if !requires_root("v1_two_jobs_share_a_gpu_but_not_caps") {
         return;
     }
     let Some(root) = v1_root("v1_two_jobs_share_a_gpu_but_not_caps") else {
@@ -66,7 +66,7 @@ fn v1_two_jobs_share_a_gpu_but_not_caps() {
 
 #[test]
 fn v1_existing_cgroup_reset_on_teardown() {
-    if !need_root("v1_existing_cgroup_reset_on_teardown") {
+    if !requires_root("v1_existing_cgroup_reset_on_teardown") {
         return;
     }
     let Some(root) = v1_root("v1_existing_cgroup_reset_on_teardown") else {
@@ -95,7 +95,7 @@ fn v1_existing_cgroup_reset_on_teardown() {
 
 #[test]
 fn v1_apply_to_cgroup_with_children_is_refused_clearly() {
-    if !need_root("v1_apply_to_cgroup_with_children_is_refused_clearly") {
+    if !requires_root("v1_apply_to_cgroup_with_children_is_refused_clearly") {
         return;
     }
     let Some(root) = v1_root("v1_apply_to_cgroup_with_children_is_refused_clearly") else {

@@ -35,7 +35,7 @@ fn params(
 
 #[test]
 fn v2_two_jobs_share_a_gpu_but_not_caps() {
-    if !need_root("v2_two_jobs_share_a_gpu_but_not_caps") {
+    if !requires_root("v2_two_jobs_share_a_gpu_but_not_caps") {
         return;
     }
     let fx = Fixture::new();
@@ -109,7 +109,7 @@ fn v2_two_jobs_share_a_gpu_but_not_caps() {
 
 #[test]
 fn v2_existing_cgroup_teardown_leaves_no_program() {
-    if !need_root("v2_existing_cgroup_teardown_leaves_no_program") {
+    if !requires_root("v2_existing_cgroup_teardown_leaves_no_program") {
         return;
     }
     let fx = Fixture::new();
@@ -137,7 +137,7 @@ fn v2_existing_cgroup_teardown_leaves_no_program() {
 
 #[test]
 fn v2_setup_rerun_replaces_program() {
-    if !need_root("v2_setup_rerun_replaces_program") {
+    if !requires_root("v2_setup_rerun_replaces_program") {
         return;
     }
     let fx = Fixture::new();
@@ -171,7 +171,7 @@ fn v2_setup_rerun_replaces_program() {
 /// BPF_F_ALLOW_OVERRIDE it could.
 #[test]
 fn v2_multi_cannot_be_overridden_from_below() {
-    if !need_root("v2_multi_cannot_be_overridden_from_below") {
+    if !requires_root("v2_multi_cannot_be_overridden_from_below") {
         return;
     }
     let fx = Fixture::new();
@@ -222,7 +222,7 @@ fn v2_multi_cannot_be_overridden_from_below() {
 
 #[test]
 fn v2_setup_fails_closed_and_cleans_up() {
-    if !need_root("v2_setup_fails_closed_and_cleans_up") {
+    if !requires_root("v2_setup_fails_closed_and_cleans_up") {
         return;
     }
     let fx = Fixture::new();
@@ -252,7 +252,7 @@ fn v2_setup_fails_closed_and_cleans_up() {
 /// remembered id that holds another program is never used.
 #[test]
 fn v2_jobs_with_one_allowlist_share_its_program() {
-    if !need_root("v2_jobs_with_one_allowlist_share_its_program") {
+    if !requires_root("v2_jobs_with_one_allowlist_share_its_program") {
         return;
     }
     let fx = Fixture::new();
@@ -345,7 +345,7 @@ fn v2_jobs_with_one_allowlist_share_its_program() {
 /// teardown fails and nothing is detached, so the process never runs without its allowlist.
 #[test]
 fn v2_teardown_of_a_busy_cgroup_keeps_its_program() {
-    if !need_root("v2_teardown_of_a_busy_cgroup_keeps_its_program") {
+    if !requires_root("v2_teardown_of_a_busy_cgroup_keeps_its_program") {
         return;
     }
     let fx = Fixture::new();

@@ -6,7 +6,7 @@ use tenancy_devices::doctor::{doctor, DoctorParams, Severity};
 
 #[test]
 fn doctor_on_this_node() {
-    if !need_root("doctor_on_this_node") {
+    if !requires_root("doctor_on_this_node") {
         return;
     }
     let fx = Fixture::new();

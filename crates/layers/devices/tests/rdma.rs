@@ -82,7 +82,7 @@ fn backends() -> Vec<(Backend, std::path::PathBuf)> {
 
 #[test]
 fn rdma_devices_denied_unless_tier_allows() {
-    if !need_root("rdma_devices_denied_unless_tier_allows") {
+    if !requires_root("rdma_devices_denied_unless_tier_allows") {
         return;
     }
     let fx = Fixture::new();

@@ -8,13 +8,12 @@ mod common;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use common::{is_root, CgroupTree, Netns};
+use common::{requires_root, CgroupTree, Netns};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use tenancy_network::{add_job, apply, remove_job, Dest, FirewallSpec, TenantNet};
 
 fn bench(c: &mut Criterion) {
-    if !is_root() {
-        eprintln!("SKIP (needs root): job_path benchmark");
+    if !requires_root("job_path benchmark") {
         return;
     }
     let ns = Netns::new("tnwb");

@@ -318,11 +318,7 @@ mod tests {
 
     #[test]
     fn finds_a_loaded_counter_and_not_a_missing_one() {
-        if unsafe { libc::geteuid() } != 0 {
-            if std::env::var_os("CI").is_some() {
-                panic!("needs root");
-            }
-            eprintln!("SKIP (needs root): netlink query of nf_tables");
+        if !tenancy_test_support::requires_root("netlink query of nf_tables") {
             return;
         }
         let table = format!("nltest{}", std::process::id());

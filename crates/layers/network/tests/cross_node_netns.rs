@@ -62,7 +62,7 @@ fn drops(ns: &Netns, spec: &FirewallSpec, tenant: &'static str) -> u64 {
 
 #[test]
 fn tenants_are_told_apart_across_nodes() {
-    if !need_root("nft tables in network namespaces and cgroup v2 jobs") {
+    if !requires_root("nft tables in network namespaces and cgroup v2 jobs") {
         return;
     }
     let n1 = Netns::new("tnxa");

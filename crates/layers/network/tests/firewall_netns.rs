@@ -6,6 +6,7 @@
 mod common;
 
 use std::process::Command;
+use tenancy_test_support::output_with_stdin;
 
 use common::*;
 use tenancy_network::{add_job, apply, counters, remove_job, Dest, Error, FirewallSpec, TenantNet};
@@ -86,7 +87,7 @@ struct Dgram<'a> {
 /// The node and remote namespaces, the cgroup tree and the firewall spec most tests start
 /// from; None (the test skips) without root.
 fn isolated_node(node: &str, remote: &str) -> Option<(Netns, Netns, CgroupTree, FirewallSpec)> {
-    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+    if !requires_root("nft tables in a network namespace and cgroup v2 jobs") {
         return None;
     }
     let (node, remote) = topology(node, remote);
@@ -213,21 +214,11 @@ fn tenants_are_isolated_and_egress_is_filtered() {
             Ok,
             "control: no table, b reaches a"
         );
-        let mut child = Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(saved.as_bytes())
-            .unwrap();
+        let reload = output_with_stdin(Command::new("nft").args(["-f", "-"]), &saved).unwrap();
         assert!(
-            child.wait().unwrap().success(),
-            "reload of saved ruleset failed"
+            reload.status.success(),
+            "reload of saved ruleset failed: {}",
+            String::from_utf8_lossy(&reload.stderr)
         );
         assert_eq!(
             client("tcp 127.0.0.1:5001", b),
@@ -257,7 +248,7 @@ fn tenants_are_isolated_and_egress_is_filtered() {
 
 #[test]
 fn add_job_fails_closed_when_table_missing_or_tenant_recreated() {
-    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+    if !requires_root("nft tables in a network namespace and cgroup v2 jobs") {
         return;
     }
     let node = Netns::new("tnwf");
@@ -432,7 +423,7 @@ fn broadcast_and_multicast_from_a_job_are_denied() {
 /// another host; connections between jobs of a tenant and from outside to a job still work.
 #[test]
 fn node_local_services_are_reached_only_through_the_egress_list() {
-    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+    if !requires_root("nft tables in a network namespace and cgroup v2 jobs") {
         return;
     }
     let (node, remote) = topology("tnw3n", "tnw3r");
@@ -564,7 +555,7 @@ fn a_flow_opened_from_outside_is_no_way_out_for_a_job() {
 /// table stays loadable.
 #[test]
 fn anchored_jobs_are_keyed_by_slurms_job_folder() {
-    if !need_root("nft tables in a network namespace and Slurm-like cgroup v2 jobs") {
+    if !requires_root("nft tables in a network namespace and Slurm-like cgroup v2 jobs") {
         return;
     }
     let node = Netns::new("tnwa");

@@ -20,7 +20,7 @@ fn zz_probe_helper() {
 /// Node namespace with 10.77.0.1/24 and fd77::1/64 on a veth (its peer in `remote`), the
 /// firewall's cgroup tree, and a spec whose tenant b may reach every node address by egress.
 fn node_with_wide_egress(prefix: &str) -> Option<(Netns, Netns, CgroupTree, FirewallSpec)> {
-    if !need_root("nft tables in a network namespace and cgroup v2 jobs") {
+    if !requires_root("nft tables in a network namespace and cgroup v2 jobs") {
         return None;
     }
     let node = Netns::new(&format!("{prefix}n"));

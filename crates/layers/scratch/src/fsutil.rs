@@ -202,16 +202,11 @@ pub(crate) fn open_root(root: &Path) -> Result<OwnedFd> {
     Ok(cur)
 }
 
-/// The integration tests' seccomp filter (a path from here: a module inside `tests` would be
-/// looked for under a folder that does not exist).
-#[cfg(test)]
-#[path = "../tests/common/seccomp.rs"]
-mod seccomp;
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+    use tenancy_test_support::{requires_root, seccomp};
 
     /// A profile that refuses `openat2` with EPERM (older container runtimes) is told from an
     /// EPERM of the path's own: the probe fails only under such a filter (or an ENOSYS one).
@@ -285,9 +280,7 @@ mod tests {
     /// system is mounted on is refused with EXDEV, as RESOLVE_NO_XDEV refuses it.
     #[test]
     fn without_openat2_the_same_fs_walk_does_not_cross_a_mount() {
-        if !rustix::process::geteuid().is_root() {
-            assert!(std::env::var_os("CI").is_none(), "needs root: mount");
-            eprintln!("SKIP (needs root): mount");
+        if !requires_root("mount") {
             return;
         }
         struct Mounted(std::path::PathBuf);

@@ -93,7 +93,7 @@ fn has(r: &Report, rule: Rule, path: &Path, who: &str, perms: &str) -> bool {
 
 #[test]
 fn clean_tree_has_no_findings() {
-    if !need_root("real users, chown") {
+    if !requires_root("real users, chown") {
         return;
     }
     let f = Fixture::new();
@@ -120,7 +120,7 @@ fn clean_tree_has_no_findings() {
 
 #[test]
 fn finds_world_readable_file_that_others_can_reach() {
-    if !need_root("real users, chown") {
+    if !requires_root("real users, chown") {
         return;
     }
     let f = Fixture::new();
@@ -158,7 +158,7 @@ fn finds_world_readable_file_that_others_can_reach() {
 
 #[test]
 fn finds_acl_granting_another_tenants_group() {
-    if !need_root("real users, setfacl") {
+    if !requires_root("real users, setfacl") {
         return;
     }
     let f = Fixture::new();
@@ -235,7 +235,7 @@ fn finds_acl_granting_another_tenants_group() {
 
 #[test]
 fn finds_wrong_group_symlink_out_setid_and_world_writable() {
-    if !need_root("real users, chown") {
+    if !requires_root("real users, chown") {
         return;
     }
     let f = Fixture::new();
@@ -292,7 +292,7 @@ fn finds_wrong_group_symlink_out_setid_and_world_writable() {
 /// `openat(O_NOFOLLOW)` and audits the same tree: every folder opened, the same findings.
 #[test]
 fn without_openat2_the_audit_opens_every_folder_and_finds_the_same() {
-    if !need_root("real users, chown, seccomp") {
+    if !requires_root("real users, chown, seccomp") {
         return;
     }
     let f = Fixture::new();
@@ -328,7 +328,7 @@ fn without_openat2_the_audit_opens_every_folder_and_finds_the_same() {
 /// file system mounted inside the tree is reported, not passed over.
 #[test]
 fn odd_names_serialize_and_a_mount_inside_the_tree_is_reported() {
-    if !need_root("real users, chown, mount") {
+    if !requires_root("real users, chown, mount") {
         return;
     }
     use std::os::unix::ffi::OsStrExt;

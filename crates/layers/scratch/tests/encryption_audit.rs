@@ -25,7 +25,7 @@ fn spec(root: &std::path::Path, tenant: &str, g: &Group, u: &User, job: u64) -> 
 
 #[test]
 fn unencrypted_job_scratch_of_an_encrypted_tier_is_reported() {
-    if !need_root("a loop device, fscrypt") {
+    if !requires_root("a loop device, fscrypt") {
         return;
     }
     let (ga, gb) = (Group::new("ea"), Group::new("eb"));

@@ -26,7 +26,7 @@ fn denied(out: &std::process::Output) -> bool {
 
 #[test]
 fn other_tenant_cannot_list_or_read_job_folder() {
-    if !need_root("real users and chown") {
+    if !requires_root("real users and chown") {
         return;
     }
     let (ga, gb) = (Group::new("a"), Group::new("b"));
@@ -91,7 +91,7 @@ fn other_tenant_cannot_list_or_read_job_folder() {
 
 #[test]
 fn refuses_symlinks_and_unsafe_tenant_folders_writing_nothing() {
-    if !need_root("chown") {
+    if !requires_root("chown") {
         return;
     }
     let (ga, gb) = (Group::new("a"), Group::new("b"));
@@ -184,7 +184,7 @@ fn refuses_symlinks_and_unsafe_tenant_folders_writing_nothing() {
 
 #[test]
 fn wipe_never_follows_symlinks_and_removes_mode_000_and_deep_trees() {
-    if !need_root("chown") {
+    if !requires_root("chown") {
         return;
     }
     let ga = Group::new("a");
@@ -260,7 +260,7 @@ fn wipe_never_follows_symlinks_and_removes_mode_000_and_deep_trees() {
 
 #[test]
 fn retain_then_purge_after_retention() {
-    if !need_root("chown") {
+    if !requires_root("chown") {
         return;
     }
     let ga = Group::new("a");
@@ -335,7 +335,7 @@ fn retain_then_purge_after_retention() {
 
 #[test]
 fn purge_goes_on_past_a_folder_it_cannot_remove() {
-    if !need_root("chown, chattr") {
+    if !requires_root("chown, chattr") {
         return;
     }
     let ga = Group::new("a");
@@ -387,7 +387,7 @@ fn purge_goes_on_past_a_folder_it_cannot_remove() {
 
 #[test]
 fn project_quota_reports_unsupported_plainly() {
-    if !need_root("chown") {
+    if !requires_root("chown") {
         return;
     }
     let ga = Group::new("a");
@@ -433,7 +433,7 @@ fn project_quota_reports_unsupported_plainly() {
 /// reaches their own job folder through the folder's ACL; another tenant still cannot.
 #[test]
 fn a_member_through_a_tenants_second_group_reaches_their_folder() {
-    if !need_root("real users and chown") {
+    if !requires_root("real users and chown") {
         return;
     }
     let (g1, g2, gc) = (Group::new("m1"), Group::new("m2"), Group::new("mc"));
@@ -487,7 +487,7 @@ fn a_member_through_a_tenants_second_group_reaches_their_folder() {
 /// (root, the tenant's group, 0700) is refused: its members could not reach their folders.
 #[test]
 fn a_tenant_folder_that_keeps_its_group_out_is_refused() {
-    if !need_root("real users and chown") {
+    if !requires_root("real users and chown") {
         return;
     }
     let g = Group::new("k1");

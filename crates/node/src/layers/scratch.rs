@@ -584,11 +584,15 @@ mod tests {
     /// ACL lets members through any of them in); a tenant of one group needs none.
     #[test]
     fn the_intent_names_every_group_of_a_tenant_of_several() {
-        let text = "[cluster]\nname = \"t\"\nstate_dir = \"/s\"\naudit_log = \"/a.jsonl\"\n\
-                    scratch_root = \"/scratch\"\n[tiers.internal]\n[tenants.acme]\n\
-                    tier = \"internal\"\ngroups = [\"root\", \"daemon\"]\n[tenants.solo]\n\
-                    tier = \"internal\"\ngroups = [\"bin\"]\n";
-        let config = tenancy_config::Config::parse(text, std::path::Path::new("/t.toml")).unwrap();
+        let mut text = tenancy_test_support::TenancyToml::under("t", std::path::Path::new("/"));
+        text.tier("internal");
+        text.tenant("acme")
+            .tier("internal")
+            .groups(["root", "daemon"]);
+        text.tenant("solo").tier("internal").groups(["bin"]);
+        let config =
+            tenancy_config::Config::parse(&text.to_string(), std::path::Path::new("/t.toml"))
+                .unwrap();
         let mut layer = Scratch::new(&config);
         let plan = |tenant: &str| JobPlan {
             job_id: 7,

@@ -13,78 +13,10 @@ use tenancy_audit::{verify_paths, AnchorSet, Record};
 #[path = "../../../layers/scratch/tests/common/loopfs.rs"]
 pub mod loopfs;
 
-/// True when the test may go on; otherwise says why it skips (panics under CI).
-pub fn need_root(what: &str) -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("needs root: {what}");
-    }
-    eprintln!("SKIP (needs root): {what}");
-    false
-}
-
-fn target_dir() -> PathBuf {
-    // target/<profile>/deps/<test-binary>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-/// The nvml-shim library (`cargo build -p nvml-shim` with the same target dir), or None: skip.
-pub fn shim_lib() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("TENANCY_NVML_SHIM") {
-        return Some(PathBuf::from(p));
-    }
-    let p = target_dir().join("libnvidia_ml.so");
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "nvml-shim library not found at {}: run `cargo build -p nvml-shim` first",
-            p.display()
-        );
-    }
-    eprintln!(
-        "SKIP (needs nvml-shim): {} missing; run `cargo build -p nvml-shim` with the same \
-         CARGO_TARGET_DIR",
-        p.display()
-    );
-    None
-}
-
-/// A binary of the product (`tenancy-prolog`, `tenancy-epilog`) from the same target folder,
-/// built by `cargo build --workspace` (scripts/test does), or None: skip (panics under CI).
-/// With TENANCY_JOB_PATH_DIR set, the job path's binaries come from that folder instead
-/// (scripts/build-job-path: the prolog and epilog as installed, linked with musl).
-pub fn product_binary(name: &str) -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("TENANCY_JOB_PATH_DIR") {
-        if JOB_PATH.contains(&name) {
-            let p = PathBuf::from(dir).join(name);
-            assert!(p.is_file(), "TENANCY_JOB_PATH_DIR has no {}", p.display());
-            return Some(p);
-        }
-    }
-    let p = target_dir().join(name);
-    if p.is_file() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "{} missing: run `cargo build --workspace` first",
-            p.display()
-        );
-    }
-    eprintln!(
-        "SKIP (needs {name}): {} missing; run `cargo build --workspace` first",
-        p.display()
-    );
-    None
-}
-
-/// What scripts/build-job-path puts in its folder.
-const JOB_PATH: [&str; 3] = ["tenancy-prolog", "tenancy-epilog", "tenancy-prolog-dynamic"];
+/// What a command did, for a failure message.
+pub use tenancy_test_support::output_text as text;
+pub use tenancy_test_support::{built_or_skip, nvml_stand_in, requires_root, target_dir};
+use tenancy_test_support::{ScratchOnExit, TenancyToml};
 
 /// The crash_prolog example, built by `cargo test`.
 pub fn driver() -> PathBuf {
@@ -133,6 +65,8 @@ pub struct World {
     pub root: PathBuf,
     pub config_path: PathBuf,
     pub config: tenancy_config::Config,
+    /// The text of `config_path` ([`World::rewrite_config`] changes the file).
+    pub toml: TenancyToml,
     pub tenants: Vec<String>,
     pub users: Vec<User>,
     pub shim: PathBuf,
@@ -159,7 +93,7 @@ impl World {
     }
 
     fn build(gpus: usize, audit_log: Option<&Path>, fs: Option<loopfs::Kind>) -> Option<World> {
-        let shim = shim_lib()?;
+        let shim = nvml_stand_in()?;
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let tag = format!("rl{}x{n}", std::process::id());
         let tmp = tempfile::Builder::new().prefix(&tag).tempdir().unwrap();
@@ -188,55 +122,35 @@ impl World {
         }
         std::fs::create_dir(root.join("scratch")).unwrap();
         let scratch_fs = fs.map(|kind| loopfs::LoopFs::new(kind, &root.join("scratch"), 64));
-        let (encryption, b_tier) = match fs {
-            Some(_) => ("scratch_encryption = \"required\"\n", "keeper"),
-            None => ("", "internal"),
-        };
-        let mut fixture = format!(
-            "state = \"{r}/shim-state.json\"\ndev_dir = \"{r}/dev\"\n\
-             mig_minors = \"{r}/mig-minors\"\nproc_devices = \"{r}/proc-devices\"\n",
-            r = root.display()
-        );
-        for _ in 0..gpus {
-            fixture.push_str("[[gpus]]\nmodel = \"H200-141GB\"\n");
-        }
-        std::fs::write(root.join("fixture.toml"), fixture).unwrap();
+        tenancy_test_support::nvml_fixture(&root, gpus);
         let audit = audit_log
             .map(Path::to_path_buf)
             .unwrap_or_else(|| root.join("audit.jsonl"));
-        let toml = format!(
-            r#"[cluster]
-name = "rel"
-state_dir = "{r}/state"
-audit_log = "{audit}"
-scratch_root = "{r}/scratch"
-nvml_library = "{shim}"
-nvml_shim_fixture = "{r}/fixture.toml"
-[node]
-proc_devices = "{r}/proc-devices"
-mig_minors = "{r}/mig-minors"
-[tiers.internal]
-mig_profiles = ["1g.18gb", "3g.71gb"]
-{encryption}[tiers.keeper]
-mig_profiles = ["1g.18gb"]
-scratch_on_exit = "retain"
-retain_days = 1
-{encryption}[tenants.{a}]
-tier = "internal"
-groups = ["{a}"]
-[tenants.{b}]
-tier = "{b_tier}"
-groups = ["{b}"]
-"#,
-            r = root.display(),
-            audit = audit.display(),
-            shim = shim.display(),
-            a = tenants[0],
-            b = tenants[1],
-        );
+        let mut toml = TenancyToml::under("rel", &root);
+        toml.cluster().audit_log(&audit);
+        toml.nvml_stand_in(&root, &shim);
+        toml.tier("internal").mig_profiles(["1g.18gb", "3g.71gb"]);
+        toml.tier("keeper")
+            .mig_profiles(["1g.18gb"])
+            .scratch_on_exit(ScratchOnExit::Retain)
+            .retain_days(1);
+        // Encrypted: tenant 1 on the retaining tier, both tiers requiring encryption.
+        if fs.is_some() {
+            for tier in ["internal", "keeper"] {
+                toml.tier(tier).scratch_encryption("required");
+            }
+        }
+        for (i, t) in tenants.iter().enumerate() {
+            let tier = if fs.is_some() && i == 1 {
+                "keeper"
+            } else {
+                "internal"
+            };
+            toml.tenant(t).tier(tier).groups([t]);
+        }
         let config_path = root.join("tenancy.toml");
-        std::fs::write(&config_path, &toml).unwrap();
-        let config = tenancy_config::Config::parse(&toml, &config_path).unwrap();
+        std::fs::write(&config_path, toml.to_string()).unwrap();
+        let config = tenancy_config::Config::parse(&toml.to_string(), &config_path).unwrap();
         let netns = tag.clone();
         assert!(
             run_quiet("ip", &["netns", "add", &netns]),
@@ -248,6 +162,7 @@ groups = ["{b}"]
             root,
             config_path,
             config,
+            toml,
             tenants,
             users,
             shim,
@@ -261,6 +176,14 @@ groups = ["{b}"]
         let out = w.run(&["firewall-apply"], &[]);
         assert!(out.status.success(), "firewall apply: {}", text(&out));
         Some(w)
+    }
+
+    /// Rewrites the config file with `edit` applied to [`World::toml`] (the drivers read it on
+    /// every run; `config` stays as parsed at the start).
+    pub fn rewrite_config(&self, edit: impl FnOnce(&mut TenancyToml)) {
+        let mut toml = self.toml.clone();
+        edit(&mut toml);
+        std::fs::write(&self.config_path, toml.to_string()).unwrap();
     }
 
     /// The product's nft table in the world's namespace, as `nft list` prints it.
@@ -516,15 +439,6 @@ impl Drop for World {
     }
 }
 
-pub fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Whether the ELF file at `path` names a program interpreter (PT_INTERP): dynamically linked.
 pub fn has_interpreter(path: &Path) -> bool {
     let elf = std::fs::read(path).unwrap();
@@ -548,7 +462,7 @@ pub fn install(w: &World, dir: &str, names: &[&str]) -> Option<PathBuf> {
     let bin = w.root.join(dir);
     std::fs::create_dir_all(&bin).unwrap();
     for name in names {
-        let from = product_binary(name)?;
+        let from = built_or_skip(name)?;
         std::fs::copy(&from, bin.join(name)).unwrap();
     }
     Some(bin)
@@ -557,7 +471,7 @@ pub fn install(w: &World, dir: &str, names: &[&str]) -> Option<PathBuf> {
 /// A root test's world with `names` installed alone in its `bin` folder; None: skip (not
 /// root, no binaries, or `linked` built dynamically, which hands nothing off).
 pub fn static_world(names: &[&str], linked: &str) -> Option<(World, PathBuf)> {
-    if !need_root("real users, product cgroups, BPF device programs") {
+    if !requires_root("real users, product cgroups, BPF device programs") {
         return None;
     }
     let w = World::new(1, None)?;

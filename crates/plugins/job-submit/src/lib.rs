@@ -603,6 +603,7 @@ pub fn check_account_change(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tenancy_test_support::{GpuPlacement as TestPlacement, ScratchOnExit, TenancyToml};
 
     /// A config with a tenant the test's user is a member of (through its primary group) and one
     /// it is not (a group NSS does not know).
@@ -611,32 +612,21 @@ mod tests {
         let group = nix_group_name(me.gid);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tenancy.toml");
-        let text = format!(
-            r#"
-[cluster]
-name = "t"
-state_dir = "{d}/state"
-audit_log = "{d}/audit.jsonl"
-scratch_root = "{d}/scratch"
-
-[tiers.internal]
-mig_profiles = ["1g.18gb"]
-share_gpu = true
-share_node = true
-scratch_on_exit = "wipe"
-
-[tenants.mine]
-tier = "internal"
-groups = ["{group}"]
-accounts = ["mine-acct"]
-
-[tenants.other]
-tier = "internal"
-groups = ["tenancy-no-such-group"]
-accounts = ["other-acct"]
-"#,
-            d = dir.path().display()
-        );
+        let mut text = TenancyToml::under("t", dir.path());
+        text.tier("internal")
+            .mig_profiles(["1g.18gb"])
+            .share_gpu(true)
+            .share_node(true)
+            .scratch_on_exit(ScratchOnExit::Wipe);
+        text.tenant("mine")
+            .tier("internal")
+            .groups([&group])
+            .accounts(["mine-acct"]);
+        text.tenant("other")
+            .tier("internal")
+            .groups(["tenancy-no-such-group"])
+            .accounts(["other-acct"]);
+        let text = text.to_string();
         std::fs::write(&path, &text).unwrap();
         let config = Config::parse(&text, &path).expect("valid test config");
         (dir, path, config)
@@ -809,37 +799,26 @@ accounts = ["other-acct"]
 
     #[test]
     fn tiers_that_share_no_node_or_gpu_get_a_node_of_their_own() {
-        let text = r#"
-[cluster]
-name = "t"
-state_dir = "/s"
-audit_log = "/a.jsonl"
-scratch_root = "/scratch"
-[tiers.open]
-mig_profiles = ["1g.18gb"]
-[tiers.alone]
-share_node = false
-[tiers.gpu-alone]
-mig_profiles = ["1g.18gb"]
-share_gpu = false
-[tiers.gpu-packed]
-mig_profiles = ["1g.18gb"]
-share_gpu = false
-gpu_placement = "gpu"
-[tenants.a]
-tier = "open"
-groups = ["root"]
-[tenants.b]
-tier = "alone"
-groups = ["daemon"]
-[tenants.c]
-tier = "gpu-alone"
-groups = ["bin"]
-[tenants.d]
-tier = "gpu-packed"
-groups = ["sys"]
-"#;
-        let config = Config::parse(text, std::path::Path::new("/t.toml")).unwrap();
+        let mut text = TenancyToml::under("t", std::path::Path::new("/"));
+        text.tier("open").mig_profiles(["1g.18gb"]);
+        text.tier("alone").share_node(false);
+        text.tier("gpu-alone")
+            .mig_profiles(["1g.18gb"])
+            .share_gpu(false);
+        text.tier("gpu-packed")
+            .mig_profiles(["1g.18gb"])
+            .share_gpu(false)
+            .gpu_placement(TestPlacement::Gpu);
+        for (tenant, tier, group) in [
+            ("a", "open", "root"),
+            ("b", "alone", "daemon"),
+            ("c", "gpu-alone", "bin"),
+            ("d", "gpu-packed", "sys"),
+        ] {
+            text.tenant(tenant).tier(tier).groups([group]);
+        }
+        let text = text.to_string();
+        let config = Config::parse(&text, std::path::Path::new("/t.toml")).unwrap();
         let r = |tenant: &str, tier: &str, profile: Option<&str>| Resolved {
             tenant: tenant.into(),
             tier: tier.into(),

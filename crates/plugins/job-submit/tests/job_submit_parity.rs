@@ -17,46 +17,33 @@ use std::path::Path;
 use std::time::Instant;
 use tenancy_config::{Config, Identity};
 use tenancy_node::{JobContext, Spine};
-
-fn cases(default: u32) -> u32 {
-    let scale = std::env::var("TENANCY_FUZZ_SCALE")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(1)
-        .clamp(1, 1000);
-    default.saturating_mul(scale)
-}
+use tenancy_test_support::{fuzz_cases, TenancyToml};
 
 /// Tenants the test's users do and do not belong to: root is in acme (group root), daemon in
 /// lab (its primary group daemon; a tier that shares no node), nobody in none.
 fn config(dir: &Path) -> Config {
-    let text = format!(
-        r#"[cluster]
-name = "fuzz"
-state_dir = "{d}/state"
-audit_log = "{d}/audit.jsonl"
-scratch_root = "{d}/scratch"
-[tiers.internal]
-mig_profiles = ["1g.18gb", "3g.71gb"]
-[tiers.restricted]
-mig_profiles = ["1g.18gb"]
-share_gpu = false
-share_node = false
-[tenants.acme]
-tier = "internal"
-groups = ["root"]
-accounts = ["acme-a", "acme.b"]
-[tenants.lab]
-tier = "restricted"
-groups = ["daemon"]
-accounts = ["lab"]
-[tenants.ghost]
-tier = "internal"
-groups = ["tenancy-fuzz-no-such-group"]
-accounts = ["ghost"]
-"#,
-        d = dir.display()
-    );
+    let mut text = TenancyToml::under("fuzz", dir);
+    text.tier("internal").mig_profiles(["1g.18gb", "3g.71gb"]);
+    text.tier("restricted")
+        .mig_profiles(["1g.18gb"])
+        .share_gpu(false)
+        .share_node(false);
+    for (tenant, tier, group, accounts) in [
+        ("acme", "internal", "root", &["acme-a", "acme.b"][..]),
+        ("lab", "restricted", "daemon", &["lab"]),
+        (
+            "ghost",
+            "internal",
+            "tenancy-fuzz-no-such-group",
+            &["ghost"],
+        ),
+    ] {
+        text.tenant(tenant)
+            .tier(tier)
+            .groups([group])
+            .accounts(accounts);
+    }
+    let text = text.to_string();
     Config::parse(&text, &dir.join("tenancy.toml")).expect("fuzz config")
 }
 
@@ -211,7 +198,7 @@ fn prolog_env(
 fn job_submit_parity() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path());
-    let n = cases(512);
+    let n = fuzz_cases(512);
     let t0 = Instant::now();
     let (count, accepted) = (Cell::new(0u64), Cell::new(0u64));
     let job = Cell::new(1000u64);

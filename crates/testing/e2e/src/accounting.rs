@@ -6,10 +6,10 @@
 
 use anyhow::{bail, Context, Result};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{free_port, spawn_daemon, write_file};
+use crate::daemons::{free_port, write_file, Daemons};
 
 /// What the cluster's accounting holds: the node's MIG slots as typed GPU GRES.
 #[derive(Debug, Clone, Default)]
@@ -72,7 +72,7 @@ impl Accounting {
 /// `cluster_name`. Each daemon goes into `daemons` as soon as it runs (the cluster stops them
 /// by pid, also when a later step fails).
 pub(crate) fn start(
-    daemons: &mut Vec<(String, Child)>,
+    daemons: &mut Daemons,
     dir: &Path,
     node: &str,
     slurm_conf: &Path,
@@ -116,10 +116,7 @@ pub(crate) fn start(
             "--innodb-buffer-pool-size=64M",
             "--innodb-lock-wait-timeout=900",
         ]);
-    daemons.push((
-        "mariadbd".to_string(),
-        spawn_daemon("mariadbd", &mut db, &dir.join("log/mariadbd.log"))?,
-    ));
+    daemons.spawn("mariadbd", &mut db, &dir.join("log/mariadbd.log"))?;
     let t = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", db_port)).is_err() {
         if t.elapsed() > Duration::from_secs(60) {
@@ -144,10 +141,7 @@ pub(crate) fn start(
     )?;
     let mut dbd = Command::new("slurmdbd");
     dbd.arg("-D").env("SLURM_CONF", slurm_conf);
-    daemons.push((
-        "slurmdbd".to_string(),
-        spawn_daemon("slurmdbd", &mut dbd, &dir.join("log/slurmdbd.out"))?,
-    ));
+    daemons.spawn("slurmdbd", &mut dbd, &dir.join("log/slurmdbd.out"))?;
     // Registered before slurmctld starts, so its first connection is accepted; sacctmgr
     // answers once slurmdbd has made its tables.
     let t = Instant::now();

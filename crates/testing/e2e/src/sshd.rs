@@ -7,7 +7,8 @@
 //! program it was started as, so it is started through a symlink named like a service file
 //! it writes in /etc/pam.d (removed again on Drop, when the server is stopped by pid).
 
-use crate::{free_port, spawn_daemon, write_file, Cluster, TestUser};
+use crate::daemons::{free_port, spawn_daemon, write_file};
+use crate::{Cluster, TestUser};
 use anyhow::{bail, Context, Result};
 use std::fs;
 use std::net::TcpStream;
@@ -194,10 +195,10 @@ impl Sshd {
 }
 
 fn missing(what: &str) -> Result<Option<Sshd>> {
-    if std::env::var_os("CI").is_some() {
-        bail!("{what} is not installed (scripts/install-deps installs it)");
-    }
-    eprintln!("SKIP (not installed: {what}): ssh sessions through a real sshd");
+    tenancy_test_support::skip(
+        &format!("not installed: {what}"),
+        "ssh sessions through a real sshd (scripts/install-deps installs it)",
+    );
     Ok(None)
 }
 

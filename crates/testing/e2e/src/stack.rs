@@ -2,7 +2,7 @@
 //! Prolog/Epilog, the NVML stand-in as the node's libnvidia-ml.so.1, two tenants with their
 //! groups and users. Shared by the e2e tests and the demo.
 
-use crate::{artifact, Cluster, ClusterOptions, SlurmRoot, TestUser, Users};
+use crate::{artifact, Cluster, ClusterOptions, Options, TestUser, Users};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::fs;
@@ -10,8 +10,10 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use tenancy_test_support::{GpuPlacement, ScratchOnExit, TenancyToml};
 
 /// Names made for one run (unique when the plain names are taken).
+#[derive(Clone)]
 pub struct Tenants {
     pub acme_group: String,
     pub globex_group: String,
@@ -60,10 +62,6 @@ impl Tenants {
     }
 }
 
-/// Names the Slurm release every [`Stack`] runs on (a root made by scripts/slurm-root), when
-/// set; the host's own Slurm otherwise.
-pub const RELEASE_ENV: &str = "TENANCY_TEST_SLURM_RELEASE";
-
 /// Paths of one stack's state (all inside `root`).
 pub struct StackPaths {
     pub root: PathBuf,
@@ -107,74 +105,56 @@ impl StackPaths {
 
 /// The admin config for the demo tenants: acme (tier internal: shares GPUs, scratch wiped),
 /// globex (tier regulated: GPU of its own beside acme on the node, `gpu_placement = "gpu"`,
-/// scratch retained 30 days).
-pub fn tenancy_toml(p: &StackPaths, t: &Tenants) -> String {
-    format!(
-        r#"[cluster]
-name = "demo"
-state_dir = "{state}"
-audit_log = "{audit}"
-audit_anchor = "{anchors}"
-audit_anchor_key = "{anchor_key}"
-scratch_root = "{scratch}"
-nvml_library = "{nvml}"
-nvml_shim_fixture = "{fixture}"
-
-[node]
-proc_devices = "{proc_devices}"
-mig_minors = "{mig_minors}"
-
-[tiers.internal]
-mig_profiles = ["1g.18gb", "2g.35gb", "3g.71gb"]
-share_gpu = true
-share_node = true
-scratch_on_exit = "wipe"
-
-[tiers.regulated]
-mig_profiles = ["3g.71gb", "7g.141gb"]
-share_gpu = false
-share_node = true
-gpu_placement = "gpu"
-scratch_on_exit = "retain"
-retain_days = 30
-
-[tenants.acme]
-tier = "internal"
-groups = ["{ag}"]
-accounts = ["acme"]
-egress = ["10.20.0.0/16:443/tcp"]
-
-[tenants.globex]
-tier = "regulated"
-groups = ["{gg}"]
-accounts = ["globex"]
-egress = ["10.30.0.0/16:443/tcp"]
-
-[network]
-infrastructure = ["127.0.0.1/32:1-65535/tcp"]
-
-[billing]
-currency = "EUR"
-job_hour_without_mig = 0.05
-
-[billing.rates]
-"1g.18gb" = 0.85
-"2g.35gb" = 1.60
-"3g.71gb" = 3.10
-"7g.141gb" = 6.90
-"#,
-        state = p.state_dir.display(),
-        audit = p.audit_log.display(),
-        anchors = p.audit_anchors.display(),
-        anchor_key = p.anchor_key.display(),
-        scratch = p.scratch_root.display(),
-        nvml = p.nvml_library.display(),
-        fixture = p.nvml_fixture.display(),
-        proc_devices = p.proc_devices.display(),
-        mig_minors = p.mig_minors.display(),
-        ag = t.acme_group,
-        gg = t.globex_group,
-    )
+/// scratch retained 30 days), billing for both.
+pub fn tenancy_toml(p: &StackPaths, t: &Tenants) -> TenancyToml {
+    let mut c = TenancyToml::new("demo");
+    c.cluster()
+        .state_dir(&p.state_dir)
+        .audit_log(&p.audit_log)
+        .audit_anchor(&p.audit_anchors)
+        .audit_anchor_key(&p.anchor_key)
+        .scratch_root(&p.scratch_root)
+        .nvml_library(&p.nvml_library)
+        .nvml_shim_fixture(&p.nvml_fixture);
+    c.node()
+        .proc_devices(&p.proc_devices)
+        .mig_minors(&p.mig_minors);
+    c.tier("internal")
+        .mig_profiles(["1g.18gb", "2g.35gb", "3g.71gb"])
+        .share_gpu(true)
+        .share_node(true)
+        .scratch_on_exit(ScratchOnExit::Wipe);
+    c.tier("regulated")
+        .mig_profiles(["3g.71gb", "7g.141gb"])
+        .share_gpu(false)
+        .share_node(true)
+        .gpu_placement(GpuPlacement::Gpu)
+        .scratch_on_exit(ScratchOnExit::Retain)
+        .retain_days(30);
+    for (tenant, tier, group, egress) in [
+        ("acme", "internal", &t.acme_group, "10.20.0.0/16:443/tcp"),
+        (
+            "globex",
+            "regulated",
+            &t.globex_group,
+            "10.30.0.0/16:443/tcp",
+        ),
+    ] {
+        c.tenant(tenant)
+            .tier(tier)
+            .groups([group])
+            .accounts([tenant])
+            .egress([egress]);
+    }
+    c.network().infrastructure(["127.0.0.1/32:1-65535/tcp"]);
+    c.billing()
+        .currency("EUR")
+        .job_hour_without_mig("0.05")
+        .rate("1g.18gb", "0.85")
+        .rate("2g.35gb", "1.60")
+        .rate("3g.71gb", "3.10")
+        .rate("7g.141gb", "6.90");
+    c
 }
 
 /// Two H200s with MIG mode on; state, device nodes and driver files kept in the stack folder.
@@ -217,60 +197,12 @@ fn install_bin(name: &str, dir: &Path) -> Result<PathBuf> {
 }
 
 impl Stack {
-    /// Starts the cluster with the plugin, prolog/epilog, NVML stand-in (device nodes laid out)
-    /// and, when this build has it, the per-tenant firewall loaded.
-    pub fn start(root: &Path, tenants: &Tenants) -> Result<Stack> {
-        Stack::start_with(root, tenants, vec![], vec![])
-    }
-
-    /// [`Stack::start`] with extra slurm.conf lines and extra files next to slurm.conf; the
-    /// cluster's folder is made next to `root`.
-    pub fn start_with(
-        root: &Path,
-        tenants: &Tenants,
-        extra_conf: Vec<String>,
-        extra_files: Vec<(String, String)>,
-    ) -> Result<Stack> {
-        Stack::start_full(root, tenants, extra_conf, extra_files, None, None)
-    }
-
-    /// [`Stack::start`] with Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed
-    /// GPU GRES): `sacct` then reports the jobs the stack runs.
-    pub fn start_with_accounting(
-        root: &Path,
-        tenants: &Tenants,
-        accounting: crate::Accounting,
-    ) -> Result<Stack> {
-        Stack::start_full(root, tenants, vec![], vec![], Some(accounting), None)
-    }
-
-    /// [`Stack::start`] on another Slurm release: its daemons and clients in `slurm`'s root,
-    /// with the plugins built against its headers. `root` must be in the temp folder.
-    pub fn start_in(root: &Path, tenants: &Tenants, slurm: SlurmRoot) -> Result<Stack> {
-        Stack::start_full(root, tenants, vec![], vec![], None, Some(slurm))
-    }
-
-    fn start_full(
-        root: &Path,
-        tenants: &Tenants,
-        extra_conf: Vec<String>,
-        extra_files: Vec<(String, String)>,
-        accounting: Option<crate::Accounting>,
-        slurm: Option<SlurmRoot>,
-    ) -> Result<Stack> {
-        // The whole e2e suite on another release: TENANCY_TEST_SLURM_RELEASE=24.11 (or 26.05)
-        // runs every stack in that release's root (scripts/test does, after the host's 22.05).
-        let slurm = match (
-            slurm,
-            std::env::var(RELEASE_ENV).ok().filter(|r| !r.is_empty()),
-        ) {
-            (Some(s), _) => Some(s),
-            (None, Some(release)) => Some(
-                SlurmRoot::make(&release)
-                    .with_context(|| format!("{RELEASE_ENV}={release}: Slurm root"))?,
-            ),
-            (None, None) => None,
-        };
+    /// Starts the cluster (its folder next to `root`) with the plugin, prolog/epilog, NVML
+    /// stand-in (device nodes laid out) and, when this build has it, the per-tenant firewall
+    /// loaded; on the Slurm `options` name, with its extra slurm.conf lines and files,
+    /// accounting and config changes.
+    pub fn start(root: &Path, tenants: &Tenants, options: &Options) -> Result<Stack> {
+        let slurm = options.slurm.root()?;
         let p = StackPaths::under(root);
         for d in [&p.state_dir, &p.scratch_root, &p.bin_dir] {
             fs::create_dir_all(d)?;
@@ -296,16 +228,20 @@ impl Stack {
             Some(r) => r.plugin(name),
             None => artifact(name),
         };
+        let mut config = tenancy_toml(&p, tenants);
+        for edit in &options.config {
+            edit(&mut config);
+        }
         let cluster = Cluster::start(ClusterOptions {
             prolog: Some(artifact("tenancy-prolog")?),
             epilog: Some(artifact("tenancy-epilog")?),
             spank_plugin: Some(plugin("libspank_tenancy.so")?),
             job_submit_plugin: Some(plugin("libjob_submit_tenancy.so")?),
-            tenancy_toml: Some(tenancy_toml(&p, tenants)),
-            extra_conf,
-            extra_files,
+            tenancy_toml: Some(config.to_string()),
+            extra_conf: options.slurm_conf.clone(),
+            extra_files: options.files.clone(),
             folder_in: root.parent().map(Path::to_path_buf),
-            accounting,
+            accounting: options.accounting.clone(),
             slurm_root: slurm,
         })?;
         let config = cluster.path("etc/tenancy.toml");

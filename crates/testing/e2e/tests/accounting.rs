@@ -3,8 +3,7 @@
 //! audit log, compared job by job with `tenancyctl report --compare-sacct`. Needs root.
 
 use std::time::{Duration, Instant};
-use tenancy_e2e::stack::{Stack, Tenants};
-use tenancy_e2e::{require_root, submitted_id, Accounting, TestUser, Users};
+use tenancy_e2e::{scenario, submitted_id, Accounting, Env, Options, Stack, TestUser};
 
 fn text(o: &std::process::Output) -> String {
     format!(
@@ -12,13 +11,6 @@ fn text(o: &std::process::Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// One cluster (and one set of test users) at a time in this process.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn submit(stack: &Stack, user: &TestUser, args: &[&str], secs: u32) -> u64 {
@@ -87,42 +79,41 @@ fn compare(stack: &Stack, tolerance_seconds: u32) -> std::process::Output {
     stack.cluster.run(c).unwrap()
 }
 
-#[test]
-fn compare_sacct_agrees_on_the_e2e_jobs() {
-    if !require_root("compare_sacct_agrees_on_the_e2e_jobs") {
-        return;
-    }
-    let _g = serial();
-    let mut users = Users::new();
-    let t = Tenants::create(&mut users).expect("users");
-    let root = tempfile::Builder::new()
-        .prefix("tenancy-e2e-acct-")
-        .tempdir()
-        .unwrap();
-    let accounting = Accounting {
+/// Slurm's accounting with the MIG profiles the jobs ask for as typed GPU GRES.
+fn accounting() -> Accounting {
+    Accounting {
         gpu_types: vec![
             ("1g.18gb".into(), 7),
             ("2g.35gb".into(), 3),
             ("3g.71gb".into(), 2),
         ],
-    };
-    let stack = Stack::start_with_accounting(root.path(), &t, accounting).expect("stack");
+    }
+}
+
+scenario!(
+    compare_sacct_agrees_on_the_e2e_jobs,
+    Options::default().accounting(accounting()),
+    |e: &mut Env| compare_sacct_agrees(e)
+);
+
+fn compare_sacct_agrees(e: &Env) {
+    let (stack, t) = (&e.stack, &e.t);
 
     // Jobs with a MIG slice ask Slurm for the same profile as typed GPU GRES, so slurmctld
     // accounts what the prolog makes; one job has no slice.
     let a = submit(
-        &stack,
+        stack,
         &t.acme1,
         &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1g.18gb:1"],
         4,
     );
     let g = submit(
-        &stack,
+        stack,
         &t.globex1,
         &["--tenant=globex", "--mig=3g.71gb", "--gres=gpu:3g.71gb:1"],
         3,
     );
-    let n = submit(&stack, &t.acme1, &["--tenant=acme"], 1);
+    let n = submit(stack, &t.acme1, &["--tenant=acme"], 1);
     for id in [a, g, n] {
         let info = stack
             .cluster
@@ -135,7 +126,7 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
             "job {id}"
         );
     }
-    let sacct = sacct_when_ended(&stack, &[a, g, n]);
+    let sacct = sacct_when_ended(stack, &[a, g, n]);
     eprintln!("sacct:\n{sacct}");
     assert!(
         sacct
@@ -145,7 +136,7 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
     );
 
     // The tolerance a site would run with: the prolog and epilog's own seconds.
-    let o = compare(&stack, 60);
+    let o = compare(stack, 60);
     let out = text(&o);
     eprintln!("tenancyctl report --compare-sacct:\n{out}");
     assert!(o.status.success(), "{out}");
@@ -158,9 +149,9 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
     // A job Slurm bills for one profile while the prolog made another: the books disagree,
     // for that job alone, on both profiles. job_submit/tenancy refuses such a job; a controller
     // without it (doctor warns of one) takes it, and the cross-check is what shows it then.
-    let m = without_job_submit_check(&stack, || {
+    let m = without_job_submit_check(stack, || {
         submit(
-            &stack,
+            stack,
             &t.acme1,
             &["--tenant=acme", "--mig=2g.35gb", "--gres=gpu:1g.18gb:1"],
             20,
@@ -171,9 +162,9 @@ fn compare_sacct_agrees_on_the_e2e_jobs() {
         .wait_job_done(m, Duration::from_secs(150))
         .unwrap();
     assert_eq!(info["JobState"], "COMPLETED", "job {m}: {info:?}");
-    sacct_when_ended(&stack, &[m]);
+    sacct_when_ended(stack, &[m]);
     // Slurm's 20 s of 1g.18gb against the audit log's 20 s of 2g.35gb, each beyond 10 s.
-    let o = compare(&stack, 10);
+    let o = compare(stack, 10);
     let out = text(&o);
     eprintln!("tenancyctl report --compare-sacct (a mismatched job):\n{out}");
     assert_eq!(o.status.code(), Some(1), "{out}");
@@ -213,18 +204,19 @@ fn without_job_submit_check<T>(stack: &Stack, f: impl FnOnce() -> T) -> T {
     r
 }
 
-/// A cluster in GRES slot mode: every slot of the MIG plan (`[mig.plan]`, per H200: one
-/// 3g.71gb and four 1g.18gb) is a typed GRES record of slurmctld's, as
-/// layers/mig/README.md has it, on the stand-in's two H200s.
-fn slot_mode_stack(t: &Tenants, root: &std::path::Path) -> Stack {
-    let accounting = Accounting {
-        gpu_types: vec![("3g.71gb".into(), 2), ("1g.18gb".into(), 8)],
-    };
-    let stack = Stack::start_with_accounting(root, t, accounting).expect("stack");
-    let mut config = std::fs::read_to_string(&stack.config).unwrap();
-    config.push_str("\n[mig.plan.H200-141GB]\n\"3g.71gb\" = 1\n\"1g.18gb\" = 4\n");
-    std::fs::write(&stack.config, config).unwrap();
-    stack
+/// GRES slot mode: every slot of the MIG plan (`[mig.plan]`, per H200: one 3g.71gb and four
+/// 1g.18gb) is a typed GRES record of slurmctld's, as layers/mig/README.md has it, on the
+/// stand-in's two H200s.
+fn slot_mode() -> Options {
+    Options::default()
+        .accounting(Accounting {
+            gpu_types: vec![("3g.71gb".into(), 2), ("1g.18gb".into(), 8)],
+        })
+        .config(|c| {
+            c.mig_plan("H200-141GB")
+                .instances("3g.71gb", 1)
+                .instances("1g.18gb", 4);
+        })
 }
 
 /// sbatch as `user`; the refusal's text, or the job id.
@@ -253,123 +245,119 @@ fn no_job_and_node_idle(stack: &Stack) {
     assert_eq!(stack.cluster.node_state().unwrap(), "idle");
 }
 
-#[test]
-fn mig_without_matching_gres_is_refused_at_submit() {
-    if !require_root("mig_without_matching_gres_is_refused_at_submit") {
-        return;
-    }
-    let _g = serial();
-    let mut users = Users::new();
-    let t = Tenants::create(&mut users).expect("users");
-    let root = tempfile::Builder::new()
-        .prefix("tenancy-e2e-gres-")
-        .tempdir()
-        .unwrap();
-    let stack = slot_mode_stack(&t, root.path());
-
-    // A slice Slurm does not know of would take a slot it hands another job.
-    let e = sbatch(&stack, &t.acme1, &["--tenant=acme", "--mig=1g.18gb"]).unwrap_err();
-    assert!(
-        e.contains("tenancy:") && e.contains("--mig=1g.18gb") && e.contains("--gres=gpu:1g.18gb:1"),
-        "the refusal names the option and the GRES to add: {e}"
-    );
-    no_job_and_node_idle(&stack);
-    // One profile made, another billed.
-    for gres in [
-        "--gres=gpu:3g.71gb:1",
-        "--gpus=3g.71gb:1",
-        "--gpus-per-node=3g.71gb:1",
-    ] {
-        let e = sbatch(&stack, &t.acme1, &["--tenant=acme", "--mig=1g.18gb", gres]).unwrap_err();
+scenario!(
+    mig_without_matching_gres_is_refused_at_submit,
+    slot_mode(),
+    |e: &mut Env| {
+        let (stack, t) = (&e.stack, &e.t);
+        // A slice Slurm does not know of would take a slot it hands another job.
+        let err = sbatch(stack, &t.acme1, &["--tenant=acme", "--mig=1g.18gb"]).unwrap_err();
         assert!(
-            e.contains("--mig=1g.18gb") && e.contains("gpu:3g.71gb:1") && e.contains("disagree"),
-            "{gres}: the refusal names both: {e}"
+            err.contains("tenancy:")
+                && err.contains("--mig=1g.18gb")
+                && err.contains("--gres=gpu:1g.18gb:1"),
+            "the refusal names the option and the GRES to add: {err}"
         );
-    }
-    // An untyped GPU can be any slot; a MIG slot without --mig gets no slice.
-    let e = sbatch(
-        &stack,
-        &t.acme1,
-        &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1"],
-    )
-    .unwrap_err();
-    assert!(e.contains("gpu:1") && e.contains("--mig=1g.18gb"), "{e}");
-    let e = sbatch(&stack, &t.acme1, &["--tenant=acme", "--gres=gpu:1g.18gb:1"]).unwrap_err();
-    assert!(e.contains("no --mig") && e.contains("--mig=1g.18gb"), "{e}");
-    // srun and salloc ask slurmctld the same way.
-    for client in ["srun", "salloc"] {
-        let mut c = stack.cluster.cmd_as(&t.acme1, client);
-        c.args(["--tenant=acme", "--mig=1g.18gb", "true"]);
-        let o = stack.cluster.run(c).unwrap();
-        assert!(!o.status.success(), "{client} without GRES ran");
+        no_job_and_node_idle(stack);
+        // One profile made, another billed.
+        for gres in [
+            "--gres=gpu:3g.71gb:1",
+            "--gpus=3g.71gb:1",
+            "--gpus-per-node=3g.71gb:1",
+        ] {
+            let err =
+                sbatch(stack, &t.acme1, &["--tenant=acme", "--mig=1g.18gb", gres]).unwrap_err();
+            assert!(
+                err.contains("--mig=1g.18gb")
+                    && err.contains("gpu:3g.71gb:1")
+                    && err.contains("disagree"),
+                "{gres}: the refusal names both: {err}"
+            );
+        }
+        // An untyped GPU can be any slot; a MIG slot without --mig gets no slice.
+        let err = sbatch(
+            stack,
+            &t.acme1,
+            &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1"],
+        )
+        .unwrap_err();
         assert!(
-            text(&o).contains("--gres=gpu:1g.18gb:1"),
-            "{client}: {}",
-            text(&o)
+            err.contains("gpu:1") && err.contains("--mig=1g.18gb"),
+            "{err}"
         );
-    }
-    no_job_and_node_idle(&stack);
-
-    // Both naming one profile: the job runs in that slot, and Slurm accounts it.
-    let id = sbatch(
-        &stack,
-        &t.acme1,
-        &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1g.18gb:1"],
-    )
-    .unwrap();
-    let info = stack
-        .cluster
-        .wait_job_done(id, Duration::from_secs(90))
-        .unwrap();
-    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
-    assert_eq!(stack.audit_events(id).unwrap(), ["job_start", "job_end"]);
-    assert_eq!(stack.cluster.node_state().unwrap(), "idle");
-}
-
-#[test]
-fn gres_update_of_pending_job_is_refused() {
-    if !require_root("gres_update_of_pending_job_is_refused") {
-        return;
-    }
-    let _g = serial();
-    let mut users = Users::new();
-    let t = Tenants::create(&mut users).expect("users");
-    let root = tempfile::Builder::new()
-        .prefix("tenancy-e2e-gres-")
-        .tempdir()
-        .unwrap();
-    let stack = slot_mode_stack(&t, root.path());
-    let id = sbatch(
-        &stack,
-        &t.acme1,
-        &[
-            "--tenant=acme",
-            "--mig=1g.18gb",
-            "--gres=gpu:1g.18gb:1",
-            "--hold",
-        ],
-    )
-    .unwrap();
-    let tres = |stack: &Stack| {
-        let info = stack.cluster.job_info(id).unwrap();
-        info.get("TresPerNode").cloned().unwrap_or_default()
-    };
-    let before = tres(&stack);
-    assert!(before.contains("1g.18gb"), "{before}");
-    // The owner may not move the pending job to another GPU type, nor drop its GPU.
-    for gres in ["Gres=gpu:3g.71gb:1", "TresPerNode=gres/gpu:3g.71gb:1"] {
-        let mut c = stack.cluster.cmd_as(&t.acme1, "scontrol");
-        c.args(["update", &format!("JobId={id}"), gres]);
-        let o = stack.cluster.run(c).unwrap();
+        let err = sbatch(stack, &t.acme1, &["--tenant=acme", "--gres=gpu:1g.18gb:1"]).unwrap_err();
         assert!(
-            !o.status.success(),
-            "update {gres} was accepted: {}",
-            text(&o)
+            err.contains("no --mig") && err.contains("--mig=1g.18gb"),
+            "{err}"
         );
-        assert_eq!(tres(&stack), before, "the job's GRES after {gres}");
+        // srun and salloc ask slurmctld the same way.
+        for client in ["srun", "salloc"] {
+            let mut c = stack.cluster.cmd_as(&t.acme1, client);
+            c.args(["--tenant=acme", "--mig=1g.18gb", "true"]);
+            let o = stack.cluster.run(c).unwrap();
+            assert!(!o.status.success(), "{client} without GRES ran");
+            assert!(
+                text(&o).contains("--gres=gpu:1g.18gb:1"),
+                "{client}: {}",
+                text(&o)
+            );
+        }
+        no_job_and_node_idle(stack);
+
+        // Both naming one profile: the job runs in that slot, and Slurm accounts it.
+        let id = sbatch(
+            stack,
+            &t.acme1,
+            &["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1g.18gb:1"],
+        )
+        .unwrap();
+        let info = stack
+            .cluster
+            .wait_job_done(id, Duration::from_secs(90))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+        assert_eq!(stack.audit_events(id).unwrap(), ["job_start", "job_end"]);
+        assert_eq!(stack.cluster.node_state().unwrap(), "idle");
     }
-    assert_eq!(stack.cluster.node_state().unwrap(), "idle");
-    let mut c = stack.cluster.cmd("scancel");
-    c.arg(id.to_string());
-    stack.cluster.run(c).unwrap();
-}
+);
+
+scenario!(
+    gres_update_of_pending_job_is_refused,
+    slot_mode(),
+    |e: &mut Env| {
+        let (stack, t) = (&e.stack, &e.t);
+        let id = sbatch(
+            stack,
+            &t.acme1,
+            &[
+                "--tenant=acme",
+                "--mig=1g.18gb",
+                "--gres=gpu:1g.18gb:1",
+                "--hold",
+            ],
+        )
+        .unwrap();
+        let tres = || {
+            let info = stack.cluster.job_info(id).unwrap();
+            info.get("TresPerNode").cloned().unwrap_or_default()
+        };
+        let before = tres();
+        assert!(before.contains("1g.18gb"), "{before}");
+        // The owner may not move the pending job to another GPU type (Slurm alone lets them).
+        for gres in ["Gres=gpu:3g.71gb:1", "TresPerNode=gres/gpu:3g.71gb:1"] {
+            let mut c = stack.cluster.cmd_as(&t.acme1, "scontrol");
+            c.args(["update", &format!("JobId={id}"), gres]);
+            let o = stack.cluster.run(c).unwrap();
+            assert!(
+                !o.status.success(),
+                "update {gres} was accepted: {}",
+                text(&o)
+            );
+            assert_eq!(tres(), before, "the job's GRES after {gres}");
+        }
+        assert_eq!(stack.cluster.node_state().unwrap(), "idle");
+        let mut c = stack.cluster.cmd("scancel");
+        c.arg(id.to_string());
+        stack.cluster.run(c).unwrap();
+    }
+);

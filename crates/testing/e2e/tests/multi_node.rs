@@ -1,5 +1,5 @@
 //! Tenant isolation across nodes (ARCHITECTURE.md, "Across nodes: tenant identity on the
-//! wire"), on a two-node Slurm cluster on this machine (tests/src/multi_node.rs: each node a
+//! wire"), on a two-node Slurm cluster on this machine (src/multi_node.rs: each node a
 //! network, UTS and mount namespace with its own slurmd, joined by a bridge in a namespace of
 //! the test's own), with the whole product on every node: real Slurm, munge, nftables in each
 //! node's namespace, real users and cgroups. Needs root; skips loudly otherwise.
@@ -8,21 +8,17 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tenancy_e2e::multi_node::{MultiNode, MultiNodeOptions, NODE_NETWORK};
-use tenancy_e2e::{probe_kv, require_root, TestUser, Users};
+use tenancy_e2e::multi_node::{without_cross_node, NODE_NETWORK};
+use tenancy_e2e::{probe_kv, scenario, MultiNode, Options, TenancyToml, TestUser, Users};
 
 const JOB: Duration = Duration::from_secs(120);
 
-fn start(users: &mut Users, acme_egress: &[&str], globex_egress: &[&str]) -> MultiNode {
-    MultiNode::start(
-        users,
-        MultiNodeOptions {
-            acme_egress: acme_egress.iter().map(|s| s.to_string()).collect(),
-            globex_egress: globex_egress.iter().map(|s| s.to_string()).collect(),
-            without_cross_node: false,
-        },
-    )
-    .expect("multi-node cluster")
+/// The tenants' egress: acme's, globex's.
+fn egress(acme: &'static [&str], globex: &'static [&str]) -> Options {
+    Options::default().config(move |c: &mut TenancyToml| {
+        c.tenant("acme").egress(acme);
+        c.tenant("globex").egress(globex);
+    })
 }
 
 /// A folder of `user`'s that every node sees.
@@ -45,15 +41,17 @@ fn kv(path: &Path) -> BTreeMap<String, String> {
 /// A job of `tenant` on both nodes serving TCP and UDP on `port` until `dir/stop` exists;
 /// returns once both listeners are up.
 fn serve_job(mn: &MultiNode, user: &TestUser, tenant: &str, port: u16, dir: &Path) -> u64 {
+    let (port, stop, d) = (
+        port.to_string(),
+        dir.join("stop"),
+        dir.display().to_string(),
+    );
     let id = mn
         .sbatch(
             user,
             tenant,
-            &format!(
-                "srun {} serve {port} {d}/stop {d}",
-                mn.net_task(),
-                d = dir.display()
-            ),
+            &[],
+            &["serve", &port, stop.to_str().unwrap(), &d],
         )
         .expect("sbatch serve");
     for n in ["n1", "n2"] {
@@ -77,18 +75,10 @@ fn probe_job(
     dir: &Path,
     targets: impl Fn(usize) -> String,
 ) -> Vec<BTreeMap<String, String>> {
+    let env = [("TARGETS_n1", targets(0)), ("TARGETS_n2", targets(1))];
+    let (d, port) = (dir.display().to_string(), port.to_string());
     let id = mn
-        .sbatch(
-            user,
-            tenant,
-            &format!(
-                "export TARGETS_n1='{}' TARGETS_n2='{}'\nsrun {} probe {} {port}",
-                targets(0),
-                targets(1),
-                mn.net_task(),
-                dir.display()
-            ),
-        )
+        .sbatch(user, tenant, &env, &["probe", &d, &port])
         .expect("sbatch probe");
     let info = mn.wait_job_done(id, JOB).unwrap();
     assert_eq!(info["JobState"], "COMPLETED", "probe job: {info:?}");
@@ -127,322 +117,303 @@ fn other(i: usize) -> usize {
     1 - i
 }
 
-#[test]
-fn multi_node_job_reaches_its_own_tasks() {
-    if !require_root("multi_node_job_reaches_its_own_tasks") {
-        return;
-    }
-    let mut users = Users::new();
-    // acme's egress lists the node network (its MPI finds peers by host name); globex's lists
-    // nothing: its tasks reach each other through its own addresses alone.
-    let mn = start(&mut users, &[NODE_NETWORK], &[]);
-    // `tenancyctl doctor` on each node finds its address and the tenants' addresses.
-    for i in 0..2 {
-        let mut c = mn
-            .node_cmd(i, tenancy_e2e::artifact("tenancyctl").unwrap())
-            .unwrap();
-        c.arg("--config")
-            .arg(&mn.tenancy_toml)
-            .args(["doctor", "--format", "json"]);
-        let o = c.output().unwrap();
-        let text = String::from_utf8_lossy(&o.stdout);
-        let rows: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        let row = rows
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["check"] == "firewall.cross_node")
-            .unwrap_or_else(|| panic!("no firewall.cross_node check: {text}"));
-        assert_eq!(row["severity"], "ok", "{row}");
-        assert!(
-            row["message"]
-                .as_str()
-                .unwrap()
-                .contains(&mn.nodes[i].addr()),
-            "{row}"
-        );
-    }
-    for (user, tenant, barrier) in [
-        (mn.tenants.acme1.clone(), "acme", "name"),
-        (mn.tenants.globex1.clone(), "globex", "addr"),
-    ] {
-        let dir = user_folder(&mn, &user, &format!("a2a-{tenant}"));
-        let peers: Vec<String> = mn
-            .nodes
-            .iter()
-            .map(|n| format!("{}={}", n.name, n.tenant_addr(tenant)))
-            .collect();
-        let id = mn
-            .sbatch(
-                &user,
-                tenant,
-                &format!(
-                    "export PEERS={} BARRIER={barrier}\nsrun {} alltoall 7301 {}",
-                    peers.join(","),
-                    mn.net_task(),
-                    dir.display()
-                ),
-            )
-            .unwrap();
-        let info = mn.wait_job_done(id, JOB).unwrap();
-        assert_eq!(info["JobState"], "COMPLETED", "{tenant}: {info:?}");
-        for (i, n) in mn.nodes.iter().enumerate() {
-            let peer = &mn.nodes[other(i)];
-            let r = kv(&dir.join(format!("alltoall-{}.txt", n.name)));
-            let want = format!("ok {tenant}@{}", peer.name);
-            for via in ["addr.tcp", "addr.udp"] {
-                let got = &r[&format!("{}.{via}", peer.name)];
-                assert_eq!(
-                    got, &want,
-                    "{tenant}: {} -> {} by {via}: {r:?}",
-                    n.name, peer.name
-                );
-            }
-            for via in ["name.tcp", "name.udp"] {
-                let got = &r[&format!("{}.{via}", peer.name)];
-                if tenant == "acme" {
+// acme's egress lists the node network (its MPI finds peers by host name); globex's lists
+// nothing: its tasks reach each other through its own addresses alone.
+scenario!(
+    multi_node_job_reaches_its_own_tasks,
+    egress(&[NODE_NETWORK], &[]),
+    |mn: &mut MultiNode| {
+        // `tenancyctl doctor` on each node finds its address and the tenants' addresses.
+        for i in 0..2 {
+            let mut c = mn.node_cmd(i, tenancy_e2e::artifact("tenancyctl").unwrap());
+            c.arg("--config")
+                .arg(&mn.tenancy_toml)
+                .args(["doctor", "--format", "json"]);
+            let o = c.output().unwrap();
+            let text = String::from_utf8_lossy(&o.stdout);
+            let rows: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            let row = rows
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["check"] == "firewall.cross_node")
+                .unwrap_or_else(|| panic!("no firewall.cross_node check: {text}"));
+            assert_eq!(row["severity"], "ok", "{row}");
+            assert!(
+                row["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&mn.nodes[i].addr()),
+                "{row}"
+            );
+        }
+        for (user, tenant, barrier) in [
+            (mn.tenants.acme1.clone(), "acme", "name"),
+            (mn.tenants.globex1.clone(), "globex", "addr"),
+        ] {
+            let dir = user_folder(mn, &user, &format!("a2a-{tenant}"));
+            let peers: Vec<String> = mn
+                .nodes
+                .iter()
+                .map(|n| format!("{}={}", n.name, n.tenant_addr(tenant)))
+                .collect();
+            let env = [("PEERS", peers.join(",")), ("BARRIER", barrier.to_string())];
+            let d = dir.display().to_string();
+            let id = mn
+                .sbatch(&user, tenant, &env, &["alltoall", "7301", &d])
+                .unwrap();
+            let info = mn.wait_job_done(id, JOB).unwrap();
+            assert_eq!(info["JobState"], "COMPLETED", "{tenant}: {info:?}");
+            for (i, n) in mn.nodes.iter().enumerate() {
+                let peer = &mn.nodes[other(i)];
+                let r = kv(&dir.join(format!("alltoall-{}.txt", n.name)));
+                let want = format!("ok {tenant}@{}", peer.name);
+                for via in ["addr.tcp", "addr.udp"] {
+                    let got = &r[&format!("{}.{via}", peer.name)];
                     assert_eq!(
                         got, &want,
-                        "acme: {} -> {} by {via}: {r:?}",
+                        "{tenant}: {} -> {} by {via}: {r:?}",
                         n.name, peer.name
                     );
-                } else {
-                    // The node network is not in globex's egress: dropped at the sender.
+                }
+                for via in ["name.tcp", "name.udp"] {
+                    let got = &r[&format!("{}.{via}", peer.name)];
+                    if tenant == "acme" {
+                        assert_eq!(
+                            got, &want,
+                            "acme: {} -> {} by {via}: {r:?}",
+                            n.name, peer.name
+                        );
+                    } else {
+                        // The node network is not in globex's egress: dropped at the sender.
+                        assert!(
+                            !got.starts_with("ok"),
+                            "globex by {via} without egress: {r:?}"
+                        );
+                    }
+                }
+            }
+            // Every connection and datagram between the nodes came from the tenant's addresses
+            // (the cross-node SNAT), never from a node's own address.
+            let src = sources(&dir);
+            assert!(!src.is_empty());
+            let prefix = mn.nodes[0].tenant_addr(tenant);
+            let prefix = &prefix[..prefix.rfind('.').unwrap() + 1];
+            for s in &src {
+                assert!(
+                    s.split('=').nth(1).unwrap().starts_with(prefix),
+                    "{tenant}: a peer's source outside {prefix}*: {src:?}"
+                );
+            }
+            eprintln!("{tenant}: all-to-all over TCP and UDP between n1 and n2: {src:?}");
+        }
+    }
+);
+
+// Both tenants may reach the node network (multi-node jobs by host name): the rules that tell
+// them apart are the cross-node ones.
+scenario!(
+    other_tenant_cannot_reach_a_job_on_another_node,
+    egress(&[NODE_NETWORK], &[NODE_NETWORK]),
+    |mn: &mut MultiNode| {
+        let (acme1, globex1) = (mn.tenants.acme1.clone(), mn.tenants.globex1.clone());
+        for (server, s_tenant, client, c_tenant, port) in [
+            (&globex1, "globex", &acme1, "acme", 7302u16),
+            (&acme1, "acme", &globex1, "globex", 7303),
+        ] {
+            let sdir = user_folder(mn, server, &format!("serve-{s_tenant}"));
+            let pdir = user_folder(mn, client, &format!("probe-{c_tenant}"));
+            // sbatch -N2 jobs of the two tenants on the same two nodes.
+            let sid = serve_job(mn, server, s_tenant, port, &sdir);
+            // Control: a process outside every job on n1 reaches the listener on n2.
+            let mut c = mn.node_cmd(0, "/usr/bin/python3");
+            c.arg(mn.net_task())
+                .args(["probe", pdir.to_str().unwrap(), &port.to_string()])
+                .env("TARGETS_n1", "control=n2");
+            assert!(c.status().unwrap().success());
+            let control = kv(&pdir.join("probe-x-n1.txt"));
+            assert!(control["control.tcp"].starts_with("ok"), "{control:?}");
+            let drops_before: Vec<u64> = (0..2).map(|i| mn.drops(i, c_tenant).unwrap()).collect();
+            let results = probe_job(mn, client, c_tenant, port, &pdir, |i| {
+                let (me, peer) = (&mn.nodes[i], &mn.nodes[other(i)]);
+                format!(
+                    "name={};server_addr={};own_addr={};same_node={}",
+                    peer.name,
+                    peer.tenant_addr(s_tenant),
+                    peer.tenant_addr(c_tenant),
+                    me.addr()
+                )
+            });
+            for (i, r) in results.iter().enumerate() {
+                for (k, v) in r {
                     assert!(
-                        !got.starts_with("ok"),
-                        "globex by {via} without egress: {r:?}"
+                        !v.starts_with("ok"),
+                        "{c_tenant}'s job on n{} reached {s_tenant}'s job: {k}={v} ({r:?})",
+                        i + 1
                     );
                 }
             }
-        }
-        // Every connection and datagram between the nodes came from the tenant's addresses
-        // (the cross-node SNAT), never from a node's own address.
-        let src = sources(&dir);
-        assert!(!src.is_empty());
-        let prefix = mn.nodes[0].tenant_addr(tenant);
-        let prefix = &prefix[..prefix.rfind('.').unwrap() + 1];
-        for s in &src {
+            let src = sources(&sdir);
             assert!(
-                s.split('=').nth(1).unwrap().starts_with(prefix),
-                "{tenant}: a peer's source outside {prefix}*: {src:?}"
+                src.iter().all(|s| s.ends_with("=10.231.0.1")),
+                "{s_tenant}'s listeners heard from {c_tenant}: {src:?}"
             );
+            let drops_after: Vec<u64> = (0..2).map(|i| mn.drops(i, c_tenant).unwrap()).collect();
+            assert!(
+                (0..2).all(|i| drops_after[i] > drops_before[i]),
+                "{c_tenant}'s drop counters on n1, n2: {drops_before:?} -> {drops_after:?}"
+            );
+            eprintln!(
+            "{c_tenant} -> {s_tenant} across nodes: {results:?}; drops {drops_before:?} -> {drops_after:?}"
+        );
+            end_job(mn, &sdir, sid);
         }
-        eprintln!("{tenant}: all-to-all over TCP and UDP between n1 and n2: {src:?}");
     }
-}
+);
 
-#[test]
-fn other_tenant_cannot_reach_a_job_on_another_node() {
-    if !require_root("other_tenant_cannot_reach_a_job_on_another_node") {
-        return;
-    }
-    let mut users = Users::new();
-    // Both tenants may reach the node network (multi-node jobs by host name): the rules that
-    // tell them apart are the cross-node ones.
-    let mn = start(&mut users, &[NODE_NETWORK], &[NODE_NETWORK]);
-    let (acme1, globex1) = (mn.tenants.acme1.clone(), mn.tenants.globex1.clone());
-    for (server, s_tenant, client, c_tenant, port) in [
-        (&globex1, "globex", &acme1, "acme", 7302u16),
-        (&acme1, "acme", &globex1, "globex", 7303),
-    ] {
-        let sdir = user_folder(&mn, server, &format!("serve-{s_tenant}"));
-        let pdir = user_folder(&mn, client, &format!("probe-{c_tenant}"));
-        // sbatch -N2 jobs of the two tenants on the same two nodes.
-        let sid = serve_job(&mn, server, s_tenant, port, &sdir);
-        // Control: a process outside every job on n1 reaches the listener on n2.
-        let mut c = mn.node_cmd(0, "/usr/bin/python3").unwrap();
-        c.arg(mn.path("lib/net_task.py"))
-            .args(["probe", pdir.to_str().unwrap(), &port.to_string()])
-            .env("TARGETS_n1", "control=n2");
-        assert!(c.status().unwrap().success());
-        let control = kv(&pdir.join("probe-x-n1.txt"));
-        assert!(control["control.tcp"].starts_with("ok"), "{control:?}");
-        let drops_before: Vec<u64> = (0..2).map(|i| mn.drops(i, c_tenant).unwrap()).collect();
-        let results = probe_job(&mn, client, c_tenant, port, &pdir, |i| {
+scenario!(
+    spoofed_source_address_is_dropped,
+    egress(&[NODE_NETWORK], &[NODE_NETWORK]),
+    |mn: &mut MultiNode| {
+        let (acme1, globex1) = (mn.tenants.acme1.clone(), mn.tenants.globex1.clone());
+        let sdir = user_folder(mn, &globex1, "serve");
+        let pdir = user_folder(mn, &acme1, "probe");
+        let sid = serve_job(mn, &globex1, "globex", 7304, &sdir);
+        let drops_before: Vec<u64> = (0..2).map(|i| mn.drops(i, "acme").unwrap()).collect();
+        // acme's job binds globex's address of its own node (a local address: bind succeeds) and
+        // talks to globex's job on the other node, by node address and by globex's address there.
+        let results = probe_job(mn, &acme1, "acme", 7304, &pdir, |i| {
             let (me, peer) = (&mn.nodes[i], &mn.nodes[other(i)]);
+            let spoof = me.tenant_addr("globex");
             format!(
-                "name={};server_addr={};own_addr={};same_node={}",
+                "by_name={}@{spoof};by_addr={}@{spoof}",
                 peer.name,
-                peer.tenant_addr(s_tenant),
-                peer.tenant_addr(c_tenant),
-                me.addr()
+                peer.tenant_addr("globex")
             )
         });
         for (i, r) in results.iter().enumerate() {
-            for (k, v) in r {
+            for (k, v) in r.iter().filter(|(k, _)| *k != "done") {
                 assert!(
                     !v.starts_with("ok"),
-                    "{c_tenant}'s job on n{} reached {s_tenant}'s job: {k}={v} ({r:?})",
+                    "n{}: spoof got through: {k}={v}",
                     i + 1
                 );
             }
+            // Dropped at the sender: the kernel hands the drop of a datagram back to the socket.
+            assert_eq!(r["by_name.udp"], "EPERM", "n{}: {r:?}", i + 1);
         }
+        let drops_after: Vec<u64> = (0..2).map(|i| mn.drops(i, "acme").unwrap()).collect();
+        assert!(
+            (0..2).all(|i| drops_after[i] > drops_before[i]),
+            "acme's drops at the senders: {drops_before:?} -> {drops_after:?}"
+        );
+        // A process of acme's user outside every job on n1, bound to globex's address there: its
+        // flow leaves from the node's own address (processes outside jobs are no tenant's), so
+        // globex's job hears the node, never globex.
+        let mut c = mn.node_cmd_as(0, &acme1, "/usr/bin/python3");
+        c.arg(mn.net_task())
+            .args(["probe", pdir.to_str().unwrap(), "7304"])
+            .env(
+                "TARGETS_n1",
+                format!("spoof=n2@{};plain=n2", mn.nodes[0].tenant_addr("globex")),
+            );
+        assert!(c.status().unwrap().success());
+        let r = kv(&pdir.join("probe-x-n1.txt"));
+        assert!(r["spoof.tcp"].starts_with("ok"), "{r:?}");
+        assert!(r["plain.tcp"].starts_with("ok"), "{r:?}");
         let src = sources(&sdir);
         assert!(
             src.iter().all(|s| s.ends_with("=10.231.0.1")),
-            "{s_tenant}'s listeners heard from {c_tenant}: {src:?}"
-        );
-        let drops_after: Vec<u64> = (0..2).map(|i| mn.drops(i, c_tenant).unwrap()).collect();
-        assert!(
-            (0..2).all(|i| drops_after[i] > drops_before[i]),
-            "{c_tenant}'s drop counters on n1, n2: {drops_before:?} -> {drops_after:?}"
+            "globex's listeners heard a spoofed source: {src:?}"
         );
         eprintln!(
-            "{c_tenant} -> {s_tenant} across nodes: {results:?}; drops {drops_before:?} -> {drops_after:?}"
+            "spoofs: {results:?}; outside jobs: {r:?}; drops {drops_before:?} -> {drops_after:?}"
         );
-        end_job(&mn, &sdir, sid);
+        end_job(mn, &sdir, sid);
     }
-}
+);
 
-#[test]
-fn spoofed_source_address_is_dropped() {
-    if !require_root("spoofed_source_address_is_dropped") {
-        return;
-    }
-    let mut users = Users::new();
-    let mn = start(&mut users, &[NODE_NETWORK], &[NODE_NETWORK]);
-    let (acme1, globex1) = (mn.tenants.acme1.clone(), mn.tenants.globex1.clone());
-    let sdir = user_folder(&mn, &globex1, "serve");
-    let pdir = user_folder(&mn, &acme1, "probe");
-    let sid = serve_job(&mn, &globex1, "globex", 7304, &sdir);
-    let drops_before: Vec<u64> = (0..2).map(|i| mn.drops(i, "acme").unwrap()).collect();
-    // acme's job binds globex's address of its own node (a local address: bind succeeds) and
-    // talks to globex's job on the other node, by node address and by globex's address there.
-    let results = probe_job(&mn, &acme1, "acme", 7304, &pdir, |i| {
-        let (me, peer) = (&mn.nodes[i], &mn.nodes[other(i)]);
-        let spoof = me.tenant_addr("globex");
-        format!(
-            "by_name={}@{spoof};by_addr={}@{spoof}",
-            peer.name,
-            peer.tenant_addr("globex")
-        )
-    });
-    for (i, r) in results.iter().enumerate() {
-        for (k, v) in r.iter().filter(|(k, _)| *k != "done") {
-            assert!(
-                !v.starts_with("ok"),
-                "n{}: spoof got through: {k}={v}",
-                i + 1
-            );
-        }
-        // Dropped at the sender: the kernel hands the drop of a datagram back to the socket.
-        assert_eq!(r["by_name.udp"], "EPERM", "n{}: {r:?}", i + 1);
-    }
-    let drops_after: Vec<u64> = (0..2).map(|i| mn.drops(i, "acme").unwrap()).collect();
-    assert!(
-        (0..2).all(|i| drops_after[i] > drops_before[i]),
-        "acme's drops at the senders: {drops_before:?} -> {drops_after:?}"
-    );
-    // A process of acme's user outside every job on n1, bound to globex's address there: its
-    // flow leaves from the node's own address (processes outside jobs are no tenant's), so
-    // globex's job hears the node, never globex.
-    let mut c = mn.node_cmd_as(0, &acme1, "/usr/bin/python3").unwrap();
-    c.arg(mn.path("lib/net_task.py"))
-        .args(["probe", pdir.to_str().unwrap(), "7304"])
-        .env(
-            "TARGETS_n1",
-            format!("spoof=n2@{};plain=n2", mn.nodes[0].tenant_addr("globex")),
-        );
-    assert!(c.status().unwrap().success());
-    let r = kv(&pdir.join("probe-x-n1.txt"));
-    assert!(r["spoof.tcp"].starts_with("ok"), "{r:?}");
-    assert!(r["plain.tcp"].starts_with("ok"), "{r:?}");
-    let src = sources(&sdir);
-    assert!(
-        src.iter().all(|s| s.ends_with("=10.231.0.1")),
-        "globex's listeners heard a spoofed source: {src:?}"
-    );
-    eprintln!(
-        "spoofs: {results:?}; outside jobs: {r:?}; drops {drops_before:?} -> {drops_after:?}"
-    );
-    end_job(&mn, &sdir, sid);
-}
-
-#[test]
-fn egress_listing_the_compute_network_does_not_open_other_tenants() {
-    if !require_root("egress_listing_the_compute_network_does_not_open_other_tenants") {
-        return;
-    }
-    let mut users = Users::new();
-    for cross_node in [true, false] {
-        let mn = MultiNode::start(
-            &mut users,
-            MultiNodeOptions {
-                acme_egress: vec![NODE_NETWORK.into()],
-                globex_egress: vec![],
-                without_cross_node: !cross_node,
-            },
-        )
-        .expect("multi-node cluster");
-        let (acme1, globex1) = (mn.tenants.acme1.clone(), mn.tenants.globex1.clone());
-        let sdir = user_folder(&mn, &globex1, "serve");
-        let pdir = user_folder(&mn, &acme1, "probe");
-        let sid = serve_job(&mn, &globex1, "globex", 7306, &sdir);
-        // A daemon of the node (root, outside every job) on n2 and n1: acme's egress opens it.
-        let ddir = mn.path("jobs/daemon");
-        fs::create_dir_all(&ddir).unwrap();
-        let mut daemons = Vec::new();
-        for i in 0..2 {
-            let mut c = mn.node_cmd(i, "/usr/bin/python3").unwrap();
-            c.arg(mn.path("lib/net_task.py")).args([
-                "serve",
-                "7307",
-                ddir.join("stop").to_str().unwrap(),
-                ddir.to_str().unwrap(),
-            ]);
-            daemons.push(c.spawn().unwrap());
-        }
-        for n in ["n1", "n2"] {
-            mn.wait_file_line(
-                &ddir.join(format!("serve-{n}.txt")),
-                "listening=",
-                Duration::from_secs(20),
-            )
-            .unwrap();
-        }
-        let results = probe_job(&mn, &acme1, "acme", 7306, &pdir, |i| {
-            let peer = &mn.nodes[other(i)];
-            format!(
-                "globex_by_name={};globex_by_node_addr={}",
-                peer.name,
-                peer.addr()
-            )
-        });
-        // The node's daemon on port 7307, through the same egress entry.
-        let dresults = probe_job(&mn, &acme1, "acme", 7307, &pdir, |i| {
-            format!("daemon={}", mn.nodes[other(i)].name)
-        });
-        fs::write(ddir.join("stop"), "").unwrap();
-        for mut d in daemons {
-            let _ = d.wait();
-        }
-        for r in &dresults {
-            assert!(
-                r["daemon.tcp"].starts_with("ok"),
-                "egress to the node network: {r:?}"
-            );
-        }
-        for (i, r) in results.iter().enumerate() {
-            for (k, v) in r.iter().filter(|(k, _)| *k != "done") {
-                if cross_node {
-                    assert!(
-                        !v.starts_with("ok"),
-                        "n{}: acme reached globex's job through its egress: {k}={v}",
-                        i + 1
-                    );
-                } else {
-                    // Today's rules (no node_network): the egress entry opens globex's jobs
-                    // on the other node, the gap the cross-node rules close.
-                    assert!(
-                        v.starts_with("ok"),
-                        "without cross-node rules: {k}={v} ({r:?})"
-                    );
+scenario!(
+    egress_listing_the_compute_network_does_not_open_other_tenants,
+    Options::default(),
+    |users: &mut Users| {
+        for cross_node in [true, false] {
+            let mut options = egress(&[NODE_NETWORK], &[]);
+            if !cross_node {
+                options = options.config(without_cross_node);
+            }
+            let mn = MultiNode::start(users, &options).expect("multi-node cluster");
+            let mn = &mn;
+            let (acme1, globex1) = (mn.tenants.acme1.clone(), mn.tenants.globex1.clone());
+            let sdir = user_folder(mn, &globex1, "serve");
+            let pdir = user_folder(mn, &acme1, "probe");
+            let sid = serve_job(mn, &globex1, "globex", 7306, &sdir);
+            // A daemon of the node (root, outside every job) on n2 and n1: acme's egress opens it.
+            let ddir = mn.path("jobs/daemon");
+            fs::create_dir_all(&ddir).unwrap();
+            let mut daemons = Vec::new();
+            for i in 0..2 {
+                let mut c = mn.node_cmd(i, "/usr/bin/python3");
+                c.arg(mn.net_task()).args([
+                    "serve",
+                    "7307",
+                    ddir.join("stop").to_str().unwrap(),
+                    ddir.to_str().unwrap(),
+                ]);
+                daemons.push(c.spawn().unwrap());
+            }
+            for n in ["n1", "n2"] {
+                mn.wait_file_line(
+                    &ddir.join(format!("serve-{n}.txt")),
+                    "listening=",
+                    Duration::from_secs(20),
+                )
+                .unwrap();
+            }
+            let results = probe_job(mn, &acme1, "acme", 7306, &pdir, |i| {
+                let peer = &mn.nodes[other(i)];
+                format!(
+                    "globex_by_name={};globex_by_node_addr={}",
+                    peer.name,
+                    peer.addr()
+                )
+            });
+            // The node's daemon on port 7307, through the same egress entry.
+            let dresults = probe_job(mn, &acme1, "acme", 7307, &pdir, |i| {
+                format!("daemon={}", mn.nodes[other(i)].name)
+            });
+            fs::write(ddir.join("stop"), "").unwrap();
+            for mut d in daemons {
+                let _ = d.wait();
+            }
+            for r in &dresults {
+                assert!(
+                    r["daemon.tcp"].starts_with("ok"),
+                    "egress to the node network: {r:?}"
+                );
+            }
+            for (i, r) in results.iter().enumerate() {
+                for (k, v) in r.iter().filter(|(k, _)| *k != "done") {
+                    if cross_node {
+                        assert!(
+                            !v.starts_with("ok"),
+                            "n{}: acme reached globex's job through its egress: {k}={v}",
+                            i + 1
+                        );
+                    } else {
+                        // Today's rules (no node_network): the egress entry opens globex's jobs
+                        // on the other node, the gap the cross-node rules close.
+                        assert!(
+                            v.starts_with("ok"),
+                            "without cross-node rules: {k}={v} ({r:?})"
+                        );
+                    }
                 }
             }
-        }
-        eprintln!(
+            eprintln!(
             "cross_node={cross_node}: acme -> globex: {results:?}; acme -> node daemon: {dresults:?}"
         );
-        end_job(&mn, &sdir, sid);
+            end_job(mn, &sdir, sid);
+        }
     }
-}
+);

@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use tenancy_e2e::require_root;
+use tenancy_e2e::{requires_root, skip};
+use tenancy_test_support::output_text;
 
 const CACHE: &str = "/var/cache/slurm-tenancy";
 /// What the packages depend on, in the root before they are installed (and what the job path
@@ -13,18 +14,9 @@ const CACHE: &str = "/var/cache/slurm-tenancy";
 const ROOT_PACKAGES: &str =
     "slurmd,slurmctld,slurm-client,munge,nftables,netbase,libpam0g,procps,iproute2";
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn ok(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{cmd:?}: {}", text(&out));
+    assert!(out.status.success(), "{cmd:?}: {}", output_text(&out));
     out
 }
 
@@ -70,27 +62,24 @@ fn clean_root(into: &Path) -> Option<PathBuf> {
         .output()
         .is_err()
     {
-        if std::env::var_os("CI").is_some() {
-            panic!("debootstrap missing: apt-get install debootstrap");
-        }
-        eprintln!("SKIP (needs debootstrap): apt-get install debootstrap");
+        skip("needs debootstrap", "apt-get install debootstrap");
         return None;
     }
     std::fs::create_dir_all(CACHE).unwrap();
     let cached = Path::new(CACHE).join("root-bookworm");
     // One test makes it (again when the package list changed); the other waits on the lock
     // and copies it.
-    let script = format!(
-        "set -e; [ \"$(cat {c}/.complete 2>/dev/null)\" = {p} ] && exit 0; rm -rf {c}.new; \
-         debootstrap --variant=minbase --include={p} bookworm {c}.new {m} >&2; \
-         echo {p} > {c}.new/.complete; rm -rf {c}; mv {c}.new {c}",
-        c = cached.display(),
-        p = ROOT_PACKAGES,
-        m = mirror()
-    );
     ok(Command::new("flock")
         .arg(format!("{CACHE}/.lock"))
-        .args(["sh", "-c", &script]));
+        .args([
+            "sh",
+            "-c",
+            include_str!("../scripts/bookworm-root.sh"),
+            "root",
+        ])
+        .arg(&cached)
+        .arg(ROOT_PACKAGES)
+        .arg(mirror()));
     let root = into.join("root");
     ok(Command::new("cp").arg("-a").arg(&cached).arg(&root));
     Some(root)
@@ -124,7 +113,7 @@ fn portable_build() -> Option<()> {
             .env("CARGO_TARGET_DIR", target.parent().unwrap())
             .output()
             .unwrap();
-        let said = text(&out);
+        let said = output_text(&out);
         if !out.status.success() {
             if said.contains("run scripts/install-deps") && std::env::var_os("CI").is_none() {
                 eprintln!("SKIP (zig, cargo-zigbuild): {said}");
@@ -251,7 +240,7 @@ impl Drop for Chroot {
 
 #[test]
 fn packages_install_into_a_clean_root() {
-    if !require_root("dpkg -i into a debootstrap root") {
+    if !requires_root("dpkg -i into a debootstrap root") {
         return;
     }
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
@@ -295,7 +284,7 @@ fn packages_install_into_a_clean_root() {
     };
     let chroot = Chroot::new(root.clone(), tmp);
     let out = chroot.dpkg_install(&debs);
-    assert!(out.status.success(), "dpkg -i: {}", text(&out));
+    assert!(out.status.success(), "dpkg -i: {}", output_text(&out));
     for f in [
         "usr/bin/tenancyctl",
         "usr/sbin/tenancy-prolog",
@@ -333,7 +322,7 @@ fn packages_install_into_a_clean_root() {
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("acme"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     // Removal leaves no file of the packages but the config (a conffile) until purge.
     let out = chroot
@@ -347,7 +336,7 @@ fn packages_install_into_a_clean_root() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "dpkg --purge: {}", text(&out));
+    assert!(out.status.success(), "dpkg --purge: {}", output_text(&out));
     assert!(!root.join("usr/bin/tenancyctl").exists());
     assert!(!root
         .join("etc/slurm/plugstack.conf.d/tenancy.conf")
@@ -368,10 +357,7 @@ fn lintian(debs: &[PathBuf]) {
         .args(debs)
         .output()
     else {
-        if std::env::var_os("CI").is_some() {
-            panic!("lintian missing: apt-get install lintian");
-        }
-        eprintln!("SKIP lintian (not installed): apt-get install lintian");
+        skip("needs lintian", "apt-get install lintian");
         return;
     };
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -390,7 +376,7 @@ fn names_of(p: &Path) -> String {
 
 #[test]
 fn package_upgrade_keeps_running_jobs_torn_down() {
-    if !require_root("dpkg -i into a debootstrap root, cgroups and nft for a job") {
+    if !requires_root("dpkg -i into a debootstrap root, cgroups and nft for a job") {
         return;
     }
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
@@ -401,7 +387,7 @@ fn package_upgrade_keeps_running_jobs_torn_down() {
     };
     let chroot = Chroot::new(root.clone(), tmp);
     let out = chroot.dpkg_install(&old);
-    assert!(out.status.success(), "dpkg -i (old): {}", text(&out));
+    assert!(out.status.success(), "dpkg -i (old): {}", output_text(&out));
 
     // A node config of the test's (the admin's edit of the conffile: kept by the upgrade).
     let tag = format!("up{}", std::process::id());
@@ -450,7 +436,11 @@ fn package_upgrade_keeps_running_jobs_torn_down() {
         c.output().unwrap()
     };
     let out = in_node(&["/usr/bin/tenancyctl", "firewall", "apply"], &[]);
-    assert!(out.status.success(), "firewall apply: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "firewall apply: {}",
+        output_text(&out)
+    );
 
     let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
     let entry = passwd
@@ -469,7 +459,7 @@ fn package_upgrade_keeps_running_jobs_torn_down() {
         ("SPANK_TENANCY_TENANT", tag.clone()),
     ];
     let out = in_node(&["/usr/sbin/tenancy-prolog"], &env);
-    assert!(out.status.success(), "old prolog: {}", text(&out));
+    assert!(out.status.success(), "old prolog: {}", output_text(&out));
     let cgroup = PathBuf::from(format!("/sys/fs/cgroup/unified/tenancy/{tag}/job_{job}"));
     let scratch = root.join(format!("scratch/{tag}/job_{job}"));
     let journal = root.join(format!("var/lib/slurm-tenancy/jobs/job_{job}.json"));
@@ -479,7 +469,7 @@ fn package_upgrade_keeps_running_jobs_torn_down() {
     let epilog = root.join("usr/sbin/tenancy-epilog");
     let before = std::fs::metadata(&epilog).unwrap();
     let out = chroot.dpkg_install(&new);
-    assert!(out.status.success(), "dpkg -i (new): {}", text(&out));
+    assert!(out.status.success(), "dpkg -i (new): {}", output_text(&out));
     let status = ok(&mut chroot.cmd(&["dpkg-query", "-W", "-f", "${Version}", "slurm-tenancy"]));
     assert_eq!(String::from_utf8_lossy(&status.stdout), "0.1.0-2");
     use std::os::unix::fs::MetadataExt;
@@ -501,7 +491,7 @@ fn package_upgrade_keeps_running_jobs_torn_down() {
 
     // The new epilog tears the old prolog's job down.
     let out = in_node(&["/usr/sbin/tenancy-epilog"], &env);
-    assert!(out.status.success(), "new epilog: {}", text(&out));
+    assert!(out.status.success(), "new epilog: {}", output_text(&out));
     assert!(!cgroup.exists(), "cgroup left");
     assert!(!scratch.exists(), "scratch left");
     assert!(!journal.exists(), "journal left");
@@ -527,7 +517,7 @@ fn package_upgrade_keeps_running_jobs_torn_down() {
         ],
         &[],
     );
-    assert!(out.status.success(), "audit verify: {}", text(&out));
+    assert!(out.status.success(), "audit verify: {}", output_text(&out));
     drop(chroot);
 }
 
@@ -928,7 +918,7 @@ fn static_shell(root: &Path) -> Option<()> {
 /// then an upgrade keeps the admin's config (%config(noreplace)) and removal leaves it.
 #[test]
 fn rpm_installs_into_an_empty_root() {
-    if !require_root("rpm --root into an empty root") {
+    if !requires_root("rpm --root into an empty root") {
         return;
     }
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
@@ -950,12 +940,12 @@ fn rpm_installs_into_an_empty_root() {
             .args(files)
             .output()
             .unwrap();
-        assert!(out.status.success(), "rpm {args:?}: {}", text(&out));
+        assert!(out.status.success(), "rpm {args:?}: {}", output_text(&out));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !stderr.contains("scriptlet failed") && !stderr.contains("error:"),
             "rpm {args:?}: {}",
-            text(&out)
+            output_text(&out)
         );
         out
     };
@@ -1056,7 +1046,7 @@ fn rpm_installs_into_an_empty_root() {
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("acme"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
 
     // An upgrade keeps the admin's config (%config(noreplace)) and replaces the binaries.
@@ -1194,7 +1184,7 @@ fn rpm_and_deb_ship_the_same_files() {
 /// it then refuses the job (root is in no tenant) with the prolog's words.
 #[test]
 fn packaged_dynamic_build_loads_nss_modules() {
-    if !require_root("a mount namespace for nsswitch.conf") {
+    if !requires_root("a mount namespace for nsswitch.conf") {
         return;
     }
     let Some(()) = portable_build() else {
@@ -1242,7 +1232,7 @@ fn packaged_dynamic_build_loads_nss_modules() {
         .env("SPANK_TENANCY_TENANT", "nsstest")
         .output()
         .unwrap();
-    let said = text(&out);
+    let said = output_text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(
         said.contains(&format!("calling init: {}", module.display())),

@@ -17,8 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tenancy_e2e::stack::{Stack, Tenants};
-use tenancy_e2e::{require_root, Users};
+use tenancy_e2e::{scenario, Env, Options, Stack};
 
 fn wait_queue_empty(stack: &Stack) {
     let t0 = Instant::now();
@@ -41,23 +40,22 @@ fn sbatch_and_srun_with_two_spank_plugins() {
         eprintln!("SKIP: set SPANK_A and SPANK_B to the two libspank_tenancy.so builds");
         return;
     };
-    if !require_root("a real local Slurm cluster") {
-        return;
-    }
     let runs: u32 = std::env::var("BENCH_RUNS")
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(30);
-    let mut users = Users::new();
-    let t = Tenants::create(&mut users).expect("users");
-    let root = tempfile::Builder::new()
-        .prefix("tenancy-e2e-bench-")
-        .tempdir()
-        .unwrap();
-    let mut stack = Stack::start(root.path(), &t).expect("stack");
+    scenario(
+        "sbatch_and_srun_with_two_spank_plugins",
+        Options::default(),
+        |e: &mut Env| bench(e, &a, &b, runs),
+    );
+}
+
+fn bench(e: &mut Env, a: &std::ffi::OsStr, b: &std::ffi::OsStr, runs: u32) {
+    let (stack, t) = (&mut e.stack, &e.t);
     let live = stack.cluster.path("lib/libspank_tenancy.so");
     let lib = live.parent().unwrap().to_path_buf();
-    for (name, from) in [("a", &a), ("b", &b)] {
+    for (name, from) in [("a", a), ("b", b)] {
         let to = lib.join(format!("spank-{name}.so"));
         fs::copy(from, &to).unwrap();
         fs::set_permissions(&to, fs::Permissions::from_mode(0o755)).unwrap();
@@ -77,10 +75,13 @@ fn sbatch_and_srun_with_two_spank_plugins() {
             name = user.name,
         )
     };
+    let swap = lib.join("swap-plugin.sh");
+    fs::write(&swap, include_str!("../scripts/bench-swap-plugin.sh")).unwrap();
     let prepare = format!(
-        "sh -c 'cp {lib}/spank-{{so}}.so {lib}/.next.so && mv -f {lib}/.next.so {live}'",
-        lib = lib.display(),
-        live = live.display()
+        "sh {} {} {} {{so}}",
+        swap.display(),
+        lib.display(),
+        live.display()
     );
     let out = std::env::var_os("BENCH_OUT")
         .map(PathBuf::from)
@@ -116,9 +117,9 @@ fn sbatch_and_srun_with_two_spank_plugins() {
     );
     for order in ["a,b", "b,a"] {
         hyperfine("sbatch", "sbatch --wrap true", order, runs);
-        wait_queue_empty(&stack);
+        wait_queue_empty(stack);
         hyperfine("srun", "srun -N1 -n1 true", order, runs);
-        wait_queue_empty(&stack);
+        wait_queue_empty(stack);
     }
     stack.stop().unwrap();
 }

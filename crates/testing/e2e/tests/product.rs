@@ -5,6 +5,11 @@
 //!
 //! Attacks whose layer this build does not configure (device allowlist, firewall) print
 //! `SKIP (layer not configured)` and are checked as soon as the layer is in the job's journal.
+//!
+//! Every scenario runs on the Slurm release TENANCY_TEST_SLURM_RELEASE names (the host's when
+//! unset): `TENANCY_TEST_SLURM_RELEASE=24.11 cargo test -p tenancy-e2e --test product` is this
+//! suite on 24.11. `e2e_on_slurm_24_11` and `e2e_on_slurm_26_05` run the two-tenant scenario on
+//! those releases whatever the switch says.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -12,178 +17,17 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tenancy_e2e::sshd::{SessionHook, Sshd};
-use tenancy_e2e::stack::{Stack, Tenants};
-use tenancy_e2e::{artifact, probe_kv, require_root, submitted_id, TestUser, Users};
-
-/// Users are created by name: scenarios of this binary run one after the other.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use tenancy_e2e::{
+    artifact, probe_kv, scenario, submitted_id, text, wait_output, Env, Options, Stack, TestUser,
+};
 
 fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
-}
-
-/// A running stack with its tenants and a temp root, torn down in the right order.
-struct Env {
-    stack: Stack,
-    t: Tenants,
-    _users: Users,
-    _root: tempfile::TempDir,
-}
-
-fn env() -> Env {
-    env_with(&std::env::temp_dir(), vec![], vec![])
-}
-
-/// [`env`] with its folders in `parent`, and extra slurm.conf lines and files next to it.
-fn env_with(parent: &Path, conf: Vec<String>, files: Vec<(String, String)>) -> Env {
-    let mut users = Users::new();
-    let t = Tenants::create(&mut users).expect("users");
-    let root = tempfile::Builder::new()
-        .prefix("tenancy-e2e-stack-")
-        .tempdir_in(parent)
-        .unwrap();
-    let stack = Stack::start_with(root.path(), &t, conf, files).expect("stack");
-    Env {
-        stack,
-        t,
-        _users: users,
-        _root: root,
-    }
-}
-
-impl Env {
-    fn probe(&self) -> String {
-        self.stack.bin("tenancy-e2e-probe").display().to_string()
-    }
-
-    /// The job folder of `user` with a job script; returns (script, output file).
-    fn script(&self, user: &TestUser, name: &str, body: &str) -> (PathBuf, PathBuf) {
-        let dir = self.stack.cluster.user_dir(user);
-        let script = dir.join(format!("{name}.sh"));
-        fs::write(&script, format!("#!/bin/sh\n{body}")).unwrap();
-        (script, dir.join(format!("{name}.out")))
-    }
-
-    fn sbatch(&self, user: &TestUser, args: &[&str], script: &Path, out: &Path) -> (u64, f64) {
-        let mut c = self.stack.cluster.cmd_as(user, "sbatch");
-        c.args(args).arg("-o").arg(out).arg(script);
-        let t = now();
-        let o = self.stack.cluster.run(c).unwrap();
-        assert!(
-            o.status.success(),
-            "sbatch {args:?} as {}: {}",
-            user.name,
-            text(&o.stderr)
-        );
-        (submitted_id(&o).unwrap(), t)
-    }
-
-    /// `srun --jobid=JOB --overlap PROBE ARGS` as `user`: a new step inside a running job.
-    fn step(&self, user: &TestUser, job: u64, args: &[&str]) -> Output {
-        let mut c = self.stack.cluster.cmd_as(user, "srun");
-        c.arg(format!("--jobid={job}"))
-            .args(["--overlap", "-n1", "-N1"])
-            .arg(self.probe())
-            .args(args);
-        self.stack.cluster.run(c).unwrap()
-    }
-
-    /// Runs the probe in a new step of `job` and returns the value it printed for `key`.
-    fn step_says(&self, user: &TestUser, job: u64, args: &[&str], key: &str) -> String {
-        let o = self.step(user, job, args);
-        let kv = probe_kv(&text(&o.stdout));
-        kv.get(key).cloned().unwrap_or_else(|| {
-            panic!(
-                "step of job {job} as {} ({args:?}) printed no {key}: stdout {:?} stderr {:?}",
-                user.name,
-                text(&o.stdout),
-                text(&o.stderr)
-            )
-        })
-    }
-
-    /// An acme job that runs `acme_first` (script lines), then reports and waits, beside a
-    /// globex job that reports and waits, both running when this returns; see [`Env::release`].
-    fn hold_two(&self, name: &str, acme_first: &str) -> Held {
-        let probe = self.probe();
-        let release = self.stack.cluster.path(&format!("jobs/release-{name}"));
-        let wait = format!("{probe} envwait {}\n", release.display());
-        let (a_script, a_out) = self.script(
-            &self.t.acme1,
-            &format!("{name}-a"),
-            &format!("{acme_first}{wait}"),
-        );
-        let (g_script, g_out) = self.script(&self.t.globex1, &format!("{name}-g"), &wait);
-        let (a, _) = self.sbatch(&self.t.acme1, &["--tenant=acme"], &a_script, &a_out);
-        let (g, _) = self.sbatch(&self.t.globex1, &["--tenant=globex"], &g_script, &g_out);
-        let a_text = wait_output(&a_out, "uid=", Duration::from_secs(60));
-        wait_output(&g_out, "uid=", Duration::from_secs(60));
-        Held {
-            a,
-            g,
-            a_text,
-            release,
-        }
-    }
-
-    /// Lets the jobs of [`Env::hold_two`] end; both must complete.
-    fn release(&self, held: &Held) {
-        fs::write(&held.release, "").unwrap();
-        for id in [held.a, held.g] {
-            let info = self
-                .stack
-                .cluster
-                .wait_job_done(id, Duration::from_secs(60))
-                .unwrap();
-            assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
-        }
-    }
-
-    fn ctl(&self, args: &[&str]) -> Output {
-        let mut c = self.stack.tenancyctl();
-        c.args(args);
-        self.stack.cluster.run(c).unwrap()
-    }
-}
-
-/// Two jobs of [`Env::hold_two`]: acme's and globex's, acme's output when it reported, and the
-/// file that releases both.
-struct Held {
-    a: u64,
-    g: u64,
-    a_text: String,
-    release: PathBuf,
-}
-
-/// Waits until `path` holds a line starting with `prefix`; returns the whole file.
-fn wait_output(path: &Path, prefix: &str, timeout: Duration) -> String {
-    let t = Instant::now();
-    loop {
-        let s = fs::read_to_string(path).unwrap_or_default();
-        if s.lines().any(|l| l.starts_with(prefix)) {
-            return s;
-        }
-        assert!(
-            t.elapsed() < timeout,
-            "no {prefix:?} in {} after {timeout:?}: {s:?}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Every cgroup a layer asked the task to join shows up in the task's /proc/self/cgroup
@@ -305,7 +149,7 @@ fn adopted_session_is_isolated(e: &Env, g: u64, target: &str) {
     }
 }
 
-/// ssh through a real sshd, with pam_slurm_adopt and then, as docs/admin-guide.md says, either
+/// ssh through a real sshd, with pam_slurm_adopt and then, as the README says, either
 /// `tenancyctl adopt` (pam_exec) or pam_tenancy.so in the session phase: globex1's session
 /// lands in its job `g`'s isolation and cannot open acme's `device` or reach acme's listener at
 /// `port_target`; with the module it also gets the job's environment (`job_env`, what the job's
@@ -318,9 +162,9 @@ fn ssh_sessions_are_isolated(
     port_target: Option<&str>,
 ) {
     let s = &e.stack;
-    if let Some(root) = &s.cluster.slurm_root {
+    if let Some(root) = s.cluster.slurm_root() {
         // The release roots hold Slurm, not sshd and pam_slurm_adopt: sessions are checked on
-        // the host's Slurm (docs/releases.md).
+        // the host's Slurm (README, "Supported Slurm releases").
         eprintln!(
             "NOT CHECKED on Slurm {}: ssh sessions (no sshd in the release root)",
             root.version()
@@ -441,13 +285,107 @@ fn skip(what: &str, layer: &str) {
     eprintln!("SKIP (layer not configured: {layer} not in the job's journal): {what}");
 }
 
-#[test]
-fn two_tenants_side_by_side_isolated_and_cleaned_up() {
-    if !require_root("two_tenants_side_by_side_isolated_and_cleaned_up") {
-        return;
-    }
-    let _g = serial();
-    let e = env();
+scenario!(
+    two_tenants_side_by_side_isolated_and_cleaned_up,
+    Options::default(),
+    |e: &mut Env| two_tenants_side_by_side(e, Checks::PRODUCT)
+);
+
+// The two-tenant scenario on Slurm 24.11 and 26.05 (a root each, made by scripts/slurm-root,
+// with the plugins built against its headers), whatever the release switch says: that release
+// runs (its sbatch, its slurmctld), it refuses at submission, and every layer is there.
+scenario!(
+    e2e_on_slurm_24_11,
+    Options::release("24.11"),
+    |e: &mut Env| { on_release(e, "24.11") }
+);
+
+scenario!(
+    e2e_on_slurm_26_05,
+    Options::release("26.05"),
+    |e: &mut Env| { on_release(e, "26.05") }
+);
+
+/// What the two-tenant scenario checks besides what each job gets and what the other tenant
+/// cannot do.
+struct Checks {
+    /// ssh sessions into the job (adopted by `tenancyctl adopt` and by pam_tenancy.so).
+    sessions: bool,
+    /// The devices and network layers must be in the job's journal (else their attacks skip).
+    every_layer: bool,
+}
+
+impl Checks {
+    const PRODUCT: Checks = Checks {
+        sessions: true,
+        every_layer: false,
+    };
+}
+
+/// On release `release`: the cluster runs that release; a tenant the user is not a member of
+/// is refused by the SPANK plugin in that release's sbatch, a job of nobody's on a tenant's
+/// account by job_submit in its slurmctld; then the two tenants side by side, every layer
+/// there.
+fn on_release(e: &Env, release: &str) {
+    let (s, t) = (&e.stack, &e.t);
+    let root = s.cluster.slurm_root().expect("a release root");
+    let mut v = s.cluster.cmd("sinfo");
+    v.arg("--version");
+    let version = text(&s.cluster.run(v).unwrap().stdout).trim().to_string();
+    assert!(
+        root.version().starts_with(&format!("{release}.")),
+        "root of {release} holds Slurm {}",
+        root.version()
+    );
+    assert!(
+        version.ends_with(&format!(" {}", root.version())),
+        "Slurm {release}: the cluster runs {version}"
+    );
+    let refused = |user: &TestUser, args: &[&str], want: &str| {
+        let job = e.job(
+            user,
+            "refused",
+            include_str!("../scripts/jobs/nothing.sh"),
+            &[],
+        );
+        let mut all = args.to_vec();
+        let (out, script) = (
+            job.out.display().to_string(),
+            job.script.display().to_string(),
+        );
+        all.extend(["-o", &out, &script]);
+        let o = e.sbatch_raw(user, &all);
+        assert!(
+            !o.status.success() && text(&o.stderr).contains(want),
+            "Slurm {release}: {} {args:?}: {}",
+            user.name,
+            text(&o.stderr)
+        );
+    };
+    refused(
+        &t.acme1,
+        &["--tenant=globex"],
+        "not a member of tenant 'globex'",
+    );
+    refused(&t.outsider, &["--account=globex"], "tenancy: ");
+    two_tenants_side_by_side(
+        e,
+        Checks {
+            sessions: false,
+            every_layer: true,
+        },
+    );
+    eprintln!(
+        "Slurm {release} ({}): two tenants isolated (scratch, devices, network), audit verified",
+        root.version()
+    );
+}
+
+/// Two tenants' jobs side by side: what each gets (tenant, MIG slice, private scratch, the
+/// layers' cgroups), what the other's job cannot do to it (read or write its scratch, open its
+/// MIG device nodes, reach its port), with `checks`' sessions; everything gone at the end, the
+/// audit records verified.
+fn two_tenants_side_by_side(e: &Env, checks: Checks) {
     let s = &e.stack;
     let probe = e.probe();
     let release = s.cluster.path("jobs/release-side-by-side");
@@ -458,33 +396,20 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
         .port();
 
     // acme's job: reports what it got, leaves a secret in its scratch, listens on a port.
-    let (a_script, a_out) = e.script(
+    let (port_arg, release_arg) = (port.to_string(), release.display().to_string());
+    let a_job = e.job(
         &e.t.acme1,
         "a",
-        &format!(
-            "{probe} env\n{probe} write \"$TMPDIR/secret\" acme-secret\n{probe} serve {port} {}\n",
-            release.display()
-        ),
+        include_str!("../scripts/jobs/acme-secret.sh"),
+        &[&probe, &port_arg, &release_arg],
     );
-    let (g_script, g_out) = e.script(
-        &e.t.globex1,
-        "g",
-        &format!("{probe} envwait {}\n", release.display()),
-    );
-    let (a, a_sub) = e.sbatch(
-        &e.t.acme1,
-        &["--tenant=acme", "--mig=1g.18gb"],
-        &a_script,
-        &a_out,
-    );
-    let (g, g_sub) = e.sbatch(
-        &e.t.globex1,
-        &["--tenant=globex", "--mig=3g.71gb"],
-        &g_script,
-        &g_out,
-    );
-    let a_text = wait_output(&a_out, "listening=", Duration::from_secs(60));
-    let g_text = wait_output(&g_out, "uid=", Duration::from_secs(60));
+    let g_job = e.probe_job(&e.t.globex1, "g", &[&format!("envwait {release_arg}")]);
+    let a_sub = now();
+    let a = e.sbatch(&e.t.acme1, &["--tenant=acme", "--mig=1g.18gb"], &a_job);
+    let g_sub = now();
+    let g = e.sbatch(&e.t.globex1, &["--tenant=globex", "--mig=3g.71gb"], &g_job);
+    let a_text = wait_output(&a_job.out, "listening=", Duration::from_secs(60));
+    let g_text = wait_output(&g_job.out, "uid=", Duration::from_secs(60));
     let (ak, gk) = (probe_kv(&a_text), probe_kv(&g_text));
     for (id, k, sub) in [(a, &ak, a_sub), (g, &gk, g_sub)] {
         let started: f64 = k["started_at"].parse().unwrap();
@@ -587,9 +512,12 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
             let r = e.step_says(&e.t.globex1, g, &["open", &t], "open");
             assert_ne!(r, "EPERM", "globex denied its own device {t}");
         }
-        adopted_session_is_isolated(&e, g, &targets[0].display().to_string());
+        if checks.sessions {
+            adopted_session_is_isolated(e, g, &targets[0].display().to_string());
+        }
         device_target = Some(targets[0].display().to_string());
     } else {
+        assert!(!checks.every_layer, "no devices layer in globex's journal");
         skip("globex cannot open acme's device nodes", "devices");
     }
 
@@ -619,20 +547,16 @@ fn two_tenants_side_by_side_isolated_and_cleaned_up() {
         );
         eprintln!("globex -> acme:{port}: {r}");
     } else {
+        assert!(!checks.every_layer, "no network layer in globex's journal");
         skip("globex cannot reach acme's listening port", "network");
     }
     let net_target = s.made(g, "network").unwrap().map(|_| target.clone());
-    ssh_sessions_are_isolated(&e, g, &gk, device_target.as_deref(), net_target.as_deref());
+    if checks.sessions {
+        ssh_sessions_are_isolated(e, g, &gk, device_target.as_deref(), net_target.as_deref());
+    }
 
     // End both jobs; everything they had is gone (globex's tier keeps its scratch aside).
-    fs::write(&release, "").unwrap();
-    for id in [a, g] {
-        let info = s
-            .cluster
-            .wait_job_done(id, Duration::from_secs(60))
-            .unwrap();
-        assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
-    }
+    e.end_jobs(&release, &[a, g], Duration::from_secs(60));
     wait_for(Duration::from_secs(30), "epilogs finish", || {
         s.journal(a).unwrap().is_none() && s.journal(g).unwrap().is_none()
     });
@@ -761,241 +685,224 @@ fn held_job_checks(e: &Env, child: Child, release: &Path, tenant: &str) {
     assert!(ev.contains(&"job_start".to_string()) && ev.contains(&"job_end".to_string()));
 }
 
-#[test]
-fn srun_and_salloc_jobs_get_their_slice_and_scratch() {
-    if !require_root("srun_and_salloc_jobs_get_their_slice_and_scratch") {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let probe = e.probe();
+scenario!(
+    srun_and_salloc_jobs_get_their_slice_and_scratch,
+    Options::default(),
+    |e: &mut Env| {
+        let probe = e.probe();
 
-    let release = e.stack.cluster.path("jobs/release-srun");
-    let child = spawn_held(
-        &e,
-        &e.t.acme1,
-        "srun",
-        &[
-            "--tenant=acme",
-            "--mig=2g.35gb",
-            "-n1",
-            &probe,
-            "envwait",
-            release.to_str().unwrap(),
-        ],
-    );
-    held_job_checks(&e, child, &release, "acme");
-
-    // salloc runs its command on the submit host; the srun inside is a step of the
-    // allocation and gets the allocation's isolation.
-    let release = e.stack.cluster.path("jobs/release-salloc");
-    let child = spawn_held(
-        &e,
-        &e.t.globex1,
-        "salloc",
-        &[
-            "--tenant=globex",
-            "--mig=3g.71gb",
+        let release = e.stack.cluster.path("jobs/release-srun");
+        let child = spawn_held(
+            e,
+            &e.t.acme1,
             "srun",
-            "-n1",
-            &probe,
-            "envwait",
-            release.to_str().unwrap(),
-        ],
-    );
-    held_job_checks(&e, child, &release, "globex");
-}
-
-#[test]
-fn prolog_failure_rolls_back_requeues_holds_and_drains() {
-    if !require_root("prolog_failure_rolls_back_requeues_holds_and_drains") {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let s = &e.stack;
-    let probe = e.probe();
-    let o = s.shim_ctl(&["arm", "ci-create", "UNKNOWN"]).unwrap();
-    assert!(o.status.success(), "arm: {}", text(&o.stderr));
-
-    let (script, out) = e.script(&e.t.acme1, "fail", &format!("{probe} env\n"));
-    let (id, _) = e.sbatch(
-        &e.t.acme1,
-        &["--tenant=acme", "--mig=1g.18gb"],
-        &script,
-        &out,
-    );
-    let info = s
-        .cluster
-        .wait_job(id, &["PENDING"], Duration::from_secs(60))
-        .and_then(|_| {
-            let t = Instant::now();
-            loop {
-                let i = s.cluster.job_info(id)?;
-                // The job passes through COMPLETING (its epilog runs) before it is PENDING
-                // again, already with the held reason: wait for both.
-                let held = i["Reason"].contains("held") && i["JobState"] == "PENDING";
-                if held || t.elapsed() > Duration::from_secs(60) {
-                    return Ok(i);
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        })
-        .unwrap();
-    assert_eq!(info["JobState"], "PENDING", "{info:?}");
-    assert_eq!(info["Reason"], "launch_failed_requeued_held", "{info:?}");
-    assert!(!out.exists() || !fs::read_to_string(&out).unwrap().contains("uid="));
-
-    // The node is drained, and says by whom and why.
-    let state = s
-        .cluster
-        .wait_node_state(&["drain"], Duration::from_secs(30))
-        .unwrap();
-    assert_eq!(state, "drain");
-    let reason = s.cluster.node_reason().unwrap();
-    eprintln!("drain reason: {reason}");
-    assert!(
-        reason.starts_with("tenancy:") && reason.contains(&format!("job {id}")),
-        "the drain reason should name the product and the job, got {reason:?}"
-    );
-
-    // Nothing left behind: no instance (the GI made before the CI failed is gone too), no
-    // journal, no scratch; the rollback is audited and the chain verifies.
-    assert_eq!(s.shim_instances().unwrap(), Vec::<Value>::new());
-    assert!(s.journal(id).unwrap().is_none(), "journal left");
-    assert!(
-        !s.paths
-            .scratch_root
-            .join("acme")
-            .join(format!("job_{id}"))
-            .exists(),
-        "scratch left"
-    );
-    let ev = s.audit_events(id).unwrap();
-    assert!(ev.contains(&"rollback".to_string()), "audit events {ev:?}");
-    assert!(
-        !ev.contains(&"job_start".to_string()),
-        "audit events {ev:?}"
-    );
-    let v = e.ctl(&["audit", "verify", s.paths.audit_log.to_str().unwrap()]);
-    assert!(v.status.success(), "{}{}", text(&v.stdout), text(&v.stderr));
-
-    // The admin resumes the node and releases the job: it now runs with its slice.
-    let o = s.shim_ctl(&["disarm"]).unwrap();
-    assert!(o.status.success());
-    let mut c = s.cluster.cmd("scontrol");
-    c.args([
-        "update",
-        &format!("nodename={}", s.cluster.node),
-        "state=resume",
-    ]);
-    assert!(s.cluster.run(c).unwrap().status.success());
-    let mut c = s.cluster.cmd("scontrol");
-    c.args(["release", &id.to_string()]);
-    assert!(s.cluster.run(c).unwrap().status.success());
-    // Slurm delays a requeued job's eligibility (about 2 min); the admin can start it now.
-    let mut c = s.cluster.cmd("scontrol");
-    c.args(["update", &format!("jobid={id}"), "starttime=now"]);
-    assert!(s.cluster.run(c).unwrap().status.success());
-    let info = s
-        .cluster
-        .wait_job_done(id, Duration::from_secs(120))
-        .unwrap();
-    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
-    let k = probe_kv(&fs::read_to_string(&out).unwrap());
-    assert!(k["CUDA_VISIBLE_DEVICES"].starts_with("MIG-"), "{k:?}");
-    assert_eq!(s.cluster.node_state().unwrap(), "idle");
-    let md = fs::metadata(s.paths.scratch_root.join("acme")).unwrap();
-    assert_eq!(md.uid(), 0);
-}
-
-/// A user who leaves the submit-side check out (their own slurm.conf naming their own
-/// plugstack, with a plugin that sets `SPANK_TENANCY_TENANT` unchecked) is refused by
-/// slurmctld's `job_submit/tenancy` with the same reason the prolog would give: no job exists,
-/// and the node is not drained, which the prolog's refusal on the node would do.
-#[test]
-fn a_job_that_bypasses_the_submit_check_is_refused_by_slurmctld_and_drains_no_node() {
-    if !require_root(
-        "a_job_that_bypasses_the_submit_check_is_refused_by_slurmctld_and_drains_no_node",
-    ) {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let s = &e.stack;
-    let user = &e.t.acme1;
-    let own_conf = s.cluster.own_plugstack(user).unwrap();
-    let probe = e.probe();
-    let submit = |name: &str, tenant: &str, mig: &str| {
-        let (script, out) = e.script(user, name, &format!("{probe} env\n"));
-        let mut c = s.cluster.cmd_as(user, "sbatch");
-        c.env("SLURM_CONF", &own_conf)
-            .env("OWN_TENANT", tenant)
-            .env("OWN_MIG", mig)
-            .arg("-o")
-            .arg(&out)
-            .arg(&script);
-        (s.cluster.run(c).unwrap(), out)
-    };
-
-    // The user's plugin works: what it sets reaches the node (a MIG slice of the profile it
-    // named, for a tenant the user is a member of).
-    let (o, out) = submit("own", "acme", "1g.18gb");
-    assert!(o.status.success(), "sbatch: {}", text(&o.stderr));
-    let id = submitted_id(&o).unwrap();
-    s.cluster
-        .wait_job_done(id, Duration::from_secs(90))
-        .unwrap();
-    let k = probe_kv(&fs::read_to_string(&out).unwrap());
-    assert_eq!(k["TENANCY_TENANT"], "acme", "{k:?}");
-    assert!(k["CUDA_VISIBLE_DEVICES"].starts_with("MIG-"), "{k:?}");
-
-    // Another tenant's name, and a profile the user's tier does not allow: refused by slurmctld,
-    // with the prolog's reason, and no job is made.
-    for (name, tenant, mig, reason) in [
-        (
-            "steal",
-            "globex",
-            "",
-            &*format!(
-                "tenancy: user {} is not a member of tenant 'globex'",
-                user.name
-            ),
-        ),
-        ("big", "acme", "7g.141gb", "7g.141gb"),
-    ] {
-        let (o, _) = submit(name, tenant, mig);
-        let err = text(&o.stderr);
-        assert!(
-            !o.status.success(),
-            "sbatch {name} was accepted: {}",
-            text(&o.stdout)
+            &[
+                "--tenant=acme",
+                "--mig=2g.35gb",
+                "-n1",
+                &probe,
+                "envwait",
+                release.to_str().unwrap(),
+            ],
         );
-        assert!(err.contains(reason), "sbatch {name}: {err}");
+        held_job_checks(e, child, &release, "acme");
+
+        // salloc runs its command on the submit host; the srun inside is a step of the
+        // allocation and gets the allocation's isolation.
+        let release = e.stack.cluster.path("jobs/release-salloc");
+        let child = spawn_held(
+            e,
+            &e.t.globex1,
+            "salloc",
+            &[
+                "--tenant=globex",
+                "--mig=3g.71gb",
+                "srun",
+                "-n1",
+                &probe,
+                "envwait",
+                release.to_str().unwrap(),
+            ],
+        );
+        held_job_checks(e, child, &release, "globex");
     }
-    let mut q = s.cluster.cmd("squeue");
-    q.args(["-h", "-a", "-o", "%A"]);
-    let queued = text(&s.cluster.run(q).unwrap().stdout);
-    assert_eq!(queued.trim(), "", "jobs were made: {queued}");
-    assert_eq!(s.cluster.node_state().unwrap(), "idle");
-    assert_eq!(s.cluster.node_reason().unwrap(), "");
-}
+);
+
+scenario!(
+    prolog_failure_rolls_back_requeues_holds_and_drains,
+    Options::default(),
+    |e: &mut Env| {
+        let s = &e.stack;
+        let o = s.shim_ctl(&["arm", "ci-create", "UNKNOWN"]).unwrap();
+        assert!(o.status.success(), "arm: {}", text(&o.stderr));
+
+        let job = e.probe_job(&e.t.acme1, "fail", &["env"]);
+        let out = job.out.clone();
+        let id = e.sbatch(&e.t.acme1, &["--tenant=acme", "--mig=1g.18gb"], &job);
+        let info = s
+            .cluster
+            .wait_job(id, &["PENDING"], Duration::from_secs(60))
+            .and_then(|_| {
+                let t = Instant::now();
+                loop {
+                    let i = s.cluster.job_info(id)?;
+                    // The job passes through COMPLETING (its epilog runs) before it is PENDING
+                    // again, already with the held reason: wait for both.
+                    let held = i["Reason"].contains("held") && i["JobState"] == "PENDING";
+                    if held || t.elapsed() > Duration::from_secs(60) {
+                        return Ok(i);
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+            .unwrap();
+        assert_eq!(info["JobState"], "PENDING", "{info:?}");
+        assert_eq!(info["Reason"], "launch_failed_requeued_held", "{info:?}");
+        assert!(!out.exists() || !fs::read_to_string(&out).unwrap().contains("uid="));
+
+        // The node is drained, and says by whom and why.
+        let state = s
+            .cluster
+            .wait_node_state(&["drain"], Duration::from_secs(30))
+            .unwrap();
+        assert_eq!(state, "drain");
+        let reason = s.cluster.node_reason().unwrap();
+        eprintln!("drain reason: {reason}");
+        assert!(
+            reason.starts_with("tenancy:") && reason.contains(&format!("job {id}")),
+            "the drain reason should name the product and the job, got {reason:?}"
+        );
+
+        // Nothing left behind: no instance (the GI made before the CI failed is gone too), no
+        // journal, no scratch; the rollback is audited and the chain verifies.
+        assert_eq!(s.shim_instances().unwrap(), Vec::<Value>::new());
+        assert!(s.journal(id).unwrap().is_none(), "journal left");
+        assert!(
+            !s.paths
+                .scratch_root
+                .join("acme")
+                .join(format!("job_{id}"))
+                .exists(),
+            "scratch left"
+        );
+        let ev = s.audit_events(id).unwrap();
+        assert!(ev.contains(&"rollback".to_string()), "audit events {ev:?}");
+        assert!(
+            !ev.contains(&"job_start".to_string()),
+            "audit events {ev:?}"
+        );
+        let v = e.ctl(&["audit", "verify", s.paths.audit_log.to_str().unwrap()]);
+        assert!(v.status.success(), "{}{}", text(&v.stdout), text(&v.stderr));
+
+        // The admin resumes the node and releases the job: it now runs with its slice.
+        let o = s.shim_ctl(&["disarm"]).unwrap();
+        assert!(o.status.success());
+        let mut c = s.cluster.cmd("scontrol");
+        c.args([
+            "update",
+            &format!("nodename={}", s.cluster.node),
+            "state=resume",
+        ]);
+        assert!(s.cluster.run(c).unwrap().status.success());
+        let mut c = s.cluster.cmd("scontrol");
+        c.args(["release", &id.to_string()]);
+        assert!(s.cluster.run(c).unwrap().status.success());
+        // Slurm delays a requeued job's eligibility (about 2 min); the admin can start it now.
+        let mut c = s.cluster.cmd("scontrol");
+        c.args(["update", &format!("jobid={id}"), "starttime=now"]);
+        assert!(s.cluster.run(c).unwrap().status.success());
+        let info = s
+            .cluster
+            .wait_job_done(id, Duration::from_secs(120))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+        let k = probe_kv(&fs::read_to_string(&out).unwrap());
+        assert!(k["CUDA_VISIBLE_DEVICES"].starts_with("MIG-"), "{k:?}");
+        assert_eq!(s.cluster.node_state().unwrap(), "idle");
+        let md = fs::metadata(s.paths.scratch_root.join("acme")).unwrap();
+        assert_eq!(md.uid(), 0);
+    }
+);
+
+// A user who leaves the submit-side check out (their own slurm.conf naming their own
+// plugstack, with a plugin that sets `SPANK_TENANCY_TENANT` unchecked) is refused by
+// slurmctld's `job_submit/tenancy` with the same reason the prolog would give: no job exists,
+// and the node is not drained, which the prolog's refusal on the node would do.
+scenario!(
+    a_job_that_bypasses_the_submit_check_is_refused_by_slurmctld_and_drains_no_node,
+    Options::default(),
+    |e: &mut Env| {
+        let s = &e.stack;
+        let user = &e.t.acme1;
+        let own_conf = s.cluster.own_plugstack(user).unwrap();
+        let submit = |name: &str, tenant: &str, mig: &str| {
+            let job = e.probe_job(user, name, &["env"]);
+            let mut c = s.cluster.cmd_as(user, "sbatch");
+            c.env("SLURM_CONF", &own_conf)
+                .env("OWN_TENANT", tenant)
+                .env("OWN_MIG", mig)
+                .arg("-o")
+                .arg(&job.out)
+                .arg(&job.script)
+                .args(&job.args);
+            (s.cluster.run(c).unwrap(), job.out)
+        };
+
+        // The user's plugin works: what it sets reaches the node (a MIG slice of the profile it
+        // named, for a tenant the user is a member of).
+        let (o, out) = submit("own", "acme", "1g.18gb");
+        assert!(o.status.success(), "sbatch: {}", text(&o.stderr));
+        let id = submitted_id(&o).unwrap();
+        s.cluster
+            .wait_job_done(id, Duration::from_secs(90))
+            .unwrap();
+        let k = probe_kv(&fs::read_to_string(&out).unwrap());
+        assert_eq!(k["TENANCY_TENANT"], "acme", "{k:?}");
+        assert!(k["CUDA_VISIBLE_DEVICES"].starts_with("MIG-"), "{k:?}");
+
+        // Another tenant's name, and a profile the user's tier does not allow: refused by slurmctld,
+        // with the prolog's reason, and no job is made.
+        for (name, tenant, mig, reason) in [
+            (
+                "steal",
+                "globex",
+                "",
+                &*format!(
+                    "tenancy: user {} is not a member of tenant 'globex'",
+                    user.name
+                ),
+            ),
+            ("big", "acme", "7g.141gb", "7g.141gb"),
+        ] {
+            let (o, _) = submit(name, tenant, mig);
+            let err = text(&o.stderr);
+            assert!(
+                !o.status.success(),
+                "sbatch {name} was accepted: {}",
+                text(&o.stdout)
+            );
+            assert!(err.contains(reason), "sbatch {name}: {err}");
+        }
+        let mut q = s.cluster.cmd("squeue");
+        q.args(["-h", "-a", "-o", "%A"]);
+        let queued = text(&s.cluster.run(q).unwrap().stdout);
+        assert_eq!(queued.trim(), "", "jobs were made: {queued}");
+        assert_eq!(s.cluster.node_state().unwrap(), "idle");
+        assert_eq!(s.cluster.node_reason().unwrap(), "");
+    }
+);
 
 /// /tmp and /dev/shm are the node's, shared by every job on it, unless Slurm's
-/// job_container/tmpfs gives each job its own (docs/admin-guide.md, "Per-job /tmp and /dev/shm";
+/// job_container/tmpfs gives each job its own (README, "Per-job /tmp and /dev/shm";
 /// `tenancyctl doctor` warns without it): a file acme's job leaves there with the usual umask
 /// would be readable by globex's job. With the plugin it is acme's job's alone: globex's job
 /// and the node itself do not see it. (Without the plugin, globex reads it: the test fails.)
 #[test]
 fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
-    if !require_root("tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs") {
-        return;
-    }
-    let _g = serial();
-    if let Ok(release) = std::env::var(tenancy_e2e::stack::RELEASE_ENV) {
+    if let Ok(release) = std::env::var(tenancy_e2e::RELEASE_ENV) {
         // Slurm's job_container/tmpfs keeps each job's mount namespace in a file bind-mounted
         // in BasePath, which a chroot'ed slurmstepd cannot make on the host's mounts: checked on
-        // the host's Slurm only (docs/releases.md).
+        // the host's Slurm only (README, "Supported Slurm releases").
         eprintln!(
             "NOT CHECKED on Slurm {release}: job_container/tmpfs (needs a node, not a chroot)"
         );
@@ -1006,22 +913,31 @@ fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
     let var_tmp = Path::new("/var/tmp");
     let base =
         ContainerBase(var_tmp.join(format!("tenancy-e2e-containers-{}", std::process::id())));
-    let e = env_with(
-        var_tmp,
-        vec!["JobContainerType=job_container/tmpfs".to_string()],
-        vec![(
-            "job_container.conf".to_string(),
+    let options = Options::default()
+        .slurm_conf("JobContainerType=job_container/tmpfs")
+        .file(
+            "job_container.conf",
             format!("AutoBasePath=true\nBasePath={}\n", base.0.display()),
-        )],
+        )
+        .folder_in(var_tmp);
+    scenario(
+        "tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs",
+        options,
+        |e: &mut Env| tmp_and_dev_shm_are_the_jobs(e),
     );
-    let probe = e.probe();
+}
+
+fn tmp_and_dev_shm_are_the_jobs(e: &Env) {
     let leak = format!("tenancy-e2e-leak-{}", std::process::id());
     let (tmp, shm) = (format!("/tmp/{leak}"), format!("/dev/shm/{leak}"));
     // Where the files land on the node when the containers fail.
     let _leaks = Leaks(vec![PathBuf::from(&tmp), PathBuf::from(&shm)]);
     let held = e.hold_two(
         "tmp",
-        &format!("{probe} write {tmp} acme-tmp\n{probe} write {shm} acme-shm\n"),
+        &[
+            &format!("write {tmp} acme-tmp"),
+            &format!("write {shm} acme-shm"),
+        ],
     );
     let (a, g, a_text) = (held.a, held.g, &held.a_text);
     assert_eq!(
@@ -1046,37 +962,35 @@ fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
     e.release(&held);
 }
 
-/// SysV IPC belongs to a namespace, and each job has its own (the SPANK plugin puts its tasks
-/// in it, `tenancy_node::task::join_job_ipc`): a shared memory segment acme's job makes with
-/// mode 0666 is there for its other steps, not for globex's job nor for the node. (Without the
-/// job's namespace, globex finds it: the test fails.)
-#[test]
-fn a_jobs_sysv_shared_memory_is_its_own() {
-    if !require_root("a_jobs_sysv_shared_memory_is_its_own") {
-        return;
+// SysV IPC belongs to a namespace, and each job has its own (the SPANK plugin puts its tasks
+// in it, `tenancy_node::task::join_job_ipc`): a shared memory segment acme's job makes with
+// mode 0666 is there for its other steps, not for globex's job nor for the node. (Without the
+// job's namespace, globex finds it: the test fails.)
+scenario!(
+    a_jobs_sysv_shared_memory_is_its_own,
+    Options::default(),
+    |e: &mut Env| {
+        // A key no other test or program uses.
+        let key = (0x7e_0000 + std::process::id() % 0xffff).to_string();
+        let _on_node = NodeSegment(key.parse().unwrap());
+        let held = e.hold_two("shm", &[&format!("shm {key} create")]);
+        let (a, g, a_text) = (held.a, held.g, &held.a_text);
+        let made = probe_kv(a_text)["shm"].clone();
+        assert!(made.starts_with("ok "), "{a_text}");
+        // Another step of acme's job finds the same segment ...
+        assert_eq!(e.step_says(&e.t.acme1, a, &["shm", &key], "shm"), made);
+        // ... globex's job and the node do not.
+        assert_eq!(
+            e.step_says(&e.t.globex1, g, &["shm", &key], "shm"),
+            "ENOENT",
+            "globex's job finds acme's segment"
+        );
+        // SAFETY: plain syscall, in the node's namespace.
+        let on_node = unsafe { libc::shmget(key.parse().unwrap(), 0, 0) };
+        assert_eq!(on_node, -1, "acme's segment is in the node's namespace");
+        e.release(&held);
     }
-    let _g = serial();
-    let e = env();
-    // A key no other test or program uses.
-    let key = (0x7e_0000 + std::process::id() % 0xffff).to_string();
-    let _on_node = NodeSegment(key.parse().unwrap());
-    let held = e.hold_two("shm", &format!("{} shm {key} create\n", e.probe()));
-    let (a, g, a_text) = (held.a, held.g, &held.a_text);
-    let made = probe_kv(a_text)["shm"].clone();
-    assert!(made.starts_with("ok "), "{a_text}");
-    // Another step of acme's job finds the same segment ...
-    assert_eq!(e.step_says(&e.t.acme1, a, &["shm", &key], "shm"), made);
-    // ... globex's job and the node do not.
-    assert_eq!(
-        e.step_says(&e.t.globex1, g, &["shm", &key], "shm"),
-        "ENOENT",
-        "globex's job finds acme's segment"
-    );
-    // SAFETY: plain syscall, in the node's namespace.
-    let on_node = unsafe { libc::shmget(key.parse().unwrap(), 0, 0) };
-    assert_eq!(on_node, -1, "acme's segment is in the node's namespace");
-    e.release(&held);
-}
+);
 
 /// A SysV segment of the node's namespace, removed when the test ends (it is there only when
 /// a job's segment was not kept in the job's namespace).
@@ -1137,25 +1051,20 @@ fn victim_beside_attacker(e: &Env, name: &str) -> Victim {
         .local_addr()
         .unwrap()
         .port();
-    let (a_script, a_out) = e.script(
+    let a_job = e.probe_job(
         &e.t.acme1,
         &format!("{name}-a"),
-        &format!("{probe} env\n{probe} serve {port} {}\n", release.display()),
+        &["env", &format!("serve {port} {}", release.display())],
     );
-    let (g_script, g_out) = e.script(
+    let g_job = e.probe_job(
         &e.t.globex1,
         &format!("{name}-g"),
-        &format!("{probe} envwait {}\n", release.display()),
+        &[&format!("envwait {}", release.display())],
     );
-    let (a, _) = e.sbatch(
-        &e.t.acme1,
-        &["--tenant=acme", "--mig=1g.18gb"],
-        &a_script,
-        &a_out,
-    );
-    let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &g_script, &g_out);
-    let a_text = wait_output(&a_out, "listening=", Duration::from_secs(60));
-    wait_output(&g_out, "uid=", Duration::from_secs(60));
+    let a = e.sbatch(&e.t.acme1, &["--tenant=acme", "--mig=1g.18gb"], &a_job);
+    let g = e.sbatch(&e.t.globex1, &["--tenant=globex"], &g_job);
+    let a_text = wait_output(&a_job.out, "listening=", Duration::from_secs(60));
+    wait_output(&g_job.out, "uid=", Duration::from_secs(60));
     assert!(
         s.made(g, "devices").unwrap().is_some() && s.made(g, "network").unwrap().is_some(),
         "globex's job has no device allowlist or firewall: nothing to contain"
@@ -1187,17 +1096,39 @@ fn victim_beside_attacker(e: &Env, name: &str) -> Victim {
     }
 }
 
-/// A script a user of globex's job gets Slurm to run: it tries acme's cap node and listener and
-/// reports, with its cgroups, into `out`.
-fn attack_script(e: &Env, v: &Victim, out: &Path, also: &str) -> String {
-    let p = e.probe();
-    format!(
-        "#!/bin/sh\n{{ {p} open {cap}; {p} connect {addr} 2000; {p} env; {also}echo done=1; }} \
-         > {out} 2>&1\n",
-        cap = v.cap,
-        addr = v.addr,
-        out = out.display()
-    )
+/// A folder with the attack a user of globex's job gets Slurm to run (scripts/attack.sh), and
+/// beside it the probe and what to try: acme's cap node and listener. Returns the script.
+fn attack_in(dir: &Path, e: &Env) -> PathBuf {
+    let script = dir.join("attack.sh");
+    fs::write(&script, include_str!("../scripts/attack.sh")).unwrap();
+    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    fs::copy(e.probe(), dir.join("probe")).unwrap();
+    script
+}
+
+/// Points the attack in `dir` at the victim (its `cap` and `addr` files): until then it does
+/// nothing.
+fn aim(dir: &Path, v: &Victim) {
+    fs::write(dir.join("addr"), &v.addr).unwrap();
+    fs::write(dir.join("cap"), &v.cap).unwrap();
+}
+
+/// The report of the attack in `dir` from a process of job `job` (once written).
+fn attack_report(dir: &Path, job: u64) -> PathBuf {
+    let prefix = format!("out-{job}-");
+    let mut report = None;
+    wait_for(Duration::from_secs(60), "the attack's report", || {
+        report = fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|f| f.ok())
+            .find(|f| {
+                let name = f.file_name().to_string_lossy().into_owned();
+                name.starts_with(&prefix) && !name.ends_with(".tmp")
+            })
+            .map(|f| f.path());
+        report.is_some()
+    });
+    report.unwrap()
 }
 
 /// The attack in `out` was held: acme's device denied (EPERM), its port unreachable, and the
@@ -1218,12 +1149,12 @@ fn assert_attack_held(e: &Env, v: &Victim, out: &Path, what: &str) {
     assert_joined(&e.stack, v.g, &report);
 }
 
-/// Writes an executable script into `user`'s folder.
-fn user_script(e: &Env, user: &TestUser, name: &str, body: &str) -> PathBuf {
-    let path = e.stack.cluster.user_dir(user).join(name);
-    fs::write(&path, body).unwrap();
-    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    path
+/// A folder of `user`'s for scripts Slurm runs as the user.
+fn user_folder(e: &Env, user: &TestUser, name: &str) -> PathBuf {
+    let dir = e.stack.cluster.user_dir(user).join(name);
+    fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid)).unwrap();
+    dir
 }
 
 /// `srun --jobid=G --overlap` as globex's user with extra options.
@@ -1237,63 +1168,41 @@ fn overlap_step(e: &Env, job: u64, opts: &[&str], cmd: &[&str]) -> Output {
 }
 
 fn end(e: &Env, v: &Victim) {
-    fs::write(&v.release, "").unwrap();
-    for id in [v.a, v.g] {
-        let info = e
-            .stack
-            .cluster
-            .wait_job_done(id, Duration::from_secs(60))
-            .unwrap();
-        assert_eq!(info["JobState"], "COMPLETED", "job {id}: {info:?}");
-    }
+    e.end_jobs(&v.release, &[v.a, v.g], Duration::from_secs(60));
 }
 
 /// A step of globex's job whose `srun OPTION=script` runs the attack.
-fn attack_from_srun_option(test: &str, option: &str) {
-    if !require_root(test) {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let v = victim_beside_attacker(&e, option);
-    let out = e
-        .stack
-        .cluster
-        .user_dir(&e.t.globex1)
-        .join(format!("{option}.out"));
-    let script = user_script(
-        &e,
-        &e.t.globex1,
-        &format!("{option}.sh"),
-        &attack_script(&e, &v, &out, ""),
-    );
+fn attack_from_srun_option(e: &Env, option: &str) {
+    let v = victim_beside_attacker(e, option);
+    let dir = user_folder(e, &e.t.globex1, option);
+    let script = attack_in(&dir, e);
+    aim(&dir, &v);
     let o = overlap_step(
-        &e,
+        e,
         v.g,
         &[&format!("--{option}={}", script.display())],
         &["/bin/true"],
     );
     assert!(o.status.success(), "step: {}", text(&o.stderr));
-    assert_attack_held(&e, &v, &out, &format!("srun --{option}"));
-    end(&e, &v);
+    let out = attack_report(&dir, v.g);
+    assert_attack_held(e, &v, &out, &format!("srun --{option}"));
+    end(e, &v);
 }
 
-#[test]
-fn task_epilog_stays_in_the_jobs_isolation() {
-    attack_from_srun_option("task_epilog_stays_in_the_jobs_isolation", "task-epilog");
-}
+scenario!(
+    task_epilog_stays_in_the_jobs_isolation,
+    Options::default(),
+    |e: &mut Env| attack_from_srun_option(e, "task-epilog")
+);
 
-#[test]
-fn task_prolog_stays_in_the_jobs_isolation() {
-    attack_from_srun_option("task_prolog_stays_in_the_jobs_isolation", "task-prolog");
-}
+scenario!(
+    task_prolog_stays_in_the_jobs_isolation,
+    Options::default(),
+    |e: &mut Env| attack_from_srun_option(e, "task-prolog")
+);
 
 #[test]
 fn slurm_conf_task_epilog_stays_in_the_jobs_isolation() {
-    if !require_root("slurm_conf_task_epilog_stays_in_the_jobs_isolation") {
-        return;
-    }
-    let _g = serial();
     // The admin's TaskEpilog runs for every task of every job, as the job's user; it reads
     // what to try from files the test writes once the jobs run, and reports per job.
     let dir = tempfile::Builder::new()
@@ -1305,81 +1214,54 @@ fn slurm_conf_task_epilog_stays_in_the_jobs_isolation() {
         std::os::unix::fs::PermissionsExt::from_mode(0o1777),
     )
     .unwrap();
-    let d = dir.path().display().to_string();
-    let script = dir.path().join("task-epilog.sh");
-    let probe_path = dir.path().join("probe");
-    fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n[ -f {d}/cap ] || exit 0\nP={d}/probe\nout={d}/out-$SLURM_JOB_ID-$$\n\
-             {{ $P open \"$(cat {d}/cap)\"; $P connect \"$(cat {d}/addr)\" 2000; $P env; \
-             echo done=1; }} > $out.tmp 2>&1\nmv $out.tmp $out\n"
-        ),
-    )
-    .unwrap();
+    let script = dir.path().join("attack.sh");
+    fs::write(&script, include_str!("../scripts/attack.sh")).unwrap();
     fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let e = env_with(
-        &std::env::temp_dir(),
-        vec![format!("TaskEpilog={}", script.display())],
-        vec![],
+    let options = Options::default().slurm_conf(format!("TaskEpilog={}", script.display()));
+    scenario(
+        "slurm_conf_task_epilog_stays_in_the_jobs_isolation",
+        options,
+        |e: &mut Env| {
+            attack_in(dir.path(), e);
+            let v = victim_beside_attacker(e, "conf-task-epilog");
+            aim(dir.path(), &v);
+            let o = overlap_step(e, v.g, &[], &["/bin/true"]);
+            assert!(o.status.success(), "step: {}", text(&o.stderr));
+            let report = attack_report(dir.path(), v.g);
+            assert_attack_held(e, &v, &report, "slurm.conf TaskEpilog");
+            end(e, &v);
+        },
     );
-    fs::copy(e.probe(), &probe_path).unwrap();
-    let v = victim_beside_attacker(&e, "conf-task-epilog");
-    fs::write(dir.path().join("cap"), &v.cap).unwrap();
-    fs::write(dir.path().join("addr"), &v.addr).unwrap();
-    let o = overlap_step(&e, v.g, &[], &["/bin/true"]);
-    assert!(o.status.success(), "step: {}", text(&o.stderr));
-    let prefix = format!("out-{}-", v.g);
-    let mut report = None;
-    wait_for(Duration::from_secs(30), "the TaskEpilog's report", || {
-        report = fs::read_dir(dir.path())
-            .unwrap()
-            .filter_map(|f| f.ok())
-            .find(|f| f.file_name().to_string_lossy().starts_with(&prefix))
-            .map(|f| f.path());
-        report.is_some()
-    });
-    assert_attack_held(&e, &v, &report.unwrap(), "slurm.conf TaskEpilog");
-    end(&e, &v);
 }
 
-#[test]
-fn interactive_step_stays_in_the_jobs_isolation() {
-    if !require_root("interactive_step_stays_in_the_jobs_isolation") {
-        return;
+scenario!(
+    interactive_step_stays_in_the_jobs_isolation,
+    Options::default(),
+    |e: &mut Env| {
+        let v = victim_beside_attacker(e, "interactive");
+        // `srun --pty` needs a terminal: script(1) gives it one, as a user's ssh session would.
+        let dir = user_folder(e, &e.t.globex1, "interactive");
+        let shell = attack_in(&dir, e);
+        aim(&dir, &v);
+        let srun = format!(
+            "srun --jobid={} --overlap -n1 -N1 --pty {}",
+            v.g,
+            shell.display()
+        );
+        let mut c = e.stack.cluster.cmd_as(&e.t.globex1, "script");
+        c.args(["-qec", &srun, "/dev/null"]).stdin(Stdio::null());
+        let o = e.stack.cluster.run(c).unwrap();
+        assert!(
+            o.status.success(),
+            "srun --pty: {}{}",
+            text(&o.stdout),
+            text(&o.stderr)
+        );
+        let out = attack_report(&dir, v.g);
+        assert_attack_held(e, &v, &out, "an interactive step (srun --pty)");
+        end(e, &v);
     }
-    let _g = serial();
-    let e = env();
-    let v = victim_beside_attacker(&e, "interactive");
-    // `srun --pty` needs a terminal: script(1) gives it one, as a user's ssh session would.
-    let out = e
-        .stack
-        .cluster
-        .user_dir(&e.t.globex1)
-        .join("interactive.out");
-    let shell = user_script(
-        &e,
-        &e.t.globex1,
-        "interactive.sh",
-        &attack_script(&e, &v, &out, ""),
-    );
-    let srun = format!(
-        "srun --jobid={} --overlap -n1 -N1 --pty {}",
-        v.g,
-        shell.display()
-    );
-    let mut c = e.stack.cluster.cmd_as(&e.t.globex1, "script");
-    c.args(["-qec", &srun, "/dev/null"]).stdin(Stdio::null());
-    let o = e.stack.cluster.run(c).unwrap();
-    assert!(
-        o.status.success(),
-        "srun --pty: {}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
-    assert_attack_held(&e, &v, &out, "an interactive step (srun --pty)");
-    end(&e, &v);
-}
+);
 
 /// Pids of processes whose command line holds `marker`.
 fn pids_with(marker: &str) -> Vec<i32> {
@@ -1394,357 +1276,355 @@ fn pids_with(marker: &str) -> Vec<i32> {
         .collect()
 }
 
-#[test]
-fn nothing_a_job_started_outlives_it() {
-    if !require_root("nothing_a_job_started_outlives_it") {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let s = &e.stack;
-    let probe = e.probe();
-    let id = std::process::id();
-    // Never created: each detached process waits on its own marker path for ten minutes.
-    let marker = |what: &str| format!("/nonexistent/tenancy-outlive-{id}-{what}");
-    let detach = |what: &str| {
-        format!(
-            "setsid {probe} wait {} 600 </dev/null >/dev/null 2>&1 &\n",
-            marker(what)
-        )
-    };
-    let release = s.cluster.path("jobs/release-outlive");
-    let (script, out) = e.script(
-        &e.t.globex1,
-        "outlive",
-        &format!("{}{probe} envwait {}\n", detach("batch"), release.display()),
-    );
-    let (g, _) = e.sbatch(&e.t.globex1, &["--tenant=globex"], &script, &out);
-    wait_output(&out, "uid=", Duration::from_secs(60));
-    let epilog = user_script(
-        &e,
-        &e.t.globex1,
-        "outlive-epilog.sh",
-        &format!("#!/bin/sh\n{}", detach("task-epilog")),
-    );
-    let prolog = user_script(
-        &e,
-        &e.t.globex1,
-        "outlive-prolog.sh",
-        &format!("#!/bin/sh\n{}", detach("task-prolog")),
-    );
-    let o = overlap_step(
-        &e,
-        g,
-        &[
-            &format!("--task-epilog={}", epilog.display()),
-            &format!("--task-prolog={}", prolog.display()),
-        ],
-        &["/bin/true"],
-    );
-    assert!(o.status.success(), "step: {}", text(&o.stderr));
-    // The task prolog's process is in the step's Slurm cgroups and ends with the step; the
-    // batch script's and the task epilog's live on until the job ends.
-    let all = ["batch", "task-epilog", "task-prolog"];
-    wait_for(
-        Duration::from_secs(30),
-        "the detached processes run",
-        || {
-            ["batch", "task-epilog"]
-                .iter()
-                .all(|w| !pids_with(&marker(w)).is_empty())
-        },
-    );
-    fs::write(&release, "").unwrap();
-    let info = s.cluster.wait_job_done(g, Duration::from_secs(60)).unwrap();
-    assert_eq!(info["JobState"], "COMPLETED", "job {g}: {info:?}");
-    wait_for(Duration::from_secs(30), "the epilog finishes", || {
-        s.journal(g).unwrap().is_none()
-    });
-    let left: Vec<(&str, Vec<i32>)> = all
-        .iter()
-        .map(|w| (*w, pids_with(&marker(w))))
-        .filter(|(_, p)| !p.is_empty())
-        .collect();
-    for (_, pids) in &left {
-        for p in pids {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*p),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+scenario!(
+    nothing_a_job_started_outlives_it,
+    Options::default(),
+    |e: &mut Env| {
+        let s = &e.stack;
+        let probe = e.probe();
+        let id = std::process::id();
+        // Never created: each detached process waits on its own marker path for ten minutes.
+        let marker = |what: &str| format!("/nonexistent/tenancy-outlive-{id}-{what}");
+        let release = s.cluster.path("jobs/release-outlive");
+        let detach = include_str!("../scripts/detach.sh");
+        let (batch, release_arg) = (marker("batch"), release.display().to_string());
+        let job = e.job(
+            &e.t.globex1,
+            "outlive",
+            detach,
+            &[&probe, &batch, &release_arg],
+        );
+        let g = e.sbatch(&e.t.globex1, &["--tenant=globex"], &job);
+        wait_output(&job.out, "uid=", Duration::from_secs(60));
+        // Slurm runs a task prolog and epilog without arguments: theirs in files beside them.
+        let dir = user_folder(e, &e.t.globex1, "outlive");
+        let script = |what: &str| {
+            let path = dir.join(format!("{what}.sh"));
+            fs::write(&path, detach).unwrap();
+            fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            fs::write(
+                dir.join(format!("{what}.sh.args")),
+                format!("{probe} {}", marker(what)),
+            )
+            .unwrap();
+            path
+        };
+        let (epilog, prolog) = (script("task-epilog"), script("task-prolog"));
+        let o = overlap_step(
+            e,
+            g,
+            &[
+                &format!("--task-epilog={}", epilog.display()),
+                &format!("--task-prolog={}", prolog.display()),
+            ],
+            &["/bin/true"],
+        );
+        assert!(o.status.success(), "step: {}", text(&o.stderr));
+        // The task prolog's process is in the step's Slurm cgroups and ends with the step; the
+        // batch script's and the task epilog's live on until the job ends.
+        let all = ["batch", "task-epilog", "task-prolog"];
+        wait_for(
+            Duration::from_secs(30),
+            "the detached processes run",
+            || {
+                ["batch", "task-epilog"]
+                    .iter()
+                    .all(|w| !pids_with(&marker(w)).is_empty())
+            },
+        );
+        fs::write(&release, "").unwrap();
+        let info = s.cluster.wait_job_done(g, Duration::from_secs(60)).unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "job {g}: {info:?}");
+        wait_for(Duration::from_secs(30), "the epilog finishes", || {
+            s.journal(g).unwrap().is_none()
+        });
+        let left: Vec<(&str, Vec<i32>)> = all
+            .iter()
+            .map(|w| (*w, pids_with(&marker(w))))
+            .filter(|(_, p)| !p.is_empty())
+            .collect();
+        for (_, pids) in &left {
+            for p in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(*p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
         }
+        assert!(
+            left.is_empty(),
+            "processes of job {g} outlived it: {left:?}"
+        );
+        let ev = s.audit_events(g).unwrap();
+        assert!(ev.contains(&"job_end".to_string()), "{ev:?}");
     }
-    assert!(
-        left.is_empty(),
-        "processes of job {g} outlived it: {left:?}"
-    );
-    let ev = s.audit_events(g).unwrap();
-    assert!(ev.contains(&"job_end".to_string()), "{ev:?}");
-}
+);
 
-#[test]
-fn get_user_env_is_refused_at_submit() {
-    if !require_root("get_user_env_is_refused_at_submit") {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let s = &e.stack;
-    let (script, out) = e.script(&e.t.acme1, "get-user-env", "true\n");
-    let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
-    c.args(["--tenant=acme", "--get-user-env", "-o"])
-        .arg(&out)
-        .arg(&script);
-    let o = s.cluster.run(c).unwrap();
-    let err = text(&o.stderr);
-    assert!(!o.status.success(), "sbatch --get-user-env was accepted");
-    assert!(
-        err.contains("tenancy:") && err.contains("--get-user-env") && err.contains("internal"),
-        "the refusal names the option and the tier: {err}"
-    );
-    // No job was made, so no node ran a prolog for it or drained.
-    let mut q = s.cluster.cmd("squeue");
-    q.args(["-h", "-o", "%i"]);
-    assert_eq!(text(&s.cluster.run(q).unwrap().stdout).trim(), "");
-    assert_eq!(s.cluster.node_state().unwrap(), "idle");
-    // The same job without the option runs.
-    let (id, _) = e.sbatch(&e.t.acme1, &["--tenant=acme"], &script, &out);
-    let info = s
-        .cluster
-        .wait_job_done(id, Duration::from_secs(60))
-        .unwrap();
-    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
-}
-
-#[test]
-fn export_none_refusal_names_export() {
-    if !require_root("export_none_refusal_names_export") {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let s = &e.stack;
-    let (script, out) = e.script(&e.t.acme1, "export", "true\n");
-    // sbatch itself asks for the login environment with these (SLURM_GET_USER_ENV=1).
-    for export in ["--export=NONE", "--export=TENANCY_E2E_VAR=1"] {
+scenario!(
+    get_user_env_is_refused_at_submit,
+    Options::default(),
+    |e: &mut Env| {
+        let s = &e.stack;
+        let job = e.job(
+            &e.t.acme1,
+            "get-user-env",
+            include_str!("../scripts/jobs/nothing.sh"),
+            &[],
+        );
         let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
-        c.args(["--tenant=acme", export, "-o"])
-            .arg(&out)
-            .arg(&script);
+        c.args(["--tenant=acme", "--get-user-env", "-o"])
+            .arg(&job.out)
+            .arg(&job.script);
         let o = s.cluster.run(c).unwrap();
         let err = text(&o.stderr);
-        assert!(!o.status.success(), "sbatch {export} was accepted");
+        assert!(!o.status.success(), "sbatch --get-user-env was accepted");
         assert!(
-            err.contains("tenancy:")
-                && err.contains("--export=NONE")
-                && err.contains("--export=ALL"),
-            "sbatch {export}: the refusal names --export and what to use instead: {err}"
+            err.contains("tenancy:") && err.contains("--get-user-env") && err.contains("internal"),
+            "the refusal names the option and the tier: {err}"
         );
-    }
-    assert_eq!(s.cluster.node_state().unwrap(), "idle");
-    // What the refusal suggests runs, with the variable set where it is submitted.
-    let (script, out) = e.script(&e.t.acme1, "export-all", "echo \"var=$TENANCY_E2E_VAR\"\n");
-    let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
-    c.env("TENANCY_E2E_VAR", "exported")
-        .args(["--tenant=acme", "--export=ALL", "-o"])
-        .arg(&out)
-        .arg(&script);
-    let o = s.cluster.run(c).unwrap();
-    assert!(
-        o.status.success(),
-        "sbatch --export=ALL: {}",
-        text(&o.stderr)
-    );
-    let id = submitted_id(&o).unwrap();
-    let info = s
-        .cluster
-        .wait_job_done(id, Duration::from_secs(60))
-        .unwrap();
-    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
-    assert_eq!(fs::read_to_string(&out).unwrap().trim(), "var=exported");
-}
-
-#[test]
-fn get_user_env_allowed_by_the_tier_is_warned_by_doctor() {
-    if !require_root("get_user_env_allowed_by_the_tier_is_warned_by_doctor") {
-        return;
-    }
-    let _g = serial();
-    let e = env();
-    let s = &e.stack;
-    let doctor = |e: &Env| {
-        let o = e.ctl(&[
-            "doctor",
-            "--format",
-            "json",
-            "--slurm-conf",
-            s.cluster.conf.to_str().unwrap(),
-        ]);
-        let rows: Vec<Value> = serde_json::from_slice(&o.stdout)
-            .unwrap_or_else(|_| panic!("doctor json: {}{}", text(&o.stdout), text(&o.stderr)));
-        rows.into_iter()
-            .filter(|r| r["check"] == "containment.get_user_env")
-            .collect::<Vec<Value>>()
-    };
-    let before = doctor(&e);
-    assert!(
-        before.len() == 1 && before[0]["severity"] == "ok",
-        "{before:?}"
-    );
-    // The admin lets tier internal (acme's) load login environments.
-    let text_before = fs::read_to_string(&s.config).unwrap();
-    let allowing = text_before.replacen(
-        "[tiers.internal]\n",
-        "[tiers.internal]\nallow_get_user_env = true\n",
-        1,
-    );
-    assert_ne!(allowing, text_before);
-    fs::write(&s.config, allowing).unwrap();
-    let after = doctor(&e);
-    assert!(
-        after.iter().any(|r| r["severity"] == "warn"
-            && r["message"].as_str().unwrap().contains("tier 'internal'")),
-        "doctor does not warn about tier internal: {after:?}"
-    );
-    assert!(
-        !after
-            .iter()
-            .any(|r| r["message"].as_str().unwrap().contains("'regulated'")),
-        "{after:?}"
-    );
-    // And slurmctld now takes such a job of acme's, still not globex's.
-    let (script, out) = e.script(&e.t.acme1, "get-user-env-ok", "true\n");
-    let (id, _) = e.sbatch(
-        &e.t.acme1,
-        &["--tenant=acme", "--get-user-env"],
-        &script,
-        &out,
-    );
-    // slurmd gives `su -` up to 120 s before it goes on with the submitted environment.
-    let info = s
-        .cluster
-        .wait_job_done(id, Duration::from_secs(180))
-        .unwrap();
-    assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
-    let (gs, gout) = e.script(&e.t.globex1, "get-user-env-no", "true\n");
-    let mut c = s.cluster.cmd_as(&e.t.globex1, "sbatch");
-    c.args(["--tenant=globex", "--get-user-env", "-o"])
-        .arg(&gout)
-        .arg(&gs);
-    let o = s.cluster.run(c).unwrap();
-    assert!(!o.status.success(), "globex's tier does not allow it");
-}
-
-/// A job of a tier with `scratch_encryption = "required"` (globex's, regulated) on a scratch
-/// root that can encrypt (ext4 made with `mkfs.ext4 -O encrypt` on a loop device, mounted over
-/// the stack's): its TMPDIR works as any other (temporary folders, large files, copies,
-/// renames, links), it is an fscrypt folder whose key the journal names, and at job end it is
-/// retained locked: root reads no file of it. A job of a tier without it (acme's) on the same
-/// file system gets a plain folder.
-#[test]
-fn encrypted_tier_job_uses_its_tmpdir() {
-    if !require_root("encrypted_tier_job_uses_its_tmpdir") {
-        return;
-    }
-    let _g = serial();
-    let mut e = env();
-    let mut scratch_fs =
-        tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&e.stack.paths.scratch_root, 256)
-            .expect("an ext4 -O encrypt loop mount over the scratch root");
-    if let Some(r) = &e.stack.cluster.slurm_root {
-        scratch_fs
-            .also_in_root(&r.dir)
-            .expect("the mount in the release root");
-    }
-    tenancy_e2e::scratch_fs::require_encryption(&e.stack.config, "regulated").unwrap();
-    let body = "set -e\n\
-        echo \"tmpdir=$TMPDIR\"\n\
-        d=$(mktemp -d)\n\
-        case \"$d\" in \"$TMPDIR\"/*) echo mktemp=inside ;; *) echo \"mktemp=outside $d\" ;; esac\n\
-        echo hello > \"$d/f\" && echo \"read=$(cat \"$d/f\")\"\n\
-        dd if=/dev/urandom of=\"$TMPDIR/big\" bs=1M count=16 status=none\n\
-        cp \"$TMPDIR/big\" \"$TMPDIR/copy\" && cmp \"$TMPDIR/big\" \"$TMPDIR/copy\" && echo cmp=ok\n\
-        mv \"$TMPDIR/copy\" \"$d/moved\" && ln -s \"$d/moved\" \"$TMPDIR/link\" && \
-        cmp \"$TMPDIR/link\" \"$TMPDIR/big\" && echo links=ok\n\
-        echo \"files=$(ls \"$TMPDIR\" | sort | tr '\\n' ,)\"\n\
-        echo done=ok\n";
-    let mut folders = Vec::new();
-    for (user, tenant) in [(&e.t.globex1, "globex"), (&e.t.acme1, "acme")] {
-        let (script, out) = e.script(user, &format!("encrypted-tmpdir-{tenant}"), body);
-        let (id, _) = e.sbatch(user, &[&format!("--tenant={tenant}")], &script, &out);
-        // While it runs the journal says how its folder is made: read it once it started.
-        let info = e
-            .stack
+        // No job was made, so no node ran a prolog for it or drained.
+        let mut q = s.cluster.cmd("squeue");
+        q.args(["-h", "-o", "%i"]);
+        assert_eq!(text(&s.cluster.run(q).unwrap().stdout).trim(), "");
+        assert_eq!(s.cluster.node_state().unwrap(), "idle");
+        // The same job without the option runs.
+        let id = e.sbatch(&e.t.acme1, &["--tenant=acme"], &job);
+        let info = s
             .cluster
-            .wait_job_done(id, Duration::from_secs(120))
+            .wait_job_done(id, Duration::from_secs(60))
             .unwrap();
-        assert_eq!(info["JobState"], "COMPLETED", "{tenant}: {info:?}");
-        let o = fs::read_to_string(&out).unwrap();
-        let folder = e
-            .stack
-            .paths
-            .scratch_root
-            .join(tenant)
-            .join(format!("job_{id}"));
-        for want in [
-            format!("tmpdir={}", folder.display()),
-            "mktemp=inside".into(),
-            "read=hello".into(),
-            "cmp=ok".into(),
-            "links=ok".into(),
-            "files=big,link,tmp".into(),
-            "done=ok".into(),
-        ] {
-            if want.starts_with("files=") {
-                // mktemp's folder name varies: the listing has big, link and it.
-                assert!(o.contains("files=big,link,tmp."), "{tenant}: {o}");
-                continue;
-            }
-            assert!(o.lines().any(|l| l == want), "{tenant}: no {want:?} in {o}");
-        }
-        folders.push((tenant, id, folder));
+        assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
     }
-    // The job_start records say which folder is encrypted, and with which key.
-    let recs = e.stack.audit_records().unwrap();
-    let key_of = |job: u64| -> Option<String> {
-        recs.iter()
-            .find(|r| r["job_id"] == job && r["event"] == "job_start")
-            .and_then(|r| {
-                r["resources"]
-                    .as_array()?
-                    .iter()
-                    .find(|x| x["layer"] == "scratch")?
-                    .get("detail")?
-                    .get("encrypted")?
-                    .get("key_id")?
-                    .as_str()
-                    .map(String::from)
-            })
-    };
-    let (_, gid, _) = &folders[0];
-    let key = key_of(*gid).expect("globex's job_start names its scratch key");
-    assert_eq!(key_of(folders[1].1), None, "acme's tier does not encrypt");
-    // globex's folder is retained, locked: names in ciphertext, no file opens for root.
-    let retained = tenancy_scratch::find_retained(&e.stack.paths.scratch_root, *gid, None).unwrap();
-    assert_eq!(retained.len(), 1, "{retained:?}");
-    assert_eq!(retained[0].key_id.map(|k| k.to_string()), Some(key));
-    let mut locked = 0;
-    for ent in fs::read_dir(&retained[0].path).unwrap().flatten() {
-        let n = ent.file_name().to_string_lossy().into_owned();
+);
+
+scenario!(
+    get_user_env_allowed_by_the_tier_is_warned_by_doctor,
+    Options::default(),
+    |e: &mut Env| {
+        let s = &e.stack;
+        let doctor = |e: &Env| {
+            let o = e.ctl(&[
+                "doctor",
+                "--format",
+                "json",
+                "--slurm-conf",
+                s.cluster.conf.to_str().unwrap(),
+            ]);
+            let rows: Vec<Value> = serde_json::from_slice(&o.stdout)
+                .unwrap_or_else(|_| panic!("doctor json: {}{}", text(&o.stdout), text(&o.stderr)));
+            rows.into_iter()
+                .filter(|r| r["check"] == "containment.get_user_env")
+                .collect::<Vec<Value>>()
+        };
+        let before = doctor(e);
         assert!(
-            !["big", "link"].contains(&n.as_str()),
-            "a name in clear: {n}"
+            before.len() == 1 && before[0]["severity"] == "ok",
+            "{before:?}"
         );
-        if ent.file_type().unwrap().is_file() {
-            let err = fs::read(ent.path()).unwrap_err();
-            assert_eq!(err.raw_os_error(), Some(libc::ENOKEY), "{err}");
-            locked += 1;
-        }
+        // The admin lets tier internal (acme's) load login environments.
+        let text_before = fs::read_to_string(&s.config).unwrap();
+        let allowing = text_before.replacen(
+            "[tiers.internal]\n",
+            "[tiers.internal]\nallow_get_user_env = true\n",
+            1,
+        );
+        assert_ne!(allowing, text_before);
+        fs::write(&s.config, allowing).unwrap();
+        let after = doctor(e);
+        assert!(
+            after.iter().any(|r| r["severity"] == "warn"
+                && r["message"].as_str().unwrap().contains("tier 'internal'")),
+            "doctor does not warn about tier internal: {after:?}"
+        );
+        assert!(
+            !after
+                .iter()
+                .any(|r| r["message"].as_str().unwrap().contains("'regulated'")),
+            "{after:?}"
+        );
+        // And slurmctld now takes such a job of acme's, still not globex's.
+        let job = e.job(
+            &e.t.acme1,
+            "get-user-env-ok",
+            include_str!("../scripts/jobs/nothing.sh"),
+            &[],
+        );
+        let id = e.sbatch(&e.t.acme1, &["--tenant=acme", "--get-user-env"], &job);
+        // slurmd gives `su -` up to 120 s before it goes on with the submitted environment.
+        let info = s
+            .cluster
+            .wait_job_done(id, Duration::from_secs(180))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+        let job = e.job(
+            &e.t.globex1,
+            "get-user-env-no",
+            include_str!("../scripts/jobs/nothing.sh"),
+            &[],
+        );
+        let mut c = s.cluster.cmd_as(&e.t.globex1, "sbatch");
+        c.args(["--tenant=globex", "--get-user-env", "-o"])
+            .arg(&job.out)
+            .arg(&job.script);
+        let o = s.cluster.run(c).unwrap();
+        assert!(!o.status.success(), "globex's tier does not allow it");
     }
-    assert!(
-        locked >= 1,
-        "no locked file in {}",
-        retained[0].path.display()
-    );
-    e.stack.stop().unwrap();
-    scratch_fs.remove();
-}
+);
+
+scenario!(
+    export_none_refusal_names_export,
+    Options::default(),
+    |e: &mut Env| {
+        let s = &e.stack;
+        let job = e.job(
+            &e.t.acme1,
+            "export",
+            include_str!("../scripts/jobs/nothing.sh"),
+            &[],
+        );
+        // sbatch itself asks for the login environment with every --export but exactly ALL
+        // (SLURM_GET_USER_ENV=1).
+        for export in [
+            "--export=NONE",
+            "--export=TENANCY_E2E_VAR=1",
+            "--export=ALL,TENANCY_E2E_VAR=1",
+        ] {
+            let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
+            c.args(["--tenant=acme", export, "-o"])
+                .arg(&job.out)
+                .arg(&job.script);
+            let o = s.cluster.run(c).unwrap();
+            let err = text(&o.stderr);
+            assert!(!o.status.success(), "sbatch {export} was accepted");
+            assert!(
+                err.contains("tenancy:")
+                    && err.contains("--export=NONE")
+                    && err.contains("--export=ALL"),
+                "sbatch {export}: the refusal names --export and what to use instead: {err}"
+            );
+        }
+        assert_eq!(s.cluster.node_state().unwrap(), "idle");
+        // What the refusal suggests runs, with the variable set where it is submitted.
+        let job = e.job(
+            &e.t.acme1,
+            "export-all",
+            include_str!("../scripts/jobs/print-var.sh"),
+            &[],
+        );
+        let mut c = s.cluster.cmd_as(&e.t.acme1, "sbatch");
+        c.env("TENANCY_E2E_VAR", "exported")
+            .args(["--tenant=acme", "--export=ALL", "-o"])
+            .arg(&job.out)
+            .arg(&job.script);
+        let o = s.cluster.run(c).unwrap();
+        assert!(
+            o.status.success(),
+            "sbatch --export=ALL: {}",
+            text(&o.stderr)
+        );
+        let id = submitted_id(&o).unwrap();
+        let info = s
+            .cluster
+            .wait_job_done(id, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+        assert_eq!(fs::read_to_string(&job.out).unwrap().trim(), "var=exported");
+    }
+);
+
+scenario!(
+    encrypted_tier_job_uses_its_tmpdir,
+    Options::default(),
+    |e: &mut Env| {
+        let mut scratch_fs =
+            tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&e.stack.paths.scratch_root, 256)
+                .expect("an ext4 -O encrypt loop mount over the scratch root");
+        if let Some(r) = e.stack.cluster.slurm_root() {
+            scratch_fs
+                .also_in_root(&r.dir)
+                .expect("the mount in the release root");
+        }
+        tenancy_e2e::scratch_fs::require_encryption(&e.stack.config, "regulated").unwrap();
+        let mut folders = Vec::new();
+        for (user, tenant) in [(&e.t.globex1, "globex"), (&e.t.acme1, "acme")] {
+            let job = e.job(
+                user,
+                &format!("encrypted-tmpdir-{tenant}"),
+                include_str!("../scripts/jobs/encrypted-tmpdir.sh"),
+                &[],
+            );
+            let id = e.completes(
+                user,
+                &[&format!("--tenant={tenant}")],
+                &job,
+                Duration::from_secs(120),
+            );
+            let o = fs::read_to_string(&job.out).unwrap();
+            let folder = e
+                .stack
+                .paths
+                .scratch_root
+                .join(tenant)
+                .join(format!("job_{id}"));
+            for want in [
+                format!("tmpdir={}", folder.display()),
+                "mktemp=inside".into(),
+                "read=hello".into(),
+                "cmp=ok".into(),
+                "links=ok".into(),
+                "done=ok".into(),
+            ] {
+                assert!(o.lines().any(|l| l == want), "{tenant}: no {want:?} in {o}");
+            }
+            // mktemp's folder name varies: the listing has big, link and it.
+            assert!(o.contains("files=big,link,tmp."), "{tenant}: {o}");
+            folders.push((tenant, id, folder));
+        }
+        // The job_start records say which folder is encrypted, and with which key.
+        let recs = e.stack.audit_records().unwrap();
+        let key_of = |job: u64| -> Option<String> {
+            recs.iter()
+                .find(|r| r["job_id"] == job && r["event"] == "job_start")
+                .and_then(|r| {
+                    r["resources"]
+                        .as_array()?
+                        .iter()
+                        .find(|x| x["layer"] == "scratch")?
+                        .get("detail")?
+                        .get("encrypted")?
+                        .get("key_id")?
+                        .as_str()
+                        .map(String::from)
+                })
+        };
+        let (_, gid, _) = &folders[0];
+        let key = key_of(*gid).expect("globex's job_start names its scratch key");
+        assert_eq!(key_of(folders[1].1), None, "acme's tier does not encrypt");
+        // globex's folder is retained, locked: names in ciphertext, no file opens for root.
+        let retained =
+            tenancy_scratch::find_retained(&e.stack.paths.scratch_root, *gid, None).unwrap();
+        assert_eq!(retained.len(), 1, "{retained:?}");
+        assert_eq!(retained[0].key_id.map(|k| k.to_string()), Some(key));
+        let mut locked = 0;
+        for ent in fs::read_dir(&retained[0].path).unwrap().flatten() {
+            let n = ent.file_name().to_string_lossy().into_owned();
+            assert!(
+                !["big", "link"].contains(&n.as_str()),
+                "a name in clear: {n}"
+            );
+            if ent.file_type().unwrap().is_file() {
+                let err = fs::read(ent.path()).unwrap_err();
+                assert_eq!(err.raw_os_error(), Some(libc::ENOKEY), "{err}");
+                locked += 1;
+            }
+        }
+        assert!(
+            locked >= 1,
+            "no locked file in {}",
+            retained[0].path.display()
+        );
+        e.stack.stop().unwrap();
+        scratch_fs.remove();
+    }
+);

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use tenancy_test_support::TenancyToml;
 
 /// Runs an account command (groupadd, useradd, setfacl...); retries while another process holds
 /// /etc/passwd's lock (tests run side by side).
@@ -32,15 +33,6 @@ pub fn id(flag: &str, user: &str) -> u32 {
 /// scratch under `root`. Returns its path.
 pub fn minimal_config(root: &Path) -> PathBuf {
     let config = root.join("tenancy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nname = \"t\"\nstate_dir = \"{r}/state\"\naudit_log = \"{r}/audit.jsonl\"\n\
-             scratch_root = \"{r}/scratch\"\n[tiers.internal]\n[tenants.acme]\ntier = \"internal\"\n\
-             groups = [\"root\"]\n",
-            r = root.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, TenancyToml::minimal("t", root).to_string()).unwrap();
     config
 }

@@ -9,18 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tenancy_devices::{DriverPaths, SliceRef};
 
-/// Skip (or fail under CI) when not root. Returns true when the test should run.
-pub fn need_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("needs root: {test}");
-    }
-    eprintln!("SKIP (needs root): {test}");
-    false
-}
+pub use tenancy_test_support::requires_root;
 
 pub const NV: u32 = 195;
 pub const CAPS: u32 = 508;

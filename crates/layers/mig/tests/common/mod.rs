@@ -8,28 +8,6 @@ use tenancy_mig::Mig;
 
 static LOCK: Mutex<()> = Mutex::new(());
 
-/// Path of the shim library, or None (then the caller skips; panics under CI).
-pub fn shim_lib() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("TENANCY_NVML_SHIM") {
-        return Some(PathBuf::from(p));
-    }
-    // target/<profile>/deps/<test-binary> -> target/<profile>/libnvidia_ml.so
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.parent()?;
-    let p = dir.join("libnvidia_ml.so");
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "nvml-shim library not found at {}: run `cargo build -p nvml-shim` first",
-            p.display()
-        );
-    }
-    eprintln!("SKIP (needs nvml-shim): {} missing; run `cargo build -p nvml-shim` with the same CARGO_TARGET_DIR", p.display());
-    None
-}
-
 pub struct Scenario {
     pub dir: tempfile::TempDir,
     pub lib: PathBuf,
@@ -39,7 +17,7 @@ pub struct Scenario {
 impl Scenario {
     /// Fresh shim state with the given fixture TOML; `faults` goes to NVML_SHIM_FAULTS.
     pub fn new(fixture: &str, faults: Option<&str>) -> Option<Scenario> {
-        let lib = shim_lib()?;
+        let lib = tenancy_test_support::nvml_stand_in()?;
         let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let fx = dir.path().join("fixture.toml");

@@ -13,22 +13,7 @@ use std::time::Duration;
 
 use tenancy_network::CgroupLayout;
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Returns false (and prints SKIP) when not root; panics under CI.
-pub fn need_root(what: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("needs root: {what}");
-    }
-    eprintln!("SKIP (needs root): {what}");
-    false
-}
+pub use tenancy_test_support::requires_root;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 

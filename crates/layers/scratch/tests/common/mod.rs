@@ -2,28 +2,13 @@
 //! Root-test helpers: real users and groups (useradd/groupadd, removed on drop), a scratch tree
 //! under a temp folder, and running a command as another user (setgroups/setgid/setuid in the child).
 
-#[path = "immutable.rs"]
-mod immutable;
-pub mod seccomp;
-#[allow(unused_imports)] // (not every test file of the crate uses it)
-pub use immutable::Immutable;
+#[allow(unused_imports)] // (not every test file of the crate uses each)
+pub use tenancy_test_support::{requires_root, seccomp, Immutable};
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
-
-pub fn need_root(what: &str) -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("needs root: {what}");
-    }
-    eprintln!("SKIP (needs root): {what}");
-    false
-}
 
 fn run(cmd: &str, args: &[&str]) {
     let out = Command::new(cmd)
@@ -120,24 +105,12 @@ impl User {
     }
     /// Runs `cmd args` as this user (its uid, primary gid and NSS groups).
     pub fn run(&self, cmd: &str, args: &[&str]) -> Output {
-        let (uid, gid, groups) = (self.uid, self.gid, self.gids());
         let mut c = Command::new(cmd);
         c.args(args)
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("LC_ALL", "C");
-        // SAFETY: only async-signal-safe libc calls between fork and exec.
-        unsafe {
-            c.pre_exec(move || {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        tenancy_test_support::run_as(&mut c, self.uid, self.gid, self.gids());
         c.output().unwrap()
     }
 }

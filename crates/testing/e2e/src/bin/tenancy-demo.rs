@@ -10,8 +10,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
-use tenancy_e2e::stack::{Stack, Tenants};
 use tenancy_e2e::{probe_kv, submitted_id, TestUser, Users};
+use tenancy_e2e::{Options, Stack, Tenants};
 
 fn say(s: &str) {
     println!("\n=== {s}");
@@ -55,13 +55,7 @@ impl Demo {
         let dir = self.stack.cluster.user_dir(user);
         let script = dir.join("job.sh");
         let p = self.probe();
-        fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\n{p} env\n{p} write \"$TMPDIR/secret.txt\" \"$USER's data\"\n{p} serve {port} {}\n",
-                self.release.display()
-            ),
-        )?;
+        fs::write(&script, include_str!("../../scripts/jobs/demo.sh"))?;
         let mut shown: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
         shown.push("sbatch".into());
         shown.extend(args.iter().map(|a| a.to_string()));
@@ -71,7 +65,10 @@ impl Demo {
             .args(args)
             .arg("-o")
             .arg(dir.join("slurm-%j.out"))
-            .arg(&script);
+            .arg(&script)
+            .arg(&p)
+            .arg(port.to_string())
+            .arg(&self.release);
         let o = self.stack.cluster.run(c)?;
         if o.status.success() {
             print!("    {}", text(&o.stdout));
@@ -232,28 +229,24 @@ fn run() -> Result<u32> {
     say("Starting a local Slurm cluster with slurm-tenancy installed");
     // With Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed GPU GRES), so the
     // demo can end with the cross-check of the two books.
-    let stack = Stack::start_with_accounting(
-        root.path(),
-        &t,
-        tenancy_e2e::Accounting {
+    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
+    let dcgm = root.path().join("dcgm-job-mapping");
+    let mapping = dcgm.clone();
+    let options = Options::default()
+        .accounting(tenancy_e2e::Accounting {
             gpu_types: vec![
                 ("1g.18gb".into(), 7),
                 ("2g.35gb".into(), 3),
                 ("3g.71gb".into(), 2),
                 ("7g.141gb".into(), 1),
             ],
-        },
-    )?;
+        })
+        .config(move |c| {
+            c.cluster().dcgm_job_mapping_dir(&mapping);
+        });
+    let stack = Stack::start(root.path(), &t, &options)?;
     println!("slurm.conf:   {}", stack.cluster.conf.display());
     println!("tenancy.toml: {}", stack.config.display());
-    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
-    let dcgm = root.path().join("dcgm-job-mapping");
-    let toml = fs::read_to_string(&stack.config)?.replacen(
-        "[cluster]\n",
-        &format!("[cluster]\ndcgm_job_mapping_dir = \"{}\"\n", dcgm.display()),
-        1,
-    );
-    fs::write(&stack.config, toml)?;
     println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
     // The regulated tenant's scratch encrypted with a key per job (docs/encrypted-scratch.md):
     // the scratch root on an ext4 made with `mkfs.ext4 -O encrypt` on a loop device, unmounted

@@ -1,9 +1,8 @@
-//! Seeded generator of realistic per-node audit logs plus the ground truth it generated.
-//! Shared by the tests and the benchmark example (`#[path]` include).
-#![allow(dead_code)]
+//! Seeded generator of realistic per-node audit logs plus the ground truth it generated: the
+//! report tests of the accounting crate and its benchmark example (feature `audit-logs`).
 
 use chrono::{DateTime, TimeDelta, Utc};
-use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
+use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
 
 pub const TENANTS: [&str; 5] = ["acme", "globex", "initech", "umbrella", "hooli"];
 pub const PROFILES: [(&str, u32); 4] = [

@@ -1,7 +1,7 @@
 //! A seccomp filter that makes `openat2` fail, with ENOSYS as a kernel before 5.6 or a container
 //! runtime's profile does, or with EPERM as older profiles do: how the tests run the scratch
-//! code where it must do without `openat2`. (layers/scratch/src/fsutil.rs's unit tests and
-//! node/tests/no_openat2.rs include this file too.)
+//! code where it must do without `openat2` (the scratch layer's unit tests, the node's
+//! no_openat2 tests).
 
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH: u32 = 0xc000_003e;
@@ -9,7 +9,6 @@ const AUDIT_ARCH: u32 = 0xc000_003e;
 const AUDIT_ARCH: u32 = 0xc000_00b7;
 
 /// The filter's program: `openat2` fails with ENOSYS, everything else is allowed.
-#[allow(dead_code)] // not every test crate that includes this file uses it
 pub fn openat2_enosys() -> Vec<libc::sock_filter> {
     openat2_failing_with(libc::ENOSYS)
 }
@@ -62,7 +61,6 @@ pub fn install(filter: &[libc::sock_filter]) -> std::io::Result<()> {
 
 /// Runs `f` in a thread of its own under the filter, after checking that `openat2` answers
 /// ENOSYS there.
-#[allow(dead_code)] // not every test crate that includes this file uses it
 pub fn without_openat2<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     with_openat2_failing(libc::ENOSYS, f)
 }

@@ -1,5 +1,4 @@
-//! A file made immutable for a test (`chattr +i`), shared by the scratch layer's tests and
-//! tenancyctl's (included by path).
+//! A file made immutable for a test (`chattr +i`): the scratch layer's tests and tenancyctl's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,10 +17,7 @@ impl Immutable {
             p.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
-        if std::env::var_os("CI").is_some() {
-            panic!("{why}");
-        }
-        eprintln!("SKIP ({why})");
+        crate::skip(&why, "");
         None
     }
 }

@@ -1,0 +1,8 @@
+# One node of the multi-node cluster (multi_node.rs), `sh -ec` of this text in new UTS and mount
+# namespaces: NAME CGROUP ROOT NODE_DIR HOSTS: the node's host name, its own cgroup2 tree, its
+# own product state in the config's folder and /etc/hosts with the nodes, then its slurmd.
+hostname "$1"
+mount --bind "$2" /sys/fs/cgroup/unified
+mount --bind "$3" "$4"
+mount --bind "$5" /etc/hosts
+exec slurmd -D
