@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tenancy_audit::anchor::{AnchorKey, AnchorSet};
 use tenancy_audit::report::{aggregate_paths, parse_month, GroupBy, Query};
 use tenancy_audit::{expand_paths, verify_paths, ReportFormat, VerifyReport};
 use tenancy_config::{Billing, Config};
@@ -28,6 +27,7 @@ const MAX_LISTED: usize = 20;
 pub struct IntegrityInputs {
     pub anchors: Vec<PathBuf>,
     pub anchor_key: Option<PathBuf>,
+    pub public_keys: Option<PathBuf>,
     pub all_nodes: bool,
 }
 
@@ -129,15 +129,11 @@ fn cents(d: Decimal) -> Decimal {
 
 /// Integrity of the logs at `paths`: `audit verify` over them, with the anchors given.
 pub fn integrity(paths: &[PathBuf], inputs: &IntegrityInputs) -> anyhow::Result<Integrity> {
-    let mut anchors = match &inputs.anchor_key {
-        Some(k) => AnchorSet::with_key(AnchorKey::load(k).map_err(anyhow::Error::msg)?),
-        None => AnchorSet::default(),
-    };
-    for a in &inputs.anchors {
-        anchors
-            .read_file(a)
-            .with_context(|| format!("reading anchor file {}", a.display()))?;
-    }
+    let anchors = tenancy_audit::verify::read_anchors(
+        &inputs.anchors,
+        inputs.anchor_key.as_deref(),
+        inputs.public_keys.as_deref(),
+    )?;
     let mut r: VerifyReport = verify_paths(paths, &anchors, 10)?;
     if inputs.all_nodes {
         r.require_every_anchored_node(&anchors, 10);
@@ -188,7 +184,9 @@ pub fn integrity(paths: &[PathBuf], inputs: &IntegrityInputs) -> anyhow::Result<
     } else if anchors_checked {
         format!(
             "The audit logs verify: hash chains intact on {places}; the anchor check passed{}.",
-            if r.anchors_authenticated {
+            if r.anchors_signed {
+                " (anchors signed by each node's own key, checked with the nodes' public keys)"
+            } else if r.anchors_authenticated {
                 " (anchors authenticated by their MAC)"
             } else {
                 " (anchors not authenticated: no anchor key)"
