@@ -589,7 +589,7 @@ impl Stream {
         let mut batch: Vec<Sent> = Vec::new();
         let mut anchor_pos = self.anchors.pos.clone();
         let mut n = 0;
-        let mut push_anchors = |me: &mut Self, upto: u64, buf: &mut Vec<u8>, batch: &mut Vec<Sent>, anchor_pos: &mut AnchorPosition, n: &mut usize| -> Result<(), String> {
+        let push_anchors = |me: &mut Self, upto: u64, buf: &mut Vec<u8>, batch: &mut Vec<Sent>, anchor_pos: &mut AnchorPosition, n: &mut usize| -> Result<(), String> {
             for (body, pos) in me.anchors.next(upto).map_err(|e| format!("reading the anchor file: {e}"))? {
                 let host = tenancy_audit::ParsedAnchor::parse(&body).map(|p| p.node).unwrap_or_default();
                 frame(buf, &Utc::now(), &host, "anchor", body.as_bytes());
@@ -703,15 +703,34 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
             std::thread::sleep(poll);
         }
     }
-    // Stopping: what was sent gets its chance to be confirmed, then the cursors are saved.
-    let until = Instant::now() + confirm_after + Duration::from_millis(500);
-    while streams.iter().any(|s| s.conn.is_some() && !s.unconfirmed.is_empty()) && Instant::now() < until {
-        for s in streams.iter_mut() {
-            if s.confirm(confirm_after).is_err() {
-                s.conn = None;
+    // Stopping: the stop is recorded and sent too, and what was sent gets its chance to be
+    // confirmed before the cursors are saved.
+    audit_record(
+        config,
+        Event::ForwardStopped,
+        Outcome::Success,
+        format!(
+            "stopping; collectors confirmed up to {}",
+            streams
+                .iter()
+                .map(|s| format!("{} seq {}", s.collector, s.cursor.record.seq))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    let until = Instant::now() + confirm_after + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let mut busy = false;
+        for s in streams.iter_mut().filter(|s| s.conn.is_some()) {
+            match s.pump(config).and_then(|n| s.confirm(confirm_after).map(|()| n)) {
+                Ok(n) => busy |= n > 0 || !s.unconfirmed.is_empty(),
+                Err(_) => s.conn = None,
             }
         }
-        std::thread::sleep(Duration::from_millis(50));
+        if !busy {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     for s in streams.iter_mut() {
         if let Some(mut c) = s.conn.take() {
@@ -720,19 +739,6 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
         }
         s.save();
     }
-    audit_record(
-        config,
-        Event::ForwardStopped,
-        Outcome::Success,
-        format!(
-            "stopped; collectors confirmed up to {}",
-            streams
-                .iter()
-                .map(|s| format!("{} seq {}", s.collector, s.cursor.record.seq))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    );
     Ok(code)
 }
 

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses some of these
 
+pub mod collector;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
