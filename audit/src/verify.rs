@@ -874,9 +874,14 @@ fn write_verify(
             if r.unauthenticated_anchors > 0 {
                 writeln!(
                     out,
-                    "NOTE {} anchor line(s) without a valid MAC left out (first: {}): written \
-                     without the anchor key, as any local user can write to syslog",
+                    "NOTE {} anchor line(s) without a valid {} left out (first: {}): written \
+                     without the node's key, as any local user can write to syslog",
                     r.unauthenticated_anchors,
+                    if r.anchors_signed {
+                        "signature or MAC"
+                    } else {
+                        "MAC"
+                    },
                     r.first_unauthenticated_anchor.as_deref().unwrap_or("?")
                 )?;
             }
