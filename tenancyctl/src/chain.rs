@@ -206,10 +206,6 @@ impl ChainReader {
         }
     }
 
-    pub fn position(&self) -> &Position {
-        &self.pos
-    }
-
     /// Goes to just after `p` (seq 0: the chain's start).
     pub fn seek(&mut self, p: &Position) -> std::io::Result<Seek> {
         self.file = None;
