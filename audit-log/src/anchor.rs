@@ -487,7 +487,9 @@ pub fn parse_anchor_line(line: &str) -> Option<(String, u64, String)> {
 
 /// What [`AnchorSet`] does with one anchor line.
 enum Verdict {
-    Take { signed: bool },
+    Take {
+        signed: bool,
+    },
     /// MAC holds; public keys are in use too: taken if the node had not signed by then.
     Pending,
     Unauthenticated,

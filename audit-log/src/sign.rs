@@ -89,7 +89,10 @@ impl NodeKey {
         let mut seed = [0u8; 32];
         let mut filled = 0;
         while filled < seed.len() {
-            filled += rustix::rand::getrandom(&mut seed[filled..], rustix::rand::GetRandomFlags::empty())?;
+            filled += rustix::rand::getrandom(
+                &mut seed[filled..],
+                rustix::rand::GetRandomFlags::empty(),
+            )?;
         }
         Ok(NodeKey::from_seed(&seed))
     }
@@ -122,14 +125,21 @@ impl NodeKey {
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32)
+            .custom_flags(
+                (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32,
+            )
             .open(path)
             .map_err(why)?;
-        let line = format!("{KEY_FILE_MAGIC} {}\n", hex::encode(self.signing.to_bytes()));
+        let line = format!(
+            "{KEY_FILE_MAGIC} {}\n",
+            hex::encode(self.signing.to_bytes())
+        );
         f.write_all(line.as_bytes()).map_err(why)?;
         f.sync_all().map_err(why)?;
         if let Some(dir) = path.parent() {
-            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(why)?;
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(why)?;
         }
         Ok(())
     }
@@ -144,7 +154,10 @@ impl NodeKey {
 
     /// The line of the public keys file for this key: `<node> ed25519 <64 hex>`.
     pub fn public_line(&self, node: &str) -> String {
-        format!("{node} {ALGORITHM} {}", hex::encode(self.public().as_bytes()))
+        format!(
+            "{node} {ALGORITHM} {}",
+            hex::encode(self.public().as_bytes())
+        )
     }
 
     /// The signature of `text`, 128 lowercase hex digits.
@@ -205,7 +218,8 @@ impl PublicKeys {
                 return Err(bad(&format!("unknown algorithm {alg:?}")));
             }
             let mut b = [0u8; 32];
-            hex::decode_to_slice(hexkey, &mut b).map_err(|_| bad("the key is not 64 hex digits"))?;
+            hex::decode_to_slice(hexkey, &mut b)
+                .map_err(|_| bad("the key is not 64 hex digits"))?;
             let key = VerifyingKey::from_bytes(&b).map_err(|_| bad("not an Ed25519 public key"))?;
             let id = key_id(&key);
             if let Some((other, _)) = keys.by_id.get(&id) {
@@ -263,18 +277,26 @@ mod tests {
         );
         let back = NodeKey::load(&p).unwrap();
         assert_eq!(back.id(), k.id());
-        assert!(k.write_new(&p).is_err(), "an existing key is never overwritten");
+        assert!(
+            k.write_new(&p).is_err(),
+            "an existing key is never overwritten"
+        );
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = NodeKey::load(&p).unwrap_err();
         assert!(e.contains("mode 0644") && e.contains("chmod 600"), "{e}");
         let keys = PublicKeys::parse(&format!("{}\n# x\n", k.public_line("n1")), "f").unwrap();
         let sig = k.sign("node=n1 x");
         assert_eq!(keys.check("n1", k.id(), "node=n1 x", &sig), SigCheck::Valid);
-        assert_eq!(keys.check("n1", k.id(), "node=n1 y", &sig), SigCheck::Invalid);
+        assert_eq!(
+            keys.check("n1", k.id(), "node=n1 y", &sig),
+            SigCheck::Invalid
+        );
         assert_eq!(
             keys.check("n2", k.id(), "node=n1 x", &sig),
             SigCheck::OtherNodesKey("n1".into())
         );
-        assert!(PublicKeys::parse("n1 rsa abc", "f").unwrap_err().contains("f:1"));
+        assert!(PublicKeys::parse("n1 rsa abc", "f")
+            .unwrap_err()
+            .contains("f:1"));
     }
 }

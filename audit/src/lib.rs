@@ -20,10 +20,10 @@ pub use anchor::{
     NodeAnchors, NodeClock, Origin, ParsedAnchor, SyslogStatus,
 };
 pub use clock::{clock_sync, ClockSync};
-pub use sign::{NodeKey, PublicKeys, SigCheck};
 pub use log::{Appended, AuditError, AuditLog, Head, Rotated};
 pub use record::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
 pub use report::{run_report, ReportArgs, ReportFormat};
+pub use sign::{NodeKey, PublicKeys, SigCheck};
 pub use verify::{run_verify, verify_paths, Finding, FindingKind, VerifyArgs, VerifyReport};
 
 pub use tenancy_output::Format;

@@ -9,8 +9,8 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::anchor::{AnchorKey, AnchorSet, AnchorTrust, NodeAnchors, Origin};
-use crate::sign::PublicKeys;
 use crate::record::{check_line_hash, Event, LineHash, Record, GENESIS};
+use crate::sign::PublicKeys;
 use crate::{expand_paths, Format};
 
 /// What is wrong with a record (or with the end of a chain).
@@ -891,7 +891,10 @@ fn write_verify(
                     "NOTE anchors checked with the nodes' public keys: {} signed{}",
                     r.signed_anchors,
                     if r.mac_anchors > 0 {
-                        format!(", {} by their MAC alone (written before the node signed)", r.mac_anchors)
+                        format!(
+                            ", {} by their MAC alone (written before the node signed)",
+                            r.mac_anchors
+                        )
                     } else {
                         String::new()
                     }

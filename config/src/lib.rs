@@ -88,11 +88,13 @@ impl Collector {
     pub fn parse(s: &str) -> Result<Collector, String> {
         let want = "write host:port, e.g. \"logs1.example.org:6514\" or \"[2001:db8::7]:6514\"";
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-            let (h, p) = rest
-                .split_once("]:")
-                .ok_or_else(|| format!("collector {s:?}: no port after the IPv6 address; {want}"))?;
+            let (h, p) = rest.split_once("]:").ok_or_else(|| {
+                format!("collector {s:?}: no port after the IPv6 address; {want}")
+            })?;
             if h.parse::<std::net::Ipv6Addr>().is_err() {
-                return Err(format!("collector {s:?}: {h:?} is not an IPv6 address; {want}"));
+                return Err(format!(
+                    "collector {s:?}: {h:?} is not an IPv6 address; {want}"
+                ));
             }
             (h, p)
         } else {
@@ -101,7 +103,11 @@ impl Collector {
         };
         let port: u16 = match port.parse() {
             Ok(p) if p > 0 => p,
-            _ => return Err(format!("collector {s:?}: port {port:?} is not 1 to 65535; {want}")),
+            _ => {
+                return Err(format!(
+                    "collector {s:?}: port {port:?} is not 1 to 65535; {want}"
+                ))
+            }
         };
         let dns_ok = !host.is_empty()
             && host.len() <= 253

@@ -35,9 +35,8 @@ pub fn command_line() -> String {
             let a = a.to_string_lossy().into_owned();
             let a = if i == 0 { "tenancyctl".to_string() } else { a };
             if !a.is_empty()
-                && a.bytes().all(|b| {
-                    b.is_ascii_alphanumeric() || b"-_./=:,@+".contains(&b)
-                })
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,@+".contains(&b))
             {
                 a
             } else {

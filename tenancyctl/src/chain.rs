@@ -220,7 +220,9 @@ impl ChainReader {
         // The file that holds seq p.seq: the hint if it still names it, else by first seq.
         let holder = files
             .iter()
-            .find(|f| (f.dev, f.ino) == (p.dev, p.ino) && f.first_seq <= p.seq && p.seq <= f.last_seq)
+            .find(|f| {
+                (f.dev, f.ino) == (p.dev, p.ino) && f.first_seq <= p.seq && p.seq <= f.last_seq
+            })
             .or_else(|| {
                 files
                     .iter()
@@ -382,9 +384,15 @@ mod tests {
 
     #[test]
     fn rotated_names_are_the_log_and_a_utc_time() {
-        assert!(is_rotated_name("audit.jsonl", "audit.jsonl.20261201T101112.123Z"));
+        assert!(is_rotated_name(
+            "audit.jsonl",
+            "audit.jsonl.20261201T101112.123Z"
+        ));
         assert!(!is_rotated_name("audit.jsonl", "audit.jsonl.anchors"));
         assert!(!is_rotated_name("audit.jsonl", "audit.jsonl"));
-        assert!(!is_rotated_name("audit.jsonl", "other.20261201T101112.123Z"));
+        assert!(!is_rotated_name(
+            "audit.jsonl",
+            "other.20261201T101112.123Z"
+        ));
     }
 }

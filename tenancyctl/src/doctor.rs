@@ -598,7 +598,10 @@ fn forward_row(config: &Config) -> Row {
             "no [audit] collectors: the records stay on this node, where its root can remove \
              them (PCI DSS 10.3.3 asks for a copy on a separate log server)"
                 .into(),
-            Some("set [audit] collectors and ca_file, and enable tenancy-audit-forward.service".into()),
+            Some(
+                "set [audit] collectors and ca_file, and enable tenancy-audit-forward.service"
+                    .into(),
+            ),
         );
     }
     let mut notes = Vec::new();
@@ -784,7 +787,6 @@ fn state_rows(config: &Config, rows: &mut Vec<Row>) {
     rows.push(clock_row(tenancy_audit::clock_sync()));
     rows.push(forward_row(config));
 }
-
 
 /// NVML and each GPU's MIG mode.
 fn nvml_rows(config: &Config, rows: &mut Vec<Row>) {

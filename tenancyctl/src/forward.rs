@@ -62,7 +62,13 @@ pub fn cursor_path(config: &Config, c: &Collector) -> PathBuf {
     let name: String = c
         .to_string()
         .chars()
-        .map(|ch| if ch.is_ascii_alphanumeric() || ch == '.' || ch == '-' { ch } else { '_' })
+        .map(|ch| {
+            if ch.is_ascii_alphanumeric() || ch == '.' || ch == '-' {
+                ch
+            } else {
+                '_'
+            }
+        })
         .collect();
     cursor_dir(config).join(format!("{name}.json"))
 }
@@ -209,7 +215,6 @@ impl Counted {
         }
         self.written.saturating_sub(queued.max(0) as u64)
     }
-
 }
 
 /// Whether the collector still holds the session: what it sent (session tickets, an alert,
@@ -550,13 +555,19 @@ impl Stream {
                 s.acked_at = Some(now);
             }
         }
-        if moved && (self.unconfirmed.is_empty() || now.duration_since(self.saved) > Duration::from_millis(200)) {
+        if moved
+            && (self.unconfirmed.is_empty()
+                || now.duration_since(self.saved) > Duration::from_millis(200))
+        {
             self.save();
         }
         if healthy {
             Ok(())
         } else {
-            Err(format!("collector {}: the connection was closed", self.collector))
+            Err(format!(
+                "collector {}: the connection was closed",
+                self.collector
+            ))
         }
     }
 
@@ -589,22 +600,52 @@ impl Stream {
         let mut batch: Vec<Sent> = Vec::new();
         let mut anchor_pos = self.anchors.pos.clone();
         let mut n = 0;
-        let push_anchors = |me: &mut Self, upto: u64, buf: &mut Vec<u8>, batch: &mut Vec<Sent>, anchor_pos: &mut AnchorPosition, n: &mut usize| -> Result<(), String> {
-            for (body, pos) in me.anchors.next(upto).map_err(|e| format!("reading the anchor file: {e}"))? {
-                let host = tenancy_audit::ParsedAnchor::parse(&body).map(|p| p.node).unwrap_or_default();
+        let push_anchors = |me: &mut Self,
+                            upto: u64,
+                            buf: &mut Vec<u8>,
+                            batch: &mut Vec<Sent>,
+                            anchor_pos: &mut AnchorPosition,
+                            n: &mut usize|
+         -> Result<(), String> {
+            for (body, pos) in me
+                .anchors
+                .next(upto)
+                .map_err(|e| format!("reading the anchor file: {e}"))?
+            {
+                let host = tenancy_audit::ParsedAnchor::parse(&body)
+                    .map(|p| p.node)
+                    .unwrap_or_default();
                 frame(buf, &Utc::now(), &host, "anchor", body.as_bytes());
                 *anchor_pos = pos.clone();
-                batch.push(Sent { end: 0, acked_at: None, record: None, anchors: pos });
+                batch.push(Sent {
+                    end: 0,
+                    acked_at: None,
+                    record: None,
+                    anchors: pos,
+                });
                 *n += 1;
             }
             Ok(())
         };
-        push_anchors(self, self.sent_seq, &mut buf, &mut batch, &mut anchor_pos, &mut n)?;
+        push_anchors(
+            self,
+            self.sent_seq,
+            &mut buf,
+            &mut batch,
+            &mut anchor_pos,
+            &mut n,
+        )?;
         for l in lines {
             if l.seq <= self.sent_seq {
                 continue;
             }
-            frame(&mut buf, &l.time.unwrap_or_else(Utc::now), &l.node, "record", &l.bytes);
+            frame(
+                &mut buf,
+                &l.time.unwrap_or_else(Utc::now),
+                &l.node,
+                "record",
+                &l.bytes,
+            );
             self.sent_seq = l.seq;
             batch.push(Sent {
                 end: 0,
@@ -614,7 +655,14 @@ impl Stream {
             });
             n += 1;
             // The anchors of the records up to here.
-            push_anchors(self, self.sent_seq, &mut buf, &mut batch, &mut anchor_pos, &mut n)?;
+            push_anchors(
+                self,
+                self.sent_seq,
+                &mut buf,
+                &mut batch,
+                &mut anchor_pos,
+                &mut n,
+            )?;
         }
         if batch.is_empty() {
             return Ok(0);
@@ -646,7 +694,10 @@ impl Stream {
 
 pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     if config.audit.collectors.is_empty() {
-        bail!("[audit] collectors is empty: nothing to forward to (e.g. collectors = [\"logs1.example.org:6514\"])");
+        // Exit 3: the unit's RestartPreventExitStatus (nothing to retry until the config
+        // names a collector).
+        say("[audit] collectors is empty: nothing to forward to (e.g. collectors = [\"logs1.example.org:6514\"])");
+        return Ok(ExitCode::from(3));
     }
     // Bad TLS files are an error now, not a retry loop.
     tls_config(config)?;
@@ -656,12 +707,20 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("signal handler")?;
     }
-    let list: Vec<String> = config.audit.collectors.iter().map(|c| c.to_string()).collect();
+    let list: Vec<String> = config
+        .audit
+        .collectors
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
     audit_record(
         config,
         Event::ForwardStarted,
         Outcome::Success,
-        format!("forwarding this node's audit records and anchors to {}", list.join(", ")),
+        format!(
+            "forwarding this node's audit records and anchors to {}",
+            list.join(", ")
+        ),
     );
     let confirm_after = Duration::from_millis(args.confirm_ms);
     let poll = Duration::from_millis(args.poll_ms.max(1));
@@ -678,7 +737,10 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     loop {
         let mut sent = 0;
         for s in streams.iter_mut() {
-            match s.pump(config).and_then(|n| s.confirm(confirm_after).map(|()| n)) {
+            match s
+                .pump(config)
+                .and_then(|n| s.confirm(confirm_after).map(|()| n))
+            {
                 Ok(n) => sent += n,
                 Err(why) => s.fail(config, why),
             }
@@ -722,7 +784,10 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     while Instant::now() < until {
         let mut busy = false;
         for s in streams.iter_mut().filter(|s| s.conn.is_some()) {
-            match s.pump(config).and_then(|n| s.confirm(confirm_after).map(|()| n)) {
+            match s
+                .pump(config)
+                .and_then(|n| s.confirm(confirm_after).map(|()| n))
+            {
                 Ok(n) => busy |= n > 0 || !s.unconfirmed.is_empty(),
                 Err(_) => s.conn = None,
             }

@@ -48,7 +48,10 @@ pub fn run(config: &Config, args: &KeygenArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if !exists && args.rotate {
-        bail!("{} does not exist: nothing to rotate (run without --rotate)", path.display());
+        bail!(
+            "{} does not exist: nothing to rotate (run without --rotate)",
+            path.display()
+        );
     }
     let new = NodeKey::generate().context("no random numbers from the kernel")?;
     let old = if args.rotate {
@@ -61,13 +64,19 @@ pub fn run(config: &Config, args: &KeygenArgs) -> anyhow::Result<ExitCode> {
     // The new key is made whole under a hidden name, then renamed into place after its record.
     let tmp = match (path.parent(), path.file_name()) {
         (Some(d), Some(n)) => d.join(format!(".{}.new", n.to_string_lossy())),
-        _ => bail!("audit.signing_key {} names no file in a folder", path.display()),
+        _ => bail!(
+            "audit.signing_key {} names no file in a folder",
+            path.display()
+        ),
     };
     let _ = std::fs::remove_file(&tmp);
     new.write_new(&tmp).map_err(anyhow::Error::msg)?;
     let mut rec = match &old {
         None => crate::admin::record(config, Event::KeyGenerated, Outcome::Success)
-            .reason(format!("this node's anchors are signed with Ed25519 key {}", new.id()))
+            .reason(format!(
+                "this node's anchors are signed with Ed25519 key {}",
+                new.id()
+            ))
             .resource(key_resource(ResourceAction::Made, &new, &path)),
         Some(o) => crate::admin::record(config, Event::KeyRotated, Outcome::Success)
             .reason(format!(

@@ -1,7 +1,7 @@
 //! `tenancyctl`: the admin's view of slurm-tenancy.
 
-mod adopt;
 mod admin;
+mod adopt;
 mod chain;
 mod check;
 mod containment;
@@ -290,7 +290,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             // With anchors to check, the config's key and public keys authenticate them unless
             // named.
-            if !args.anchors.is_empty() && (args.anchor_key.is_none() || args.public_keys.is_none()) {
+            if !args.anchors.is_empty() && (args.anchor_key.is_none() || args.public_keys.is_none())
+            {
                 if let Ok(c) = load(config) {
                     if args.anchor_key.is_none() {
                         args.anchor_key = c.cluster.audit_anchor_key;

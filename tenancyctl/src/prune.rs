@@ -94,7 +94,9 @@ pub fn run(config: &Config, args: &PruneArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or(config.audit.retain_days);
         let longest_tier = tiers
             .iter()
-            .filter(|t| config.audit_retain_days(Some(t)) == days && days > config.audit.retain_days)
+            .filter(|t| {
+                config.audit_retain_days(Some(t)) == days && days > config.audit.retain_days
+            })
             .next()
             .cloned();
         let age_days = f.last_time.map(|t| (now - t).num_days());
@@ -134,7 +136,11 @@ pub fn run(config: &Config, args: &PruneArgs) -> anyhow::Result<ExitCode> {
                 }
             )
         } else {
-            row.action = if args.dry_run { "would remove" } else { "remove" };
+            row.action = if args.dry_run {
+                "would remove"
+            } else {
+                "remove"
+            };
             format!(
                 "{} day(s) old, past {days}; {}",
                 age_days.unwrap_or(0),
@@ -156,24 +162,37 @@ pub fn run(config: &Config, args: &PruneArgs) -> anyhow::Result<ExitCode> {
         if let Some(dir) = log.parent() {
             let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
         }
-        let mut rec = crate::admin::record(config, Event::LogPruned, Outcome::Success).reason(format!(
-            "removed {} rotated file(s), seq {} to {}",
-            removed.len(),
-            removed.iter().map(|f| f.first_seq).min().unwrap_or(0),
-            removed.iter().map(|f| f.last_seq).max().unwrap_or(0)
-        ));
+        let mut rec =
+            crate::admin::record(config, Event::LogPruned, Outcome::Success).reason(format!(
+                "removed {} rotated file(s), seq {} to {}",
+                removed.len(),
+                removed.iter().map(|f| f.first_seq).min().unwrap_or(0),
+                removed.iter().map(|f| f.last_seq).max().unwrap_or(0)
+            ));
         for f in &removed {
             rec = rec.resource(
-                Resource::new("audit", ResourceAction::Removed, f.path.display().to_string())
-                    .detail("first_seq", f.first_seq)
-                    .detail("last_seq", f.last_seq),
+                Resource::new(
+                    "audit",
+                    ResourceAction::Removed,
+                    f.path.display().to_string(),
+                )
+                .detail("first_seq", f.first_seq)
+                .detail("last_seq", f.last_seq),
             );
         }
         tenancy_node::spine::append_anchored(config, &mut rec)
             .map_err(|e| anyhow::anyhow!("the files are removed but their record is not: {e}"))?;
     }
     crate::output::Rows {
-        headers: &["file", "first_seq", "last_seq", "last_record", "retain_days", "action", "why"],
+        headers: &[
+            "file",
+            "first_seq",
+            "last_seq",
+            "last_record",
+            "retain_days",
+            "action",
+            "why",
+        ],
         rows: &rows,
         cells: |r| {
             vec![

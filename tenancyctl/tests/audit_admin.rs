@@ -68,7 +68,16 @@ fn admin_actions_are_audited() {
     std::fs::create_dir_all(root.join("scratch")).unwrap();
     let log = root.join("audit.jsonl");
     let mut l = tenancy_audit::AuditLog::open(&log).unwrap();
-    let mut r = Record::new("t", "n1", "alice", 1001, Event::JobEnd, Outcome::Success, "tenancy-epilog").job_id(1);
+    let mut r = Record::new(
+        "t",
+        "n1",
+        "alice",
+        1001,
+        Event::JobEnd,
+        Outcome::Success,
+        "tenancy-epilog",
+    )
+    .job_id(1);
     l.append(&mut r).unwrap();
     drop(l);
     let me = rustix::process::geteuid().as_raw();
@@ -90,7 +99,10 @@ fn admin_actions_are_audited() {
     let mut want = vec![
         ("tenancyctl --config CONFIG audit keygen", Outcome::Success),
         ("tenancyctl --config CONFIG audit rotate", Outcome::Success),
-        ("tenancyctl --config CONFIG audit prune --unforwarded-ok", Outcome::Success),
+        (
+            "tenancyctl --config CONFIG audit prune --unforwarded-ok",
+            Outcome::Success,
+        ),
         ("tenancyctl --config CONFIG audit keygen", Outcome::Failure),
     ];
     if rustix::process::geteuid().is_root() {
@@ -111,10 +123,23 @@ fn admin_actions_are_audited() {
         std::fs::write(&none, "").unwrap();
         for args in [
             vec!["firewall", "apply"],
-            vec!["reconcile", "--apply", "--node", "n1", "--running-jobs-from", none.to_str().unwrap()],
+            vec![
+                "reconcile",
+                "--apply",
+                "--node",
+                "n1",
+                "--running-jobs-from",
+                none.to_str().unwrap(),
+            ],
             // Dry runs are not actions.
             vec!["firewall", "apply", "--dry-run"],
-            vec!["reconcile", "--node", "n1", "--running-jobs-from", none.to_str().unwrap()],
+            vec![
+                "reconcile",
+                "--node",
+                "n1",
+                "--running-jobs-from",
+                none.to_str().unwrap(),
+            ],
         ] {
             let o = Command::new("/usr/bin/nsenter")
                 .arg(format!("--net=/run/netns/{netns}"))
@@ -126,7 +151,10 @@ fn admin_actions_are_audited() {
                 .unwrap();
             assert!(o.status.success(), "{args:?}: {}", text(&o));
         }
-        want.push(("tenancyctl --config CONFIG firewall apply", Outcome::Success));
+        want.push((
+            "tenancyctl --config CONFIG firewall apply",
+            Outcome::Success,
+        ));
         want.push((
             "tenancyctl --config CONFIG reconcile --apply --node n1 --running-jobs-from NONE",
             Outcome::Success,
@@ -153,7 +181,10 @@ fn admin_actions_are_audited() {
         assert!(!r.user.is_empty());
     }
     let failed = &got[3];
-    assert!(failed.reason.as_deref().unwrap().contains("exists"), "{failed:?}");
+    assert!(
+        failed.reason.as_deref().unwrap().contains("exists"),
+        "{failed:?}"
+    );
     // The trail's own events are there too, and the whole chain verifies across the rotation.
     let events: Vec<String> = chain_records(&log)
         .into_iter()
@@ -167,7 +198,12 @@ fn admin_actions_are_audited() {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("audit.jsonl"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("audit.jsonl")
+        })
         .collect();
     let mut args = vec!["audit".to_string(), "verify".to_string()];
     args.extend(logs.iter().map(|p| p.display().to_string()));
@@ -194,14 +230,31 @@ fn chain(dir: &Path, files: &[(&str, i64, Option<&str>, usize)]) {
         };
         if i > 0 {
             push(
-                Record::new("t", "n1", "root", 0, Event::LogContinued, Outcome::Success, "tenancyctl").time(t),
+                Record::new(
+                    "t",
+                    "n1",
+                    "root",
+                    0,
+                    Event::LogContinued,
+                    Outcome::Success,
+                    "tenancyctl",
+                )
+                .time(t),
                 &mut out,
             );
         }
         for j in 0..*count {
-            let mut r = Record::new("t", "n1", "alice", 1001, Event::JobEnd, Outcome::Success, "tenancy-epilog")
-                .job_id(100 + j as u64)
-                .time(t + Duration::seconds(j as i64));
+            let mut r = Record::new(
+                "t",
+                "n1",
+                "alice",
+                1001,
+                Event::JobEnd,
+                Outcome::Success,
+                "tenancy-epilog",
+            )
+            .job_id(100 + j as u64)
+            .time(t + Duration::seconds(j as i64));
             if let Some(tier) = tier {
                 r = r.tier(*tier);
             }
@@ -209,8 +262,16 @@ fn chain(dir: &Path, files: &[(&str, i64, Option<&str>, usize)]) {
         }
         if i + 1 < n {
             push(
-                Record::new("t", "n1", "root", 0, Event::LogRotated, Outcome::Success, "tenancyctl")
-                    .time(t + Duration::seconds(60)),
+                Record::new(
+                    "t",
+                    "n1",
+                    "root",
+                    0,
+                    Event::LogRotated,
+                    Outcome::Success,
+                    "tenancyctl",
+                )
+                .time(t + Duration::seconds(60)),
                 &mut out,
             );
         }
@@ -242,7 +303,10 @@ fn prune_keeps_unforwarded_and_young_files() {
         )
         .unwrap();
     };
-    write_config(&format!("collectors = [\"127.0.0.1:6514\"]\nca_file = \"{}\"\n", ca.display()));
+    write_config(&format!(
+        "collectors = [\"127.0.0.1:6514\"]\nca_file = \"{}\"\n",
+        ca.display()
+    ));
     // seq 1-3: 400 days old, internal          -> past 30 days, forwarded: removed
     // seq 4-7: 200 days old, a regulated job   -> its tier keeps it 2190 days
     // seq 8-11: 100 days old                    -> past 30 days, but the collector has seq 9 only
@@ -284,7 +348,10 @@ fn prune_keeps_unforwarded_and_young_files() {
             .iter()
             .find(|r| r["file"].as_str().unwrap().ends_with(&format!("/{name}")))
             .unwrap_or_else(|| panic!("{name}: {rows}"));
-        (r["action"].as_str().unwrap().into(), r["why"].as_str().unwrap().into())
+        (
+            r["action"].as_str().unwrap().into(),
+            r["why"].as_str().unwrap().into(),
+        )
     };
     let (a, w) = why(old);
     assert_eq!(a, "remove", "{w}");
@@ -307,7 +374,10 @@ fn prune_keeps_unforwarded_and_young_files() {
     }
     // The prune is a record naming what went; the rest still verifies as one chain.
     let recs = records(&logs.join("audit.jsonl"));
-    let pruned = recs.iter().find(|r| r.event == Event::LogPruned).expect("log_pruned");
+    let pruned = recs
+        .iter()
+        .find(|r| r.event == Event::LogPruned)
+        .expect("log_pruned");
     assert!(pruned.resources[0].id.ends_with(old), "{pruned:?}");
     let mut args = vec!["audit", "verify"];
     let paths: Vec<String> = [regulated, unforwarded, young, "audit.jsonl"]

@@ -42,7 +42,13 @@ fn config(root: &Path, collector: &str, ca: &Path, client: Option<(&Path, &Path)
     std::fs::create_dir_all(root.join("state")).unwrap();
     std::fs::create_dir_all(root.join("log")).unwrap();
     let client = client
-        .map(|(c, k)| format!("cert_file = \"{}\"\nkey_file = \"{}\"\n", c.display(), k.display()))
+        .map(|(c, k)| {
+            format!(
+                "cert_file = \"{}\"\nkey_file = \"{}\"\n",
+                c.display(),
+                k.display()
+            )
+        })
         .unwrap_or_default();
     std::fs::write(
         &p,
@@ -62,10 +68,18 @@ fn config(root: &Path, collector: &str, ca: &Path, client: Option<(&Path, &Path)
 /// A job's start and end as the prolog and epilog record them.
 fn job(config: &Config, id: u64) {
     for event in [Event::JobStart, Event::JobEnd] {
-        let mut r = Record::new("t", NODE, "alice", 1001, event, Outcome::Success, "tenancy-epilog")
-            .job_id(id)
-            .tenant("acme")
-            .tier("internal");
+        let mut r = Record::new(
+            "t",
+            NODE,
+            "alice",
+            1001,
+            event,
+            Outcome::Success,
+            "tenancy-epilog",
+        )
+        .job_id(id)
+        .tenant("acme")
+        .tier("internal");
         tenancy_node::spine::append_anchored(config, &mut r).unwrap();
     }
 }
@@ -109,7 +123,11 @@ fn keygen(root: &Path, config: &Path) -> PathBuf {
     assert!(o.status.success(), "keygen: {}", text(&o));
     let keys = root.join("nodes.pub");
     std::fs::write(&keys, &o.stdout).unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout).starts_with("n1 ed25519 "), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("n1 ed25519 "),
+        "{}",
+        text(&o)
+    );
     keys
 }
 
@@ -171,7 +189,10 @@ fn records_reach_rsyslog_over_tls() {
     for id in 2..=20 {
         job(&s.config, id);
     }
-    let o = tenancyctl(&s.config_path, &["audit", "forward", "--once", "--confirm-ms", "300"]);
+    let o = tenancyctl(
+        &s.config_path,
+        &["audit", "forward", "--once", "--confirm-ms", "300"],
+    );
     assert!(o.status.success(), "forward: {}", text(&o));
     let local = s.config.cluster.audit_log.clone();
     let (got, _) = wait_for_all(&local, &s.rsyslog.records(NODE), Duration::from_secs(20));
@@ -181,8 +202,17 @@ fn records_reach_rsyslog_over_tls() {
         .values()
         .map(|l| serde_json::from_str::<Record>(l).unwrap().event.to_string())
         .collect();
-    for e in ["job_start", "job_end", "key_generated", "admin_action", "forward_started"] {
-        assert!(events.iter().any(|x| x == e), "no {e} at the collector: {events:?}");
+    for e in [
+        "job_start",
+        "job_end",
+        "key_generated",
+        "admin_action",
+        "forward_started",
+    ] {
+        assert!(
+            events.iter().any(|x| x == e),
+            "no {e} at the collector: {events:?}"
+        );
     }
     // The anchors arrived too, signed, and the collector's files verify as rsyslog wrote them.
     let anchors = std::fs::read_to_string(s.rsyslog.anchors(NODE)).unwrap();
@@ -190,12 +220,20 @@ fn records_reach_rsyslog_over_tls() {
     let o = verify(&s.config_path, &keys, &s.rsyslog);
     let out = text(&o);
     assert!(o.status.success(), "verify of the collector's copy: {out}");
-    assert!(out.contains("all chains intact") && out.contains("signed"), "{out}");
+    assert!(
+        out.contains("all chains intact") && out.contains("signed"),
+        "{out}"
+    );
     // What `tenancyctl metrics` says of it: nothing left to forward.
     let o = tenancyctl(&s.config_path, &["metrics"]);
     let m = String::from_utf8_lossy(&o.stdout).to_string();
     let c = s.rsyslog.collector();
-    assert!(m.contains(&format!("slurm_tenancy_audit_forward_lag_records{{collector=\"{c}\"}} 0")), "{m}");
+    assert!(
+        m.contains(&format!(
+            "slurm_tenancy_audit_forward_lag_records{{collector=\"{c}\"}} 0"
+        )),
+        "{m}"
+    );
 }
 
 #[test]
@@ -229,16 +267,26 @@ fn collector_down_loses_nothing() {
     unsafe { libc::kill(fwd.id() as i32, libc::SIGTERM) };
     assert!(fwd.wait().unwrap().success());
     let err = std::fs::read_to_string(s.root.join("forward.err")).unwrap();
-    assert!(err.contains("reachable again"), "the outage was not seen: {err}");
+    assert!(
+        err.contains("reachable again"),
+        "the outage was not seen: {err}"
+    );
     eprintln!(
         "{} records at the collector ({copies} copies), {down_at} records when it stopped",
         got.len()
     );
     // The outage is in the trail, and the collector's copy verifies (copies skipped).
     let recs = std::fs::read_to_string(&local).unwrap();
-    assert!(recs.contains("\"event\":\"forward_error\""), "no forward_error record");
+    assert!(
+        recs.contains("\"event\":\"forward_error\""),
+        "no forward_error record"
+    );
     let o = verify(&s.config_path, &keys, &s.rsyslog);
-    assert!(o.status.success(), "verify of the collector's copy: {}", text(&o));
+    assert!(
+        o.status.success(),
+        "verify of the collector's copy: {}",
+        text(&o)
+    );
     // And the gap a lost record would leave is found there: take one out of the copy.
     let copy = s.root.join("copy.jsonl");
     let lines: Vec<&str> = std::fs::read_to_string(s.rsyslog.records(NODE))
@@ -253,7 +301,11 @@ fn collector_down_loses_nothing() {
         .collect();
     std::fs::write(&copy, cut.join("\n") + "\n").unwrap();
     let o = tenancyctl(&s.config_path, &["audit", "verify", copy.to_str().unwrap()]);
-    assert!(!o.status.success() && text(&o).contains("sequence gap"), "{}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("sequence gap"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -265,7 +317,10 @@ fn forwarder_restart_resumes_at_cursor() {
         job(&s.config, id);
     }
     let once = |what: &str| {
-        let o = tenancyctl(&s.config_path, &["audit", "forward", "--once", "--confirm-ms", "200"]);
+        let o = tenancyctl(
+            &s.config_path,
+            &["audit", "forward", "--once", "--confirm-ms", "200"],
+        );
         assert!(o.status.success(), "{what}: {}", text(&o));
         o
     };
@@ -289,7 +344,10 @@ fn forwarder_restart_resumes_at_cursor() {
     }
     once("second run");
     let (got, copies) = wait_for_all(&local, &remote, Duration::from_secs(20));
-    assert_eq!(copies, 0, "a resumed forwarder sent records the collector had");
+    assert_eq!(
+        copies, 0,
+        "a resumed forwarder sent records the collector had"
+    );
     assert!(got.len() as u64 > at);
     // A cursor that is corrupt: the forwarder starts over from the oldest record rather than
     // skipping any (the collector gets copies, which verify skips), and says so in the trail.
@@ -298,16 +356,24 @@ fn forwarder_restart_resumes_at_cursor() {
     let o = once("run after the cursor was damaged");
     assert!(text(&o).contains("corrupt"), "{}", text(&o));
     let (_, copies) = wait_for_all(&local, &remote, Duration::from_secs(20));
-    assert!(copies as u64 >= at, "started over: the early records come again ({copies})");
+    assert!(
+        copies as u64 >= at,
+        "started over: the early records come again ({copies})"
+    );
     let recs = std::fs::read_to_string(&local).unwrap();
     assert!(recs.contains("\"event\":\"forward_error\"") && recs.contains("corrupt"));
-    let o = tenancyctl(&s.config_path, &["audit", "verify", remote.to_str().unwrap()]);
+    let o = tenancyctl(
+        &s.config_path,
+        &["audit", "verify", remote.to_str().unwrap()],
+    );
     assert!(o.status.success(), "{}", text(&o));
 }
 
 #[test]
 fn untrusted_collector_certificate_gets_nothing() {
-    let Some(()) = rsyslogd().map(|_| ()) else { return };
+    let Some(()) = rsyslogd().map(|_| ()) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let pki = root.join("pki");
@@ -325,7 +391,10 @@ fn untrusted_collector_certificate_gets_nothing() {
     let o = tenancyctl(&cfg, &["audit", "forward", "--once", "--timeout", "4"]);
     let out = text(&o);
     assert!(!o.status.success(), "{out}");
-    assert!(out.contains("certificate") || out.contains("Certificate"), "{out}");
+    assert!(
+        out.contains("certificate") || out.contains("Certificate"),
+        "{out}"
+    );
     std::thread::sleep(Duration::from_millis(500));
     let written: Vec<_> = walk(&rsyslog.out);
     assert!(written.is_empty(), "the collector got {written:?}");
@@ -355,7 +424,11 @@ fn bad_forwarding_input_is_a_clear_error() {
     let cfg = config(root, "logs1.example.org", &ca, None);
     let o = tenancyctl(&cfg, &["check"]);
     assert!(!o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("no port") && text(&o).contains("tenancy.toml:"), "{}", text(&o));
+    assert!(
+        text(&o).contains("no port") && text(&o).contains("tenancy.toml:"),
+        "{}",
+        text(&o)
+    );
     let cfg = config(root, "logs1.example.org:99999", &ca, None);
     assert!(text(&tenancyctl(&cfg, &["check"])).contains("not 1 to 65535"));
     // A client key others can read: the forwarder does not start.
@@ -363,7 +436,11 @@ fn bad_forwarding_input_is_a_clear_error() {
     let cfg = config(root, "127.0.0.1:1", &ca, Some((&cc, &ck)));
     let o = tenancyctl(&cfg, &["audit", "forward", "--once"]);
     assert!(!o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("mode 0644") && text(&o).contains("chmod 600"), "{}", text(&o));
+    assert!(
+        text(&o).contains("mode 0644") && text(&o).contains("chmod 600"),
+        "{}",
+        text(&o)
+    );
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

@@ -47,11 +47,25 @@ pub fn make_ca(dir: &Path, name: &str) -> PathBuf {
     openssl(
         dir,
         &[
-            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", &format!("{name}-ca.key"), "-out", &format!("{name}-ca.pem"),
-            "-days", "2", "-subj", &format!("/CN={name} test CA"),
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}-ca.key"),
+            "-out",
+            &format!("{name}-ca.pem"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name} test CA"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
         ],
     );
     dir.join(format!("{name}-ca.pem"))
@@ -62,9 +76,18 @@ pub fn make_cert(dir: &Path, ca: &str, name: &str, usage: &str) -> (PathBuf, Pat
     openssl(
         dir,
         &[
-            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"),
-            "-subj", &format!("/CN={name}"),
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
         ],
     );
     let ext = dir.join(format!("{name}.ext"));
@@ -79,9 +102,21 @@ pub fn make_cert(dir: &Path, ca: &str, name: &str, usage: &str) -> (PathBuf, Pat
     openssl(
         dir,
         &[
-            "x509", "-req", "-in", &format!("{name}.csr"), "-CA", &format!("{ca}-ca.pem"),
-            "-CAkey", &format!("{ca}-ca.key"), "-CAcreateserial", "-out", &format!("{name}.pem"),
-            "-days", "2", "-extfile", ext.to_str().unwrap(),
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}-ca.pem"),
+            "-CAkey",
+            &format!("{ca}-ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            ext.to_str().unwrap(),
         ],
     );
     let key = dir.join(format!("{name}.key"));
@@ -144,7 +179,11 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
                 work = work.display(),
                 d = dir.display(),
                 out = out.display(),
-                auth = if client_auth { "x509/certvalid" } else { "anon" },
+                auth = if client_auth {
+                    "x509/certvalid"
+                } else {
+                    "anon"
+                },
             ),
         )
         .unwrap();
