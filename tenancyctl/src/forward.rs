@@ -50,6 +50,10 @@ pub struct ForwardArgs {
     /// With --once: give up (exit 1) after this many seconds without every collector caught up
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub timeout: u64,
+    /// Send again from this seq on (every collector), e.g. after a collector lost what it had
+    /// confirmed and `audit verify` of its copy found the gap; its cursor moves back there
+    #[arg(long, value_name = "SEQ")]
+    pub resend_from: Option<u64>,
 }
 
 /// The folder of the cursors, in the state folder (root's alone).
@@ -427,7 +431,7 @@ fn audit_record(config: &Config, event: Event, outcome: Outcome, reason: String)
 }
 
 impl Stream {
-    fn new(config: &Config, collector: &Collector) -> anyhow::Result<Stream> {
+    fn new(config: &Config, collector: &Collector, resend_from: Option<u64>) -> anyhow::Result<Stream> {
         let cursor_path = cursor_path(config, collector);
         let mut reader = ChainReader::new(&config.cluster.audit_log);
         let (cursor, note) = match read_cursor(&cursor_path) {
@@ -456,6 +460,15 @@ impl Stream {
             }
         };
         let mut cursor = cursor;
+        if let Some(from) = resend_from {
+            // Back to just before `from` (its hash unknown: not checked); anchors from the start.
+            cursor.record = Position {
+                seq: from.saturating_sub(1),
+                ..Position::default()
+            };
+            cursor.anchors = AnchorPosition::default();
+            say(&format!("collector {collector}: sending again from seq {from}"));
+        }
         let mut anchor_pos = cursor.anchors.clone();
         let note = match reader.seek(&cursor.record)? {
             Seek::Resumed | Seek::FromStart => note,
@@ -726,7 +739,7 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     let poll = Duration::from_millis(args.poll_ms.max(1));
     let mut streams = Vec::new();
     for c in &config.audit.collectors {
-        streams.push(Stream::new(config, c)?);
+        streams.push(Stream::new(config, c, args.resend_from)?);
     }
     // With --once: caught up to the head there is now (this run's own start record included).
     let target = crate::chain::log_files(&config.cluster.audit_log)?
