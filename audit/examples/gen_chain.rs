@@ -12,17 +12,33 @@ fn main() -> anyhow::Result<()> {
     let mut log = AuditLog::open(&a[1])?.with_fsync(false);
     let t0 = chrono::Utc::now() - chrono::Duration::hours(1);
     for i in 0..n {
-        let mut r = Record::new("bench", node, "acme1", 1001, Event::JobEnd, Outcome::Success, "tenancy-epilog")
-            .job_id(7_000_000 + i)
-            .tenant("acme")
-            .tier("internal")
-            .profile("1g.18gb")
-            .compute_slices(1)
-            .gpu("GPU-6a1f3c2e-0b7d-4f51-9a36-2c8e1d4b7f90")
-            .started(t0)
-            .resource(Resource::new("mig", ResourceAction::Removed, "gpu0/gi9/ci0"))
-            .resource(Resource::new("scratch", ResourceAction::Removed, "/scratch/acme/job_7000000"))
-            .duration(std::time::Duration::from_micros(1800));
+        let mut r = Record::new(
+            "bench",
+            node,
+            "acme1",
+            1001,
+            Event::JobEnd,
+            Outcome::Success,
+            "tenancy-epilog",
+        )
+        .job_id(7_000_000 + i)
+        .tenant("acme")
+        .tier("internal")
+        .profile("1g.18gb")
+        .compute_slices(1)
+        .gpu("GPU-6a1f3c2e-0b7d-4f51-9a36-2c8e1d4b7f90")
+        .started(t0)
+        .resource(Resource::new(
+            "mig",
+            ResourceAction::Removed,
+            "gpu0/gi9/ci0",
+        ))
+        .resource(Resource::new(
+            "scratch",
+            ResourceAction::Removed,
+            "/scratch/acme/job_7000000",
+        ))
+        .duration(std::time::Duration::from_micros(1800));
         log.append(&mut r)?;
     }
     Ok(())

@@ -431,7 +431,11 @@ fn audit_record(config: &Config, event: Event, outcome: Outcome, reason: String)
 }
 
 impl Stream {
-    fn new(config: &Config, collector: &Collector, resend_from: Option<u64>) -> anyhow::Result<Stream> {
+    fn new(
+        config: &Config,
+        collector: &Collector,
+        resend_from: Option<u64>,
+    ) -> anyhow::Result<Stream> {
         let cursor_path = cursor_path(config, collector);
         let mut reader = ChainReader::new(&config.cluster.audit_log);
         let (cursor, note) = match read_cursor(&cursor_path) {
@@ -467,7 +471,9 @@ impl Stream {
                 ..Position::default()
             };
             cursor.anchors = AnchorPosition::default();
-            say(&format!("collector {collector}: sending again from seq {from}"));
+            say(&format!(
+                "collector {collector}: sending again from seq {from}"
+            ));
         }
         let mut anchor_pos = cursor.anchors.clone();
         let note = match reader.seek(&cursor.record)? {

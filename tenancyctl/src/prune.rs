@@ -94,10 +94,7 @@ pub fn run(config: &Config, args: &PruneArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or(config.audit.retain_days);
         let longest_tier = tiers
             .iter()
-            .filter(|t| {
-                config.audit_retain_days(Some(t)) == days && days > config.audit.retain_days
-            })
-            .next()
+            .find(|t| config.audit_retain_days(Some(t)) == days && days > config.audit.retain_days)
             .cloned();
         let age_days = f.last_time.map(|t| (now - t).num_days());
         let mut row = Row {

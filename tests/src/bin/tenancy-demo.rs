@@ -676,7 +676,10 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
         let t0 = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if t0.elapsed() > Duration::from_secs(20) {
-                bail!("rsyslogd did not listen on {port}: {}", fs::read_to_string(dir.join("rsyslogd.err"))?);
+                bail!(
+                    "rsyslogd did not listen on {port}: {}",
+                    fs::read_to_string(dir.join("rsyslogd.err"))?
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -686,7 +689,10 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
 
 impl Drop for Collector {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::SIGTERM,
+        );
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
     }
 }
