@@ -63,7 +63,16 @@ fn admin_actions(log: &Path) -> Vec<Record> {
 fn admin_actions_are_audited() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
+    // A tenant of this test's own: the node's cgroup tree is shared with other tests.
+    let tenant = format!("adm{}", std::process::id());
     let config = common::minimal_config(root);
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("[tenants.acme]", &format!("[tenants.{tenant}]")),
+    )
+    .unwrap();
     std::fs::create_dir_all(root.join("state")).unwrap();
     std::fs::create_dir_all(root.join("scratch")).unwrap();
     let log = root.join("audit.jsonl");
@@ -109,16 +118,16 @@ fn admin_actions_are_audited() {
         // The node's firewall and reconcile, in a network namespace of the test's.
         let netns = format!("adm{}", std::process::id());
         common::sh("ip", &["netns", "add", &netns]);
-        struct Cleanup(String);
+        struct Cleanup(String, String);
         impl Drop for Cleanup {
             fn drop(&mut self) {
                 let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
                 for d in ["unified", "freezer"] {
-                    let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{d}/tenancy/acme"));
+                    let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{d}/tenancy/{}", self.1));
                 }
             }
         }
-        let _c = Cleanup(netns.clone());
+        let _c = Cleanup(netns.clone(), tenant.clone());
         let none = root.join("no-jobs");
         std::fs::write(&none, "").unwrap();
         for args in [
@@ -130,6 +139,8 @@ fn admin_actions_are_audited() {
                 "n1",
                 "--running-jobs-from",
                 none.to_str().unwrap(),
+                "--tenant",
+                &tenant,
             ],
             // Dry runs are not actions.
             vec!["firewall", "apply", "--dry-run"],
@@ -139,6 +150,8 @@ fn admin_actions_are_audited() {
                 "n1",
                 "--running-jobs-from",
                 none.to_str().unwrap(),
+                "--tenant",
+                &tenant,
             ],
         ] {
             let o = Command::new("/usr/bin/nsenter")
@@ -156,7 +169,7 @@ fn admin_actions_are_audited() {
             Outcome::Success,
         ));
         want.push((
-            "tenancyctl --config CONFIG reconcile --apply --node n1 --running-jobs-from NONE",
+            "tenancyctl --config CONFIG reconcile --apply --node n1 --running-jobs-from NONE --tenant TENANT",
             Outcome::Success,
         ));
     } else {
@@ -169,6 +182,7 @@ fn admin_actions_are_audited() {
             let c = r.command.clone().unwrap_or_default();
             let c = c.replace(config.to_str().unwrap(), "CONFIG");
             let c = c.replace(root.join("no-jobs").to_str().unwrap(), "NONE");
+            let c = c.replace(&tenant, "TENANT");
             (c, r.outcome)
         })
         .collect();
