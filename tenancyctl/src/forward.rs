@@ -5,10 +5,13 @@
 //! The local log is the buffer: the forwarder reads it (never waiting on the appenders' lock,
 //! so the job path never waits for a collector) and keeps, per collector, a cursor in
 //! `<state_dir>/audit-forward/` of the last record the collector confirmed. Syslog over TLS has
-//! no acknowledgement, so a message counts as confirmed once the collector's TCP stack
-//! acknowledged every byte of it (the socket's send queue, SIOCOUTQ) and the connection then
-//! stayed up for `--confirm-ms`: a collector that stops or resets sooner loses nothing, as the
-//! forwarder sends again from the cursor (at least once: `audit verify` skips exact copies).
+//! no acknowledgement (and a TCP acknowledgement says only that the collector's kernel holds
+//! the bytes, not that its daemon read them), so the forwarder ends each TLS session after
+//! `--confirm-ms`: close_notify and its half of the connection, then it waits for the
+//! collector's end. A collector closes its end once it has read everything before ours, so
+//! that end confirms every message of the session; a collector that resets, hangs or dies
+//! confirms nothing, and the forwarder sends again from the cursor in a new session (at least
+//! once: `audit verify` skips exact copies).
 //! After a restart it resumes at the cursor; a cursor that is corrupt, or names a record the
 //! log no longer holds with its hash, starts over from the oldest record on the node (copies,
 //! never a gap). A collector whose certificate does not verify against `ca_file` gets nothing:
@@ -17,7 +20,6 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,8 +42,8 @@ pub struct ForwardArgs {
     /// (default: run until SIGTERM, as the tenancy-audit-forward unit does)
     #[arg(long)]
     pub once: bool,
-    /// A message counts as delivered once the collector acknowledged its bytes and the
-    /// connection stayed up this long after
+    /// How long a TLS session lasts: the collector's end of it confirms every message sent in
+    /// it (what a session sent goes again until then)
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     pub confirm_ms: u64,
     /// How often the log is looked at for new records
@@ -185,46 +187,10 @@ pub fn frame(out: &mut Vec<u8>, time: &DateTime<Utc>, host: &str, msgid: &str, m
     out.extend_from_slice(msg);
 }
 
-/// The TCP socket under TLS, counting the bytes written to it.
-struct Counted {
-    sock: TcpStream,
-    written: u64,
-}
-
-impl Read for Counted {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.sock.read(buf)
-    }
-}
-
-impl Write for Counted {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.sock.write(buf)?;
-        self.written += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.sock.flush()
-    }
-}
-
-impl Counted {
-    /// Bytes written that the peer's TCP has acknowledged.
-    fn acked(&self) -> u64 {
-        let mut queued: libc::c_int = 0;
-        // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int: bytes not yet acknowledged by the peer.
-        let r = unsafe { libc::ioctl(self.sock.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
-        if r != 0 {
-            return 0;
-        }
-        self.written.saturating_sub(queued.max(0) as u64)
-    }
-}
-
 /// Whether the collector still holds the session: what it sent (session tickets, an alert,
 /// close_notify) is read without waiting; end of stream, a reset or an alert mean it is gone.
-fn alive(tls: &mut rustls::StreamOwned<rustls::ClientConnection, Counted>) -> bool {
-    if tls.sock.sock.set_nonblocking(true).is_err() {
+fn alive(tls: &mut Tls) -> bool {
+    if tls.sock.set_nonblocking(true).is_err() {
         return false;
     }
     let up = loop {
@@ -243,10 +209,55 @@ fn alive(tls: &mut rustls::StreamOwned<rustls::ClientConnection, Counted>) -> bo
     // Plaintext the collector sent (it never should) is dropped.
     let mut sink = [0u8; 512];
     while matches!(tls.conn.reader().read(&mut sink), Ok(n) if n > 0) {}
-    up && tls.sock.sock.set_nonblocking(false).is_ok()
+    up && tls.sock.set_nonblocking(false).is_ok()
 }
 
-type Tls = rustls::StreamOwned<rustls::ClientConnection, Counted>;
+/// How long a collector has to close its end of a session after ours.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Ends a session and waits for the collector's end: Ok once it closed after reading
+/// everything (end of stream, after its close_notify or without); a reset (it closed with our
+/// bytes unread), an error or no answer within [`CLOSE_WAIT`] is an Err.
+fn close_and_wait(tls: &mut Tls) -> Result<(), String> {
+    tls.conn.send_close_notify();
+    while tls.conn.wants_write() {
+        tls.conn
+            .write_tls(&mut tls.sock)
+            .map_err(|e| format!("sending close_notify: {e}"))?;
+    }
+    tls.sock
+        .shutdown(std::net::Shutdown::Write)
+        .map_err(|e| format!("closing our end: {e}"))?;
+    let deadline = Instant::now() + CLOSE_WAIT;
+    let _ = tls.sock.set_read_timeout(Some(CLOSE_WAIT));
+    loop {
+        match tls.conn.read_tls(&mut tls.sock) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {
+                let _ = tls.conn.process_new_packets();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(format!(
+                    "no end of the session from it within {CLOSE_WAIT:?}"
+                ))
+            }
+            Err(e) => return Err(format!("the session ended with {e}")),
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "no end of the session from it within {CLOSE_WAIT:?}"
+            ));
+        }
+    }
+}
+
+type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
 /// Connects and completes the TLS handshake: nothing is sent to a collector whose certificate
 /// does not verify.
@@ -265,7 +276,7 @@ fn connect(c: &Collector, tls: &Arc<rustls::ClientConfig>) -> Result<Tls, String
                     .map_err(|e| format!("collector {c}: {e}"))?;
                 let conn = rustls::ClientConnection::new(tls.clone(), name)
                     .map_err(|e| format!("collector {c}: TLS: {e}"))?;
-                let mut s = rustls::StreamOwned::new(conn, Counted { sock, written: 0 });
+                let mut s = rustls::StreamOwned::new(conn, sock);
                 while s.conn.is_handshaking() {
                     if let Err(e) = s.conn.complete_io(&mut s.sock) {
                         return Err(format!("collector {c}: TLS handshake with {a}: {e}"));
@@ -393,9 +404,6 @@ impl AnchorReader {
 
 /// A message written to the collector and not yet confirmed.
 struct Sent {
-    /// Ciphertext bytes written when it was on the socket.
-    end: u64,
-    acked_at: Option<Instant>,
     record: Option<(Position, Option<DateTime<Utc>>)>,
     anchors: AnchorPosition,
 }
@@ -411,6 +419,7 @@ struct Stream {
     sent_seq: u64,
     unconfirmed: VecDeque<Sent>,
     conn: Option<Tls>,
+    session_started: Instant,
     /// The outage in progress: when it began, and whether its record was written.
     failing_since: Option<Instant>,
     backoff: Duration,
@@ -501,6 +510,7 @@ impl Stream {
             reader,
             unconfirmed: VecDeque::new(),
             conn: None,
+            session_started: Instant::now(),
             failing_since: None,
             backoff: Duration::from_millis(500),
             next_try: Instant::now(),
@@ -510,7 +520,7 @@ impl Stream {
 
     fn save(&mut self) {
         self.cursor.updated = Some(Utc::now());
-        self.cursor.connected = self.conn.is_some();
+        self.cursor.connected = self.failing_since.is_none();
         if let Err(e) = write_cursor(&self.cursor_path, &self.cursor) {
             say(&format!("cannot write {}: {e}", self.cursor_path.display()));
         }
@@ -543,73 +553,47 @@ impl Stream {
         self.save();
     }
 
-    /// Moves the cursor over what the collector confirmed; `Err` when the connection is gone.
-    fn confirm(&mut self, confirm_after: Duration) -> Result<(), String> {
+    /// Confirms what this session sent once it is `confirm_after` old (`now`: at once), by
+    /// ending it: the collector's end of the session means it read every message of it, and
+    /// the cursor moves over them. `Err` when the connection is gone or the collector does not
+    /// end the session: nothing of it is confirmed, and it all goes again.
+    fn confirm(&mut self, confirm_after: Duration, now: bool) -> Result<(), String> {
         let Some(conn) = &mut self.conn else {
             return Ok(());
         };
-        let healthy = alive(conn);
-        let acked = conn.sock.acked();
-        let now = Instant::now();
-        let mut moved = false;
-        while let Some(s) = self.unconfirmed.front_mut() {
-            if s.end > acked {
-                break;
-            }
-            let at = *s.acked_at.get_or_insert(now);
-            if !healthy || now.duration_since(at) < confirm_after {
-                break;
-            }
-            let s = self.unconfirmed.pop_front().expect("front");
+        if !alive(conn) {
+            return Err(format!(
+                "collector {}: the connection was closed",
+                self.collector
+            ));
+        }
+        if self.unconfirmed.is_empty() || (!now && self.session_started.elapsed() < confirm_after) {
+            return Ok(());
+        }
+        let mut conn = self.conn.take().expect("checked above");
+        close_and_wait(&mut conn).map_err(|e| {
+            format!(
+                "collector {}: {e}: the session's {} message(s) are not confirmed and go again",
+                self.collector,
+                self.unconfirmed.len()
+            )
+        })?;
+        for s in self.unconfirmed.drain(..) {
             if let Some((p, t)) = s.record {
                 self.cursor.record = p;
                 self.cursor.record_time = t;
             }
             self.cursor.anchors = s.anchors;
-            moved = true;
         }
-        // Everything behind the acknowledged bytes gets its time now.
-        for s in self.unconfirmed.iter_mut() {
-            if s.end <= acked && s.acked_at.is_none() {
-                s.acked_at = Some(now);
-            }
-        }
-        if moved
-            && (self.unconfirmed.is_empty()
-                || now.duration_since(self.saved) > Duration::from_millis(200))
-        {
-            self.save();
-        }
-        if healthy {
-            Ok(())
-        } else {
-            Err(format!(
-                "collector {}: the connection was closed",
-                self.collector
-            ))
-        }
+        self.save();
+        Ok(())
     }
 
     /// Sends what the log and the anchor file hold past what was sent. Returns how many
     /// messages went.
     fn pump(&mut self, config: &Config) -> Result<usize, String> {
-        if self.conn.is_none() {
-            if Instant::now() < self.next_try {
-                return Ok(0);
-            }
-            let tls = tls_config(config).map_err(|e| format!("{e:#}"))?;
-            let conn = connect(&self.collector, &tls)?;
-            if let Some(since) = self.failing_since.take() {
-                say(&format!(
-                    "collector {} reachable again after {:.1} s; sending from seq {}",
-                    self.collector,
-                    since.elapsed().as_secs_f64(),
-                    self.cursor.record.seq + 1
-                ));
-            }
-            self.backoff = Duration::from_millis(500);
-            self.conn = Some(conn);
-            self.save();
+        if self.conn.is_none() && Instant::now() < self.next_try {
+            return Ok(0);
         }
         let lines: Vec<Line> = self
             .reader
@@ -637,8 +621,6 @@ impl Stream {
                 frame(buf, &Utc::now(), &host, "anchor", body.as_bytes());
                 *anchor_pos = pos.clone();
                 batch.push(Sent {
-                    end: 0,
-                    acked_at: None,
                     record: None,
                     anchors: pos,
                 });
@@ -667,8 +649,6 @@ impl Stream {
             );
             self.sent_seq = l.seq;
             batch.push(Sent {
-                end: 0,
-                acked_at: None,
                 record: Some((l.after.clone(), l.time)),
                 anchors: anchor_pos.clone(),
             });
@@ -686,15 +666,28 @@ impl Stream {
         if batch.is_empty() {
             return Ok(0);
         }
+        if self.conn.is_none() {
+            let tls = tls_config(config).map_err(|e| format!("{e:#}"))?;
+            let conn = connect(&self.collector, &tls)?;
+            if let Some(since) = self.failing_since.take() {
+                say(&format!(
+                    "collector {} reachable again after {:.1} s; sending from seq {}",
+                    self.collector,
+                    since.elapsed().as_secs_f64(),
+                    self.cursor.record.seq + 1
+                ));
+            }
+            self.backoff = Duration::from_millis(500);
+            self.conn = Some(conn);
+            self.session_started = Instant::now();
+        }
         let conn = self.conn.as_mut().expect("connected above");
         conn.write_all(&buf)
             .and_then(|()| conn.flush())
             .map_err(|e| format!("collector {}: sending: {e}", self.collector))?;
-        let end = conn.sock.written;
         // A record's position carries the anchors sent before it: fill them in order.
         let mut last_anchor = self.cursor.anchors.clone();
         for mut s in batch {
-            s.end = end;
             if s.record.is_none() {
                 last_anchor = s.anchors.clone();
             } else if s.anchors == AnchorPosition::default() {
@@ -707,7 +700,7 @@ impl Stream {
 
     /// Everything there now was sent and confirmed.
     fn caught_up(&self) -> bool {
-        self.conn.is_some() && self.unconfirmed.is_empty()
+        self.failing_since.is_none() && self.unconfirmed.is_empty()
     }
 }
 
@@ -758,7 +751,7 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
         for s in streams.iter_mut() {
             match s
                 .pump(config)
-                .and_then(|n| s.confirm(confirm_after).map(|()| n))
+                .and_then(|n| s.confirm(confirm_after, false).map(|()| n))
             {
                 Ok(n) => sent += n,
                 Err(why) => s.fail(config, why),
@@ -799,27 +792,24 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
                 .join(", ")
         ),
     );
-    let until = Instant::now() + confirm_after + Duration::from_millis(1500);
-    while Instant::now() < until {
-        let mut busy = false;
-        for s in streams.iter_mut().filter(|s| s.conn.is_some()) {
+    // Each collector that is reachable gets the rest (the stop record too) and confirms it
+    // now; one that is not keeps its cursor, and the next run sends again from there.
+    let until = Instant::now() + CLOSE_WAIT + Duration::from_secs(2);
+    for s in streams.iter_mut().filter(|s| s.failing_since.is_none()) {
+        s.next_try = Instant::now();
+        while Instant::now() < until {
             match s
                 .pump(config)
-                .and_then(|n| s.confirm(confirm_after).map(|()| n))
+                .and_then(|n| s.confirm(confirm_after, true).map(|()| n))
             {
-                Ok(n) => busy |= n > 0 || !s.unconfirmed.is_empty(),
-                Err(_) => s.conn = None,
+                Ok(0) if s.unconfirmed.is_empty() => break,
+                Ok(_) => {}
+                Err(why) => {
+                    say(&why);
+                    s.conn = None;
+                    break;
+                }
             }
-        }
-        if !busy {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for s in streams.iter_mut() {
-        if let Some(mut c) = s.conn.take() {
-            c.conn.send_close_notify();
-            let _ = c.conn.complete_io(&mut c.sock);
         }
         s.save();
     }

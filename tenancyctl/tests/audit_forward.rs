@@ -248,7 +248,8 @@ fn collector_down_loses_nothing() {
         .stderr(std::fs::File::create(s.root.join("forward.err")).unwrap())
         .spawn()
         .unwrap();
-    // Jobs end while the forwarder runs; the collector goes down in the middle and comes back.
+    // Jobs end while the forwarder runs; in the middle the collector hangs (its kernel still
+    // acknowledges the bytes it is sent), then dies (what it held is gone), and comes back.
     let cfg = s.config.clone();
     let jobs = std::thread::spawn(move || {
         for id in 2..=300 {
@@ -257,7 +258,9 @@ fn collector_down_loses_nothing() {
         }
     });
     std::thread::sleep(Duration::from_millis(1500));
-    s.rsyslog.stop();
+    s.rsyslog.hang();
+    std::thread::sleep(Duration::from_millis(1500));
+    s.rsyslog.crash();
     let down_at = by_seq(&s.config.cluster.audit_log).0.len();
     std::thread::sleep(Duration::from_millis(2000));
     s.rsyslog.resume();

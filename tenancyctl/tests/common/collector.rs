@@ -230,8 +230,26 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
 
     /// Stops rsyslogd (SIGTERM, by pid) and waits for it to exit.
     pub fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Kills rsyslogd (SIGKILL, by pid): what it had received and not yet written is lost, as
+    /// when a collector crashes or its host goes down.
+    pub fn crash(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    /// Stops rsyslogd in its tracks (SIGSTOP): a hung collector, whose kernel still
+    /// acknowledges what it is sent until its socket buffer is full.
+    pub fn hang(&self) {
+        if let Some(pid) = self.pid {
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+    }
+
+    fn signal(&mut self, sig: i32) {
         let Some(pid) = self.pid.take() else { return };
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        unsafe { libc::kill(pid, sig) };
         let mut status = 0;
         unsafe { libc::waitpid(pid, &mut status, 0) };
     }
