@@ -241,13 +241,23 @@ fn collector_down_loses_nothing() {
     let Some(mut s) = setup(false) else { return };
     job(&s.config, 1);
     let keys = keygen(&s.root, &s.config_path);
-    let mut fwd = Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .arg("--config")
-        .arg(&s.config_path)
-        .args(["audit", "forward", "--confirm-ms", "500", "--poll-ms", "20"])
-        .stderr(std::fs::File::create(s.root.join("forward.err")).unwrap())
-        .spawn()
-        .unwrap();
+    // Stopped by pid, also when the test fails.
+    struct Forwarder(std::process::Child);
+    impl Drop for Forwarder {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut fwd = Forwarder(
+        Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
+            .arg("--config")
+            .arg(&s.config_path)
+            .args(["audit", "forward", "--confirm-ms", "500", "--poll-ms", "20"])
+            .stderr(std::fs::File::create(s.root.join("forward.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     // Jobs end while the forwarder runs; in the middle the collector hangs (its kernel still
     // acknowledges the bytes it is sent), then dies (what it held is gone), and comes back.
     let cfg = s.config.clone();
@@ -267,8 +277,8 @@ fn collector_down_loses_nothing() {
     jobs.join().unwrap();
     let local = s.config.cluster.audit_log.clone();
     let (got, copies) = wait_for_all(&local, &s.rsyslog.records(NODE), Duration::from_secs(60));
-    unsafe { libc::kill(fwd.id() as i32, libc::SIGTERM) };
-    assert!(fwd.wait().unwrap().success());
+    unsafe { libc::kill(fwd.0.id() as i32, libc::SIGTERM) };
+    assert!(fwd.0.wait().unwrap().success());
     let err = std::fs::read_to_string(s.root.join("forward.err")).unwrap();
     assert!(
         err.contains("reachable again"),
