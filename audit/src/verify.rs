@@ -396,24 +396,12 @@ fn hash_prefix(hash: &str) -> u64 {
     }
 }
 
-/// The record in a line as a collector may have written it: from its `{"seq":` on, when the
-/// line does not begin with the record (a syslog file's time, host and tag before it).
-pub fn record_part(line: &[u8]) -> &[u8] {
-    if line.first() == Some(&b'{') {
-        return line;
-    }
-    const START: &[u8] = b"{\"seq\":";
-    line.windows(START.len())
-        .position(|w| w == START)
-        .map_or(line, |i| &line[i..])
-}
-
 /// First parseable record of a file: (cluster, node, seq).
 fn first_record(path: &Path) -> std::io::Result<Option<(String, String, u64)>> {
     let f = std::fs::File::open(path)?;
     for line in std::io::BufReader::new(f).split(b'\n') {
         let line = line?;
-        if let Ok(r) = serde_json::from_slice::<Record>(record_part(&line)) {
+        if let Ok(r) = serde_json::from_slice::<Record>(&line) {
             return Ok(Some((r.cluster, r.node, r.seq)));
         }
     }
@@ -595,7 +583,7 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
             st.push(f);
             break;
         }
-        let line = record_part(&buf[..buf.len() - 1]);
+        let line = &buf[..buf.len() - 1];
         let stored_hash = match check_line_hash(line) {
             LineHash::Valid(h) => Ok(h.to_string()),
             LineHash::Mismatch { stored, computed } => Err((stored.to_string(), computed)),

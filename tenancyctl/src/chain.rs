@@ -105,7 +105,7 @@ pub fn describe(path: &Path) -> std::io::Result<Option<LogFile>> {
     let mut buf = vec![0u8; 64 * 1024];
     let n = f.read(&mut buf)?;
     for line in buf[..n].split(|&b| b == b'\n') {
-        if let Some(h) = parse_head(tenancy_audit::verify::record_part(line)) {
+        if let Some(h) = parse_head(line) {
             first = Some(h.seq);
             break;
         }
@@ -121,7 +121,7 @@ pub fn describe(path: &Path) -> std::io::Result<Option<LogFile>> {
     f.take(take).read_to_end(&mut tail)?;
     let mut last = None;
     for line in tail.rsplit(|&b| b == b'\n') {
-        if let Some(h) = parse_head(tenancy_audit::verify::record_part(line)) {
+        if let Some(h) = parse_head(line) {
             last = Some(h);
             break;
         }
