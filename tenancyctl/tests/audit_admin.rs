@@ -5,29 +5,12 @@
 
 mod common;
 
+use common::{tenancyctl, text};
+
 use chrono::{Duration, Utc};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use tenancy_audit::{Event, Outcome, Record, GENESIS};
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn tenancyctl(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env_remove("TENANCY_CONFIG")
-        .output()
-        .unwrap()
-}
 
 fn records(log: &Path) -> Vec<Record> {
     std::fs::read_to_string(log)

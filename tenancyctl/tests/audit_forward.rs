@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::{tenancyctl, text};
+
 use common::collector::{make_ca, make_cert, rsyslogd, Rsyslog};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,25 +18,6 @@ use tenancy_audit::{Event, Outcome, Record};
 use tenancy_config::Config;
 
 const NODE: &str = "n1";
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn tenancyctl(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env_remove("TENANCY_CONFIG")
-        .output()
-        .unwrap()
-}
 
 /// The node's config: its log, anchors and key under `root`, forwarding to `collector`.
 fn config(root: &Path, collector: &str, ca: &Path, client: Option<(&Path, &Path)>) -> PathBuf {

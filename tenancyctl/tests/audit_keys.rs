@@ -3,29 +3,13 @@
 //! keys and no secret. Records and anchors are made as the prolog and epilog make them
 //! (`tenancy_node::spine::append_anchored`), the anchors into `cluster.audit_anchor`.
 
+mod common;
+
+use common::{tenancyctl, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use tenancy_audit::{AnchorAuth, ClockSync, Event, NodeKey, Outcome, Record};
 use tenancy_config::Config;
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn tenancyctl(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env_remove("TENANCY_CONFIG")
-        .output()
-        .unwrap()
-}
 
 /// A node's config under `root/<node>`; `hmac`: the cluster's shared anchor key file.
 fn node_config(root: &Path, node: &str, hmac: Option<&Path>) -> (PathBuf, Config) {
