@@ -334,12 +334,31 @@ fn forwarder_restart_resumes_at_cursor() {
         serde_json::from_slice(&std::fs::read(&cursor_file).unwrap()).unwrap();
     let at = cursor["record"]["seq"].as_u64().unwrap();
     assert!(at > 0, "{cursor}");
-    // The forwarder restarts: it sends what came after its cursor, not the chain again.
-    for id in 6..=8 {
+    // The forwarder restarts: it sends what came after its cursor, not the chain again, and
+    // follows the chain across a rotation meanwhile (the tail of the file set aside, then the
+    // new file).
+    for id in 6..=7 {
         job(&s.config, id);
     }
+    let o = tenancyctl(&s.config_path, &["audit", "rotate"]);
+    assert!(o.status.success(), "{}", text(&o));
+    job(&s.config, 8);
     once("second run");
     let (got, copies) = wait_for_all(&local, &remote, Duration::from_secs(20));
+    let events: Vec<String> = got
+        .values()
+        .map(|l| serde_json::from_str::<Record>(l).unwrap().event.to_string())
+        .collect();
+    assert!(
+        events.iter().any(|e| e == "log_rotated") && events.iter().any(|e| e == "log_continued"),
+        "{events:?}"
+    );
+    // Every seq of the chain, across both files, once.
+    let last = *got.keys().last().unwrap();
+    assert_eq!(
+        got.keys().copied().collect::<Vec<_>>(),
+        (1..=last).collect::<Vec<_>>()
+    );
     assert_eq!(
         copies, 0,
         "a resumed forwarder sent records the collector had"
