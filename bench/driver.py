@@ -88,6 +88,11 @@ def variants(a):
         # (the cross-node rules) is loaded in another network namespace.
         out["product+xnode"] = Variant("product+xnode", a.prolog, a.epilog,
                                        dict(base, TENANCY_CONFIG=a.xnode_config))
+    if a.fwd_config:
+        # The same prolog and epilog under a config whose audit log `tenancyctl audit forward`
+        # ships to a collector meanwhile (bench/forward.sh).
+        out["product+fwd"] = Variant("product+fwd", a.prolog, a.epilog,
+                                     dict(base, TENANCY_CONFIG=a.fwd_config))
     for spec in a.netns or []:
         name, path = spec.split("=", 1)
         out[name].netns = os.open(path, os.O_RDONLY)
@@ -120,6 +125,8 @@ def main():
     p.add_argument("--json")
     p.add_argument("--xnode-config", help="adds the variant product+xnode: the product with this "
                    "config (cross-node rules)")
+    p.add_argument("--fwd-config", help="adds the variant product+fwd: the product with this "
+                   "config (its audit log forwarded while the jobs run)")
     p.add_argument("--netns", action="append", help="VARIANT=PATH: run that variant's jobs in the "
                    "network namespace PATH (e.g. /run/netns/NAME), entered before each job")
     p.add_argument("--flush-mb", type=int, default=0, help="pair mode: before every variant's job, "

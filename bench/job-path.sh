@@ -93,6 +93,10 @@ mig_profiles = ["1g.18gb", "3g.71gb"]
 tier = "internal"
 groups = ["$group"]
 EOT
+# Each node signs its anchors with its own Ed25519 key (issue 43; at <state_dir>/audit-signing.key,
+# where the package makes it): made here once; a build before it has no `audit keygen`.
+mkdir -p "$BENCH_DIR/state"
+"$BIN/tenancyctl" --config "$BENCH_DIR/tenancy.toml" audit keygen --if-missing >/dev/null 2>&1 || true
 # The stand-in's device nodes, mig-minors and proc-devices exist before the first job, so that a
 # run without the MIG variant (VARIANTS=product,baseline-sh) finds them too.
 NVML_SHIM_FIXTURE="$BENCH_DIR/fixture.toml" "$BIN/nvml-shim-ctl" layout >/dev/null

@@ -8,19 +8,22 @@
 //!
 //! The hash canonicalization is described in [`record`].
 
-pub use tenancy_audit_log::{anchor, log, record};
+pub use tenancy_audit_log::{anchor, clock, log, record, sign};
 pub mod report;
 pub mod verify;
 
 use std::path::PathBuf;
 
 pub use anchor::{
-    anchor_line, anchor_mac, parse_anchor_line, send_anchor, send_anchor_to, Anchor, AnchorKey,
-    AnchorSet, AnchorStatus, NodeAnchors, Origin, SyslogStatus,
+    anchor_line, anchor_mac, anchor_text, parse_anchor_line, send_anchor, send_anchor_auth,
+    send_anchor_to, Anchor, AnchorAuth, AnchorKey, AnchorSet, AnchorStatus, AnchorTrust,
+    NodeAnchors, NodeClock, Origin, ParsedAnchor, SyslogStatus,
 };
+pub use clock::{clock_sync, ClockSync};
 pub use log::{Appended, AuditError, AuditLog, Head, Rotated};
 pub use record::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
 pub use report::{run_report, ReportArgs, ReportFormat};
+pub use sign::{NodeKey, PublicKeys, SigCheck};
 pub use verify::{run_verify, verify_paths, Finding, FindingKind, VerifyArgs, VerifyReport};
 
 pub use tenancy_output::Format;

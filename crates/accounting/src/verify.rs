@@ -8,8 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::anchor::{AnchorKey, AnchorSet, NodeAnchors, Origin};
+use crate::anchor::{AnchorKey, AnchorSet, AnchorTrust, NodeAnchors, Origin};
 use crate::record::{check_line_hash, Event, LineHash, Record, GENESIS};
+use crate::sign::PublicKeys;
 use crate::{expand_paths, Format};
 
 /// What is wrong with a record (or with the end of a chain).
@@ -24,7 +25,8 @@ pub enum FindingKind {
     SeqGap { expected: u64, found: u64 },
     /// A record appears out of its place (swapped/moved records), or a gap later filled by it.
     Reordered { expected: u64, found: u64 },
-    /// A record repeats an already seen sequence number.
+    /// A record repeats an already seen sequence number with other content (an exact copy, as
+    /// at-least-once forwarding leaves in a collector's file, is no finding).
     Duplicate { seq: u64 },
     /// `prev` does not equal the previous record's hash (records removed or re-chained).
     PrevMismatch { expected: String, found: String },
@@ -49,6 +51,13 @@ pub enum FindingKind {
         seq: u64,
         hashes: Vec<String>,
         anchors: Vec<String>,
+    },
+    /// With `--require-clock-sync`: the node's anchors say its clock was not synchronised.
+    ClockUnsynchronised {
+        anchors: u64,
+        first_seq: u64,
+        last_seq: u64,
+        max_esterror_us: i64,
     },
     /// A node anchored records but none of its log is among the inputs, which `--all-nodes`
     /// says hold every node's: the log was deleted or lost.
@@ -93,7 +102,10 @@ impl std::fmt::Display for Finding {
                 f,
                 "records reordered: expected seq {expected}, found {found}"
             ),
-            FindingKind::Duplicate { seq } => write!(f, "duplicate record seq {seq}"),
+            FindingKind::Duplicate { seq } => write!(
+                f,
+                "a second record seq {seq} with other content than the first"
+            ),
             FindingKind::PrevMismatch { expected, found } => write!(
                 f,
                 "chain broken: prev is {found} but the previous record's hash is {expected}"
@@ -129,6 +141,18 @@ impl std::fmt::Display for Finding {
                 }
                 write!(f, "; one is forged or the log was rewritten")
             }
+            FindingKind::ClockUnsynchronised {
+                anchors,
+                first_seq,
+                last_seq,
+                max_esterror_us,
+            } => write!(
+                f,
+                "clock not synchronised: {anchors} anchor(s) from seq {first_seq} to \
+                 {last_seq} say so (estimated error up to {} ms): the times of its records \
+                 cannot be trusted",
+                max_esterror_us / 1000
+            ),
             // (The anchor is where the finding is placed: file and line.)
             FindingKind::LogMissing { .. } => write!(
                 f,
@@ -158,6 +182,8 @@ pub struct NodeResult {
     pub continues: Option<String>,
     /// Anchors of seqs before `first_seq`: nothing among the inputs to check them against.
     pub anchors_before_first: usize,
+    /// Exact copies of records already read (at-least-once delivery to a collector): skipped.
+    pub duplicates: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -178,6 +204,35 @@ pub struct VerifyReport {
     pub unauthenticated_anchors: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_unauthenticated_anchor: Option<String>,
+    /// Whether signatures were checked with the nodes' public keys (`--public-keys`).
+    pub anchors_signed: bool,
+    /// Anchors taken by their signature, and by their MAC alone.
+    pub signed_anchors: u64,
+    pub mac_anchors: u64,
+    /// Anchors left out: a signature that does not hold or by an unknown key; a key of
+    /// another node than the one the anchor names; a MAC alone after the node signed.
+    pub bad_signatures: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_bad_signature: Option<String>,
+    pub foreign_signatures: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_foreign_signature: Option<String>,
+    pub mac_after_signing: u64,
+    /// Nodes whose anchors say their clock was not synchronised (PCI DSS 10.6).
+    pub unsynchronised: Vec<UnsyncedNode>,
+}
+
+/// A node whose anchors say its clock was not synchronised when they were made.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnsyncedNode {
+    pub node: String,
+    pub anchors: u64,
+    pub synced_anchors: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// The largest estimated error those anchors give, in microseconds.
+    pub max_esterror_us: i64,
+    pub first_anchor: String,
 }
 
 impl VerifyReport {
@@ -210,6 +265,33 @@ impl VerifyReport {
         }
     }
 
+    /// Nodes whose anchors say their clock was not synchronised become findings.
+    pub fn require_clock_sync(&mut self, max_findings: usize) {
+        for u in &self.unsynchronised {
+            self.total_findings += 1;
+            if self.findings.len() >= max_findings {
+                continue;
+            }
+            let (file, line) = u
+                .first_anchor
+                .rsplit_once(':')
+                .and_then(|(f, l)| Some((f, l.parse::<u64>().ok()?)))
+                .unwrap_or((u.first_anchor.as_str(), 0));
+            self.findings.push(Finding {
+                node: u.node.clone(),
+                file: PathBuf::from(file),
+                line,
+                seq: Some(u.first_seq),
+                kind: FindingKind::ClockUnsynchronised {
+                    anchors: u.anchors,
+                    first_seq: u.first_seq,
+                    last_seq: u.last_seq,
+                    max_esterror_us: u.max_esterror_us,
+                },
+            });
+        }
+    }
+
     pub fn is_clean(&self) -> bool {
         self.total_findings == 0
     }
@@ -235,9 +317,35 @@ struct ChainState<'a> {
     findings: Vec<Finding>,
     total: u64,
     max: usize,
+    /// The first 8 bytes of each record's hash from seq `seen_base` on: a repeated seq is an
+    /// exact copy when its hash is the one already read.
+    seen: Vec<u64>,
+    seen_base: u64,
+    duplicates: u64,
 }
 
 impl ChainState<'_> {
+    fn remember(&mut self, seq: u64, hash: &str) {
+        if self.seen.is_empty() {
+            self.seen_base = seq;
+        }
+        let Some(i) = seq.checked_sub(self.seen_base) else {
+            return;
+        };
+        let i = i as usize;
+        if self.seen.len() <= i {
+            self.seen.resize(i + 1, 0);
+        }
+        self.seen[i] = hash_prefix(hash);
+    }
+
+    /// Whether `hash` is the hash already read for `seq`.
+    fn copy_of_seen(&self, seq: u64, hash: &str) -> bool {
+        seq.checked_sub(self.seen_base)
+            .and_then(|i| self.seen.get(i as usize))
+            .is_some_and(|&h| h != 0 && h == hash_prefix(hash))
+    }
+
     fn push(&mut self, f: Finding) {
         self.total += 1;
         if self.findings.len() < self.max {
@@ -280,6 +388,14 @@ impl ChainState<'_> {
     }
 }
 
+fn hash_prefix(hash: &str) -> u64 {
+    let mut b = [0u8; 8];
+    match hex::decode_to_slice(hash.get(..16).unwrap_or(""), &mut b) {
+        Ok(()) => u64::from_be_bytes(b) | 1,
+        Err(_) => 0,
+    }
+}
+
 /// First parseable record of a file: (cluster, node, seq).
 fn first_record(path: &Path) -> std::io::Result<Option<(String, String, u64)>> {
     let f = std::fs::File::open(path)?;
@@ -298,6 +414,7 @@ pub fn verify_paths(
     anchors: &AnchorSet,
     max_findings: usize,
 ) -> anyhow::Result<VerifyReport> {
+    debug_assert!(!anchors.unsettled(), "AnchorSet::settle before verify");
     let files = expand_paths(paths)?;
     // group files by (cluster,node), ordered by first seq
     let mut groups: BTreeMap<(String, String), Vec<(u64, PathBuf)>> = BTreeMap::new();
@@ -336,6 +453,9 @@ pub fn verify_paths(
             findings: Vec::new(),
             total: 0,
             max: max_findings.saturating_sub(report.findings.len()),
+            seen: Vec::new(),
+            seen_base: 0,
+            duplicates: 0,
         };
         let mut last_pos = (PathBuf::new(), 0u64);
         for (_, path) in &files {
@@ -387,6 +507,7 @@ pub fn verify_paths(
             anchors_before_first: st
                 .anchors
                 .map_or(0, |na| na.len() - na.after(st.first_seq - 1).count()),
+            duplicates: st.duplicates,
         });
         report.total_findings += st.total;
         report.findings.extend(st.findings);
@@ -402,6 +523,30 @@ pub fn verify_paths(
     report.anchors_authenticated = anchors.authenticated();
     report.unauthenticated_anchors = anchors.unauthenticated;
     report.first_unauthenticated_anchor = anchors.first_unauthenticated.clone();
+    report.anchors_signed = anchors.signatures_checked();
+    report.signed_anchors = anchors.signed;
+    report.mac_anchors = anchors.maced;
+    report.bad_signatures = anchors.bad_signatures;
+    report.first_bad_signature = anchors.first_bad_signature.clone();
+    report.foreign_signatures = anchors.foreign_signatures;
+    report.first_foreign_signature = anchors.first_foreign_signature.clone();
+    report.mac_after_signing = anchors.mac_after_signing;
+    let mut unsynced: Vec<UnsyncedNode> = anchors
+        .clocks
+        .iter()
+        .filter(|(_, c)| c.unsynced > 0)
+        .map(|(n, c)| UnsyncedNode {
+            node: n.clone(),
+            anchors: c.unsynced,
+            synced_anchors: c.synced,
+            first_seq: c.first_unsynced_seq.unwrap_or(0),
+            last_seq: c.last_unsynced_seq.unwrap_or(0),
+            max_esterror_us: c.max_unsynced_esterror_us,
+            first_anchor: c.first_unsynced.clone().unwrap_or_default(),
+        })
+        .collect();
+    unsynced.sort_by(|a, b| a.node.cmp(&b.node));
+    report.unsynchronised = unsynced;
     Ok(report)
 }
 
@@ -531,6 +676,10 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
                 .iter()
                 .find(|(_, lo, hi)| (*lo..*hi).contains(&seq))
                 .map(|g| g.0);
+            if gap.is_none() && st.copy_of_seen(seq, &hash) {
+                st.duplicates += 1;
+                continue;
+            }
             if let Some(i) = gap {
                 if let FindingKind::SeqGap { expected, found } = st.findings[i].kind {
                     st.findings[i].kind = FindingKind::Reordered { expected, found };
@@ -550,6 +699,7 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
             continue;
         }
         st.check_anchors(seq, &hash, |k| mk(Some(seq), k));
+        st.remember(seq, &hash);
         st.last_seq = seq;
         st.last_hash = hash;
         st.records += 1;
@@ -568,6 +718,15 @@ pub struct VerifyArgs {
     /// counted and left out. Default with --anchor: the config's key, when it names one.
     #[arg(long, value_name = "FILE")]
     pub anchor_key: Option<PathBuf>,
+    /// The nodes' public keys, one line per node and key (`<node> ed25519 <hex>`, as
+    /// `tenancyctl audit keygen` prints it): take anchors signed by a key of the node they
+    /// name; with --anchor-key too, also anchors with a valid MAC alone from before the node
+    /// signed (logs written before). Default with --anchor: the config's audit.public_keys.
+    #[arg(long, value_name = "FILE")]
+    pub public_keys: Option<PathBuf>,
+    /// A node whose anchors say its clock was not synchronised is a finding, not a note.
+    #[arg(long)]
+    pub require_clock_sync: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -586,18 +745,17 @@ pub struct VerifyArgs {
 
 /// Runs `audit verify`: exit 0 when every chain is intact, 1 on any finding.
 pub fn run_verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
-    let mut anchors = match &args.anchor_key {
-        Some(k) => AnchorSet::with_key(AnchorKey::load(k).map_err(anyhow::Error::msg)?),
-        None => AnchorSet::default(),
-    };
-    for a in &args.anchors {
-        anchors
-            .read_file(a)
-            .with_context(|| format!("reading anchor file {}", a.display()))?;
-    }
+    let anchors = read_anchors(
+        &args.anchors,
+        args.anchor_key.as_deref(),
+        args.public_keys.as_deref(),
+    )?;
     let mut report = verify_paths(&args.paths, &anchors, args.max_findings)?;
     if args.all_nodes {
         report.require_every_anchored_node(&anchors, args.max_findings);
+    }
+    if args.require_clock_sync {
+        report.require_clock_sync(args.max_findings);
     }
     let mut out = std::io::stdout().lock();
     write_verify(&mut out, &report, args.format)?;
@@ -606,6 +764,33 @@ pub fn run_verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The anchors of `files`, authenticated by the HMAC key and the public keys given (neither:
+/// every anchor line is taken), settled.
+pub fn read_anchors(
+    files: &[PathBuf],
+    anchor_key: Option<&Path>,
+    public_keys: Option<&Path>,
+) -> anyhow::Result<AnchorSet> {
+    let mac = anchor_key
+        .map(|k| AnchorKey::load(k).map_err(anyhow::Error::msg))
+        .transpose()?;
+    let public_keys = public_keys
+        .map(|p| PublicKeys::load(p).map_err(anyhow::Error::msg))
+        .transpose()?;
+    let mut anchors = if mac.is_none() && public_keys.is_none() {
+        AnchorSet::default()
+    } else {
+        AnchorSet::with_trust(AnchorTrust { mac, public_keys })
+    };
+    for a in files {
+        anchors
+            .read_file(a)
+            .with_context(|| format!("reading anchor file {}", a.display()))?;
+    }
+    anchors.settle();
+    Ok(anchors)
 }
 
 fn write_verify(
@@ -677,10 +862,78 @@ fn write_verify(
             if r.unauthenticated_anchors > 0 {
                 writeln!(
                     out,
-                    "NOTE {} anchor line(s) without a valid MAC left out (first: {}): written \
-                     without the anchor key, as any local user can write to syslog",
+                    "NOTE {} anchor line(s) without a valid {} left out (first: {}): written \
+                     without the node's key, as any local user can write to syslog",
                     r.unauthenticated_anchors,
+                    if r.anchors_signed {
+                        "signature or MAC"
+                    } else {
+                        "MAC"
+                    },
                     r.first_unauthenticated_anchor.as_deref().unwrap_or("?")
+                )?;
+            }
+            if r.anchors_signed {
+                writeln!(
+                    out,
+                    "NOTE anchors checked with the nodes' public keys: {} signed{}",
+                    r.signed_anchors,
+                    if r.mac_anchors > 0 {
+                        format!(
+                            ", {} by their MAC alone (written before the node signed)",
+                            r.mac_anchors
+                        )
+                    } else {
+                        String::new()
+                    }
+                )?;
+            }
+            if r.bad_signatures > 0 {
+                writeln!(
+                    out,
+                    "NOTE {} anchor line(s) whose signature does not hold, or by a key in no line \
+                     of the public keys file, left out (first: {})",
+                    r.bad_signatures,
+                    r.first_bad_signature.as_deref().unwrap_or("?")
+                )?;
+            }
+            if r.foreign_signatures > 0 {
+                writeln!(
+                    out,
+                    "WARNING {} anchor line(s) signed by another node's key than the node they \
+                     name, left out: root on that node wrote them (first: {})",
+                    r.foreign_signatures,
+                    r.first_foreign_signature.as_deref().unwrap_or("?")
+                )?;
+            }
+            if r.mac_after_signing > 0 {
+                writeln!(
+                    out,
+                    "NOTE {} anchor line(s) with a MAC alone, at or after their node's first \
+                     signed anchor, left out: the HMAC key is on every node",
+                    r.mac_after_signing
+                )?;
+            }
+            for u in &r.unsynchronised {
+                writeln!(
+                    out,
+                    "WARNING node {}: its clock was not synchronised: {} anchor(s) from seq {} to \
+                     {} say so (estimated error up to {} ms; first: {}), {} say it was: the \
+                     times of its records then cannot be trusted (PCI DSS 10.6)",
+                    u.node,
+                    u.anchors,
+                    u.first_seq,
+                    u.last_seq,
+                    u.max_esterror_us / 1000,
+                    u.first_anchor,
+                    u.synced_anchors
+                )?;
+            }
+            for n in r.nodes.iter().filter(|n| n.duplicates > 0) {
+                writeln!(
+                    out,
+                    "NOTE node {}/{}: {} exact copies of records skipped (at-least-once delivery)",
+                    n.cluster, n.node, n.duplicates
                 )?;
             }
             for n in &r.anchored_nodes_without_log {

@@ -480,6 +480,8 @@ fn run_verify_exit_codes() {
     let args = tenancy_audit::VerifyArgs {
         anchors: vec![],
         anchor_key: None,
+        public_keys: None,
+        require_clock_sync: false,
         format: tenancy_audit::Format::Json,
         max_findings: 10,
         all_nodes: false,

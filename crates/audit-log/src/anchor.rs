@@ -11,6 +11,9 @@ use std::path::Path;
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use serde::Serialize;
 
+use crate::clock::ClockSync;
+use crate::sign::{NodeKey, PublicKeys, SigCheck};
+
 /// Fixed syslog tag of anchor messages.
 pub const SYSLOG_TAG: &str = "tenancy-audit";
 /// The local syslog socket.
@@ -44,41 +47,15 @@ impl AnchorKey {
     /// root or the reader, may read or write, of 16 to 4096 bytes, used as they are. Errors
     /// name the file and what to do.
     pub fn load(path: &Path) -> Result<AnchorKey, String> {
-        use std::io::Read;
-        use std::os::unix::fs::MetadataExt;
-        let why = |what: String| format!("anchor key {}: {what}", path.display());
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(
-                (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32,
-            )
-            .open(path)
-            .map_err(|e| why(format!("cannot open: {e}")))?;
-        let m = f.metadata().map_err(|e| why(e.to_string()))?;
-        let me = rustix::process::geteuid().as_raw();
-        if !m.is_file() {
-            return Err(why("not a regular file".into()));
-        }
-        if m.uid() != 0 && m.uid() != me {
-            return Err(why(format!("owned by uid {}, not root", m.uid())));
-        }
-        if m.mode() & 0o077 != 0 {
-            return Err(why(format!(
-                "mode {:04o} lets others read or write it; chmod 600",
-                m.mode() & 0o7777
-            )));
-        }
-        let mut key = Vec::with_capacity(64);
-        std::io::Read::by_ref(&mut f)
-            .take(4097)
-            .read_to_end(&mut key)
-            .map_err(|e| why(format!("cannot read: {e}")))?;
-        if key.len() < ANCHOR_KEY_MIN_BYTES || key.len() > 4096 {
-            return Err(why(format!(
-                "holds {} bytes; make one of 32 random bytes: head -c 32 /dev/urandom > {}",
+        let key = crate::sign::read_root_only(path, "anchor key", 0, 4096)?;
+        if key.len() < ANCHOR_KEY_MIN_BYTES {
+            return Err(format!(
+                "anchor key {}: holds {} bytes; make one of 32 random bytes: head -c 32 \
+                 /dev/urandom > {}",
+                path.display(),
                 key.len(),
                 path.display()
-            )));
+            ));
         }
         Ok(AnchorKey { key })
     }
@@ -130,6 +107,66 @@ pub struct AnchorStatus {
     pub file: Option<Result<(), String>>,
 }
 
+/// How an anchor is authenticated: the cluster's HMAC key (`mac=`), this node's Ed25519 key
+/// (`key=` and `sig=`), both or neither.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnchorAuth<'a> {
+    pub mac: Option<&'a AnchorKey>,
+    pub node_key: Option<&'a NodeKey>,
+}
+
+/// The words of an anchor that its signature covers, in this order:
+/// `node=N seq=S hash=H time=T clock=synced|unsynced|unknown esterror_us=E key=K`.
+pub fn signed_text(
+    node: &str,
+    seq: u64,
+    hash: &str,
+    time: &str,
+    clock: &str,
+    esterror_us: i64,
+    key: &str,
+) -> String {
+    format!(
+        "{} time={time} clock={clock} esterror_us={esterror_us} key={key}",
+        anchor_line(node, seq, hash)
+    )
+}
+
+/// The anchor's text as it goes to syslog and the anchor file: the chain head, when it was
+/// made and the clock's synchronisation state then, and the signature and MAC the node's keys
+/// give it. The MAC covers [`anchor_line`] alone (as anchors of earlier releases), the
+/// signature [`signed_text`].
+pub fn anchor_text(
+    node: &str,
+    seq: u64,
+    hash: &str,
+    time: &DateTime<Utc>,
+    clock: Option<ClockSync>,
+    auth: &AnchorAuth,
+) -> String {
+    let (word, est) = match clock {
+        Some(c) => (c.token(), c.esterror_us),
+        None => ("unknown", -1),
+    };
+    let time = crate::record::ts::format(time);
+    let mut body = match auth.node_key {
+        Some(k) => {
+            let text = signed_text(node, seq, hash, &time, word, est, k.id());
+            let sig = k.sign(&text);
+            format!("{text} sig={sig}")
+        }
+        None => format!(
+            "{} time={time} clock={word} esterror_us={est}",
+            anchor_line(node, seq, hash)
+        ),
+    };
+    if let Some(k) = auth.mac {
+        body.push_str(" mac=");
+        body.push_str(&k.mac(&anchor_line(node, seq, hash)));
+    }
+    body
+}
+
 /// Sends the anchor for `node`'s chain head to syslog (`/dev/log`) and, if given, appends it to
 /// `anchor_file` (O_APPEND, 0640, fsync); with `key`, the anchor carries its MAC. Never fails:
 /// look at the returned status.
@@ -152,6 +189,23 @@ pub fn send_anchor_to(
     anchor_file: Option<&Path>,
     key: Option<&AnchorKey>,
 ) -> AnchorStatus {
+    let auth = AnchorAuth {
+        mac: key,
+        node_key: None,
+    };
+    send_anchor_auth(socket, node, seq, hash, anchor_file, &auth)
+}
+
+/// Sends an anchor authenticated as `auth` says, with the clock's state now (adjtimex), to the
+/// syslog socket `socket` and the anchor file. Never fails: look at the returned status.
+pub fn send_anchor_auth(
+    socket: &Path,
+    node: &str,
+    seq: u64,
+    hash: &str,
+    anchor_file: Option<&Path>,
+    auth: &AnchorAuth,
+) -> AnchorStatus {
     if node.is_empty() || node.chars().any(|c| c.is_whitespace() || c == '=') {
         let why = format!("node name {node:?} contains whitespace or '=' and cannot be anchored");
         return AnchorStatus {
@@ -159,12 +213,8 @@ pub fn send_anchor_to(
             file: anchor_file.map(|_| Err(why)),
         };
     }
-    let mut body = anchor_line(node, seq, hash);
-    if let Some(k) = key {
-        let mac = k.mac(&body);
-        body.push_str(" mac=");
-        body.push_str(&mac);
-    }
+    let now = Utc::now();
+    let body = anchor_text(node, seq, hash, &now, crate::clock::clock_sync(), auth);
     let syslog = match syslog_send(socket, &body) {
         Ok(()) => SyslogStatus::Sent,
         Err(e) => SyslogStatus::Unavailable(format!("{}: {e}", socket.display())),
@@ -278,6 +328,101 @@ impl NodeAnchors {
     }
 }
 
+/// What the accepted anchors of one node say of its clock (anchors carry adjtimex's state).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NodeClock {
+    pub synced: u64,
+    pub unsynced: u64,
+    /// Anchors without a clock state (written by a release before it, or adjtimex refused).
+    pub unknown: u64,
+    /// The seqs of the first and last anchor that says the clock was not synchronised.
+    pub first_unsynced_seq: Option<u64>,
+    pub last_unsynced_seq: Option<u64>,
+    /// The largest estimated error an unsynchronised anchor gives, in microseconds.
+    pub max_unsynced_esterror_us: i64,
+    /// Where the first unsynchronised anchor was read.
+    pub first_unsynced: Option<String>,
+}
+
+/// Who authenticates anchors for verify: the cluster's HMAC key, the nodes' public keys, both
+/// or neither (then every anchor line is taken).
+#[derive(Debug, Default)]
+pub struct AnchorTrust {
+    pub mac: Option<AnchorKey>,
+    pub public_keys: Option<PublicKeys>,
+}
+
+/// An anchor line taken apart (see [`anchor_text`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedAnchor<'a> {
+    pub node: String,
+    pub seq: u64,
+    pub hash: String,
+    pub time: Option<&'a str>,
+    pub clock: Option<&'a str>,
+    pub esterror_us: Option<i64>,
+    pub key: Option<&'a str>,
+    pub sig: Option<&'a str>,
+    pub mac: Option<&'a str>,
+}
+
+impl<'a> ParsedAnchor<'a> {
+    /// Parses one line (an anchor file's, a syslog file's or a collector's); `None` unless
+    /// `node=`, `seq=` and `hash=` are all there and valid.
+    pub fn parse(line: &'a str) -> Option<ParsedAnchor<'a>> {
+        let (node, seq, hash) = parse_anchor_line(line)?;
+        let (mut time, mut clock, mut est, mut key, mut sig, mut mac) =
+            (None, None, None, None, None, None);
+        for tok in line.split_whitespace() {
+            if let Some((k, v)) = tok.split_once('=') {
+                match k {
+                    "time" => time = Some(v),
+                    "clock" => clock = Some(v),
+                    "esterror_us" => est = v.parse::<i64>().ok(),
+                    "key" => key = Some(v),
+                    "sig" => sig = Some(v),
+                    "mac" => mac = Some(v),
+                    _ => {}
+                }
+            }
+        }
+        Some(ParsedAnchor {
+            node,
+            seq,
+            hash,
+            time,
+            clock,
+            esterror_us: est,
+            key,
+            sig,
+            mac,
+        })
+    }
+
+    /// What the signature covers, rebuilt from the words read; `None` if one is missing.
+    pub fn signed_text(&self) -> Option<String> {
+        Some(signed_text(
+            &self.node,
+            self.seq,
+            &self.hash,
+            self.time?,
+            self.clock?,
+            self.esterror_us?,
+            self.key?,
+        ))
+    }
+}
+
+/// An anchor whose MAC holds, taken only if its node signed no anchor at or before its seq.
+#[derive(Debug, Clone)]
+struct PendingMac {
+    node: String,
+    seq: u64,
+    hash: String,
+    origin: Origin,
+    clock: Option<(String, Option<i64>)>,
+}
+
 /// Anchors read for verify: the newest per node, and every (seq, hash) per node.
 #[derive(Debug, Clone, Default)]
 pub struct AnchorSet {
@@ -287,9 +432,29 @@ pub struct AnchorSet {
     sources: Vec<String>,
     /// With a key, only anchors whose MAC holds are taken.
     key: Option<std::sync::Arc<AnchorKey>>,
-    /// Anchor lines left out for want of a valid MAC, and where the first was read.
+    /// With public keys, anchors signed by their node's key are taken.
+    public_keys: Option<std::sync::Arc<PublicKeys>>,
+    /// Anchor lines left out for want of a valid MAC or signature, and where the first was read.
     pub unauthenticated: u64,
     pub first_unauthenticated: Option<String>,
+    /// Anchors whose signature does not hold, or by a key in no line of the public keys file.
+    pub bad_signatures: u64,
+    pub first_bad_signature: Option<String>,
+    /// Anchors signed by another node's key than the node they name (that node's root forging
+    /// this one's anchors), and where the first was read, with the signer.
+    pub foreign_signatures: u64,
+    pub first_foreign_signature: Option<String>,
+    /// HMAC-only anchors of a node at or after its first signed one: the HMAC key is the same
+    /// on every node, so once a node signs its anchors, an anchor with the MAC alone is no
+    /// longer evidence of it.
+    pub mac_after_signing: u64,
+    /// Anchors taken by their signature, and by their MAC alone.
+    pub signed: u64,
+    pub maced: u64,
+    /// The clock state the taken anchors record, per node.
+    pub clocks: HashMap<String, NodeClock>,
+    first_signed: HashMap<String, u64>,
+    pending: Vec<PendingMac>,
 }
 
 /// The `mac=` of an anchor line, if it carries one.
@@ -320,18 +485,46 @@ pub fn parse_anchor_line(line: &str) -> Option<(String, u64, String)> {
     }
 }
 
+/// What [`AnchorSet`] does with one anchor line.
+enum Verdict {
+    Take {
+        signed: bool,
+    },
+    /// MAC holds; public keys are in use too: taken if the node had not signed by then.
+    Pending,
+    Unauthenticated,
+    BadSignature,
+    Foreign(String),
+}
+
 impl AnchorSet {
     /// A set that takes only anchors carrying a valid MAC of `key`.
     pub fn with_key(key: AnchorKey) -> AnchorSet {
+        AnchorSet::with_trust(AnchorTrust {
+            mac: Some(key),
+            public_keys: None,
+        })
+    }
+
+    /// A set that takes only anchors that `trust` authenticates: signed by a key listed for
+    /// their node, or (for logs written before the nodes signed) with a valid MAC. Call
+    /// [`AnchorSet::settle`] after the last file is read.
+    pub fn with_trust(trust: AnchorTrust) -> AnchorSet {
         AnchorSet {
-            key: Some(std::sync::Arc::new(key)),
+            key: trust.mac.map(std::sync::Arc::new),
+            public_keys: trust.public_keys.map(std::sync::Arc::new),
             ..AnchorSet::default()
         }
     }
 
-    /// Whether anchors are authenticated (made with [`AnchorSet::with_key`]).
+    /// Whether anchors are authenticated (a key or public keys).
     pub fn authenticated(&self) -> bool {
-        self.key.is_some()
+        self.key.is_some() || self.public_keys.is_some()
+    }
+
+    /// Whether signatures are checked (public keys given).
+    pub fn signatures_checked(&self) -> bool {
+        self.public_keys.is_some()
     }
 
     /// Adds one anchor read from `source`. `hash` must be 64 hex digits (as
@@ -393,7 +586,51 @@ impl AnchorSet {
         }
     }
 
-    /// Reads anchors from a file (an anchor file or a syslog file; other lines are skipped).
+    fn judge(&self, p: &ParsedAnchor) -> Verdict {
+        if !self.authenticated() {
+            return Verdict::Take { signed: false };
+        }
+        if let (Some(keys), Some(sig), Some(key)) = (&self.public_keys, p.sig, p.key) {
+            match p.signed_text().map(|t| keys.check(&p.node, key, &t, sig)) {
+                Some(SigCheck::Valid) => return Verdict::Take { signed: true },
+                Some(SigCheck::OtherNodesKey(owner)) => return Verdict::Foreign(owner),
+                // Not the node's key (unknown), or edited: the MAC may still vouch for it.
+                _ if self.key.is_none() => return Verdict::BadSignature,
+                _ => {}
+            }
+        }
+        match (&self.key, p.mac) {
+            (Some(k), Some(m)) if k.holds(&anchor_line(&p.node, p.seq, &p.hash), m) => {
+                if self.public_keys.is_some() {
+                    Verdict::Pending
+                } else {
+                    Verdict::Take { signed: false }
+                }
+            }
+            _ if p.sig.is_some() && self.public_keys.is_some() => Verdict::BadSignature,
+            _ => Verdict::Unauthenticated,
+        }
+    }
+
+    fn note_clock(&mut self, node: &str, seq: u64, clock: Option<(&str, Option<i64>)>, at: &str) {
+        let c = self.clocks.entry(node.to_string()).or_default();
+        match clock {
+            Some(("synced", _)) => c.synced += 1,
+            Some(("unsynced", est)) => {
+                c.unsynced += 1;
+                c.first_unsynced_seq = Some(c.first_unsynced_seq.map_or(seq, |s| s.min(seq)));
+                c.last_unsynced_seq = Some(c.last_unsynced_seq.map_or(seq, |s| s.max(seq)));
+                c.max_unsynced_esterror_us = c.max_unsynced_esterror_us.max(est.unwrap_or(-1));
+                if c.first_unsynced.is_none() {
+                    c.first_unsynced = Some(at.to_string());
+                }
+            }
+            _ => c.unknown += 1,
+        }
+    }
+
+    /// Reads anchors from a file (an anchor file, a syslog file or a collector's file; other
+    /// lines are skipped).
     pub fn read_file(&mut self, path: &Path) -> std::io::Result<usize> {
         let f = std::fs::File::open(path)?;
         self.sources.push(path.display().to_string());
@@ -402,23 +639,77 @@ impl AnchorSet {
         for (i, line) in std::io::BufReader::new(f).split(b'\n').enumerate() {
             let line = line?;
             let line = String::from_utf8_lossy(&line);
-            if let Some((node, seq, hash)) = parse_anchor_line(&line) {
-                if let Some(k) = &self.key {
-                    let body = anchor_line(&node, seq, &hash);
-                    if !anchor_mac(&line).is_some_and(|m| k.holds(&body, m)) {
-                        self.unauthenticated += 1;
-                        if self.first_unauthenticated.is_none() {
-                            self.first_unauthenticated =
-                                Some(format!("{}:{}", path.display(), i + 1));
-                        }
-                        continue;
+            let Some(p) = ParsedAnchor::parse(&line) else {
+                continue;
+            };
+            let at = || format!("{}:{}", path.display(), i + 1);
+            let origin = Origin {
+                source: src,
+                line: i as u64 + 1,
+            };
+            match self.judge(&p) {
+                Verdict::Take { signed } => {
+                    if signed {
+                        self.signed += 1;
+                        let first = self.first_signed.entry(p.node.clone()).or_insert(p.seq);
+                        *first = (*first).min(p.seq);
+                    } else if self.key.is_some() {
+                        self.maced += 1;
                     }
+                    self.note_clock(&p.node, p.seq, p.clock.map(|c| (c, p.esterror_us)), &at());
+                    self.add_at(p.node, p.seq, p.hash, src, origin.line);
+                    n += 1;
                 }
-                self.add_at(node, seq, hash, src, i as u64 + 1);
-                n += 1;
+                Verdict::Pending => self.pending.push(PendingMac {
+                    clock: p.clock.map(|c| (c.to_string(), p.esterror_us)),
+                    node: p.node,
+                    seq: p.seq,
+                    hash: p.hash,
+                    origin,
+                }),
+                Verdict::Unauthenticated => {
+                    self.unauthenticated += 1;
+                    self.first_unauthenticated.get_or_insert_with(at);
+                }
+                Verdict::BadSignature => {
+                    self.bad_signatures += 1;
+                    self.first_bad_signature.get_or_insert_with(at);
+                }
+                Verdict::Foreign(owner) => {
+                    self.foreign_signatures += 1;
+                    self.first_foreign_signature.get_or_insert_with(|| {
+                        format!("{}: node {}'s key signed for node {}", at(), owner, p.node)
+                    });
+                }
             }
         }
         Ok(n)
+    }
+
+    /// Takes the anchors that only their MAC vouches for, of a node that had not yet signed
+    /// an anchor at their seq; the others are counted in [`AnchorSet::mac_after_signing`].
+    /// Call once the last file is read (verify does).
+    pub fn settle(&mut self) {
+        for p in std::mem::take(&mut self.pending) {
+            if self.first_signed.get(&p.node).is_some_and(|&s| p.seq >= s) {
+                self.mac_after_signing += 1;
+                continue;
+            }
+            self.maced += 1;
+            let at = self.source(p.origin);
+            self.note_clock(
+                &p.node,
+                p.seq,
+                p.clock.as_ref().map(|(c, e)| (c.as_str(), *e)),
+                &at,
+            );
+            self.add_at(p.node, p.seq, p.hash, p.origin.source, p.origin.line);
+        }
+    }
+
+    /// Whether anchors wait for [`AnchorSet::settle`].
+    pub fn unsettled(&self) -> bool {
+        !self.pending.is_empty()
     }
 }
 

@@ -45,6 +45,20 @@ pub enum Event {
     /// The first record of the file that replaced a rotated one: its `prev` is the rotated
     /// file's last record, so the chain runs on across the files.
     LogContinued,
+    /// `tenancyctl audit prune` removed rotated files (listed in its resources).
+    LogPruned,
+    /// `tenancyctl audit keygen` made this node's first signing key.
+    KeyGenerated,
+    /// `tenancyctl audit keygen --rotate` replaced it: the record names both keys, and its
+    /// anchor is signed by the old one.
+    KeyRotated,
+    /// `tenancyctl audit forward` started, stopped, or could not ship to a collector.
+    ForwardStarted,
+    ForwardStopped,
+    ForwardError,
+    /// A state-changing `tenancyctl` command: who ran it (`user`, `uid`), the command line
+    /// (`command`) and its outcome.
+    AdminAction,
     Other(String),
 }
 
@@ -59,6 +73,13 @@ impl Event {
             Event::Reconcile => "reconcile",
             Event::LogRotated => "log_rotated",
             Event::LogContinued => "log_continued",
+            Event::LogPruned => "log_pruned",
+            Event::KeyGenerated => "key_generated",
+            Event::KeyRotated => "key_rotated",
+            Event::ForwardStarted => "forward_started",
+            Event::ForwardStopped => "forward_stopped",
+            Event::ForwardError => "forward_error",
+            Event::AdminAction => "admin_action",
             Event::Other(s) => s,
         }
     }
@@ -74,6 +95,13 @@ impl Event {
             "reconcile" => Event::Reconcile,
             "log_rotated" => Event::LogRotated,
             "log_continued" => Event::LogContinued,
+            "log_pruned" => Event::LogPruned,
+            "key_generated" => Event::KeyGenerated,
+            "key_rotated" => Event::KeyRotated,
+            "forward_started" => Event::ForwardStarted,
+            "forward_stopped" => Event::ForwardStopped,
+            "forward_error" => Event::ForwardError,
+            "admin_action" => Event::AdminAction,
             other => {
                 if other.is_empty()
                     || other.len() > 64
@@ -251,6 +279,10 @@ pub struct Record {
     /// in microseconds (`tenancyctl metrics` makes its job path histogram of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_us: Option<u64>,
+    /// On `admin_action`: the command line as the admin gave it (`tenancyctl reconcile
+    /// --apply`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
     /// Hash of the previous record (64 zeros for seq 1). Filled by `append`.
     #[serde(default)]
     pub prev: String,
@@ -293,6 +325,7 @@ impl Record {
             started: None,
             firewall_drops: None,
             duration_us: None,
+            command: None,
             prev: String::new(),
             hash: String::new(),
         }
@@ -344,6 +377,10 @@ impl Record {
     }
     pub fn firewall_drops(mut self, n: u64) -> Self {
         self.firewall_drops = Some(n);
+        self
+    }
+    pub fn command(mut self, c: impl Into<String>) -> Self {
+        self.command = Some(c.into());
         self
     }
     pub fn duration(mut self, d: std::time::Duration) -> Self {

@@ -98,6 +98,94 @@ pub struct Cluster {
     pub dcgm_job_mapping_dir: Option<PathBuf>,
 }
 
+/// A collector of audit records: `host:port` (`[v6 address]:port` for IPv6), syslog over TLS.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, Deserialize)]
+pub struct Collector {
+    /// A DNS name or an IP address: what the collector's certificate must name.
+    pub host: String,
+    pub port: u16,
+}
+
+impl Collector {
+    /// Parses `host:port`; the error says what is wrong and how to write it.
+    pub fn parse(s: &str) -> Result<Collector, String> {
+        let want = "write host:port, e.g. \"logs1.example.org:6514\" or \"[2001:db8::7]:6514\"";
+        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+            let (h, p) = rest.split_once("]:").ok_or_else(|| {
+                format!("collector {s:?}: no port after the IPv6 address; {want}")
+            })?;
+            if h.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(format!(
+                    "collector {s:?}: {h:?} is not an IPv6 address; {want}"
+                ));
+            }
+            (h, p)
+        } else {
+            s.rsplit_once(':')
+                .ok_or_else(|| format!("collector {s:?}: no port; {want}"))?
+        };
+        let port: u16 = match port.parse() {
+            Ok(p) if p > 0 => p,
+            _ => {
+                return Err(format!(
+                    "collector {s:?}: port {port:?} is not 1 to 65535; {want}"
+                ))
+            }
+        };
+        let dns_ok = !host.is_empty()
+            && host.len() <= 253
+            && host.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !s.starts_with('[') && !dns_ok && host.parse::<std::net::Ipv4Addr>().is_err() {
+            return Err(format!(
+                "collector {s:?}: {host:?} is neither a host name nor an IP address; {want}"
+            ));
+        }
+        Ok(Collector {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+impl std::fmt::Display for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Twelve months, as PCI DSS 10.5.1 asks (three of them at hand: the node's own files).
+pub const DEFAULT_AUDIT_RETAIN_DAYS: u32 = 365;
+
+/// `[audit]`: the node's key that signs its anchors, the collectors `tenancyctl audit
+/// forward` ships every record to, and how long `tenancyctl audit prune` keeps rotated files.
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Audit {
+    /// This node's Ed25519 key (`tenancyctl audit keygen`); default `<state_dir>/audit-signing.key`.
+    pub signing_key: PathBuf,
+    /// The nodes' public keys: what `audit verify` and `report --statement` check anchors
+    /// with when `--public-keys` is not given.
+    pub public_keys: Option<PathBuf>,
+    pub collectors: Vec<Collector>,
+    /// The CA certificates (PEM) a collector's certificate must chain to.
+    pub ca_file: Option<PathBuf>,
+    /// This node's client certificate and its key (PEM), for collectors that ask for one.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// Rotated log files younger than this (or than a tier's `audit_retain_days`) are kept.
+    pub retain_days: u32,
+}
+
 /// Where this node's driver and kernel interfaces live (overridable for the stand-in).
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,6 +227,10 @@ pub struct Tier {
     /// default: the job_submit plugin refuses such a job.
     #[serde(default)]
     pub allow_get_user_env: bool,
+    /// Days the audit records of this tier's jobs are kept, when longer than `[audit]
+    /// retain_days` (6 years of a regulated tenant's documentation: 2190).
+    #[serde(default)]
+    pub audit_retain_days: Option<u32>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
@@ -162,6 +254,7 @@ pub struct Config {
     pub path: PathBuf,
     pub cluster: Cluster,
     pub node: NodePaths,
+    pub audit: Audit,
     pub tiers: BTreeMap<String, Tier>,
     pub tenants: BTreeMap<String, Tenant>,
     pub infrastructure: Vec<Destination>,
@@ -183,6 +276,8 @@ struct Raw {
     cluster: RawCluster,
     #[serde(default)]
     node: RawNode,
+    #[serde(default)]
+    audit: RawAudit,
     #[serde(default)]
     tiers: BTreeMap<Spanned<String>, RawTier>,
     #[serde(default)]
@@ -216,6 +311,19 @@ struct RawNode {
     rdma_devices: Option<Spanned<PathBuf>>,
 }
 
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAudit {
+    signing_key: Option<Spanned<PathBuf>>,
+    public_keys: Option<Spanned<PathBuf>>,
+    #[serde(default)]
+    collectors: Vec<Spanned<String>>,
+    ca_file: Option<Spanned<PathBuf>>,
+    cert_file: Option<Spanned<PathBuf>>,
+    key_file: Option<Spanned<PathBuf>>,
+    retain_days: Option<Spanned<u32>>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTier {
@@ -237,6 +345,7 @@ struct RawTier {
     device_classes: Vec<Spanned<String>>,
     #[serde(default)]
     allow_get_user_env: bool,
+    audit_retain_days: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -383,6 +492,15 @@ impl Config {
         self.tenants.get(name)
     }
 
+    /// Days the records of a job of `tier` are kept: `[audit] retain_days`, or the tier's
+    /// `audit_retain_days` when longer.
+    pub fn audit_retain_days(&self, tier: Option<&str>) -> u32 {
+        let t = tier
+            .and_then(|t| self.tiers.get(t))
+            .and_then(|t| t.audit_retain_days);
+        t.unwrap_or(0).max(self.audit.retain_days)
+    }
+
     pub fn tier_of(&self, tenant: &Tenant) -> &Tier {
         // Validation guarantees every tenant's tier exists.
         &self.tiers[&tenant.tier]
@@ -476,6 +594,84 @@ impl Validator<'_> {
             }
         }
         out
+    }
+
+    /// `[audit]`: collector addresses that parse, a CA to check them with, a client
+    /// certificate with its key or neither, and a retention no tier undercuts.
+    fn audit(
+        &mut self,
+        a: &RawAudit,
+        cluster: &Cluster,
+        tiers: &BTreeMap<Spanned<String>, RawTier>,
+    ) -> Audit {
+        let mut collectors = Vec::new();
+        for c in &a.collectors {
+            match Collector::parse(c.get_ref()) {
+                Ok(c) => collectors.push(c),
+                Err(e) => self.problem(c, format!("audit.collectors: {e}")),
+            }
+        }
+        let path = |v: &mut Self, p: &Option<Spanned<PathBuf>>, key: &str| {
+            p.as_ref().map(|p| v.abs_path(p, key))
+        };
+        let signing_key = path(self, &a.signing_key, "audit.signing_key")
+            .unwrap_or_else(|| cluster.state_dir.join("audit-signing.key"));
+        let public_keys = path(self, &a.public_keys, "audit.public_keys");
+        let ca_file = path(self, &a.ca_file, "audit.ca_file");
+        let cert_file = path(self, &a.cert_file, "audit.cert_file");
+        let key_file = path(self, &a.key_file, "audit.key_file");
+        if let (Some(first), None) = (a.collectors.first(), &a.ca_file) {
+            self.problem(
+                first,
+                "audit.collectors: set audit.ca_file too, the CA certificates (PEM) the \
+                 collectors' certificates must chain to: records never go out unchecked"
+                    .to_string(),
+            );
+        }
+        if let (Some(first), None) = (a.collectors.first(), &cluster.audit_anchor) {
+            self.problem(
+                first,
+                "audit.collectors: the forwarder ships the anchors from cluster.audit_anchor: \
+                 set it too (e.g. \"/var/log/slurm-tenancy/anchors.log\")"
+                    .to_string(),
+            );
+        }
+        match (&a.cert_file, &a.key_file) {
+            (Some(c), None) => self.problem(c, "audit.cert_file without audit.key_file".into()),
+            (None, Some(k)) => self.problem(k, "audit.key_file without audit.cert_file".into()),
+            _ => {}
+        }
+        let retain_days = a
+            .retain_days
+            .as_ref()
+            .map_or(DEFAULT_AUDIT_RETAIN_DAYS, |d| *d.get_ref());
+        if let Some(d) = a.retain_days.as_ref().filter(|d| *d.get_ref() == 0) {
+            self.problem(
+                d,
+                "audit.retain_days = 0 would let prune remove every rotated file at once; \
+                 PCI DSS asks for 365"
+                    .into(),
+            );
+        }
+        for (name, t) in tiers {
+            if t.audit_retain_days.is_some_and(|d| d < retain_days) {
+                let msg = format!(
+                    "tiers.{}.audit_retain_days is shorter than audit.retain_days ({retain_days}): \
+                     a tier may require more, never less",
+                    name.get_ref()
+                );
+                self.problem(name, msg);
+            }
+        }
+        Audit {
+            signing_key,
+            public_keys,
+            collectors,
+            ca_file,
+            cert_file,
+            key_file,
+            retain_days,
+        }
     }
 
     /// `[billing]`: a known currency code, a price for every profile a tier offers (a job of it
@@ -683,6 +879,7 @@ impl Validator<'_> {
                     scratch_encryption,
                     device_classes: classes,
                     allow_get_user_env: t.allow_get_user_env,
+                    audit_retain_days: t.audit_retain_days,
                 },
             );
         }
@@ -795,12 +992,14 @@ impl Validator<'_> {
         }
 
         let billing = raw.billing.as_ref().map(|b| self.billing(b, &raw.tiers));
+        let audit = self.audit(&raw.audit, &cluster, &raw.tiers);
 
         if self.problems.is_empty() {
             Ok(Config {
                 path: self.path.to_path_buf(),
                 cluster,
                 node,
+                audit,
                 tiers,
                 tenants,
                 infrastructure,

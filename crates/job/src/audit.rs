@@ -23,24 +23,46 @@ pub fn append_anchored(
     Ok(appended)
 }
 
-/// Anchors a chain head (syslog, `cluster.audit_anchor`), with its MAC when
-/// `cluster.audit_anchor_key` is set. A key that cannot be read sends the anchor without one,
-/// which an authenticating verify leaves out: `tenancyctl doctor` fails on such a key.
+/// Anchors a chain head (syslog, `cluster.audit_anchor`), signed with this node's key
+/// (`[audit] signing_key`, when the file is there) and with its MAC when
+/// `cluster.audit_anchor_key` is set. A key that cannot be read sends the anchor without what
+/// it would give, which a verify that checks it leaves out: `tenancyctl doctor` fails on such
+/// a key.
 pub fn anchor(
     config: &Config,
     node: &str,
     head: &tenancy_audit_log::Appended,
 ) -> tenancy_audit_log::AnchorStatus {
-    let key = config
+    anchor_with(config, node, head, None)
+}
+
+/// [`anchor`], signed with `node_key` instead of the one in `[audit] signing_key` (key
+/// rotation: the old key signs the anchor of the record that names the new one).
+pub fn anchor_with(
+    config: &Config,
+    node: &str,
+    head: &tenancy_audit_log::Appended,
+    node_key: Option<&tenancy_audit_log::NodeKey>,
+) -> tenancy_audit_log::AnchorStatus {
+    let mac = config
         .cluster
         .audit_anchor_key
         .as_deref()
         .and_then(|k| tenancy_audit_log::AnchorKey::load(k).ok());
-    tenancy_audit_log::send_anchor(
+    let loaded = match node_key {
+        Some(_) => None,
+        None => tenancy_audit_log::NodeKey::load(&config.audit.signing_key).ok(),
+    };
+    let auth = tenancy_audit_log::AnchorAuth {
+        mac: mac.as_ref(),
+        node_key: node_key.or(loaded.as_ref()),
+    };
+    tenancy_audit_log::send_anchor_auth(
+        std::path::Path::new(tenancy_audit_log::anchor::DEV_LOG),
         node,
         head.seq,
         &head.hash,
         config.cluster.audit_anchor.as_deref(),
-        key.as_ref(),
+        &auth,
     )
 }

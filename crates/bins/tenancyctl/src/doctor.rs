@@ -510,6 +510,124 @@ fn anchor_key_row(key: Option<&Path>) -> Row {
     }
 }
 
+/// Which key authenticates this node's anchors: its own Ed25519 key (`[audit] signing_key`),
+/// which an auditor checks with its public key alone, or only the cluster's shared HMAC key
+/// (logs written before keep verifying with it), or none.
+fn signing_row(path: &Path, hmac: Option<&Path>) -> Row {
+    let make = "tenancyctl audit keygen (and add the line it prints to the nodes' public keys \
+                file, audit.public_keys)";
+    match tenancy_audit::NodeKey::load(path) {
+        Ok(k) => row(
+            "audit.signing",
+            Severity::Ok,
+            format!(
+                "anchors are signed with this node's Ed25519 key {} ({}){}",
+                k.id(),
+                path.display(),
+                if hmac.is_some() {
+                    " and carry the cluster's HMAC too (for verifiers of older logs)"
+                } else {
+                    ""
+                }
+            ),
+            None,
+        ),
+        Err(_) if !path.exists() => row(
+            "audit.signing",
+            Severity::Warn,
+            format!(
+                "no signing key at {}: anchors carry {}; root on any node can forge them, and \
+                 whoever verifies needs the secret",
+                path.display(),
+                if hmac.is_some() {
+                    "the cluster's shared HMAC alone"
+                } else {
+                    "no signature and no MAC"
+                }
+            ),
+            Some(make.into()),
+        ),
+        Err(e) => row(
+            "audit.signing",
+            Severity::Error,
+            format!("{e}: this node's anchors go out unsigned"),
+            Some(make.into()),
+        ),
+    }
+}
+
+/// The clock every record's time comes from (adjtimex): anchors say whether it was
+/// synchronised, and `audit verify` reports a node whose anchors say it was not.
+fn clock_row(c: Option<tenancy_audit::ClockSync>) -> Row {
+    match c {
+        Some(c) if c.synchronised => row(
+            "audit.clock",
+            Severity::Ok,
+            format!(
+                "the clock is synchronised (estimated error {} µs)",
+                c.esterror_us
+            ),
+            None,
+        ),
+        Some(c) => row(
+            "audit.clock",
+            Severity::Warn,
+            format!(
+                "the kernel says the clock is not synchronised (adjtimex: TIME_ERROR or \
+                 STA_UNSYNC; estimated error {} ms): record times cannot be trusted, and \
+                 every anchor says so (PCI DSS 10.6)",
+                c.esterror_us / 1000
+            ),
+            Some("run a time service (chrony, ntpsec, systemd-timesyncd) against the site's time sources".into()),
+        ),
+        None => row(
+            "audit.clock",
+            Severity::Warn,
+            "adjtimex refused: the clock's state is unknown, and anchors say so".into(),
+            None,
+        ),
+    }
+}
+
+/// Whether records leave the node: `[audit] collectors` and the forwarder's cursors.
+fn forward_row(config: &Config) -> Row {
+    if config.audit.collectors.is_empty() {
+        return row(
+            "audit.forward",
+            Severity::Warn,
+            "no [audit] collectors: the records stay on this node, where its root can remove \
+             them (PCI DSS 10.3.3 asks for a copy on a separate log server)"
+                .into(),
+            Some(
+                "set [audit] collectors and ca_file, and enable tenancy-audit-forward.service"
+                    .into(),
+            ),
+        );
+    }
+    let mut notes = Vec::new();
+    for c in &config.audit.collectors {
+        match crate::forward::read_cursor(&crate::forward::cursor_path(config, c)) {
+            Ok(Some(cur)) => notes.push(format!(
+                "{c}: confirmed up to seq {}{}",
+                cur.record.seq,
+                cur.last_error
+                    .as_deref()
+                    .filter(|_| !cur.connected)
+                    .map(|e| format!(", last error: {e}"))
+                    .unwrap_or_default()
+            )),
+            Ok(None) => notes.push(format!("{c}: nothing forwarded yet")),
+            Err(e) => notes.push(e),
+        }
+    }
+    row(
+        "audit.forward",
+        Severity::Ok,
+        format!("records are forwarded: {}", notes.join("; ")),
+        None,
+    )
+}
+
 fn row(check: &str, severity: Severity, message: String, remedy: Option<String>) -> Row {
     Row {
         check: check.into(),
@@ -658,7 +776,17 @@ fn state_rows(config: &Config, rows: &mut Vec<Row>) {
     if let Some(dir) = config.cluster.audit_log.parent() {
         root_owned_dir(dir, "audit.dir", rows);
     }
-    rows.push(anchor_key_row(config.cluster.audit_anchor_key.as_deref()));
+    let signing = tenancy_audit::NodeKey::load(&config.audit.signing_key).is_ok();
+    // With the node's own key, the shared HMAC key is only for verifiers of older logs.
+    if !(signing && config.cluster.audit_anchor_key.is_none()) {
+        rows.push(anchor_key_row(config.cluster.audit_anchor_key.as_deref()));
+    }
+    rows.push(signing_row(
+        &config.audit.signing_key,
+        config.cluster.audit_anchor_key.as_deref(),
+    ));
+    rows.push(clock_row(tenancy_audit::clock_sync()));
+    rows.push(forward_row(config));
     if let Some(dir) = &config.cluster.dcgm_job_mapping_dir {
         rows.push(dcgm_dir_row(dir));
     }

@@ -1,14 +1,19 @@
 //! `tenancyctl`: the admin's view of slurm-tenancy.
 
+mod admin;
 mod adopt;
+mod chain;
 mod check;
 mod containment;
 mod devices;
 mod doctor;
 mod firewall;
+mod forward;
+mod keys;
 mod metrics;
 mod mig;
 mod output;
+mod prune;
 mod reconcile;
 mod rotate;
 mod sacct;
@@ -90,6 +95,10 @@ struct ReportCmd {
     /// audit_anchor_key, with --anchor)
     #[arg(long, value_name = "FILE")]
     anchor_key: Option<PathBuf>,
+    /// Statement: the nodes' public keys the anchors' signatures are checked with (default:
+    /// the config's audit.public_keys, with --anchor)
+    #[arg(long, value_name = "FILE")]
+    public_keys: Option<PathBuf>,
     /// Statement: the paths hold every node's log (a node anchored without one does not verify)
     #[arg(long)]
     all_nodes: bool,
@@ -156,6 +165,11 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
                 .then(|| config.as_ref()?.cluster.audit_anchor_key.clone())
                 .flatten()
         }),
+        public_keys: cmd.public_keys.clone().or_else(|| {
+            (!cmd.anchors.is_empty())
+                .then(|| config.as_ref()?.audit.public_keys.clone())
+                .flatten()
+        }),
         all_nodes: cmd.all_nodes,
     };
     statement::run(
@@ -181,6 +195,15 @@ enum AuditCommand {
     /// Set this node's audit log aside under a dated name and go on with its chain in a new
     /// file (use this, not logrotate's create or copytruncate, which restart the chain)
     Rotate(rotate::RotateArgs),
+    /// Make this node's Ed25519 key that signs its anchors, or rotate it; prints the line for
+    /// the nodes' public keys file
+    Keygen(keys::KeygenArgs),
+    /// Ship every record and anchor of this node's audit log to the [audit] collectors as
+    /// RFC 5424 over TLS (RFC 5425), resuming from its cursor (the tenancy-audit-forward unit)
+    Forward(forward::ForwardArgs),
+    /// Remove rotated audit files older than [audit] retain_days (or their tiers') and
+    /// already forwarded; say what is kept and why (the log itself is never removed)
+    Prune(prune::PruneArgs),
 }
 
 #[derive(Subcommand)]
@@ -262,28 +285,77 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         },
         Command::Doctor(args) => doctor::run(&load(config)?, &args),
-        Command::Reconcile(args) => reconcile::run(&load(config)?, args),
+        Command::Reconcile(args) => {
+            let c = load(config)?;
+            if args.apply {
+                let r = reconcile::run(&c, args);
+                admin::audited(&c, r)
+            } else {
+                reconcile::run(&c, args)
+            }
+        }
         Command::Report(cmd) => run_report(config, cmd),
         Command::Audit {
             command: AuditCommand::Verify(mut args),
         } => {
-            // With anchors to check, the config's key authenticates them unless one is named.
-            if args.anchor_key.is_none() && !args.anchors.is_empty() {
+            // With anchors to check, the config's key and public keys authenticate them unless
+            // named.
+            if !args.anchors.is_empty() && (args.anchor_key.is_none() || args.public_keys.is_none())
+            {
                 if let Ok(c) = load(config) {
-                    args.anchor_key = c.cluster.audit_anchor_key;
+                    if args.anchor_key.is_none() {
+                        args.anchor_key = c.cluster.audit_anchor_key;
+                    }
+                    if args.public_keys.is_none() {
+                        args.public_keys = c.audit.public_keys;
+                    }
                 }
             }
             tenancy_audit::run_verify(args)
         }
         Command::Audit {
             command: AuditCommand::Rotate(args),
-        } => rotate::run(load(config), &args),
+        } => match load(config) {
+            Ok(c) if args.log.is_none() => {
+                let r = rotate::run(Ok(c.clone()), &args);
+                admin::audited(&c, r)
+            }
+            c => rotate::run(c, &args),
+        },
+        Command::Audit {
+            command: AuditCommand::Keygen(args),
+        } => {
+            let c = load(config)?;
+            if args.if_missing && c.audit.signing_key.exists() {
+                return keys::run(&c, &args);
+            }
+            let r = keys::run(&c, &args);
+            admin::audited(&c, r)
+        }
+        Command::Audit {
+            command: AuditCommand::Forward(args),
+        } => forward::run(&load(config)?, &args),
+        Command::Audit {
+            command: AuditCommand::Prune(args),
+        } => {
+            let c = load(config)?;
+            if args.dry_run {
+                prune::run(&c, &args)
+            } else {
+                let r = prune::run(&c, &args);
+                admin::audited(&c, r)
+            }
+        }
         Command::Firewall { command } => {
             let spec = tenancy_node::layers::network::firewall_spec(&load(config)?)
                 .map_err(|e| anyhow::anyhow!("firewall: {}", e.0))?;
             match command {
                 FirewallCommand::Show(args) => firewall::run_show(&spec, &args),
-                FirewallCommand::Apply(args) => firewall::run_apply(&spec, &args),
+                FirewallCommand::Apply(args) if args.dry_run => firewall::run_apply(&spec, &args),
+                FirewallCommand::Apply(args) => {
+                    let r = firewall::run_apply(&spec, &args);
+                    admin::audited(&load(config)?, r)
+                }
             }
         }
         Command::Mig(mut args) => {

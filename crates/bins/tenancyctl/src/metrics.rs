@@ -139,6 +139,8 @@ struct FromAudit {
     starts: u64,
     ends: u64,
     head_seq: u64,
+    /// Every record's seq and time (the forwarding lag's age of the oldest unforwarded one).
+    times: Vec<(u64, chrono::DateTime<chrono::Utc>)>,
     /// "prolog" / "epilog" -> durations in seconds.
     durations: BTreeMap<&'static str, Vec<f64>>,
 }
@@ -168,6 +170,7 @@ fn read_audit(path: &Path) -> anyhow::Result<FromAudit> {
             continue;
         };
         a.head_seq = a.head_seq.max(r.seq);
+        a.times.push((r.seq, r.time));
         let secs = r.duration_us.map(|us| us as f64 / 1e6);
         match r.event {
             Event::JobDenied => a.refused += 1,
@@ -386,10 +389,69 @@ pub fn render(config: &Config) -> anyhow::Result<String> {
     f.add(vec![], reconciled);
     families.push(f);
 
+    families.extend(forward_families(config, &audit));
+
     let mut out = String::new();
     for f in &families {
         f.write(&mut out);
     }
     out.push_str("# EOF\n");
     Ok(out)
+}
+
+/// The forwarder's state per collector, from its cursor (`tenancyctl audit forward`): what
+/// the collector has not confirmed, in records and in the age of the oldest of them, the last
+/// seq it confirmed, and the errors so far.
+fn forward_families(config: &Config, audit: &FromAudit) -> Vec<Family> {
+    let mut lag = Family::new(
+        "slurm_tenancy_audit_forward_lag_records",
+        "gauge",
+        "Records of this node's chain the collector has not confirmed yet.",
+    );
+    let mut lag_s = Family::new(
+        "slurm_tenancy_audit_forward_lag_seconds",
+        "gauge",
+        "Age of the oldest record the collector has not confirmed (0: none).",
+    );
+    let mut last = Family::new(
+        "slurm_tenancy_audit_forward_last_seq",
+        "gauge",
+        "Sequence number of the last record the collector confirmed.",
+    );
+    let mut errors = Family::new(
+        "slurm_tenancy_audit_forward_errors",
+        "counter",
+        "Failed connections and sends to the collector (the cursor file's count).",
+    );
+    let mut up = Family::new(
+        "slurm_tenancy_audit_forward_connected",
+        "gauge",
+        "1 while the forwarder holds a TLS session with the collector.",
+    );
+    let now = chrono::Utc::now();
+    for c in &config.audit.collectors {
+        let name = c.to_string();
+        let cursor = crate::forward::read_cursor(&crate::forward::cursor_path(config, c))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let behind = audit.head_seq.saturating_sub(cursor.record.seq);
+        let oldest = audit
+            .times
+            .iter()
+            .find(|(s, _)| *s > cursor.record.seq)
+            .map(|(_, t)| *t)
+            .or_else(|| audit.times.first().map(|(_, t)| *t));
+        let age = if behind == 0 {
+            0.0
+        } else {
+            oldest.map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1e3)
+        };
+        lag.add(vec![("collector", name.clone())], behind);
+        lag_s.add(vec![("collector", name.clone())], age);
+        last.add(vec![("collector", name.clone())], cursor.record.seq);
+        errors.add(vec![("collector", name.clone())], cursor.errors);
+        up.add(vec![("collector", name)], u8::from(cursor.connected));
+    }
+    vec![lag, lag_s, last, errors, up]
 }

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tenancy_audit::anchor::{AnchorKey, AnchorSet};
 use tenancy_audit::report::{aggregate_paths, parse_month, GroupBy, Query};
 use tenancy_audit::{expand_paths, verify_paths, ReportFormat, VerifyReport};
 use tenancy_config::{Billing, Config};
@@ -28,6 +27,7 @@ const MAX_LISTED: usize = 20;
 pub struct IntegrityInputs {
     pub anchors: Vec<PathBuf>,
     pub anchor_key: Option<PathBuf>,
+    pub public_keys: Option<PathBuf>,
     pub all_nodes: bool,
 }
 
@@ -129,15 +129,11 @@ fn cents(d: Decimal) -> Decimal {
 
 /// Integrity of the logs at `paths`: `audit verify` over them, with the anchors given.
 pub fn integrity(paths: &[PathBuf], inputs: &IntegrityInputs) -> anyhow::Result<Integrity> {
-    let mut anchors = match &inputs.anchor_key {
-        Some(k) => AnchorSet::with_key(AnchorKey::load(k).map_err(anyhow::Error::msg)?),
-        None => AnchorSet::default(),
-    };
-    for a in &inputs.anchors {
-        anchors
-            .read_file(a)
-            .with_context(|| format!("reading anchor file {}", a.display()))?;
-    }
+    let anchors = tenancy_audit::verify::read_anchors(
+        &inputs.anchors,
+        inputs.anchor_key.as_deref(),
+        inputs.public_keys.as_deref(),
+    )?;
     let mut r: VerifyReport = verify_paths(paths, &anchors, 10)?;
     if inputs.all_nodes {
         r.require_every_anchored_node(&anchors, 10);
@@ -188,7 +184,9 @@ pub fn integrity(paths: &[PathBuf], inputs: &IntegrityInputs) -> anyhow::Result<
     } else if anchors_checked {
         format!(
             "The audit logs verify: hash chains intact on {places}; the anchor check passed{}.",
-            if r.anchors_authenticated {
+            if r.anchors_signed {
+                " (anchors signed by each node's own key, checked with the nodes' public keys)"
+            } else if r.anchors_authenticated {
                 " (anchors authenticated by their MAC)"
             } else {
                 " (anchors not authenticated: no anchor key)"
@@ -592,14 +590,9 @@ fn chart(s: &Statement, t: &TenantStatement) -> String {
         .map(|m| m.values().sum::<u64>())
         .max()
         .unwrap_or(0);
-    let max_h = (max_ms as f64 / 3_600_000.0).max(0.001);
-    // A round axis top: 1, 2 or 5 times a power of ten.
-    let mag = 10f64.powf(max_h.log10().floor());
-    let top = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|v| *v >= max_h)
-        .unwrap_or(10.0 * mag);
+    let axis = Axis::for_hours(max_ms as f64 / 3_600_000.0);
+    // Bars are drawn against the axis top, in hours.
+    let top = axis.top_hours();
     let (w, h, left, right, top_m, bottom) = (760.0, 280.0, 56.0, 16.0, 16.0, 64.0);
     let plot_w = w - left - right;
     let plot_h = h - top_m - bottom;
@@ -609,20 +602,20 @@ fn chart(s: &Statement, t: &TenantStatement) -> String {
         tenant = esc(&t.tenant),
         month = esc(&s.month)
     );
-    for i in 0..=4 {
-        let v = top * i as f64 / 4.0;
-        let y = top_m + plot_h - plot_h * i as f64 / 4.0;
+    for i in 0..=Axis::TICKS {
+        let y = top_m + plot_h - plot_h * i as f64 / Axis::TICKS as f64;
         o.push_str(&format!(
-            r##"<line x1="{left}" x2="{x2}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{tx}" y="{ty:.1}" font-size="11" text-anchor="end">{v}</text>"##,
+            r##"<line x1="{left}" x2="{x2}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text class="tick" x="{tx}" y="{ty:.1}" font-size="11" text-anchor="end">{v}</text>"##,
             x2 = w - right,
             tx = left - 6.0,
             ty = y + 4.0,
-            v = trim_float(v),
+            v = axis.label(i),
         ));
     }
     o.push_str(&format!(
-        r##"<text x="14" y="{y:.1}" font-size="11" transform="rotate(-90 14 {y:.1})" text-anchor="middle">hours</text>"##,
-        y = top_m + plot_h / 2.0
+        r##"<text class="axis-unit" x="14" y="{y:.1}" font-size="11" transform="rotate(-90 14 {y:.1})" text-anchor="middle">{unit}</text>"##,
+        y = top_m + plot_h / 2.0,
+        unit = axis.unit
     ));
     for d in 0..days {
         let date = start + chrono::Duration::days(d as i64);
@@ -682,9 +675,80 @@ fn chart(s: &Statement, t: &TenantStatement) -> String {
     o
 }
 
-fn trim_float(v: f64) -> String {
-    let s = format!("{v:.3}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
+/// The chart's value axis: its unit and its ticks chosen from the data, so that every tick has
+/// a label of its own at any scale (a month of 0.0006 slice-hours is 0, 0.5, 1, 1.5, 2 ... seconds,
+/// not 0, 0, 0.001, 0.001, 0.001 hours).
+#[derive(Debug, Clone, PartialEq)]
+struct Axis {
+    unit: &'static str,
+    /// Units per hour.
+    per_hour: f64,
+    /// Between two ticks, in the unit.
+    step: f64,
+    /// Decimals that write every tick exactly.
+    decimals: usize,
+}
+
+impl Axis {
+    const TICKS: usize = 4;
+
+    fn for_hours(max_h: f64) -> Axis {
+        let (unit, per_hour) = if max_h >= 1.0 {
+            ("hours", 1.0)
+        } else if max_h * 60.0 >= 1.0 {
+            ("minutes", 60.0)
+        } else {
+            ("seconds", 3600.0)
+        };
+        let v = max_h * per_hour;
+        let raw = if v > 0.0 {
+            v / Self::TICKS as f64
+        } else {
+            0.25
+        };
+        // A round step: 1, 2, 2.5 or 5 times a power of ten, the smallest whose ticks reach v.
+        let mag = 10f64.powf(raw.log10().floor());
+        let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+            .iter()
+            .map(|m| m * mag)
+            .find(|st| *st * Self::TICKS as f64 >= v * (1.0 - 1e-12))
+            .unwrap_or(10.0 * mag);
+        let decimals = (0..=9)
+            .find(|d| {
+                let scaled = step * 10f64.powi(*d as i32);
+                (scaled - scaled.round()).abs() < 1e-6 * scaled.max(1.0)
+            })
+            .unwrap_or(9);
+        Axis {
+            unit,
+            per_hour,
+            step,
+            decimals,
+        }
+    }
+
+    fn top_hours(&self) -> f64 {
+        self.step * Self::TICKS as f64 / self.per_hour
+    }
+
+    /// The label of tick `i` (0 at the bottom), thousands grouped.
+    fn label(&self, i: usize) -> String {
+        let s = format!("{:.*}", self.decimals, self.step * i as f64);
+        let (int, frac) = s
+            .split_once('.')
+            .map_or((s.as_str(), None), |(a, b)| (a, Some(b)));
+        let mut grouped = String::new();
+        for (k, ch) in int.chars().enumerate() {
+            if k > 0 && (int.len() - k) % 3 == 0 {
+                grouped.push(',');
+            }
+            grouped.push(ch);
+        }
+        match frac {
+            Some(f) => format!("{grouped}.{f}"),
+            None => grouped,
+        }
+    }
 }
 
 const CSS: &str = "body{font-family:'DejaVu Sans',Arial,sans-serif;margin:2em;color:#1f2937}\
@@ -923,6 +987,28 @@ mod tests {
         assert_eq!(file_part("-"), "_no-valid-tenant-2d");
         let p = file_part("../../etc/x");
         assert!(!p.contains('/') && !p.contains(".."), "{p}");
+    }
+
+    #[test]
+    fn axis_ticks_are_distinct_at_any_scale() {
+        for max_h in [
+            0.0, 0.0006, 0.004, 0.2, 0.9, 1.0, 3.7, 99.0, 12_345.0, 2.5e6,
+        ] {
+            let a = super::Axis::for_hours(max_h);
+            let labels: Vec<String> = (0..=super::Axis::TICKS).map(|i| a.label(i)).collect();
+            let mut d = labels.clone();
+            d.dedup();
+            assert_eq!(d.len(), labels.len(), "{max_h}: {labels:?}");
+            assert!(a.top_hours() >= max_h, "{max_h}: {a:?}");
+            assert!(
+                a.top_hours() <= (max_h * 2.6).max(0.001),
+                "{max_h}: {a:?} too tall"
+            );
+        }
+        let small = super::Axis::for_hours(0.0006);
+        assert_eq!(small.unit, "seconds");
+        let big = super::Axis::for_hours(12_345.0);
+        assert_eq!(big.label(4), "20,000");
     }
 
     #[test]

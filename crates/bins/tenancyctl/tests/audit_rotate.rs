@@ -106,15 +106,16 @@ fn a_rotated_log_verifies_with_its_anchors_across_its_files_and_alone() {
     assert!(std::fs::read_to_string(&anchors)
         .unwrap()
         .contains("node=n1 seq=5 hash="));
-    // The handle opened before the rotation writes on in the new file.
-    assert_eq!(job(&mut log, &anchors, None, 4), 6);
-    assert_eq!(job(&mut log, &anchors, None, 5), 7);
+    // The handle opened before the rotation writes on in the new file (after the rotation's
+    // admin_action record, seq 6).
+    assert_eq!(job(&mut log, &anchors, None, 4), 7);
+    assert_eq!(job(&mut log, &anchors, None, 5), 8);
     let logs = dir.path().join("logs");
     assert_eq!(std::fs::read_dir(&logs).unwrap().count(), 2);
     let all = verify(&config, &[&anchors], &[], &logs);
     assert!(all.status.success(), "{}", text(&all));
     assert!(
-        text(&all).contains("t/n1: 7 records, last seq 7"),
+        text(&all).contains("t/n1: 8 records, last seq 8"),
         "{}",
         text(&all)
     );
@@ -215,8 +216,8 @@ fn anchors_without_the_keys_mac_are_left_out_and_a_cut_tail_still_shows() {
     let out = verify(&[]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("t/n1: 6 records, last seq 6, head")
-            && text(&out).contains("anchor seq 6: OK")
+        text(&out).contains("t/n1: 7 records, last seq 7, head")
+            && text(&out).contains("anchor seq 7: OK")
             && text(&out).contains("NOTE 2 anchor line(s) without a valid MAC left out"),
         "{}",
         text(&out)

@@ -476,10 +476,17 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
         .skip(before)
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(recs.len(), 7, "{recs:?}");
-    assert!(recs.iter().all(|r| r.event == Event::Reconcile
+    // Seven actions, then the admin's command itself (issue 43).
+    assert_eq!(recs.len(), 8, "{recs:?}");
+    let (actions, admin) = recs.split_at(7);
+    assert!(actions.iter().all(|r| r.event == Event::Reconcile
         && r.outcome == Outcome::Success
         && r.origin == "tenancyctl"));
+    assert_eq!(admin[0].event, Event::AdminAction, "{admin:?}");
+    assert!(
+        admin[0].command.as_deref().unwrap().contains("reconcile"),
+        "{admin:?}"
+    );
     assert!(recs.iter().any(|r| r.job_id == Some(11)));
     assert!(verify_paths(
         std::slice::from_ref(&config.cluster.audit_log),
@@ -534,17 +541,21 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
         "{action}"
     );
     assert!(busy.is_dir());
-    let last: Record = serde_json::from_str(
-        std::fs::read_to_string(&config.cluster.audit_log)
-            .unwrap()
-            .lines()
-            .last()
-            .unwrap(),
-    )
-    .unwrap();
+    // The failed action, then the admin's command that left it (exit 1).
+    let tail: Vec<Record> = std::fs::read_to_string(&config.cluster.audit_log)
+        .unwrap()
+        .lines()
+        .rev()
+        .take(2)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(
-        (last.event, last.outcome, last.job_id),
+        (tail[1].event.clone(), tail[1].outcome, tail[1].job_id),
         (Event::Reconcile, Outcome::Failure, Some(78))
+    );
+    assert_eq!(
+        (tail[0].event.clone(), tail[0].outcome),
+        (Event::AdminAction, Outcome::Failure)
     );
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
@@ -703,6 +714,8 @@ fn reconcile_purges_past_a_retained_folder_it_cannot_remove_and_audits_both() {
             (Event::Reconcile, Outcome::Success, Some(1)),
             (Event::Reconcile, Outcome::Failure, Some(2)),
             (Event::Reconcile, Outcome::Success, Some(3)),
+            // The admin's command, which left something (exit 1).
+            (Event::AdminAction, Outcome::Failure, None),
         ],
         "{recs:?}"
     );

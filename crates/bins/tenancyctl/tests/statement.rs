@@ -559,6 +559,100 @@ fn html_statement_renders_in_a_browser() {
         let _ = std::fs::copy(&shot, PathBuf::from(&keep).join("statement.png"));
         let _ = std::fs::copy(&page, PathBuf::from(&keep).join("statement.html"));
     }
+
+    // The chart's axis at a small and a large scale: every tick its own label, in a unit and
+    // a precision chosen from the data, as the browser shows them.
+    let small = chart_ticks(&chrome, &root.join("small"), |l| {
+        // 2.16 s of one slice in the whole month: 0.0006 slice-hours.
+        let from = t(5, 10, 0);
+        l.job(
+            "n1",
+            "acme",
+            1,
+            Some("1g.18gb"),
+            from,
+            from + chrono::Duration::milliseconds(2160),
+        );
+    });
+    assert_eq!(small.0, "seconds", "{small:?}");
+    let large = chart_ticks(&chrome, &root.join("large"), |l| {
+        // 1,200 slice-hours a day: 50 jobs of one slice each, for 15 days.
+        for j in 0..50u64 {
+            let from = t(2, 0, 0);
+            let mut s = l.rec("n1", Event::JobStart, "acme", 100 + j, from);
+            s.profile = Some("1g.18gb".into());
+            l.append(s);
+            let mut e = l.rec(
+                "n1",
+                Event::JobEnd,
+                "acme",
+                100 + j,
+                from + chrono::Duration::hours(360),
+            );
+            e.profile = Some("1g.18gb".into());
+            e.started = Some(from);
+            l.append(e);
+        }
+    });
+    assert_eq!(large.0, "hours", "{large:?}");
+    assert!(
+        large.1.iter().any(|t| t.contains(',')),
+        "thousands grouped: {large:?}"
+    );
+}
+
+/// The unit and tick labels of acme's chart in January, as Chromium renders the statement of
+/// the jobs `jobs` makes.
+fn chart_ticks(chrome: &Path, root: &Path, jobs: impl FnOnce(&mut Log)) -> (String, Vec<String>) {
+    std::fs::create_dir_all(root).unwrap();
+    let c = config(root, BILLING);
+    let mut l = Log::new(root);
+    jobs(&mut l);
+    let out_dir = root.join("statements");
+    let o = tenancyctl(
+        &c,
+        &[
+            "report",
+            "--statement",
+            "2026-01",
+            "--format",
+            "html",
+            "--out",
+            out_dir.to_str().unwrap(),
+            root.join("logs").to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let url = format!(
+        "file://{}",
+        out_dir.join("statement-2026-01-acme.html").display()
+    );
+    let o = chromium_run(chrome, &root.join("profile"), &["--dump-dom", &url]);
+    assert!(o.status.success(), "chromium: {}", text(&o));
+    let dom = String::from_utf8_lossy(&o.stdout).to_string();
+    let texts = |class: &str| -> Vec<String> {
+        dom.split(&format!("class=\"{class}\""))
+            .skip(1)
+            .map(|rest| {
+                let v = &rest[rest.find('>').unwrap() + 1..];
+                v[..v.find('<').unwrap()].to_string()
+            })
+            .collect()
+    };
+    let ticks = texts("tick");
+    let unit = texts("axis-unit").pop().unwrap_or_default();
+    assert_eq!(ticks.len(), 5, "{dom}");
+    let values: Vec<f64> = ticks
+        .iter()
+        .map(|t| t.replace(',', "").parse().unwrap())
+        .collect();
+    assert!(
+        values.windows(2).all(|w| w[0] < w[1]),
+        "tick labels not distinct and rising: {ticks:?} ({unit})"
+    );
+    // The tallest bar fits under the axis top.
+    assert!(values[4] > 0.0);
+    (unit, ticks)
 }
 
 #[test]

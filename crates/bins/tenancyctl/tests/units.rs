@@ -54,6 +54,9 @@ fn units_verify() {
         "tenancy-audit-rotate.timer",
         "tenancy-metrics.service",
         "tenancy-metrics.timer",
+        "tenancy-audit-forward.service",
+        "tenancy-audit-prune.service",
+        "tenancy-audit-prune.timer",
     ];
     // systemd-analyze verify, in a root holding the units and the tenancyctl they run.
     let Ok(sa) = Command::new("systemd-analyze").arg("--version").output() else {
@@ -123,6 +126,18 @@ fn units_verify() {
         ["metrics", "--textfile"]
     );
     assert!(unit("tenancy-metrics.timer").contains_key("OnUnitActiveSec"));
+    assert_eq!(
+        exec_start("tenancy-audit-forward.service")[1..],
+        ["audit", "forward"]
+    );
+    let fwd = unit("tenancy-audit-forward.service");
+    assert!(has(&fwd, "Restart", "always"), "{fwd:?}");
+    assert!(has(&fwd, "RestartPreventExitStatus", "3"), "{fwd:?}");
+    assert_eq!(
+        exec_start("tenancy-audit-prune.service")[1..],
+        ["audit", "prune"]
+    );
+    assert_eq!(unit("tenancy-audit-prune.timer")["OnCalendar"], ["daily"]);
 
     // The commands themselves, as root, on a config of the test's.
     if !requires_root("running the units' commands") {
@@ -234,4 +249,25 @@ fn units_verify() {
         })
         .collect();
     assert_eq!(rotated.len(), 1, "{rotated:?}");
+    // tenancy-audit-forward.service with no collectors in the config: exit 3, which the unit
+    // does not restart.
+    let out = run(&exec_start("tenancy-audit-forward.service"), &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "audit forward: {}",
+        output_text(&out)
+    );
+    assert!(
+        output_text(&out).contains("collectors is empty"),
+        "{}",
+        output_text(&out)
+    );
+    // tenancy-audit-prune.service: the rotated file is young, and kept.
+    let out = run(
+        &exec_start("tenancy-audit-prune.service"),
+        &["--unforwarded-ok"],
+    );
+    assert!(out.status.success(), "audit prune: {}", output_text(&out));
+    assert!(output_text(&out).contains("young"), "{}", output_text(&out));
 }

@@ -294,6 +294,11 @@ fn packages_install_into_a_clean_root() {
         "lib/systemd/system/tenancy-reconcile.service",
         "lib/systemd/system/tenancy-audit-rotate.timer",
         "lib/systemd/system/tenancy-metrics.timer",
+        "lib/systemd/system/tenancy-audit-forward.service",
+        "lib/systemd/system/tenancy-audit-prune.timer",
+        "usr/share/doc/slurm-tenancy/audit.md",
+        // The node's own key that signs its anchors, made at install (postinst).
+        "var/lib/slurm-tenancy/jobs/audit-signing.key",
         "etc/slurm/tenancy.toml",
         "etc/slurm/plugstack.conf.d/tenancy.conf",
         "usr/lib/x86_64-linux-gnu/slurm-tenancy/spank_tenancy.so",

@@ -2,10 +2,33 @@
 
 #![allow(dead_code)] // each test binary uses some of these
 
+pub mod collector;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::Duration;
 use tenancy_test_support::TenancyToml;
+
+/// A command's status and everything it printed, for assertion messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n{}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `tenancyctl --config CONFIG ARGS...` (TENANCY_CONFIG unset), run to its end.
+pub fn tenancyctl(config: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("TENANCY_CONFIG")
+        .output()
+        .unwrap()
+}
 
 /// Runs an account command (groupadd, useradd, setfacl...); retries while another process holds
 /// /etc/passwd's lock (tests run side by side).

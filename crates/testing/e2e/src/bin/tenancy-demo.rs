@@ -272,6 +272,29 @@ fn run() -> Result<u32> {
                 None
             }
         };
+    // The node's own signing key, and its records forwarded to a local rsyslog over TLS.
+    let collector = Collector::start(&root.path().join("collector"))?;
+    let toml = fs::read_to_string(&stack.config)?
+        + &format!(
+            "\n[audit]\ncollectors = [\"127.0.0.1:{}\"]\nca_file = \"{}\"\n",
+            collector.port,
+            collector.dir.join("ca.pem").display()
+        );
+    fs::write(&stack.config, toml)?;
+    let mut c = stack.tenancyctl();
+    c.args(["audit", "keygen"]);
+    let o = stack.cluster.run(c)?;
+    let public_keys = root.path().join("nodes.pub");
+    fs::write(&public_keys, &o.stdout)?;
+    let mut c = stack.tenancyctl();
+    c.args(["audit", "forward", "--confirm-ms", "500"])
+        .stderr(fs::File::create(root.path().join("forward.log"))?);
+    let forwarder = c.spawn().context("tenancyctl audit forward")?;
+    println!(
+        "audit:        signed by this node's key ({}), forwarded to rsyslog on 127.0.0.1:{} over TLS",
+        text(&o.stdout).trim(),
+        collector.port
+    );
     let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
     let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
         "installed by the slurm-tenancy package".to_string()
@@ -537,6 +560,7 @@ fn run() -> Result<u32> {
     }
 
     broken += statement_and_cross_check(s, &[a, g])?;
+    broken += verify_at_collector(s, &collector, forwarder, &public_keys)?;
 
     say("Shutting the cluster down");
     drop(demo);
@@ -598,6 +622,140 @@ fn statement_and_cross_check(s: &Stack, jobs: &[u64]) -> Result<u32> {
     ));
     let mut c = s.tenancyctl();
     c.args(["report", "--compare-sacct", "--statement", &month, &audit]);
+    let o = s.cluster.run(c)?;
+    show(&o);
+    println!("    (exit {})", o.status.code().unwrap_or(-1));
+    Ok(u32::from(!o.status.success()))
+}
+
+/// A local syslog collector: rsyslog with GnuTLS on a free port of 127.0.0.1, its CA and
+/// certificate made with openssl, records and anchors filed per node (docs/audit.md).
+struct Collector {
+    dir: PathBuf,
+    port: u16,
+    pid: i32,
+}
+
+impl Collector {
+    fn start(dir: &Path) -> Result<Collector> {
+        fs::create_dir_all(dir.join("work"))?;
+        let sh = |script: &str| -> Result<()> {
+            let o = std::process::Command::new("sh")
+                .arg("-ec")
+                .arg(script)
+                .current_dir(dir)
+                .output()?;
+            if !o.status.success() {
+                bail!("{script}: {}", text(&o.stderr));
+            }
+            Ok(())
+        };
+        sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+            -keyout ca.key -out ca.pem -days 2 -subj '/CN=demo CA' \
+            -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null
+            openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout c.key \
+            -out c.csr -subj /CN=collector 2>/dev/null
+            printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > ext
+            openssl x509 -req -in c.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out c.pem \
+            -days 2 -extfile ext 2>/dev/null")?;
+        let port = free_port()?;
+        let d = dir.display();
+        fs::write(
+            dir.join("rsyslog.conf"),
+            format!(
+                r#"global(workDirectory="{d}/work" maxMessageSize="64k" defaultNetstreamDriver="gtls"
+  defaultNetstreamDriverCAFile="{d}/ca.pem" defaultNetstreamDriverCertFile="{d}/c.pem"
+  defaultNetstreamDriverKeyFile="{d}/c.key")
+module(load="imtcp" streamDriver.name="gtls" streamDriver.mode="1" streamDriver.authMode="anon")
+input(type="imtcp" address="127.0.0.1" port="{port}")
+template(name="rec" type="string" string="{d}/out/%hostname%/audit.jsonl")
+template(name="anc" type="string" string="{d}/out/%hostname%/anchors.log")
+template(name="line" type="string" string="%msg%\n")
+if $app-name == "tenancy-audit" and $msgid == "record" then {{
+  action(type="omfile" dynaFile="rec" template="line" action.resumeRetryCount="-1")
+  stop
+}}
+if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
+  action(type="omfile" dynaFile="anc" template="line" action.resumeRetryCount="-1")
+  stop
+}}
+"#
+            ),
+        )?;
+        let child = std::process::Command::new("/usr/sbin/rsyslogd")
+            .args(["-n", "-f"])
+            .arg(dir.join("rsyslog.conf"))
+            .arg("-i")
+            .arg(dir.join("pid"))
+            .stdout(fs::File::create(dir.join("rsyslogd.log"))?)
+            .stderr(fs::File::create(dir.join("rsyslogd.err"))?)
+            .spawn()
+            .context("rsyslogd (apt-get install rsyslog rsyslog-gnutls)")?;
+        let c = Collector {
+            dir: dir.to_path_buf(),
+            port,
+            pid: child.id() as i32,
+        };
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if t0.elapsed() > Duration::from_secs(20) {
+                bail!(
+                    "rsyslogd did not listen on {port}: {}",
+                    fs::read_to_string(dir.join("rsyslogd.err"))?
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(c)
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::SIGTERM,
+        );
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+    }
+}
+
+/// The forwarder stops (it sends its own stop first); the collector's copy, as rsyslog wrote
+/// it, verifies against the node's signed anchors. Returns 1 when it does not.
+fn verify_at_collector(
+    s: &Stack,
+    collector: &Collector,
+    mut forwarder: std::process::Child,
+    public_keys: &Path,
+) -> Result<u32> {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(forwarder.id() as i32),
+        nix::sys::signal::SIGTERM,
+    );
+    forwarder.wait()?;
+    let node = &s.cluster.node;
+    let records = collector.dir.join(format!("out/{node}/audit.jsonl"));
+    let anchors = collector.dir.join(format!("out/{node}/anchors.log"));
+    // rsyslog writes on its own time.
+    let local = fs::read_to_string(&s.paths.audit_log)?.lines().count();
+    let t0 = Instant::now();
+    while fs::read_to_string(&records).map_or(0, |t| t.lines().count()) < local
+        && t0.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    say(&format!(
+        "tenancyctl audit verify --public-keys {} --anchor {} {}   (the collector's copy, as rsyslog wrote it)",
+        public_keys.display(),
+        anchors.display(),
+        records.display()
+    ));
+    let mut c = s.tenancyctl();
+    c.args(["audit", "verify", "--public-keys"])
+        .arg(public_keys)
+        .arg("--anchor")
+        .arg(&anchors)
+        .arg(&records);
     let o = s.cluster.run(c)?;
     show(&o);
     println!("    (exit {})", o.status.code().unwrap_or(-1));

@@ -1,0 +1,208 @@
+//! `tenancyctl audit prune`: removes rotated audit files that are older than the retention and
+//! that every collector has confirmed, and says of every file what it kept and why. The log
+//! at `cluster.audit_log` is never removed, nor is anything by `audit rotate`.
+//!
+//! A file's age is the time of its last record (a rotated file's `log_rotated`), not its
+//! mtime; its retention is `[audit] retain_days`, or the longest `audit_retain_days` of the
+//! tiers its records name. "Forwarded" is the cursor of each `[audit] collectors` entry past
+//! the file's last seq; without collectors nothing counts as forwarded, unless
+//! `--unforwarded-ok` says the site collects the files another way.
+
+use std::collections::BTreeSet;
+use std::io::BufRead;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use chrono::Utc;
+use serde::Serialize;
+use tenancy_audit::{Event, Outcome, Resource, ResourceAction};
+use tenancy_config::Config;
+
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    /// Say what would be removed, remove nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Without [audit] collectors: prune by age alone (the site copies the files off the node
+    /// itself)
+    #[arg(long)]
+    pub unforwarded_ok: bool,
+    #[arg(long, value_enum, default_value_t = tenancy_output::Format::Table)]
+    pub format: tenancy_output::Format,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    file: String,
+    first_seq: u64,
+    last_seq: u64,
+    last_record: String,
+    retain_days: u32,
+    action: &'static str,
+    why: String,
+}
+
+/// The tiers a file's records name.
+fn tiers_in(path: &std::path::Path) -> std::io::Result<BTreeSet<String>> {
+    let f = std::fs::File::open(path)?;
+    let mut tiers = BTreeSet::new();
+    for line in std::io::BufReader::new(f).split(b'\n') {
+        if let Some(t) = crate::chain::parse_head(&line?).and_then(|h| h.tier) {
+            tiers.insert(t);
+        }
+    }
+    Ok(tiers)
+}
+
+pub fn run(config: &Config, args: &PruneArgs) -> anyhow::Result<ExitCode> {
+    let log = &config.cluster.audit_log;
+    let files = crate::chain::log_files(log)
+        .with_context(|| format!("listing the files of {}", log.display()))?;
+    // The seq every collector confirmed (None: no collector, or one without a cursor).
+    let mut forwarded: Option<u64> = None;
+    let mut forward_note = String::new();
+    if config.audit.collectors.is_empty() {
+        forward_note = "no [audit] collectors: nothing is forwarded".into();
+    } else {
+        let mut min = u64::MAX;
+        for c in &config.audit.collectors {
+            let p = crate::forward::cursor_path(config, c);
+            match crate::forward::read_cursor(&p) {
+                Ok(Some(cur)) => min = min.min(cur.record.seq),
+                Ok(None) => {
+                    min = 0;
+                    forward_note = format!("collector {c} has confirmed nothing yet");
+                }
+                Err(e) => {
+                    min = 0;
+                    forward_note = e;
+                }
+            }
+        }
+        forwarded = Some(min);
+    }
+    let now = Utc::now();
+    let mut rows = Vec::new();
+    let mut removed = Vec::new();
+    for f in &files {
+        let tiers = tiers_in(&f.path).unwrap_or_default();
+        let days = tiers
+            .iter()
+            .map(|t| config.audit_retain_days(Some(t)))
+            .chain([config.audit_retain_days(None)])
+            .max()
+            .unwrap_or(config.audit.retain_days);
+        let longest_tier = tiers
+            .iter()
+            .find(|t| config.audit_retain_days(Some(t)) == days && days > config.audit.retain_days)
+            .cloned();
+        let age_days = f.last_time.map(|t| (now - t).num_days());
+        let mut row = Row {
+            file: f.path.display().to_string(),
+            first_seq: f.first_seq,
+            last_seq: f.last_seq,
+            last_record: f
+                .last_time
+                .map(|t| tenancy_audit::record::ts::format(&t))
+                .unwrap_or_else(|| "?".into()),
+            retain_days: days,
+            action: "keep",
+            why: String::new(),
+        };
+        row.why = if &f.path == log {
+            "the log itself (never pruned)".into()
+        } else if !f.rotated {
+            "does not end with log_rotated: not a file audit rotate set aside".into()
+        } else if age_days.is_none_or(|a| a < i64::from(days)) {
+            format!(
+                "young: last record {} day(s) ago, kept {days} day(s){}",
+                age_days.map_or("?".to_string(), |a| a.to_string()),
+                longest_tier
+                    .map(|t| format!(" (tier {t} requires {days})"))
+                    .unwrap_or_default()
+            )
+        } else if !args.unforwarded_ok && forwarded.is_none_or(|s| s < f.last_seq) {
+            format!(
+                "not forwarded: its last seq {} is past what every collector confirmed ({}){}",
+                f.last_seq,
+                forwarded.map_or("none".to_string(), |s| format!("seq {s}")),
+                if forward_note.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {forward_note}")
+                }
+            )
+        } else {
+            row.action = if args.dry_run {
+                "would remove"
+            } else {
+                "remove"
+            };
+            format!(
+                "{} day(s) old, past {days}; {}",
+                age_days.unwrap_or(0),
+                if args.unforwarded_ok && forwarded.is_none_or(|s| s < f.last_seq) {
+                    "--unforwarded-ok".to_string()
+                } else {
+                    format!("forwarded (every collector past seq {})", f.last_seq)
+                }
+            )
+        };
+        if row.action == "remove" {
+            std::fs::remove_file(&f.path)
+                .with_context(|| format!("removing {}", f.path.display()))?;
+            removed.push(f.clone());
+        }
+        rows.push(row);
+    }
+    if !removed.is_empty() {
+        if let Some(dir) = log.parent() {
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        }
+        let mut rec =
+            crate::admin::record(config, Event::LogPruned, Outcome::Success).reason(format!(
+                "removed {} rotated file(s), seq {} to {}",
+                removed.len(),
+                removed.iter().map(|f| f.first_seq).min().unwrap_or(0),
+                removed.iter().map(|f| f.last_seq).max().unwrap_or(0)
+            ));
+        for f in &removed {
+            rec = rec.resource(
+                Resource::new(
+                    "audit",
+                    ResourceAction::Removed,
+                    f.path.display().to_string(),
+                )
+                .detail("first_seq", f.first_seq)
+                .detail("last_seq", f.last_seq),
+            );
+        }
+        tenancy_node::spine::append_anchored(config, &mut rec)
+            .map_err(|e| anyhow::anyhow!("the files are removed but their record is not: {e}"))?;
+    }
+    crate::output::Rows {
+        headers: &[
+            "file",
+            "first_seq",
+            "last_seq",
+            "last_record",
+            "retain_days",
+            "action",
+            "why",
+        ],
+        rows: &rows,
+        cells: |r| {
+            vec![
+                r.file.clone(),
+                r.first_seq.to_string(),
+                r.last_seq.to_string(),
+                r.last_record.clone(),
+                r.retain_days.to_string(),
+                r.action.to_string(),
+                r.why.clone(),
+            ]
+        },
+    }
+    .print(args.format)?;
+    Ok(ExitCode::SUCCESS)
+}

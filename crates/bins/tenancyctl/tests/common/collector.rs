@@ -1,0 +1,283 @@
+//! A real syslog collector for the forwarder's tests: Debian's rsyslog with its GnuTLS driver
+//! (rsyslog-gnutls), started on a free port of 127.0.0.1 with a CA and certificates made here
+//! with the openssl CLI, stopped by pid. It files records and anchors apart, per node, as
+//! docs/audit.md tells a site to: `out/<node>/audit.jsonl` and `out/<node>/anchors.log`, each
+//! line the message as the node sent it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Where rsyslogd is, or why the test cannot run (a SKIP outside CI, a failure in CI).
+pub fn rsyslogd() -> Option<PathBuf> {
+    let p = PathBuf::from("/usr/sbin/rsyslogd");
+    let gtls = Path::new("/usr/lib/x86_64-linux-gnu/rsyslog/lmnsd_gtls.so");
+    let have_gtls = gtls.exists()
+        || std::fs::read_dir("/usr/lib")
+            .ok()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("rsyslog/lmnsd_gtls.so").exists());
+    if p.is_file() && have_gtls {
+        return Some(p);
+    }
+    tenancy_test_support::skip(
+        "needs rsyslog and rsyslog-gnutls",
+        "scripts/install-deps installs them (apt-get install rsyslog rsyslog-gnutls)",
+    );
+    None
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A CA (`<name>-ca.pem`, `<name>-ca.key`) in `dir`.
+pub fn make_ca(dir: &Path, name: &str) -> PathBuf {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}-ca.key"),
+            "-out",
+            &format!("{name}-ca.pem"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name} test CA"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+    dir.join(format!("{name}-ca.pem"))
+}
+
+/// A certificate `<name>.pem` with key `<name>.key` signed by the CA `ca`, for 127.0.0.1.
+pub fn make_cert(dir: &Path, ca: &str, name: &str, usage: &str) -> (PathBuf, PathBuf) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+    let ext = dir.join(format!("{name}.ext"));
+    std::fs::write(
+        &ext,
+        format!(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature\nextendedKeyUsage={usage}\n"
+        ),
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}-ca.pem"),
+            "-CAkey",
+            &format!("{ca}-ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            ext.to_str().unwrap(),
+        ],
+    );
+    let key = dir.join(format!("{name}.key"));
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    (dir.join(format!("{name}.pem")), key)
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One rsyslogd of the test's.
+pub struct Rsyslog {
+    pub dir: PathBuf,
+    pub port: u16,
+    pub out: PathBuf,
+    conf: PathBuf,
+    pid: Option<i32>,
+}
+
+impl Rsyslog {
+    /// Writes its config in `dir` (a server certificate of CA `ca`; `client_auth`: the
+    /// collector asks for a client certificate of that CA) and starts it.
+    pub fn start(dir: &Path, ca: &str, server: &str, client_auth: bool) -> Rsyslog {
+        let port = free_port();
+        let out = dir.join("out");
+        let work = dir.join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        let conf = dir.join("rsyslog.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                r#"global(workDirectory="{work}" maxMessageSize="64k"
+  defaultNetstreamDriver="gtls"
+  defaultNetstreamDriverCAFile="{d}/{ca}-ca.pem"
+  defaultNetstreamDriverCertFile="{d}/{server}.pem"
+  defaultNetstreamDriverKeyFile="{d}/{server}.key")
+module(load="imtcp" streamDriver.name="gtls" streamDriver.mode="1"
+  streamDriver.authMode="{auth}")
+input(type="imtcp" address="127.0.0.1" port="{port}")
+template(name="tenancyRecords" type="string" string="{out}/%hostname%/audit.jsonl")
+template(name="tenancyAnchors" type="string" string="{out}/%hostname%/anchors.log")
+template(name="tenancyLine" type="string" string="%msg%\n")
+if $app-name == "tenancy-audit" and $msgid == "record" then {{
+  action(type="omfile" dynaFile="tenancyRecords" template="tenancyLine"
+    action.resumeRetryCount="-1")
+  stop
+}}
+if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
+  action(type="omfile" dynaFile="tenancyAnchors" template="tenancyLine"
+    action.resumeRetryCount="-1")
+  stop
+}}
+"#,
+                work = work.display(),
+                d = dir.display(),
+                out = out.display(),
+                auth = if client_auth {
+                    "x509/certvalid"
+                } else {
+                    "anon"
+                },
+            ),
+        )
+        .unwrap();
+        let mut r = Rsyslog {
+            dir: dir.to_path_buf(),
+            port,
+            out,
+            conf,
+            pid: None,
+        };
+        r.resume();
+        r
+    }
+
+    /// Starts rsyslogd again on the same port (after [`Rsyslog::stop`]).
+    pub fn resume(&mut self) {
+        let pidfile = self.dir.join("rsyslogd.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let child = Command::new("/usr/sbin/rsyslogd")
+            .arg("-n")
+            .arg("-f")
+            .arg(&self.conf)
+            .arg("-i")
+            .arg(&pidfile)
+            .stdout(std::fs::File::create(self.dir.join("rsyslogd.out")).unwrap())
+            .stderr(std::fs::File::create(self.dir.join("rsyslogd.err")).unwrap())
+            .spawn()
+            .expect("rsyslogd");
+        let pid = child.id() as i32;
+        // Reaped by whoever waits; the test stops it by pid.
+        std::mem::forget(child);
+        self.pid = Some(pid);
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "rsyslogd did not listen on {}: {}",
+                self.port,
+                std::fs::read_to_string(self.dir.join("rsyslogd.err")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops rsyslogd (SIGTERM, by pid) and waits for it to exit.
+    pub fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Kills rsyslogd (SIGKILL, by pid): what it had received and not yet written is lost, as
+    /// when a collector crashes or its host goes down.
+    pub fn crash(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    /// Stops rsyslogd in its tracks (SIGSTOP): a hung collector, whose kernel still
+    /// acknowledges what it is sent until its socket buffer is full.
+    pub fn hang(&self) {
+        if let Some(pid) = self.pid {
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+    }
+
+    fn signal(&mut self, sig: i32) {
+        let Some(pid) = self.pid.take() else { return };
+        unsafe { libc::kill(pid, sig) };
+        let mut status = 0;
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    }
+
+    pub fn collector(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn records(&self, node: &str) -> PathBuf {
+        self.out.join(node).join("audit.jsonl")
+    }
+
+    pub fn anchors(&self, node: &str) -> PathBuf {
+        self.out.join(node).join("anchors.log")
+    }
+
+    /// Lines of the collector's record file of `node`.
+    pub fn record_lines(&self, node: &str) -> Vec<String> {
+        std::fs::read_to_string(self.records(node))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+}
+
+impl Drop for Rsyslog {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
