@@ -231,6 +231,7 @@ nvml_shim_fixture = "{r}/fixture.toml"
 [node]
 proc_devices = "{r}/proc-devices"
 mig_minors = "{r}/mig-minors"
+nvidia_caps_dir = "{r}/dev/nvidia-caps"
 [tiers.internal]
 mig_profiles = ["1g.18gb"]
 [tiers.keeper]
@@ -308,6 +309,7 @@ groups = ["{b}"]
             proc_devices: config.node.proc_devices.clone(),
             mig_minors: config.node.mig_minors.clone(),
             rdma_devices: config.node.rdma_devices.clone(),
+            nvidia_caps: config.node.nvidia_caps_dir.clone(),
         },
         target: tenancy_devices::Target::Owned {
             root: CGROUP2.into(),

@@ -123,6 +123,7 @@ nvml_shim_fixture = "{fixture}"
 [node]
 proc_devices = "{proc_devices}"
 mig_minors = "{mig_minors}"
+nvidia_caps_dir = "{caps}"
 
 [tiers.internal]
 mig_profiles = ["1g.18gb", "2g.35gb", "3g.71gb"]
@@ -172,6 +173,7 @@ job_hour_without_mig = 0.05
         fixture = p.nvml_fixture.display(),
         proc_devices = p.proc_devices.display(),
         mig_minors = p.mig_minors.display(),
+        caps = p.dev_dir.join("nvidia-caps").display(),
         ag = t.acme_group,
         gg = t.globex_group,
     )

@@ -193,6 +193,7 @@ nvml_shim_fixture = "{r}/fixture.toml"
 [node]
 proc_devices = "{r}/proc-devices"
 mig_minors = "{r}/mig-minors"
+nvidia_caps_dir = "{r}/dev/nvidia-caps"
 [tiers.internal]
 mig_profiles = ["1g.18gb", "3g.71gb"]
 [tiers.keeper]
