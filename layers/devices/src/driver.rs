@@ -28,8 +28,10 @@ pub struct DriverPaths {
     #[serde(default = "default_rdma_dir")]
     pub rdma_devices: PathBuf,
     /// Where the MIG capability nodes go (`/dev/nvidia-caps`): the prolog makes a job's there
-    /// ([`crate::caps`]).
-    #[serde(default = "default_caps_dir")]
+    /// ([`crate::caps`]). Not journaled: it is the node's setting, nothing undoes the nodes, and
+    /// the journal's intents stay as release 1 wrote them; whoever reads params back from a
+    /// journal sets it from its config.
+    #[serde(skip, default = "default_caps_dir")]
     pub nvidia_caps: PathBuf,
 }
 

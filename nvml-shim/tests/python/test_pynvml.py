@@ -942,5 +942,51 @@ class TestHolders(ShimCase):
         self.assertNotIn("holders", json.loads(self.ctl("show")))
 
 
+class CompareCase(ShimCase):
+    """tools/compare-real-gpu.py, pointed at the shim as if it were the real GPU (no GPU is
+    needed): it reads the driver version, MIG modes and CC state without changing them, sets
+    the shim up the same way, and finds no difference. On a real GPU that is the check."""
+
+    def compare(self):
+        tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "compare-real-gpu.py")
+        r = subprocess.run([sys.executable, tool, "--gpu", "0", "--real-lib", LIB,
+                            "--shim-lib", LIB, "--json"],
+                           capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        self.assertIn("no differences", r.stdout)
+        return json.loads(r.stdout.split("\nreal GPU:")[0])["real"]
+
+
+class TestCompareTool(CompareCase):
+    FIXTURE = """
+state = "state.json"
+driver_version = "535.129.03"
+[[gpus]]
+model = "A100-80GB"
+mig_mode = true
+mig_mode_pending = false
+"""
+
+    def test_names_and_a_pending_mig_mode(self):
+        real = self.compare()
+        self.assertEqual(real["driver_version"], "535.129.03")
+        self.assertEqual(real["mig_mode"], [1, 0])
+        self.assertIn("MIG 3g.39gb", [p.get("name") for p in real["gi_profiles"].values()])
+        self.assertEqual(real["cc"]["state"]["ccFeature"], 0)
+
+
+class TestCompareToolCc(CompareCase):
+    FIXTURE = """
+state = "state.json"
+[[gpus]]
+model = "H200-141GB"
+cc_mode = true
+"""
+
+    def test_cc_mode(self):
+        cc = self.compare()["cc"]
+        self.assertEqual(cc["state"]["ccFeature"], 1)
+        self.assertGreater(cc["memory"]["protectedMemSizeKib"], 0)
+
 if __name__ == "__main__":
     unittest.main()
