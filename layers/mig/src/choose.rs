@@ -206,6 +206,7 @@ pub fn choose_in(
     let mut known_anywhere = false;
     match plan {
         Some(slots) => {
+            let mut taken = false;
             for slot in slots.iter().rev() {
                 let Some(gpu) = gpus.iter().find(|g| g.index == slot.gpu) else {
                     continue;
@@ -230,12 +231,15 @@ pub fn choose_in(
                     continue;
                 }
                 if gpu.occupied_by(slot.start, slot.size).is_some() {
+                    taken = true;
                     continue;
                 }
                 return Ok(intent(gpu, p, slot.start, Some(slot.index)));
             }
             if reasons.is_empty() {
                 reasons.push(format!("every plan slot of profile {want} is taken"));
+            } else if taken {
+                reasons.push(format!("the other plan slots of profile {want} are taken"));
             }
         }
         None => {

@@ -314,6 +314,21 @@ fn an_unusable_gpu_is_passed_over_where_the_plan_allows_and_refused_where_not() 
         matches!(e, MigError::Refused { .. }) && e.to_string().contains(why),
         "{e}"
     );
+    // The other GPU's slots taken: both said, and it is no placement (jobs may end).
+    let full = vec![
+        unusable_view(0, why),
+        view(1, vec![gi(1, 9, 0, 4), gi(2, 9, 4, 4)]),
+    ];
+    let e = choose_in(
+        &full,
+        Some(&plan),
+        &req(Some("3g.71gb"), None, "acme", true),
+        &[],
+    )
+    .unwrap_err();
+    let s = e.to_string();
+    assert!(matches!(e, MigError::NoPlacement { .. }), "{s}");
+    assert!(s.contains(why) && s.contains("are taken"), "{s}");
     // Every GPU lost (no model read): refused with the reason, not "unknown profile".
     let lost = vec![GpuView {
         model: None,
