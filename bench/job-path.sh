@@ -87,6 +87,7 @@ nvml_shim_fixture = "$BENCH_DIR/fixture.toml"
 [node]
 proc_devices = "$BENCH_DIR/proc-devices"
 mig_minors = "$BENCH_DIR/mig-minors"
+nvidia_caps_dir = "$BENCH_DIR/dev/nvidia-caps"
 [tiers.internal]
 mig_profiles = ["1g.18gb", "3g.71gb"]
 [tenants.$BENCH_TENANT]

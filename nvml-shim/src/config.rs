@@ -4,6 +4,7 @@ use crate::model::GpuModel;
 use crate::ret;
 use crate::state::{Faults, GpuSeed};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub const ENV_FIXTURE: &str = "NVML_SHIM_FIXTURE";
@@ -29,6 +30,12 @@ struct FixtureFile {
     uvm_major: Option<u32>,
     caps_major: Option<u32>,
     driver_version: Option<String>,
+    /// The stand-in makes and removes each GPU and compute instance's nvidia-caps node itself
+    /// (the real driver does not: nvidia-modprobe or the prolog makes them).
+    #[serde(default)]
+    instance_caps: bool,
+    /// DCGM exporter's job mapping folder, watched for files left behind (see README).
+    dcgm_job_mapping_dir: Option<PathBuf>,
     #[serde(default)]
     faults: FixtureFaults,
 }
@@ -40,8 +47,19 @@ struct FixtureGpu {
     uuid: Option<String>,
     #[serde(default = "yes")]
     mig_mode: bool,
+    /// The pending MIG mode (default: `mig_mode`): differs while a change waits for a reset.
+    mig_mode_pending: Option<bool>,
     #[serde(default)]
     lost: bool,
+    /// Confidential-computing mode (H100 and H200 only).
+    #[serde(default)]
+    cc_mode: bool,
+    /// MIG mode changes wait for a GPU reset (as in a VM with the GPU passed through).
+    #[serde(default)]
+    reset_required: bool,
+    /// Profile names the driver reports instead of the model's: `{ "3g.40gb" = "3g.39gb" }`.
+    #[serde(default)]
+    profile_names: std::collections::BTreeMap<String, String>,
 }
 
 fn yes() -> bool {
@@ -60,6 +78,10 @@ struct FixtureFaults {
     /// GPU indices that are lost from the start.
     #[serde(default)]
     lost: Vec<u32>,
+    #[serde(default)]
+    create_delay_ms: u64,
+    #[serde(default)]
+    destroy_delay_ms: u64,
 }
 
 /// Resolved configuration of one process.
@@ -80,6 +102,37 @@ pub struct Config {
     /// GPU indices lost for this process (NVML_SHIM_FAULTS `lost=`).
     pub env_lost: Vec<u32>,
     pub fixture: Option<PathBuf>,
+    /// Per-instance nvidia-caps nodes made by the stand-in (fixture `instance_caps`).
+    pub instance_caps: bool,
+    /// DCGM exporter's job mapping folder (fixture `dcgm_job_mapping_dir`).
+    pub dcgm_mapping_dir: Option<PathBuf>,
+}
+
+/// Profile names a driver release reports differently from the model's table: 535 and 545
+/// call the A100-80GB's 3g.40gb "3g.39gb" (NVIDIA/mig-parted issue 31: Slurm's AutoDetect then
+/// named the GRES type nvidia_a100_3g.39gb and dropped the configured 3g.40gb).
+pub fn driver_renames(driver_version: &str, model: GpuModel) -> BTreeMap<String, String> {
+    let major = driver_version.split('.').next().unwrap_or("");
+    let mut m = BTreeMap::new();
+    if matches!(major, "535" | "545") && model == GpuModel::A100_80GB {
+        m.insert("3g.40gb".to_string(), "3g.39gb".to_string());
+    }
+    m
+}
+
+/// A profile name as drivers write them: `<g>g.<n>gb`, optionally `+me`.
+fn valid_profile_name(s: &str) -> bool {
+    let s = s.strip_suffix("+me").unwrap_or(s);
+    let Some((g, rest)) = s.split_once("g.") else {
+        return false;
+    };
+    let Some(n) = rest.strip_suffix("gb") else {
+        return false;
+    };
+    !g.is_empty()
+        && g.bytes().all(|b| b.is_ascii_digit())
+        && !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Deterministic `GPU-<uuid>` for a GPU without one in the fixture.
@@ -116,7 +169,8 @@ fn parse_codes(list: &[String], what: &str) -> Result<Vec<u32>, String> {
         .collect()
 }
 
-/// Parses NVML_SHIM_FAULTS: `gi_create=CODE[,CODE..];ci_create=CODE;destroy_in_use=N;lost=IDX[,IDX]`.
+/// Parses NVML_SHIM_FAULTS: `gi_create=CODE[,CODE..];ci_create=CODE;destroy_in_use=N;
+/// lost=IDX[,IDX];create_delay_ms=N;destroy_delay_ms=N`.
 pub fn parse_env_faults(spec: &str) -> Result<(Faults, Vec<u32>), String> {
     let mut f = Faults::default();
     let mut lost = Vec::new();
@@ -134,6 +188,16 @@ pub fn parse_env_faults(spec: &str) -> Result<(Faults, Vec<u32>), String> {
                     .parse()
                     .map_err(|_| format!("{ENV_FAULTS}: destroy_in_use needs a count, got {v:?}"))?
             }
+            "create_delay_ms" | "destroy_delay_ms" => {
+                let ms = v.trim().parse().map_err(|_| {
+                    format!("{ENV_FAULTS}: {k} needs milliseconds, got {v:?}")
+                })?;
+                if k.trim() == "create_delay_ms" {
+                    f.create_delay_ms = ms;
+                } else {
+                    f.destroy_delay_ms = ms;
+                }
+            }
             "lost" => {
                 for i in items {
                     lost.push(
@@ -145,7 +209,7 @@ pub fn parse_env_faults(spec: &str) -> Result<(Faults, Vec<u32>), String> {
             }
             other => {
                 return Err(format!(
-                "{ENV_FAULTS}: unknown key {other:?} (gi_create, ci_create, destroy_in_use, lost)"
+                "{ENV_FAULTS}: unknown key {other:?} (gi_create, ci_create, destroy_in_use, lost, create_delay_ms, destroy_delay_ms)"
             ))
             }
         }
@@ -193,11 +257,11 @@ impl Config {
 
     pub fn default_two_h200() -> Config {
         let gpus = (0..2)
-            .map(|i| GpuSeed {
-                uuid: default_gpu_uuid(i, GpuModel::H200_141GB),
-                model: GpuModel::H200_141GB,
-                mig_mode: true,
-                lost: false,
+            .map(|i| {
+                GpuSeed::mig(
+                    default_gpu_uuid(i, GpuModel::H200_141GB),
+                    GpuModel::H200_141GB,
+                )
             })
             .collect();
         Config {
@@ -213,6 +277,8 @@ impl Config {
             env_faults: Faults::default(),
             env_lost: Vec::new(),
             fixture: None,
+            instance_caps: false,
+            dcgm_mapping_dir: None,
         }
     }
 
@@ -225,6 +291,10 @@ impl Config {
         if f.gpus.len() > crate::model::MIG_MINORS_GPUS as usize {
             return Err(format!("at most {} GPUs", crate::model::MIG_MINORS_GPUS));
         }
+        let driver_version = f
+            .driver_version
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DRIVER_VERSION.into());
         let mut gpus = Vec::new();
         for (i, g) in f.gpus.iter().enumerate() {
             let model = GpuModel::parse(&g.model).ok_or_else(|| {
@@ -245,11 +315,34 @@ impl Config {
             if gpus.iter().any(|s: &GpuSeed| s.uuid == uuid) {
                 return Err(format!("gpus[{i}]: duplicate uuid {uuid}"));
             }
+            if g.cc_mode && !matches!(model, GpuModel::H100_80GB | GpuModel::H200_141GB) {
+                return Err(format!(
+                    "gpus[{i}]: cc_mode: a {model} has no confidential-computing mode (Hopper GPUs do)"
+                ));
+            }
+            let mut renames = driver_renames(&driver_version, model);
+            for (from, to) in &g.profile_names {
+                if !model.gi_profiles().iter().any(|p| p.name == from) {
+                    return Err(format!(
+                        "gpus[{i}]: profile_names: {from:?} is not a {model} profile"
+                    ));
+                }
+                if !valid_profile_name(to) {
+                    return Err(format!(
+                        "gpus[{i}]: profile_names: {to:?} is not a profile name like 3g.39gb"
+                    ));
+                }
+                renames.insert(from.clone(), to.clone());
+            }
             gpus.push(GpuSeed {
                 uuid,
                 model,
                 mig_mode: g.mig_mode,
+                mig_pending: g.mig_mode_pending.unwrap_or(g.mig_mode),
                 lost: g.lost || f.faults.lost.contains(&(i as u32)),
+                cc_mode: g.cc_mode,
+                reset_required: g.reset_required,
+                renames,
             });
         }
         let uvm_major = f.uvm_major.unwrap_or(DEFAULT_UVM_MAJOR);
@@ -273,17 +366,19 @@ impl Config {
             proc_devices: f.proc_devices.map(|p| resolve(base, p)),
             uvm_major,
             caps_major,
-            driver_version: f
-                .driver_version
-                .unwrap_or_else(|| DEFAULT_DRIVER_VERSION.into()),
+            driver_version,
             seed_faults: Faults {
                 gi_create: parse_codes(&f.faults.gi_create, "faults.gi_create")?,
                 ci_create: parse_codes(&f.faults.ci_create, "faults.ci_create")?,
                 destroy_in_use: f.faults.destroy_in_use,
+                create_delay_ms: f.faults.create_delay_ms,
+                destroy_delay_ms: f.faults.destroy_delay_ms,
             },
             env_faults: Faults::default(),
             env_lost: Vec::new(),
             fixture: None,
+            instance_caps: f.instance_caps,
+            dcgm_mapping_dir: f.dcgm_job_mapping_dir.map(|p| resolve(base, p)),
         })
     }
 
@@ -340,6 +435,36 @@ lost = [0]
     }
 
     #[test]
+    fn driver_era_names_cc_and_pending_modes() {
+        let c = Config::from_fixture_text(
+            "driver_version = \"535.129.03\"\n[[gpus]]\nmodel = \"A100-80GB\"\n\
+             mig_mode_pending = false\nreset_required = true\n\
+             [[gpus]]\nmodel = \"H200-141GB\"\ncc_mode = true\n\
+             profile_names = { \"3g.71gb\" = \"3g.70gb\" }\n",
+            Path::new("/"),
+        )
+        .unwrap();
+        let p3 = GpuModel::A100_80GB.gi_profile_by_id(9).unwrap();
+        assert_eq!(c.gpus[0].profile_name(p3), "3g.39gb");
+        assert!(c.gpus[0].mig_mode && !c.gpus[0].mig_pending && c.gpus[0].reset_required);
+        let h3 = GpuModel::H200_141GB.gi_profile_by_id(9).unwrap();
+        assert_eq!(c.gpus[1].profile_name(h3), "3g.70gb");
+        assert!(c.gpus[1].cc_mode);
+        // The default driver keeps the table's names.
+        assert!(driver_renames(DEFAULT_DRIVER_VERSION, GpuModel::A100_80GB).is_empty());
+        for bad in [
+            "[[gpus]]\nmodel = \"A100-40GB\"\ncc_mode = true\n",
+            "[[gpus]]\nmodel = \"H200\"\nprofile_names = { \"3g.40gb\" = \"3g.39gb\" }\n",
+            "[[gpus]]\nmodel = \"H200\"\nprofile_names = { \"3g.71gb\" = \"big\" }\n",
+        ] {
+            assert!(
+                Config::from_fixture_text(bad, Path::new("/")).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn env_faults_spec() {
         let (f, lost) =
             parse_env_faults("gi_create=INSUFFICIENT_RESOURCES,UNKNOWN; destroy_in_use=2;lost=1")
@@ -348,6 +473,8 @@ lost = [0]
         assert_eq!(f.destroy_in_use, 2);
         assert_eq!(lost, vec![1]);
         assert!(parse_env_faults("gi_create=NOPE").is_err());
+        let (f, _) = parse_env_faults("create_delay_ms=250;destroy_delay_ms=5").unwrap();
+        assert_eq!((f.create_delay_ms, f.destroy_delay_ms), (250, 5));
         assert!(parse_env_faults("what=1").is_err());
     }
 

@@ -153,6 +153,44 @@ pub struct nvmlComputeInstanceInfo_t {
     pub placement: nvmlComputeInstancePlacement_t,
 }
 
+#[repr(C)]
+pub struct nvmlConfComputeSystemState_t {
+    pub environment: c_uint,
+    pub ccFeature: c_uint,
+    pub devToolsMode: c_uint,
+}
+
+#[repr(C)]
+pub struct nvmlSystemConfComputeSettings_v1_t {
+    pub version: c_uint,
+    pub environment: c_uint,
+    pub ccFeature: c_uint,
+    pub devToolsMode: c_uint,
+    pub multiGpuMode: c_uint,
+}
+
+#[repr(C)]
+pub struct nvmlConfComputeSystemCaps_t {
+    pub cpuCaps: c_uint,
+    pub gpusCaps: c_uint,
+}
+
+#[repr(C)]
+pub struct nvmlConfComputeMemSizeInfo_t {
+    pub protectedMemSizeKib: c_ulonglong,
+    pub unprotectedMemSizeKib: c_ulonglong,
+}
+
+// nvmlConfComputeSystemState_t and nvmlSystemConfComputeSettings_t values (nvml.h).
+const NVML_CC_SYSTEM_ENVIRONMENT_UNAVAILABLE: c_uint = 0;
+const NVML_CC_SYSTEM_ENVIRONMENT_PROD: c_uint = 2;
+const NVML_CC_SYSTEM_FEATURE_DISABLED: c_uint = 0;
+const NVML_CC_SYSTEM_FEATURE_ENABLED: c_uint = 1;
+const NVML_CC_SYSTEM_CPU_CAPS_NONE: c_uint = 0;
+const NVML_CC_SYSTEM_CPU_CAPS_INTEL_TDX: c_uint = 2;
+const NVML_CC_SYSTEM_GPUS_CC_NOT_CAPABLE: c_uint = 0;
+const NVML_CC_SYSTEM_GPUS_CC_CAPABLE: c_uint = 1;
+
 /// NVML_STRUCT_VERSION(name, ver) = sizeof(struct) | ver << 24.
 const fn struct_version<T>(ver: u32) -> u32 {
     std::mem::size_of::<T>() as u32 | (ver << 24)
@@ -162,6 +200,8 @@ pub const NVML_GI_PROFILE_INFO_V2: u32 = struct_version::<nvmlGpuInstanceProfile
 pub const NVML_GI_PROFILE_INFO_V3: u32 = struct_version::<nvmlGpuInstanceProfileInfo_v3_t>(3);
 pub const NVML_CI_PROFILE_INFO_V2: u32 = struct_version::<nvmlComputeInstanceProfileInfo_v2_t>(2);
 pub const NVML_CI_PROFILE_INFO_V3: u32 = struct_version::<nvmlComputeInstanceProfileInfo_v3_t>(3);
+pub const NVML_SYSTEM_CONF_COMPUTE_SETTINGS_V1: u32 =
+    struct_version::<nvmlSystemConfComputeSettings_v1_t>(1);
 
 // Pinned against nvml.h / pynvml: nvmlGpuInstanceProfileInfo_v2 = 0x02000098,
 // nvmlComputeInstanceProfileInfo_v2 = 0x02000088, nvmlMemory_v2 = 0x02000028.
@@ -170,6 +210,8 @@ const _: () = assert!(NVML_GI_PROFILE_INFO_V3 == 0x0300_0098);
 const _: () = assert!(NVML_CI_PROFILE_INFO_V2 == 0x0200_0088);
 const _: () = assert!(NVML_CI_PROFILE_INFO_V3 == 0x0300_008C);
 const _: () = assert!(NVML_MEMORY_V2 == 0x0200_0028);
+// pynvml: nvmlSystemConfComputeSettings_v1 = 0x1000014.
+const _: () = assert!(NVML_SYSTEM_CONF_COMPUTE_SETTINGS_V1 == 0x0100_0014);
 
 // ---------------------------------------------------------------------------------------------
 // Handles: leaked boxes, registered by address so a foreign pointer is refused.
@@ -366,6 +408,49 @@ fn call(f: impl FnOnce() -> NvmlResult<()>) -> nvmlReturn_t {
         Ok(Ok(())) => ret::SUCCESS,
         Ok(Err(r)) => r.0,
         Err(_) => Ret::UNKNOWN.0,
+    }
+}
+
+/// Waits out the delay armed for creates (`create`) or destroys: this process's own
+/// (NVML_SHIM_FAULTS) or the shared state's, whichever is longer. Slept before the call takes
+/// the state lock, so a slow or hung call holds up its own caller only, as a driver call does.
+fn pause(create: bool) -> NvmlResult<()> {
+    let pick = |f: &Faults| {
+        if create {
+            f.create_delay_ms
+        } else {
+            f.destroy_delay_ms
+        }
+    };
+    let local = runtime()
+        .as_ref()
+        .map(|r| pick(&r.local_faults))
+        .ok_or(Ret::UNINITIALIZED)?;
+    let shared = read(|_, st| Ok(pick(&st.faults)))?;
+    let ms = local.max(shared);
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    Ok(())
+}
+
+/// The jobs DCGM exporter's mapping file `<gpu>.<gi>` lists (fixture `dcgm_job_mapping_dir`),
+/// with the file's path, when it lists any.
+fn dcgm_listing(cfg: &Config, gpu: u32, gi: u32) -> Option<String> {
+    let path = cfg.dcgm_mapping_dir.as_ref()?.join(format!("{gpu}.{gi}"));
+    let text = std::fs::read_to_string(&path).ok()?;
+    let jobs: Vec<&str> = text.split_whitespace().collect();
+    (!jobs.is_empty()).then(|| format!("{} (job(s) {})", path.display(), jobs.join(",")))
+}
+
+/// Records what DCGM exporter would mislabel: a GPU instance made or destroyed while the
+/// mapping file of its id still lists jobs (the exporter labels whatever instance has that id).
+fn dcgm_stale(st: &mut State, gpu: u32, gi: u32, what: &str, listing: Option<String>) {
+    if let Some(l) = listing {
+        st.stale_dcgm_mappings.push(format!(
+            "GPU instance {gpu}.{gi} {what} while {l} still named it: DCGM exporter labels \
+             the metrics of GPU instance {gi} of GPU {gpu} with those jobs"
+        ));
     }
 }
 
@@ -637,7 +722,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
                 None => model.product_name().to_string(),
                 Some((gi, ci)) => {
                     let gp = state::gi_profile_of(model, &gi)?;
-                    let cp = model::ci_profile(model, gp, ci.profile_id).ok_or(Ret::UNKNOWN)?;
+                    let gpu = dev_ref(device)?.gpu;
+                    let cp =
+                        ci_profile_named(cfg, gpu, model, gp, ci.profile_id).ok_or(Ret::UNKNOWN)?;
                     format!("{} {}", model.product_name(), cp.name)
                 }
             })
@@ -795,11 +882,10 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
         if mode > 1 {
             return Err(Ret::INVALID_ARGUMENT);
         }
-        modify(|cfg, st, _| {
+        *a = modify(|cfg, st, _| {
             let (gpu, _) = physical(cfg, st, device)?;
             st.set_mig_mode(gpu, mode == 1)
         })?;
-        *a = ret::SUCCESS;
         Ok(())
     })
 }
@@ -833,9 +919,38 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     })
 }
 
+/// The name GPU `gpu`'s driver gives profile `p` (fixture `profile_names`, driver release).
+fn gi_name(cfg: &Config, gpu: u32, p: &GiProfile) -> String {
+    cfg.gpus
+        .get(gpu as usize)
+        .map(|g| g.profile_name(p).to_string())
+        .unwrap_or_else(|| p.name.to_string())
+}
+
+/// A CI profile of a GI of profile `gp` on GPU `gpu`, named as that GPU's driver names it.
+fn ci_profile_named(
+    cfg: &Config,
+    gpu: u32,
+    model: GpuModel,
+    gp: &GiProfile,
+    index: u32,
+) -> Option<model::CiProfile> {
+    let mut cp = model::ci_profile(model, gp, index)?;
+    let name = gi_name(cfg, gpu, gp);
+    if name != gp.name {
+        cp.name = cp.name.replace(gp.name, &name);
+    }
+    Some(cp)
+}
+
 /// Writes a v2 or v3 GI profile info (chosen by the caller's version field).
-fn write_gi_profile_v(info: *mut nvmlGpuInstanceProfileInfo_v2_t, p: &GiProfile, version: u32) {
-    let name = name_field(&format!("MIG {}", p.name));
+fn write_gi_profile_v(
+    info: *mut nvmlGpuInstanceProfileInfo_v2_t,
+    p: &GiProfile,
+    version: u32,
+    name: &str,
+) {
+    let name = name_field(&format!("MIG {name}"));
     if version == NVML_GI_PROFILE_INFO_V3 {
         // SAFETY: the caller declared (version field) a v3 struct at this address.
         let o = unsafe { &mut *(info as *mut nvmlGpuInstanceProfileInfo_v3_t) };
@@ -881,14 +996,15 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
         }
         // SAFETY: non-null; every versioned struct starts with its u32 version.
         let version = unsafe { *(info as *const c_uint) };
-        let p = read(|cfg, st| {
-            let (_, model) = physical(cfg, st, device)?;
+        let (p, name) = read(|cfg, st| {
+            let (gpu, model) = physical(cfg, st, device)?;
             if version != NVML_GI_PROFILE_INFO_V2 && version != NVML_GI_PROFILE_INFO_V3 {
                 return Err(Ret::ARGUMENT_VERSION_MISMATCH);
             }
-            gi_profile_for_index(model, profile)
+            let p = gi_profile_for_index(model, profile)?;
+            Ok((p, gi_name(cfg, gpu, p)))
         })?;
-        write_gi_profile_v(info, p, version);
+        write_gi_profile_v(info, p, version, &name);
         Ok(())
     })
 }
@@ -905,16 +1021,17 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoByIdV(
         }
         // SAFETY: non-null; every versioned struct starts with its u32 version.
         let version = unsafe { *(info as *const c_uint) };
-        let p = read(|cfg, st| {
-            let (_, model) = physical(cfg, st, device)?;
+        let (p, name) = read(|cfg, st| {
+            let (gpu, model) = physical(cfg, st, device)?;
             if version != NVML_GI_PROFILE_INFO_V2 && version != NVML_GI_PROFILE_INFO_V3 {
                 return Err(Ret::ARGUMENT_VERSION_MISMATCH);
             }
-            model
+            let p = model
                 .gi_profile_by_id(profile_id)
-                .ok_or(Ret::INVALID_ARGUMENT)
+                .ok_or(Ret::INVALID_ARGUMENT)?;
+            Ok((p, gi_name(cfg, gpu, p)))
         })?;
-        write_gi_profile_v(info, p, version);
+        write_gi_profile_v(info, p, version, &name);
         Ok(())
     })
 }
@@ -978,6 +1095,7 @@ fn create_gi(
     profile_id: u32,
     placement: Option<(u32, u32)>,
 ) -> NvmlResult<*mut GiH> {
+    pause(true)?;
     let (gpu, id, serial) = modify(|cfg, st, local| {
         let (gpu, _) = physical(cfg, st, device)?;
         let (id, serial) = st.create_gi(
@@ -986,6 +1104,7 @@ fn create_gi(
             placement,
             FaultSources { local: Some(local) },
         )?;
+        dcgm_stale(st, gpu, id, "made", dcgm_listing(cfg, gpu, id));
         Ok((gpu, id, serial))
     })?;
     Ok(gi_handle(gpu, id, serial))
@@ -1026,9 +1145,20 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: *mut GiH) -> nvmlReturn_t {
     call(|| {
+        pause(false)?;
         modify(|cfg, st, local| {
             let h = gi_of(cfg, st, gpu_instance)?;
-            st.destroy_gi(h.gpu, h.gi, h.serial, FaultSources { local: Some(local) })
+            let held = crate::holders::held(cfg, st, h.gpu, h.gi, None);
+            let listing = dcgm_listing(cfg, h.gpu, h.gi);
+            st.destroy_gi(
+                h.gpu,
+                h.gi,
+                h.serial,
+                FaultSources { local: Some(local) },
+                held,
+            )?;
+            dcgm_stale(st, h.gpu, h.gi, "destroyed", listing);
+            Ok(())
         })
     })
 }
@@ -1132,7 +1262,7 @@ fn ci_profile_of(
     }
     let m = st.gpu(h.gpu)?.model;
     let gp = state::gi_profile_of(m, st.gi(h.gpu, h.gi, h.serial)?)?;
-    model::ci_profile(m, gp, profile).ok_or(Ret::NOT_SUPPORTED)
+    ci_profile_named(cfg, h.gpu, m, gp, profile).ok_or(Ret::NOT_SUPPORTED)
 }
 
 #[no_mangle]
@@ -1255,6 +1385,7 @@ fn create_ci(
     profile_id: u32,
     placement: Option<(u32, u32)>,
 ) -> NvmlResult<*mut CiH> {
+    pause(true)?;
     let (h, id, serial) = modify(|cfg, st, local| {
         let h = gi_of(cfg, st, gpu_instance)?;
         ci_profile_of(cfg, st, gpu_instance, profile_id, 0)?;
@@ -1306,8 +1437,10 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstanceWithPlacement(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlComputeInstanceDestroy(compute_instance: *mut CiH) -> nvmlReturn_t {
     call(|| {
+        pause(false)?;
         modify(|cfg, st, local| {
             let h = ci_of(cfg, st, compute_instance)?;
+            let held = crate::holders::held(cfg, st, h.gpu, h.gi, Some(h.ci));
             st.destroy_ci(
                 h.gpu,
                 h.gi,
@@ -1315,6 +1448,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceDestroy(compute_instance: *mut CiH) 
                 h.ci,
                 h.serial,
                 FaultSources { local: Some(local) },
+                held,
             )
         })
     })
@@ -1410,6 +1544,117 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo(
     info: *mut nvmlComputeInstanceInfo_t,
 ) -> nvmlReturn_t {
     unsafe { nvmlComputeInstanceGetInfo_v2(compute_instance, info) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Confidential computing: NVML reports it for the system (nvmlSystemGetConfComputeState;
+// NVIDIA supports no node with some GPUs in CC mode and others not), and per GPU the memory
+// it protects. The stand-in keeps a mode per GPU (fixture `cc_mode`, `nvml-shim-ctl cc`): the
+// system state is on when any visible GPU is, and only such a GPU reports protected memory.
+
+/// Whether any GPU that answers is in CC mode.
+fn cc_on(cfg: &Config, st: &State) -> bool {
+    (0..st.gpus.len() as u32).any(|i| check_gpu(cfg, st, i).is_ok() && st.gpus[i as usize].cc_mode)
+}
+
+fn hopper(model: GpuModel) -> bool {
+    matches!(model, GpuModel::H100_80GB | GpuModel::H200_141GB)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetConfComputeState(
+    state: *mut nvmlConfComputeSystemState_t,
+) -> nvmlReturn_t {
+    call(|| {
+        let o = out(state)?;
+        let on = read(|cfg, st| Ok(cc_on(cfg, st)))?;
+        *o = nvmlConfComputeSystemState_t {
+            environment: if on {
+                NVML_CC_SYSTEM_ENVIRONMENT_PROD
+            } else {
+                NVML_CC_SYSTEM_ENVIRONMENT_UNAVAILABLE
+            },
+            ccFeature: if on {
+                NVML_CC_SYSTEM_FEATURE_ENABLED
+            } else {
+                NVML_CC_SYSTEM_FEATURE_DISABLED
+            },
+            devToolsMode: 0,
+        };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetConfComputeSettings(
+    settings: *mut nvmlSystemConfComputeSettings_v1_t,
+) -> nvmlReturn_t {
+    call(|| {
+        let o = out(settings)?;
+        if o.version != NVML_SYSTEM_CONF_COMPUTE_SETTINGS_V1 {
+            return Err(Ret::ARGUMENT_VERSION_MISMATCH);
+        }
+        let on = read(|cfg, st| Ok(cc_on(cfg, st)))?;
+        o.environment = if on {
+            NVML_CC_SYSTEM_ENVIRONMENT_PROD
+        } else {
+            NVML_CC_SYSTEM_ENVIRONMENT_UNAVAILABLE
+        };
+        o.ccFeature = on as c_uint;
+        o.devToolsMode = 0;
+        o.multiGpuMode = 0;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetConfComputeCapabilities(
+    caps: *mut nvmlConfComputeSystemCaps_t,
+) -> nvmlReturn_t {
+    call(|| {
+        let o = out(caps)?;
+        let (on, capable) = read(|cfg, st| {
+            Ok((
+                cc_on(cfg, st),
+                !st.gpus.is_empty() && st.gpus.iter().all(|g| hopper(g.model)),
+            ))
+        })?;
+        *o = nvmlConfComputeSystemCaps_t {
+            cpuCaps: if on {
+                NVML_CC_SYSTEM_CPU_CAPS_INTEL_TDX
+            } else {
+                NVML_CC_SYSTEM_CPU_CAPS_NONE
+            },
+            gpusCaps: if capable {
+                NVML_CC_SYSTEM_GPUS_CC_CAPABLE
+            } else {
+                NVML_CC_SYSTEM_GPUS_CC_NOT_CAPABLE
+            },
+        };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetConfComputeMemSizeInfo(
+    device: *mut DevH,
+    info: *mut nvmlConfComputeMemSizeInfo_t,
+) -> nvmlReturn_t {
+    call(|| {
+        let o = out(info)?;
+        let total = read(|cfg, st| {
+            let (gpu, model) = physical(cfg, st, device)?;
+            if !hopper(model) || !st.gpu(gpu)?.cc_mode {
+                return Err(Ret::NOT_SUPPORTED);
+            }
+            Ok(model.memory_total_bytes())
+        })?;
+        *o = nvmlConfComputeMemSizeInfo_t {
+            protectedMemSizeKib: total >> 10,
+            unprotectedMemSizeKib: 0,
+        };
+        Ok(())
+    })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,8 +6,14 @@
 //! dev_dir/nvidia-uvm         c <uvm>:0
 //! dev_dir/nvidia-uvm-tools   c <uvm>:1
 //! dev_dir/nvidia-caps/nvidia-cap1, nvidia-cap2        c <caps>:1 / :2 (config, monitor; 0400)
-//! dev_dir/nvidia-caps/nvidia-cap<minor>               c <caps>:<minor> for every existing GI
+//! dev_dir/nvidia-caps/nvidia-cap<minor>               with fixture `instance_caps` only:
+//!                                                      c <caps>:<minor> for every existing GI
 //!                                                      and CI (0444), removed when it goes.
+//!
+//! The real driver makes no node in /dev: nvidia-modprobe makes a capability's node when a
+//! process first asks for it (or the prolog does, for the job's slice). Without
+//! `instance_caps` the stand-in does the same: it makes only config and monitor, and leaves
+//! every other node in nvidia-caps to whoever made it.
 
 use crate::config::{Config, NVIDIACTL_MINOR, NVIDIA_MAJOR};
 use crate::model;
@@ -179,9 +185,13 @@ pub fn host_major_conflicts(cfg: &Config) -> Vec<String> {
     out
 }
 
-/// Minors of every nvidia-cap node that should exist for `st`.
-pub fn wanted_cap_minors(st: &State) -> BTreeSet<u32> {
+/// Minors of every nvidia-cap node the stand-in makes for `st`: config and monitor, and with
+/// `instance_caps` every existing GI's and CI's.
+pub fn wanted_cap_minors(cfg: &Config, st: &State) -> BTreeSet<u32> {
     let mut s: BTreeSet<u32> = [model::CONFIG_MINOR, model::MONITOR_MINOR].into();
+    if !cfg.instance_caps {
+        return s;
+    }
     for (i, g) in st.gpus.iter().enumerate() {
         for gi in &g.gis {
             s.insert(model::gi_access_minor(i as u32, gi.id));
@@ -199,6 +209,10 @@ pub fn sync_caps(cfg: &Config, st: &mut State) -> Result<(), StoreError> {
     let Some(dev) = &cfg.dev_dir else {
         return Ok(());
     };
+    if !cfg.instance_caps {
+        // As the driver: instances come and go without a node made or removed.
+        return Ok(());
+    }
     let was_current = is_current(cfg, st);
     st.layout_stamp = None;
     sync_caps_only(cfg, dev, st)?;
@@ -212,7 +226,7 @@ fn sync_caps_only(cfg: &Config, dev: &Path, st: &State) -> Result<(), StoreError
     let dfd = open_dir_at(None, dev)?;
     let caps_path = dev.join("nvidia-caps");
     let cfd = open_dir_at(Some(&dfd), Path::new("nvidia-caps"))?;
-    let want = wanted_cap_minors(st);
+    let want = wanted_cap_minors(cfg, st);
     for m in &want {
         let mode = if *m <= model::MONITOR_MINOR {
             0o400
@@ -227,6 +241,10 @@ fn sync_caps_only(cfg: &Config, dev: &Path, st: &State) -> Result<(), StoreError
             *m,
             mode,
         )?;
+    }
+    if !cfg.instance_caps {
+        // The other nodes there are nvidia-modprobe's or the prolog's, not the stand-in's.
+        return Ok(());
     }
     let rd = std::fs::read_dir(&caps_path)
         .map_err(|x| e(format!("cannot list {}: {x}", caps_path.display())))?;
@@ -270,7 +288,14 @@ pub fn stamps(cfg: &Config) -> Option<Vec<[i64; 5]>> {
     let mut paths: Vec<std::path::PathBuf> = Vec::new();
     if let Some(dev) = &cfg.dev_dir {
         paths.push(dev.clone());
-        paths.push(dev.join("nvidia-caps"));
+        if cfg.instance_caps {
+            paths.push(dev.join("nvidia-caps"));
+        } else {
+            // Nodes others make in the folder (the prolog's) are not the layout's business.
+            for m in [model::CONFIG_MINOR, model::MONITOR_MINOR] {
+                paths.push(dev.join("nvidia-caps").join(format!("nvidia-cap{m}")));
+            }
+        }
     }
     paths.extend(cfg.mig_minors.iter().cloned());
     paths.extend(cfg.proc_devices.iter().cloned());
@@ -366,7 +391,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let cfg = Config::from_fixture_text(
             "state = \"state.json\"\ndev_dir = \"dev\"\nmig_minors = \"mig-minors\"\n\
-             proc_devices = \"devices\"\n[[gpus]]\nmodel = \"H200-141GB\"\nmig_mode = true\n",
+             proc_devices = \"devices\"\ninstance_caps = true\n\
+             [[gpus]]\nmodel = \"H200-141GB\"\nmig_mode = true\n",
             tmp.path(),
         )
         .unwrap();
@@ -378,7 +404,7 @@ mod tests {
         st.create_gi(0, 19, None, crate::state::FaultSources { local: None })
             .unwrap();
         sync_caps(&cfg, &mut st).unwrap();
-        assert_eq!(wanted_cap_minors(&st).len(), 3);
+        assert_eq!(wanted_cap_minors(&cfg, &st).len(), 3);
         assert!(is_current(&cfg, &st));
         // Removed by someone else: not current, and sync_caps does not make it so.
         std::fs::remove_file(tmp.path().join("dev/nvidiactl")).unwrap();
@@ -388,5 +414,57 @@ mod tests {
         layout(&cfg, &mut st).unwrap();
         assert!(is_current(&cfg, &st));
         assert!(tmp.path().join("dev/nvidiactl").exists());
+    }
+
+    /// As the driver (no `instance_caps`): instances make no node, and a node someone else
+    /// makes in nvidia-caps (the prolog) neither goes away nor makes the layout stale.
+    #[test]
+    fn without_instance_caps_the_caps_folder_is_left_to_others() {
+        if std::fs::metadata("/proc/self").map_or(true, |m| m.uid() != 0) {
+            assert!(std::env::var_os("CI").is_none(), "mknod needs root");
+            eprintln!("SKIP (needs root: mknod)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = Config::from_fixture_text(
+            "state = \"state.json\"\ndev_dir = \"dev\"\n[[gpus]]\nmodel = \"H200-141GB\"\n",
+            tmp.path(),
+        )
+        .unwrap();
+        let mut st = State::fresh(&cfg.gpus, Default::default());
+        layout(&cfg, &mut st).unwrap();
+        let caps = tmp.path().join("dev/nvidia-caps");
+        let names = || {
+            let mut v: Vec<String> = std::fs::read_dir(&caps)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(), ["nvidia-cap1", "nvidia-cap2"]);
+        st.create_gi(0, 19, None, crate::state::FaultSources { local: None })
+            .unwrap();
+        sync_caps(&cfg, &mut st).unwrap();
+        assert_eq!(
+            names(),
+            ["nvidia-cap1", "nvidia-cap2"],
+            "no node for the GI"
+        );
+        // The prolog makes the GI's node: the layout stays current, and keeps it.
+        let minor = model::gi_access_minor(0, 13);
+        let dfd = open_dir_at(None, &caps).unwrap();
+        ensure_node(
+            &dfd,
+            &caps,
+            &format!("nvidia-cap{minor}"),
+            508,
+            minor,
+            0o444,
+        )
+        .unwrap();
+        assert!(is_current(&cfg, &st));
+        layout(&cfg, &mut st).unwrap();
+        assert!(names().contains(&format!("nvidia-cap{minor}")));
     }
 }

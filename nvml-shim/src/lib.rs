@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod ffi;
+pub mod holders;
 pub mod layout;
 pub mod model;
 pub mod ret;

@@ -39,8 +39,23 @@ pub struct GpuState {
     pub pending_mig_mode: bool,
     #[serde(default)]
     pub lost: bool,
+    /// Confidential-computing mode (Hopper): no GPU instance can be made on it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cc_mode: bool,
+    /// A MIG mode change takes effect only at the next GPU reset (`reset_gpu`): set mode
+    /// changes the pending mode alone and reports NVML_ERROR_RESET_REQUIRED.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reset_required: bool,
     #[serde(default)]
     pub gis: Vec<GiState>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Armed faults. Each entry of `gi_create` / `ci_create` fails one create call with that
@@ -53,11 +68,22 @@ pub struct Faults {
     pub ci_create: Vec<u32>,
     #[serde(default)]
     pub destroy_in_use: u32,
+    /// Every GPU or compute instance create waits this long first (a slow or, with a long
+    /// delay, hung driver call); not consumed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub create_delay_ms: u64,
+    /// The same for every destroy.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub destroy_delay_ms: u64,
 }
 
 impl Faults {
     pub fn is_empty(&self) -> bool {
-        self.gi_create.is_empty() && self.ci_create.is_empty() && self.destroy_in_use == 0
+        self.gi_create.is_empty()
+            && self.ci_create.is_empty()
+            && self.destroy_in_use == 0
+            && self.create_delay_ms == 0
+            && self.destroy_delay_ms == 0
     }
     fn take_gi_create(&mut self) -> Option<Ret> {
         (!self.gi_create.is_empty()).then(|| Ret(self.gi_create.remove(0)))
@@ -92,6 +118,28 @@ pub struct State {
     /// An nvmlInit that finds them so skips the layout: nothing was added, removed or replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout_stamp: Option<Vec<[i64; 5]>>,
+    /// Processes that hold an instance's capability device open (`nvml-shim-ctl hold`): a
+    /// destroy of that instance answers NVML_ERROR_IN_USE while one of them still does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<Holder>,
+    /// What DCGM exporter would have mislabelled: a GPU instance destroyed or made while the
+    /// `<gpu>.<gi>` job mapping file of its id still listed jobs (fixture
+    /// `dcgm_job_mapping_dir`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale_dcgm_mappings: Vec<String>,
+}
+
+/// A process holding the capability device (`nvidia-caps/nvidia-cap<minor>`) of a GPU
+/// instance (`ci` None) or of a compute instance open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub gpu: u32,
+    pub gi: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci: Option<u32>,
+    /// The capability's minor (from mig-minors).
+    pub minor: u32,
 }
 
 /// Identity of a GPU for building a fresh state.
@@ -100,7 +148,37 @@ pub struct GpuSeed {
     pub uuid: String,
     pub model: GpuModel,
     pub mig_mode: bool,
+    /// The pending MIG mode (`mig_mode` unless a change waits for a reset).
+    pub mig_pending: bool,
     pub lost: bool,
+    pub cc_mode: bool,
+    pub reset_required: bool,
+    /// Profile names this driver reports instead of the model's (`3g.40gb` -> `3g.39gb`).
+    pub renames: std::collections::BTreeMap<String, String>,
+}
+
+impl GpuSeed {
+    /// A GPU of `model` in MIG mode, nothing else set.
+    pub fn mig(uuid: String, model: GpuModel) -> GpuSeed {
+        GpuSeed {
+            uuid,
+            model,
+            mig_mode: true,
+            mig_pending: true,
+            lost: false,
+            cc_mode: false,
+            reset_required: false,
+            renames: Default::default(),
+        }
+    }
+
+    /// The name this GPU's driver gives a GPU instance profile (without "MIG ").
+    pub fn profile_name<'a>(&'a self, p: &'a GiProfile) -> &'a str {
+        self.renames
+            .get(p.name)
+            .map(String::as_str)
+            .unwrap_or(p.name)
+    }
 }
 
 /// Which fault store a call may consume from, in order: process-local (env) first, then the
@@ -120,14 +198,18 @@ impl State {
                     uuid: s.uuid.clone(),
                     model: s.model,
                     mig_mode: s.mig_mode,
-                    pending_mig_mode: s.mig_mode,
+                    pending_mig_mode: s.mig_pending,
                     lost: s.lost,
+                    cc_mode: s.cc_mode,
+                    reset_required: s.reset_required,
                     gis: Vec::new(),
                 })
                 .collect(),
             faults,
             mig_minors_stamp: None,
             layout_stamp: None,
+            holders: Vec::new(),
+            stale_dcgm_mappings: Vec::new(),
         }
     }
 
@@ -191,13 +273,30 @@ impl State {
             .ok_or(Ret::INVALID_ARGUMENT)
     }
 
-    pub fn set_mig_mode(&mut self, gpu: u32, on: bool) -> NvmlResult<()> {
+    /// nvmlDeviceSetMigMode: the new mode, at once, or (`reset_required`) as the pending mode
+    /// until the next GPU reset; returns the activation status (SUCCESS or RESET_REQUIRED).
+    pub fn set_mig_mode(&mut self, gpu: u32, on: bool) -> NvmlResult<u32> {
         let g = self.gpu_mut(gpu)?;
         if !on && !g.gis.is_empty() {
             return Err(Ret::IN_USE);
         }
-        g.mig_mode = on;
+        if on && g.cc_mode {
+            return Err(Ret::NOT_SUPPORTED);
+        }
         g.pending_mig_mode = on;
+        if g.reset_required && g.mig_mode != on {
+            return Ok(Ret::RESET_REQUIRED.0);
+        }
+        g.mig_mode = on;
+        Ok(crate::ret::SUCCESS)
+    }
+
+    /// A GPU reset: the pending MIG mode becomes current; every instance is gone.
+    pub fn reset_gpu(&mut self, gpu: u32) -> NvmlResult<()> {
+        let g = self.gpu_mut(gpu)?;
+        g.gis.clear();
+        g.mig_mode = g.pending_mig_mode && !g.cc_mode;
+        self.holders.retain(|h| h.gpu != gpu);
         Ok(())
     }
 
@@ -223,7 +322,7 @@ impl State {
         faults: FaultSources<'_>,
     ) -> NvmlResult<(u32, u64)> {
         let g = self.gpu(gpu)?;
-        if !g.mig_mode {
+        if !g.mig_mode || g.cc_mode {
             return Err(Ret::NOT_SUPPORTED);
         }
         let p = g
@@ -269,12 +368,14 @@ impl State {
         Ok((id, serial))
     }
 
+    /// Destroys a GI. `held`: a process holds its capability open (see [`Holder`]): IN_USE.
     pub fn destroy_gi(
         &mut self,
         gpu: u32,
         gi: u32,
         serial: u64,
         faults: FaultSources<'_>,
+        held: bool,
     ) -> NvmlResult<()> {
         let has_cis = !self.gi(gpu, gi, serial)?.cis.is_empty();
         let fault = match faults.local {
@@ -284,7 +385,7 @@ impl State {
         if let Some(r) = fault.or_else(|| self.faults.take_destroy()) {
             return Err(r);
         }
-        if has_cis {
+        if has_cis || held {
             return Err(Ret::IN_USE);
         }
         let g = self.gpu_mut(gpu)?;
@@ -373,6 +474,7 @@ impl State {
         ci: u32,
         serial: u64,
         faults: FaultSources<'_>,
+        held: bool,
     ) -> NvmlResult<()> {
         self.ci(gpu, gi, gi_serial, ci, serial)?;
         let fault = match faults.local {
@@ -381,6 +483,9 @@ impl State {
         };
         if let Some(r) = fault.or_else(|| self.faults.take_destroy()) {
             return Err(r);
+        }
+        if held {
+            return Err(Ret::IN_USE);
         }
         let g = self.gpu_mut(gpu)?;
         if let Some(x) = g
@@ -411,6 +516,8 @@ impl State {
             g.gis.clear();
         }
         self.faults = Faults::default();
+        self.holders.clear();
+        self.stale_dcgm_mappings.clear();
     }
 }
 
@@ -484,15 +591,7 @@ mod tests {
     use crate::model::GpuModel::*;
 
     fn st(model: GpuModel) -> State {
-        State::fresh(
-            &[GpuSeed {
-                uuid: "GPU-test".into(),
-                model,
-                mig_mode: true,
-                lost: false,
-            }],
-            Faults::default(),
-        )
+        State::fresh(&[GpuSeed::mig("GPU-test".into(), model)], Faults::default())
     }
     fn nf() -> FaultSources<'static> {
         FaultSources { local: None }
@@ -645,10 +744,10 @@ mod tests {
             s.create_ci(0, gi, ser, 4, None, nf()),
             Err(Ret::INSUFFICIENT_RESOURCES)
         );
-        assert_eq!(s.destroy_gi(0, gi, ser, nf()), Err(Ret::IN_USE));
-        s.destroy_ci(0, gi, ser, c0, c0s, nf()).unwrap();
+        assert_eq!(s.destroy_gi(0, gi, ser, nf(), false), Err(Ret::IN_USE));
+        s.destroy_ci(0, gi, ser, c0, c0s, nf(), false).unwrap();
         assert_eq!(
-            s.destroy_ci(0, gi, ser, c0, c0s, nf()),
+            s.destroy_ci(0, gi, ser, c0, c0s, nf(), false),
             Err(Ret::INVALID_ARGUMENT),
             "stale handle"
         );
@@ -676,6 +775,37 @@ mod tests {
         s.gpus[0].lost = true;
         assert_eq!(s.create_gi(0, 19, None, nf()), Err(Ret::GPU_IS_LOST));
         assert_eq!(s.create_gi(1, 19, None, nf()), Err(Ret::INVALID_ARGUMENT));
+    }
+
+    #[test]
+    fn cc_mode_pending_mig_mode_and_holders() {
+        // Confidential computing: no GPU instance, and MIG cannot be turned on.
+        let mut s = st(H100_80GB);
+        s.gpus[0].cc_mode = true;
+        assert_eq!(s.create_gi(0, 19, None, nf()), Err(Ret::NOT_SUPPORTED));
+        s.gpus[0].mig_mode = false;
+        assert_eq!(s.set_mig_mode(0, true), Err(Ret::NOT_SUPPORTED));
+        // A mode change that needs a reset stays pending until one.
+        let mut s = st(A100_80GB);
+        s.gpus[0].reset_required = true;
+        assert_eq!(s.set_mig_mode(0, false), Ok(Ret::RESET_REQUIRED.0));
+        assert!(s.gpus[0].mig_mode && !s.gpus[0].pending_mig_mode);
+        assert!(s.create_gi(0, 19, None, nf()).is_ok(), "still in MIG mode");
+        s.reset_gpu(0).unwrap();
+        assert!(!s.gpus[0].mig_mode && s.gpus[0].gis.is_empty());
+        assert_eq!(s.set_mig_mode(0, true), Ok(Ret::RESET_REQUIRED.0));
+        s.reset_gpu(0).unwrap();
+        assert!(s.gpus[0].mig_mode);
+        // A held instance is in use until its holder lets go.
+        let (gi, ser) = s.create_gi(0, 19, None, nf()).unwrap();
+        let (ci, cser) = s.create_ci(0, gi, ser, 0, None, nf()).unwrap();
+        assert_eq!(
+            s.destroy_ci(0, gi, ser, ci, cser, nf(), true),
+            Err(Ret::IN_USE)
+        );
+        s.destroy_ci(0, gi, ser, ci, cser, nf(), false).unwrap();
+        assert_eq!(s.destroy_gi(0, gi, ser, nf(), true), Err(Ret::IN_USE));
+        s.destroy_gi(0, gi, ser, nf(), false).unwrap();
     }
 
     #[test]
@@ -710,8 +840,8 @@ mod tests {
         );
         assert!(s.create_ci(0, gi, ser, 0, None, nf()).is_ok());
         let (gi2, ser2) = s.create_gi(0, 19, None, nf()).unwrap();
-        assert_eq!(s.destroy_gi(0, gi2, ser2, nf()), Err(Ret::IN_USE));
-        assert_eq!(s.destroy_gi(0, gi2, ser2, nf()), Ok(()));
+        assert_eq!(s.destroy_gi(0, gi2, ser2, nf(), false), Err(Ret::IN_USE));
+        assert_eq!(s.destroy_gi(0, gi2, ser2, nf(), false), Ok(()));
         assert!(s.faults.is_empty());
     }
 

@@ -1,7 +1,7 @@
 //! The rest of the NVML API, exported so that it answers NVML_ERROR_NOT_SUPPORTED, as a driver
 //! does for what a GPU lacks: every entry point nvml-wrapper-sys 0.10 binds that the stand-in
 //! does not model. Loaders that resolve the whole API up front (nvml-wrapper looks up ~400
-//! symbols when NVML is opened) otherwise pay for 349 failed lookups and their error strings:
+//! symbols when NVML is opened) otherwise pay for 345 failed lookups and their error strings:
 //! 0.3 ms of every process that opens the stand-in, twice per MIG job.
 //!
 //! A stub takes no parameters: under the C calling convention the caller's arguments are
@@ -57,7 +57,6 @@ not_supported!(
     nvmlDeviceGetComputeRunningProcesses_v3,
     nvmlDeviceGetConfComputeGpuAttestationReport,
     nvmlDeviceGetConfComputeGpuCertificate,
-    nvmlDeviceGetConfComputeMemSizeInfo,
     nvmlDeviceGetConfComputeProtectedMemoryUsage,
     nvmlDeviceGetCoolerInfo,
     nvmlDeviceGetCpuAffinity,
@@ -302,11 +301,8 @@ not_supported!(
     nvmlSystemEventSetCreate,
     nvmlSystemEventSetFree,
     nvmlSystemEventSetWait,
-    nvmlSystemGetConfComputeCapabilities,
     nvmlSystemGetConfComputeGpusReadyState,
     nvmlSystemGetConfComputeKeyRotationThresholdInfo,
-    nvmlSystemGetConfComputeSettings,
-    nvmlSystemGetConfComputeState,
     nvmlSystemGetCudaDriverVersion,
     nvmlSystemGetCudaDriverVersion_v2,
     nvmlSystemGetDriverBranch,

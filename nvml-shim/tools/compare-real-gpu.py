@@ -7,9 +7,16 @@ NVIDIA's nvidia-ml-py against the real libnvidia-ml.so.1) next to the shim's mod
 GPU model (queried through the same bindings in a subprocess loaded with the shim), and flags
 every difference. Exit status 0: no difference, 1: differences, 2: usage/setup error.
 
-It only calls query functions (nvmlDeviceGet*, nvmlGpuInstanceGet*): it never creates or
-destroys GPU/compute instances and never changes the MIG mode. Compute instance profiles are
-compared only for GPU instances that already exist on the real GPU.
+It only calls query functions (nvmlSystemGet*, nvmlDeviceGet*, nvmlGpuInstanceGet*): it never
+creates or destroys GPU/compute instances and never changes the MIG or CC mode. Compute instance
+profiles are compared only for GPU instances that already exist on the real GPU.
+
+Besides the tables it reads what the stand-in's failure modes can be checked against without
+changing state (nvml-shim/README.md, "Modelled driver behaviour"): the driver version and the
+profile names it reports (535 renamed profiles), the MIG mode current and pending (a change
+waiting for a reset), and confidential computing (the system state, settings and capabilities,
+and the GPU's protected memory). The shim is set up as the real GPU is (same driver version,
+MIG modes and CC mode), so a difference is the model's, not the node's state.
 
     pip install nvidia-ml-py==13.590.48
     cargo build -p nvml-shim --release
@@ -41,11 +48,13 @@ def dump(lib, gpu):
         N.nvmlLib = ctypes.CDLL(lib)
     N.nvmlInit()
     dev = N.nvmlDeviceGetHandleByIndex(gpu)
-    out = {"name": N.nvmlDeviceGetName(dev), "memory_total": N.nvmlDeviceGetMemoryInfo(dev).total}
+    out = {"name": N.nvmlDeviceGetName(dev), "memory_total": N.nvmlDeviceGetMemoryInfo(dev).total,
+           "driver_version": N.nvmlSystemGetDriverVersion()}
     try:
         out["mig_mode"] = N.nvmlDeviceGetMigMode(dev)
     except N.NVMLError as e:
         out["mig_mode"] = str(e)
+    out["cc"] = cc_dump(N, dev)
     profiles = {}
     for idx in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
@@ -92,6 +101,46 @@ def dump(lib, gpu):
     print(json.dumps(out))
 
 
+def cc_dump(N, dev):
+    """Confidential computing as NVML reports it (each query's value, or its error's name)."""
+    def q(f):
+        try:
+            return f()
+        except N.NVMLError as e:
+            return type(e).__name__
+        except N.NVMLLibraryMismatchError:
+            return "FunctionNotFound"
+        except AttributeError:
+            return "FunctionNotFound"
+    cc = {}
+    st = q(N.nvmlSystemGetConfComputeState)
+    cc["state"] = st if isinstance(st, str) else {
+        "environment": st.environment, "ccFeature": st.ccFeature, "devToolsMode": st.devToolsMode}
+    def settings():
+        s = N.c_nvmlSystemConfComputeSettings_v1_t()
+        rc = N.nvmlSystemGetConfComputeSettings(ctypes.byref(s))
+        if rc != N.NVML_SUCCESS:
+            raise N.NVMLError(rc)
+        return {"environment": s.environment, "ccFeature": s.ccFeature,
+                "devToolsMode": s.devToolsMode, "multiGpuMode": s.multiGpuMode}
+    cc["settings"] = q(settings)
+    caps = q(N.nvmlSystemGetConfComputeCapabilities)
+    cc["capabilities"] = caps if isinstance(caps, str) else {"cpuCaps": caps.cpuCaps, "gpusCaps": caps.gpusCaps}
+    mem = q(lambda: N.nvmlDeviceGetConfComputeMemSizeInfo(dev))
+    cc["memory"] = mem if isinstance(mem, str) else {
+        "protectedMemSizeKib": mem.protectedMemSizeKib, "unprotectedMemSizeKib": mem.unprotectedMemSizeKib}
+    return cc
+
+
+def real_cc_on(real):
+    """Whether the real GPU is in CC mode, as the product decides it (layers/mig)."""
+    st = real["cc"]["state"]
+    if not isinstance(st, dict) or st.get("ccFeature") != 1:
+        return False
+    mem = real["cc"]["memory"]
+    return not isinstance(mem, dict) or mem.get("protectedMemSizeKib", 0) > 0
+
+
 def run_dump(lib, gpu, env=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--dump", "--gpu", str(gpu)]
     if lib:
@@ -102,11 +151,20 @@ def run_dump(lib, gpu, env=None):
     return json.loads(r.stdout)
 
 
-def shim_dump_for(model, shim_lib, existing_gi_profiles, tmp):
-    """The shim's view of one GPU of `model`; GIs are created only in the shim's temp state."""
+def shim_dump_for(model, shim_lib, existing_gi_profiles, tmp, real=None):
+    """The shim's view of one GPU of `model`, set up as the real GPU is (driver version, MIG
+    modes, CC mode); GIs are created only in the shim's temp state."""
     fixture = os.path.join(tmp, "fixture.toml")
+    driver, current, pending, cc = "570.124.06", True, True, False
+    if real:
+        driver = real["driver_version"]
+        if isinstance(real["mig_mode"], list):
+            current, pending = real["mig_mode"][0] == 1, real["mig_mode"][1] == 1
+        cc = real_cc_on(real) and model in ("H100-80GB", "H200-141GB")
+    b = lambda v: "true" if v else "false"
     with open(fixture, "w") as f:
-        f.write(f'state = "state.json"\n[[gpus]]\nmodel = "{model}"\nmig_mode = true\n')
+        f.write(f'state = "state.json"\ndriver_version = "{driver}"\n[[gpus]]\nmodel = "{model}"\n'
+                f'mig_mode = {b(current)}\nmig_mode_pending = {b(pending)}\ncc_mode = {b(cc)}\n')
     env = dict(os.environ, NVML_SHIM_FIXTURE=fixture)
     env.pop("NVML_SHIM_STATE", None)
     env.pop("NVML_SHIM_FAULTS", None)
@@ -121,6 +179,10 @@ def shim_dump_for(model, shim_lib, existing_gi_profiles, tmp):
                 "import ctypes, pynvml as N, json, sys\n"
                 f"N.nvmlLib = ctypes.CDLL({shim_lib!r}); N.nvmlInit()\n"
                 "d = N.nvmlDeviceGetHandleByIndex(0)\n"
+                "try:\n"
+                "    N.nvmlDeviceSetMigMode(d, 1)\n"
+                "except N.NVMLError:\n"
+                "    pass\n"
                 f"gi = N.nvmlDeviceCreateGpuInstance(d, {int(pid)})\n"
                 "per = {}\n"
                 "for c in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):\n"
@@ -139,10 +201,27 @@ def shim_dump_for(model, shim_lib, existing_gi_profiles, tmp):
 
 def compare(real, shim):
     diffs = []
-    print(f"real GPU: {real['name']}  memory {real['memory_total'] >> 20} MiB  mig {real['mig_mode']}")
-    print(f"shim    : {shim['name']}  memory {shim['memory_total'] >> 20} MiB")
+    print(f"real GPU: {real['name']}  memory {real['memory_total'] >> 20} MiB  mig {real['mig_mode']}"
+          f"  driver {real['driver_version']}")
+    print(f"shim    : {shim['name']}  memory {shim['memory_total'] >> 20} MiB  mig {shim['mig_mode']}"
+          f"  driver {shim['driver_version']}")
     if real["memory_total"] != shim["memory_total"]:
         diffs.append(f"memory total: real {real['memory_total']} shim {shim['memory_total']}")
+    # MIG mode (current, pending): the shim is set up as the real GPU; a difference is in how
+    # the modes are reported.
+    if real["mig_mode"] != shim["mig_mode"]:
+        diffs.append(f"MIG mode [current, pending]: real {real['mig_mode']} shim {shim['mig_mode']}")
+    # Confidential computing: each query's answer (or error) as the real driver gives it.
+    print(f"\n{'confidential computing':<24} {'real':<44} {'shim':<44}")
+    for k in ("state", "settings", "capabilities", "memory"):
+        rv, sv = real["cc"].get(k), shim["cc"].get(k)
+        if k == "capabilities" and isinstance(rv, dict) and isinstance(sv, dict):
+            # The CPU's TEE is the host's, not the GPU's: only the GPUs' capability is modelled.
+            rv, sv = {"gpusCaps": rv["gpusCaps"]}, {"gpusCaps": sv["gpusCaps"]}
+        flag = "" if rv == sv else "   <-- DIFFERS"
+        if flag:
+            diffs.append(f"CC {k}: real {rv} shim {sv}")
+        print(f"{k:<24} {str(rv):<44} {str(sv):<44}{flag}")
     print(f"\n{'idx':>3} {'field':<20} {'real':<40} {'shim':<40}")
     for idx in sorted(set(real["gi_profiles"]) | set(shim["gi_profiles"]), key=int):
         r = real["gi_profiles"].get(idx, {"error": "absent"})
@@ -197,7 +276,7 @@ def main():
         return 2
     existing = [int(pid) for pid in real.get("ci_profiles", {})]
     with tempfile.TemporaryDirectory(prefix="nvml-shim-compare-") as tmp:
-        shim = shim_dump_for(model, os.path.abspath(a.shim_lib), existing, tmp)
+        shim = shim_dump_for(model, os.path.abspath(a.shim_lib), existing, tmp, real)
     # JSON object keys are strings on both sides.
     real["gi_profiles"] = {str(k): v for k, v in real["gi_profiles"].items()}
     shim["gi_profiles"] = {str(k): v for k, v in shim["gi_profiles"].items()}

@@ -196,10 +196,30 @@ pub struct NodePaths {
     /// tier does not list them in `device_classes`.
     #[serde(default = "default_rdma_devices")]
     pub rdma_devices: PathBuf,
+    /// Where the prolog makes the capability device nodes of a job's MIG slice
+    /// (`/dev/nvidia-caps`, as nvidia-modprobe would): the job cannot make them itself.
+    #[serde(default = "default_nvidia_caps_dir")]
+    pub nvidia_caps_dir: PathBuf,
+    /// The most one NVML call of the job path may take (`open`, placement, create, destroy), in
+    /// milliseconds: a driver call that hangs longer fails the prolog or epilog closed.
+    #[serde(default = "default_nvml_timeout_ms")]
+    pub nvml_timeout_ms: u64,
 }
 
 fn default_rdma_devices() -> PathBuf {
     PathBuf::from("/dev/infiniband")
+}
+
+fn default_nvidia_caps_dir() -> PathBuf {
+    PathBuf::from("/dev/nvidia-caps")
+}
+
+/// 30 s: creating a GPU instance takes about a second on a busy node, and NVIDIA's DRA driver
+/// measured whole MIG walks of O(10 s) under load.
+pub const DEFAULT_NVML_TIMEOUT_MS: u64 = 30_000;
+
+fn default_nvml_timeout_ms() -> u64 {
+    DEFAULT_NVML_TIMEOUT_MS
 }
 
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
@@ -309,6 +329,8 @@ struct RawNode {
     proc_devices: Option<Spanned<PathBuf>>,
     mig_minors: Option<Spanned<PathBuf>>,
     rdma_devices: Option<Spanned<PathBuf>>,
+    nvidia_caps_dir: Option<Spanned<PathBuf>>,
+    nvml_timeout_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -798,7 +820,26 @@ impl Validator<'_> {
                 "node.rdma_devices",
                 "/dev/infiniband",
             ),
+            nvidia_caps_dir: node_path(
+                &raw.node.nvidia_caps_dir,
+                "node.nvidia_caps_dir",
+                "/dev/nvidia-caps",
+            ),
+            nvml_timeout_ms: DEFAULT_NVML_TIMEOUT_MS,
         };
+        let mut node = node;
+        if let Some(t) = &raw.node.nvml_timeout_ms {
+            if *t.get_ref() == 0 || *t.get_ref() > 3_600_000 {
+                self.problem(
+                    t,
+                    format!(
+                        "node.nvml_timeout_ms = {}: give 1 to 3600000 milliseconds",
+                        t.get_ref()
+                    ),
+                );
+            }
+            node.nvml_timeout_ms = *t.get_ref();
+        }
 
         let mut tiers = BTreeMap::new();
         for (name, t) in &raw.tiers {

@@ -105,7 +105,8 @@ fn busy_world() -> Option<(World, Vec<(OsString, OsString)>)> {
     let torn = w.job_env(base + 6, 1, Some("1g.18gb"));
     run(&["prolog"], &torn, true);
     let mut busy = torn.clone();
-    busy.push(("NVML_SHIM_FAULTS".into(), "destroy_in_use=5".into()));
+    // (In use for longer than the epilog's retry budget.)
+    busy.push(("NVML_SHIM_FAULTS".into(), "destroy_in_use=1000".into()));
     run(&["epilog"], &busy, false);
     Some((w, torn))
 }

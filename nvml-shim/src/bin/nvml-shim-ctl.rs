@@ -53,6 +53,35 @@ enum Cmd {
         gpu: u32,
         #[arg(value_parser = ["on", "off"])]
         mode: String,
+        /// Only the pending mode changes, as when the GPU needs a reset to apply it
+        /// (`nvidia-smi -mig` on a busy GPU); `reset-gpu` applies it.
+        #[arg(long)]
+        pending: bool,
+    },
+    /// Reset a GPU: its pending MIG mode becomes current, every instance on it is gone.
+    ResetGpu { gpu: u32 },
+    /// Confidential-computing mode of a GPU (H100/H200), as after `nvidia_gpu_tools.py
+    /// --set-cc-mode=on|off --reset-after-cc-mode-switch`: a GPU in CC mode makes no instance.
+    Cc {
+        gpu: u32,
+        #[arg(value_parser = ["on", "off"])]
+        mode: String,
+    },
+    /// Hold a GPU instance (and with --ci its compute instance) busy, as a CUDA process or a
+    /// monitoring agent does: this process opens the instance's capability device nodes and
+    /// every destroy of the instance answers NVML_ERROR_IN_USE until it exits. Prints
+    /// `holding <pid> <node>...` once it holds them.
+    Hold {
+        gpu: u32,
+        gi: u32,
+        #[arg(long)]
+        ci: Option<u32>,
+        /// Let go after this many milliseconds (default: hold until killed).
+        #[arg(long)]
+        for_ms: Option<u64>,
+        /// The process name others see (`/proc/<pid>/comm`), e.g. dcgm-exporter.
+        #[arg(long)]
+        name: Option<String>,
     },
     /// Mark a lost GPU as present again.
     RestoreGpu { gpu: u32 },
@@ -78,6 +107,11 @@ enum Fault {
     DestroyInUse { count: u32 },
     /// Lose a GPU: every call on it returns NVML_ERROR_GPU_IS_LOST.
     LoseGpu { gpu: u32 },
+    /// Make every GPU/compute instance create wait this long first (a slow driver; a long
+    /// wait is a hung call). 0 turns it off.
+    SlowCreate { ms: u64 },
+    /// The same for every destroy.
+    SlowDestroy { ms: u64 },
 }
 
 fn modify(cfg: &Config, f: impl FnOnce(&mut State) -> Result<()>) -> Result<()> {
@@ -120,8 +154,14 @@ fn rows(st: &State) -> Vec<Row> {
     for (i, g) in st.gpus.iter().enumerate() {
         let i = i as u32;
         let mig = format!(
-            "{}{}",
+            "{}{}{}{}",
             if g.mig_mode { "enabled" } else { "disabled" },
+            match (g.mig_mode, g.pending_mig_mode) {
+                (true, false) => ",PENDING-DISABLE",
+                (false, true) => ",PENDING-ENABLE",
+                _ => "",
+            },
+            if g.cc_mode { ",CC" } else { "" },
             if g.lost { ",LOST" } else { "" }
         );
         let base = |gi: String,
@@ -291,8 +331,12 @@ fn run(cli: Cli) -> Result<()> {
                 "uvm_major": cfg.uvm_major,
                 "caps_major": cfg.caps_major,
                 "driver_version": cfg.driver_version,
+                "instance_caps": cfg.instance_caps,
+                "dcgm_job_mapping_dir": cfg.dcgm_mapping_dir,
                 "gpus": cfg.gpus.iter().map(|g| serde_json::json!({
-                    "model": g.model.key(), "uuid": g.uuid, "mig_mode": g.mig_mode, "lost": g.lost,
+                    "model": g.model.key(), "uuid": g.uuid, "mig_mode": g.mig_mode,
+                    "mig_mode_pending": g.mig_pending, "lost": g.lost, "cc_mode": g.cc_mode,
+                    "reset_required": g.reset_required, "profile_names": g.renames,
                 })).collect::<Vec<_>>(),
                 "host_major_conflicts": layout::host_major_conflicts(&cfg),
             });
@@ -321,6 +365,8 @@ fn run(cli: Cli) -> Result<()> {
                     gpu_ok(st, *gpu)?;
                     st.gpus[*gpu as usize].lost = true;
                 }
+                Fault::SlowCreate { ms } => st.faults.create_delay_ms = *ms,
+                Fault::SlowDestroy { ms } => st.faults.destroy_delay_ms = *ms,
             }
             Ok(())
         })?,
@@ -336,17 +382,55 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         })?,
-        Cmd::Mig { gpu, mode } => modify(&cfg, |st| {
+        Cmd::Mig { gpu, mode, pending } => modify(&cfg, |st| {
             gpu_ok(st, gpu)?;
             let on = mode == "on";
             let g = &mut st.gpus[gpu as usize];
+            if pending {
+                g.pending_mig_mode = on;
+                return Ok(());
+            }
             if !on && !g.gis.is_empty() {
                 bail!("GPU {gpu} still has {} GPU instance(s): destroy them first (NVML_ERROR_IN_USE)", g.gis.len());
+            }
+            if on && g.cc_mode {
+                bail!("GPU {gpu} is in confidential-computing mode: no MIG (NVML_ERROR_NOT_SUPPORTED)");
             }
             g.mig_mode = on;
             g.pending_mig_mode = on;
             Ok(())
         })?,
+        Cmd::ResetGpu { gpu } => modify(&cfg, |st| {
+            gpu_ok(st, gpu)?;
+            if st.gpus[gpu as usize].lost {
+                bail!("GPU {gpu} is lost: it needs `restore-gpu` (a reboot on a real node)");
+            }
+            st.reset_gpu(gpu)
+                .map_err(|r| anyhow!("reset of GPU {gpu}: {r}"))
+        })?,
+        Cmd::Cc { gpu, mode } => modify(&cfg, |st| {
+            gpu_ok(st, gpu)?;
+            let g = &mut st.gpus[gpu as usize];
+            if !matches!(
+                g.model,
+                model::GpuModel::H100_80GB | model::GpuModel::H200_141GB
+            ) {
+                bail!("a {} has no confidential-computing mode", g.model);
+            }
+            let on = mode == "on";
+            if on && !g.gis.is_empty() {
+                bail!("GPU {gpu} has {} GPU instance(s): a CC mode change resets the GPU; destroy them first", g.gis.len());
+            }
+            g.cc_mode = on;
+            Ok(())
+        })?,
+        Cmd::Hold {
+            gpu,
+            gi,
+            ci,
+            for_ms,
+            name,
+        } => hold(&cfg, gpu, gi, ci, for_ms, name.as_deref())?,
         Cmd::RestoreGpu { gpu } => modify(&cfg, |st| {
             gpu_ok(st, gpu)?;
             st.gpus[gpu as usize].lost = false;
@@ -368,6 +452,83 @@ fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `hold`: opens the capability nodes of GI `gi` (and CI `ci`) of GPU `gpu`, registers this
+/// process as their holder, and keeps them open for `for_ms` milliseconds or until killed.
+fn hold(
+    cfg: &Config,
+    gpu: u32,
+    gi: u32,
+    ci: Option<u32>,
+    for_ms: Option<u64>,
+    name: Option<&str>,
+) -> Result<()> {
+    let dev = cfg
+        .dev_dir
+        .as_ref()
+        .ok_or_else(|| anyhow!("the fixture names no dev_dir: no capability nodes to hold"))?;
+    if let Some(n) = name {
+        // The name `ps`, `fuser` and the product's holder search show.
+        std::fs::write("/proc/self/comm", n).context("cannot set the process name")?;
+    }
+    let mut minors = vec![(None, model::gi_access_minor(gpu, gi))];
+    if let Some(c) = ci {
+        minors.push((Some(c), model::ci_access_minor(gpu, gi, c)));
+    }
+    let mut open = Vec::new();
+    let mut paths = Vec::new();
+    for (_, minor) in &minors {
+        let path = dev.join("nvidia-caps").join(format!("nvidia-cap{minor}"));
+        // A driver would answer a real open; the stand-in's nodes have none behind them
+        // (ENXIO), so the node is held as an O_PATH descriptor: /proc/<pid>/fd shows it as
+        // it shows any open file.
+        let fd = rustix::fs::open(
+            &path,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .with_context(|| {
+            format!(
+                "cannot open {} (the prolog, nvidia-modprobe or, with instance_caps, the \
+                 stand-in makes it)",
+                path.display()
+            )
+        })?;
+        open.push(fd);
+        paths.push(path.display().to_string());
+    }
+    let pid = std::process::id();
+    modify(cfg, |st| {
+        gpu_ok(st, gpu)?;
+        for (c, minor) in &minors {
+            st.holders.push(nvidia_ml::state::Holder {
+                pid,
+                gpu,
+                gi,
+                ci: *c,
+                minor: *minor,
+            });
+        }
+        Ok(())
+    })?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "holding {pid} {}", paths.join(" "))?;
+        out.flush()?;
+    }
+    match for_ms {
+        Some(ms) => std::thread::sleep(std::time::Duration::from_millis(ms)),
+        None => loop {
+            std::thread::park();
+        },
+    }
+    drop(open);
+    modify(cfg, |st| {
+        st.holders.retain(|h| h.pid != pid);
+        Ok(())
+    })
 }
 
 fn main() -> ExitCode {

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 
 import pynvml as N
@@ -582,8 +583,11 @@ class TestCrossProcess(ShimCase):
 
 @unittest.skipUnless(os.geteuid() == 0, "device node layout needs root (mknod)")
 class TestDeviceLayout(ShimCase):
+    INSTANCE_CAPS = True
+
     def fixture_text(self):
         return ('dev_dir = "dev"\nmig_minors = "proc/mig-minors"\nproc_devices = "proc/devices"\n'
+                + f'instance_caps = {"true" if self.INSTANCE_CAPS else "false"}\n'
                 + DEFAULT_FIXTURE)
 
     def node(self, name):
@@ -630,6 +634,30 @@ class TestDeviceLayout(ShimCase):
         N.nvmlShutdown()
         N.nvmlInit()
 
+    def test_driver_like_no_instance_nodes(self):
+        """Without instance_caps, as the real driver: instances make no node, and a node made
+        by someone else (the prolog) stays and does not make the next init lay out again."""
+        self.reinit_with(instance_caps=False)
+        dev1 = N.nvmlDeviceGetHandleByIndex(1)
+        gi, ci = self.gi_with_ci(dev=dev1)
+        self.assertEqual(self.caps(), [1, 2])
+        minor = 3 + 135 + 13 * 9
+        path = os.path.join(self.dir, "dev", "nvidia-caps", f"nvidia-cap{minor}")
+        os.mknod(path, 0o444 | stat.S_IFCHR, os.makedev(508, minor))
+        ino = os.stat(os.path.join(self.dir, "dev", "nvidia0")).st_ino
+        self.reinit()
+        self.assertEqual(os.stat(os.path.join(self.dir, "dev", "nvidia0")).st_ino, ino)
+        N.nvmlComputeInstanceDestroy(ci)
+        N.nvmlGpuInstanceDestroy(gi)
+        self.assertEqual(self.caps(), [1, 2, minor])
+
+    def reinit_with(self, instance_caps):
+        N.nvmlShutdown()
+        self.INSTANCE_CAPS = instance_caps
+        with open(self.fixture, "w") as f:
+            f.write(self.fixture_text())
+        N.nvmlInit()
+
     def test_init_lays_out_again_only_what_changed(self):
         # Untouched since the last layout (and the caps changes made through NVML): an init
         # leaves every file as it is.
@@ -656,6 +684,309 @@ class TestDeviceLayout(ShimCase):
         with open(devices) as f:
             self.assertIn("509 nvidia-uvm", f.read())
 
+
+class TestConfidentialComputing(ShimCase):
+    """CC mode as NVML reports it: a system state (nvmlSystemGetConfComputeState) and the
+    protected memory of a GPU in CC mode; such a GPU makes no GPU instance."""
+    FIXTURE = """
+state = "state.json"
+[[gpus]]
+model = "H200-141GB"
+cc_mode = true
+[[gpus]]
+model = "H100-80GB"
+"""
+
+    def test_system_state_protected_memory_and_no_slices(self):
+        st = N.nvmlSystemGetConfComputeState()
+        self.assertEqual(st.ccFeature, N.NVML_CC_SYSTEM_FEATURE_ENABLED)
+        self.assertEqual(st.environment, N.NVML_CC_SYSTEM_ENVIRONMENT_PROD)
+        self.assertEqual(st.devToolsMode, N.NVML_CC_SYSTEM_DEVTOOLS_MODE_OFF)
+        settings = N.c_nvmlSystemConfComputeSettings_v1_t()
+        self.assertEqual(N.nvmlSystemGetConfComputeSettings(ctypes.byref(settings)), N.NVML_SUCCESS)
+        self.assertEqual((settings.ccFeature, settings.multiGpuMode), (1, N.NVML_CC_SYSTEM_MULTIGPU_NONE))
+        caps = N.nvmlSystemGetConfComputeCapabilities()
+        self.assertEqual(caps.gpusCaps, N.NVML_CC_SYSTEM_GPUS_CC_CAPABLE)
+        mem = N.nvmlDeviceGetConfComputeMemSizeInfo(self.dev)
+        self.assertEqual(mem.protectedMemSizeKib * 1024, N.nvmlDeviceGetMemoryInfo(self.dev).total)
+        other = N.nvmlDeviceGetHandleByIndex(1)
+        with self.assertRaises(N.NVMLError_NotSupported):
+            N.nvmlDeviceGetConfComputeMemSizeInfo(other)
+        with self.assertRaises(N.NVMLError_NotSupported):
+            N.nvmlDeviceCreateGpuInstance(self.dev, 19)
+        N.nvmlGpuInstanceDestroy(N.nvmlDeviceCreateGpuInstance(other, 19))
+
+    def test_ctl_turns_cc_mode_off_and_on(self):
+        self.ctl("cc", "0", "off")
+        self.assertEqual(N.nvmlSystemGetConfComputeState().ccFeature, N.NVML_CC_SYSTEM_FEATURE_DISABLED)
+        gi = N.nvmlDeviceCreateGpuInstance(self.dev, 19)
+        N.nvmlGpuInstanceDestroy(gi)
+        self.ctl("cc", "1", "on")
+        self.assertEqual(N.nvmlSystemGetConfComputeState().ccFeature, N.NVML_CC_SYSTEM_FEATURE_ENABLED)
+        self.assertGreater(N.nvmlDeviceGetConfComputeMemSizeInfo(N.nvmlDeviceGetHandleByIndex(1)).protectedMemSizeKib, 0)
+
+    def test_a_settings_struct_of_another_version_is_refused(self):
+        settings = N.c_nvmlSystemConfComputeSettings_v1_t()
+        settings.version = 0x2000014
+        self.assertEqual(N.nvmlSystemGetConfComputeSettings(ctypes.byref(settings)),
+                         N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+
+
+class TestConfidentialComputingOff(ShimCase):
+    def test_no_cc_gpu_no_cc_state(self):
+        self.assertEqual(N.nvmlSystemGetConfComputeState().ccFeature, N.NVML_CC_SYSTEM_FEATURE_DISABLED)
+        # An A100 in the fixture: the GPUs are not all CC capable.
+        self.assertEqual(N.nvmlSystemGetConfComputeCapabilities().gpusCaps,
+                         N.NVML_CC_SYSTEM_GPUS_CC_NOT_CAPABLE)
+        with self.assertRaises(N.NVMLError_NotSupported):
+            N.nvmlDeviceGetConfComputeMemSizeInfo(self.dev)
+
+
+class TestMigModePending(ShimCase):
+    """nvmlDeviceGetMigMode's current and pending modes differ while a change waits for a GPU
+    reset; nvmlDeviceSetMigMode reports NVML_ERROR_RESET_REQUIRED as its activation status."""
+    FIXTURE = """
+state = "state.json"
+[[gpus]]
+model = "A100-80GB"
+reset_required = true
+[[gpus]]
+model = "H100-80GB"
+mig_mode = true
+mig_mode_pending = false
+"""
+
+    def test_set_mig_mode_waits_for_a_reset(self):
+        self.assertEqual(N.nvmlDeviceGetMigMode(self.dev), [1, 1])
+        self.assertEqual(N.nvmlDeviceSetMigMode(self.dev, N.NVML_DEVICE_MIG_DISABLE),
+                         N.NVML_ERROR_RESET_REQUIRED)
+        self.assertEqual(N.nvmlDeviceGetMigMode(self.dev), [1, 0])
+        # Still in MIG mode until the reset.
+        N.nvmlGpuInstanceDestroy(N.nvmlDeviceCreateGpuInstance(self.dev, 19))
+        self.ctl("reset-gpu", "0")
+        self.assertEqual(N.nvmlDeviceGetMigMode(self.dev), [0, 0])
+
+    def test_pending_from_the_fixture_and_from_ctl(self):
+        other = N.nvmlDeviceGetHandleByIndex(1)
+        self.assertEqual(N.nvmlDeviceGetMigMode(other), [1, 0])
+        self.ctl("mig", "1", "on", "--pending")
+        self.assertEqual(N.nvmlDeviceGetMigMode(other), [1, 1])
+        self.ctl("mig", "1", "off", "--pending")
+        gi = N.nvmlDeviceCreateGpuInstance(other, 19)
+        self.ctl("reset-gpu", "1")  # a reset takes the instances with it
+        self.assertEqual(N.nvmlDeviceGetMigMode(other), [0, 0])
+        with self.assertRaises(N.NVMLError_InvalidArgument):
+            N.nvmlGpuInstanceGetInfo(gi)
+
+    def test_without_reset_required_the_mode_changes_at_once(self):
+        other = N.nvmlDeviceGetHandleByIndex(1)
+        self.assertEqual(N.nvmlDeviceSetMigMode(other, N.NVML_DEVICE_MIG_DISABLE), N.NVML_SUCCESS)
+        self.assertEqual(N.nvmlDeviceGetMigMode(other), [0, 0])
+
+
+class TestLostMidSession(ShimCase):
+    def test_a_gpu_lost_after_its_slice_was_made(self):
+        gi, ci = self.gi_with_ci()
+        mig = N.nvmlDeviceGetMigDeviceHandleByIndex(self.dev, 0)
+        self.ctl("arm", "lose-gpu", "0")
+        for call in (lambda: N.nvmlComputeInstanceDestroy(ci),
+                     lambda: N.nvmlGpuInstanceDestroy(gi),
+                     lambda: N.nvmlDeviceGetUUID(mig),
+                     lambda: N.nvmlDeviceGetMigMode(self.dev),
+                     lambda: N.nvmlDeviceGetHandleByIndex(0)):
+            with self.assertRaises(N.NVMLError_GpuIsLost):
+                call()
+        self.ctl("restore-gpu", "0")
+        N.nvmlComputeInstanceDestroy(ci)
+        N.nvmlGpuInstanceDestroy(gi)
+
+
+class TestDriverProfileNames(ShimCase):
+    """Drivers 535 and 545 call the A100-80GB's 3g.40gb profile 3g.39gb (mig-parted issue 31);
+    a fixture can rename any profile."""
+    FIXTURE = """
+state = "state.json"
+driver_version = "535.129.03"
+[[gpus]]
+model = "A100-80GB"
+[[gpus]]
+model = "H200-141GB"
+profile_names = { "1g.18gb" = "1g.17gb" }
+"""
+
+    def names(self, dev):
+        out = []
+        for idx in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                out.append(N.nvmlDeviceGetGpuInstanceProfileInfo(dev, idx).name)
+            except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+                pass
+        return out
+
+    def test_535_names(self):
+        self.assertEqual(N.nvmlSystemGetDriverVersion(), "535.129.03")
+        self.assertEqual(self.names(self.dev), [
+            "MIG 1g.10gb", "MIG 2g.20gb", "MIG 3g.39gb", "MIG 4g.40gb", "MIG 7g.80gb",
+            "MIG 1g.10gb+me", "MIG 1g.20gb"])
+        self.assertEqual(N.nvmlDeviceGetGpuInstanceProfileInfoById(self.dev, 9).name, "MIG 3g.39gb")
+        gi = N.nvmlDeviceCreateGpuInstance(self.dev, 9)
+        full = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0)
+        self.assertEqual(full.name, "MIG 3g.39gb")
+        part = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
+        self.assertEqual(part.name, "MIG 1c.3g.39gb")
+        N.nvmlGpuInstanceCreateComputeInstance(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+        mig = N.nvmlDeviceGetMigDeviceHandleByIndex(self.dev, 0)
+        self.assertEqual(N.nvmlDeviceGetName(mig), "NVIDIA A100-SXM4-80GB MIG 3g.39gb")
+
+    def test_a_fixture_rename(self):
+        h200 = N.nvmlDeviceGetHandleByIndex(1)
+        self.assertIn("MIG 1g.17gb", self.names(h200))
+        self.assertNotIn("MIG 1g.18gb", self.names(h200))
+
+
+class TestSlowCreates(ShimCase):
+    def test_creates_and_destroys_wait_the_armed_delay(self):
+        self.ctl("arm", "slow-create", "300")
+        t = time.monotonic()
+        gi = N.nvmlDeviceCreateGpuInstance(self.dev, 19)
+        self.assertGreaterEqual(time.monotonic() - t, 0.3)
+        self.ctl("arm", "slow-create", "0")
+        self.ctl("arm", "slow-destroy", "200")
+        t = time.monotonic()
+        N.nvmlGpuInstanceDestroy(gi)
+        self.assertGreaterEqual(time.monotonic() - t, 0.2)
+        self.ctl("disarm")
+        self.assertNotIn("destroy_delay_ms", json.loads(self.ctl("show"))["faults"])
+
+
+class TestSlowCreatesViaEnv(ShimCase):
+    ENV_FAULTS = "create_delay_ms=200"
+
+    def test_a_process_local_delay(self):
+        t = time.monotonic()
+        N.nvmlDeviceCreateGpuInstance(self.dev, 19)
+        self.assertGreaterEqual(time.monotonic() - t, 0.2)
+
+
+class TestDcgmMapping(ShimCase):
+    """DCGM exporter labels a GPU instance's metrics with the jobs its `<gpu>.<gi>` file
+    lists: a GPU instance destroyed or made while such a file lists jobs is recorded."""
+
+    def fixture_text(self):
+        return 'dcgm_job_mapping_dir = "dcgm"\n' + DEFAULT_FIXTURE
+
+    def test_a_mapping_left_behind_is_recorded(self):
+        os.makedirs(os.path.join(self.dir, "dcgm"))
+        gi = N.nvmlDeviceCreateGpuInstance(self.dev, 19)  # GPU 0, GI 13
+        N.nvmlGpuInstanceDestroy(gi)
+        self.assertNotIn("stale_dcgm_mappings", json.loads(self.ctl("show")))
+        gi = N.nvmlDeviceCreateGpuInstance(self.dev, 19)
+        with open(os.path.join(self.dir, "dcgm", "0.13"), "w") as f:
+            f.write("4242\n")
+        N.nvmlGpuInstanceDestroy(gi)
+        stale = json.loads(self.ctl("show"))["stale_dcgm_mappings"]
+        self.assertEqual(len(stale), 1)
+        self.assertIn("0.13", stale[0])
+        self.assertIn("4242", stale[0])
+        N.nvmlDeviceCreateGpuInstance(self.dev, 19)  # the next GI 13 would get its jobs
+        self.assertEqual(len(json.loads(self.ctl("show"))["stale_dcgm_mappings"]), 2)
+
+
+@unittest.skipUnless(os.geteuid() == 0, "capability device nodes need root (mknod)")
+class TestHolders(ShimCase):
+    """A destroy answers NVML_ERROR_IN_USE while a process holds the instance's capability
+    device open (nvml-shim-ctl hold), and succeeds once it lets go."""
+
+    def fixture_text(self):
+        return 'dev_dir = "dev"\ninstance_caps = true\n' + DEFAULT_FIXTURE
+
+    def holder(self, *args):
+        p = subprocess.Popen([CTL, "hold", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=os.environ.copy())
+        line = p.stdout.readline()
+        if not line.startswith(f"holding {p.pid} "):
+            p.kill()
+            self.fail(f"nvml-shim-ctl hold: {line}{p.stderr.read()}")
+        return p
+
+    def test_in_use_while_held(self):
+        if not CTL:
+            self.skipTest("NVML_SHIM_CTL not set")
+        gi, ci = self.gi_with_ci()  # GPU 0, GI 13, CI 0
+        p = self.holder("0", "13", "--ci", "0", "--name", "dcgm-exporter")
+        try:
+            with open(f"/proc/{p.pid}/comm") as f:
+                self.assertEqual(f.read().strip(), "dcgm-exporter")
+            ci_minor = 3 + 13 * 9 + 1
+            held = [os.stat(f"/proc/{p.pid}/fd/{n}").st_rdev for n in os.listdir(f"/proc/{p.pid}/fd")]
+            self.assertIn(os.makedev(508, ci_minor), held)
+            with self.assertRaises(N.NVMLError_InUse):
+                N.nvmlComputeInstanceDestroy(ci)
+            with self.assertRaises(N.NVMLError_InUse):
+                N.nvmlComputeInstanceDestroy(ci)
+        finally:
+            p.kill()
+            p.wait()
+        N.nvmlComputeInstanceDestroy(ci)
+        N.nvmlGpuInstanceDestroy(gi)
+
+    def test_a_holder_that_lets_go(self):
+        if not CTL:
+            self.skipTest("NVML_SHIM_CTL not set")
+        gi = N.nvmlDeviceCreateGpuInstance(self.dev, 19)
+        p = self.holder("0", "13", "--for-ms", "2000")
+        with self.assertRaises(N.NVMLError_InUse):
+            N.nvmlGpuInstanceDestroy(gi)
+        p.wait(timeout=30)
+        N.nvmlGpuInstanceDestroy(gi)
+        self.assertNotIn("holders", json.loads(self.ctl("show")))
+
+
+class CompareCase(ShimCase):
+    """tools/compare-real-gpu.py, pointed at the shim as if it were the real GPU (no GPU is
+    needed): it reads the driver version, MIG modes and CC state without changing them, sets
+    the shim up the same way, and finds no difference. On a real GPU that is the check."""
+
+    def compare(self):
+        tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "compare-real-gpu.py")
+        r = subprocess.run([sys.executable, tool, "--gpu", "0", "--real-lib", LIB,
+                            "--shim-lib", LIB, "--json"],
+                           capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        self.assertIn("no differences", r.stdout)
+        return json.loads(r.stdout.split("\nreal GPU:")[0])["real"]
+
+
+class TestCompareTool(CompareCase):
+    FIXTURE = """
+state = "state.json"
+driver_version = "535.129.03"
+[[gpus]]
+model = "A100-80GB"
+mig_mode = true
+mig_mode_pending = false
+"""
+
+    def test_names_and_a_pending_mig_mode(self):
+        real = self.compare()
+        self.assertEqual(real["driver_version"], "535.129.03")
+        self.assertEqual(real["mig_mode"], [1, 0])
+        self.assertIn("MIG 3g.39gb", [p.get("name") for p in real["gi_profiles"].values()])
+        self.assertEqual(real["cc"]["state"]["ccFeature"], 0)
+
+
+class TestCompareToolCc(CompareCase):
+    FIXTURE = """
+state = "state.json"
+[[gpus]]
+model = "H200-141GB"
+cc_mode = true
+"""
+
+    def test_cc_mode(self):
+        cc = self.compare()["cc"]
+        self.assertEqual(cc["state"]["ccFeature"], 1)
+        self.assertGreater(cc["memory"]["protectedMemSizeKib"], 0)
 
 if __name__ == "__main__":
     unittest.main()

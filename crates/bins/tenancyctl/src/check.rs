@@ -32,6 +32,45 @@ fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.to_string()
 }
 
+/// Every MIG profile name the config uses, with where.
+pub(crate) fn configured_mig_names(config: &Config) -> Vec<tenancy_mig::Configured> {
+    let mut out: Vec<tenancy_mig::Configured> = Vec::new();
+    for t in config.tiers.values() {
+        for p in &t.mig_profiles {
+            out.push(tenancy_mig::Configured {
+                name: p.clone(),
+                used_in: format!("tier {}", t.name),
+            });
+        }
+    }
+    for (model, profiles) in &config.mig_plan {
+        for p in profiles.keys() {
+            out.push(tenancy_mig::Configured {
+                name: p.clone(),
+                used_in: format!("mig plan {model}"),
+            });
+        }
+    }
+    out
+}
+
+/// The configured MIG profile names against what this node's driver reports: (driver version,
+/// one message per name it does not report), or why it could not be asked.
+pub(crate) fn mig_name_report(config: &Config) -> Result<(String, Vec<String>), String> {
+    if let Some(f) = &config.cluster.nvml_shim_fixture {
+        // Only the NVML stand-in reads it (tests and demos).
+        std::env::set_var("NVML_SHIM_FIXTURE", f);
+    }
+    let mig = tenancy_mig::Mig::open(config.cluster.nvml_library.as_deref())
+        .map_err(|e| e.to_string())?;
+    let names = mig.driver_names().map_err(|e| e.to_string())?;
+    let driver = mig.driver_version();
+    Ok((
+        driver.clone(),
+        tenancy_mig::names::mismatches(&configured_mig_names(config), &names, &driver),
+    ))
+}
+
 pub fn run(config: &Config, format: Format) -> anyhow::Result<ExitCode> {
     let rows: Vec<TenantRow> = config
         .tenants
@@ -122,6 +161,30 @@ pub fn run(config: &Config, format: Format) -> anyhow::Result<ExitCode> {
         },
     }
     .print(format)?;
+    // The names the tiers and the plan use, against the driver on this host (when it has one).
+    if !configured_mig_names(config).is_empty() {
+        let report = mig_name_report(config);
+        match (&report, format) {
+            (Ok((driver, bad)), Format::Table) if bad.is_empty() => {
+                println!("\nMIG profile names: as the driver {driver} on this host reports them");
+            }
+            (Ok((_, bad)), Format::Table) => {
+                println!();
+                for m in bad {
+                    println!("warning: {m}");
+                }
+            }
+            (Ok((_, bad)), _) => {
+                for m in bad {
+                    eprintln!("warning: {m}");
+                }
+            }
+            (Err(e), Format::Table) => {
+                println!("\nMIG profile names: not checked on this host ({e})");
+            }
+            (Err(_), _) => {}
+        }
+    }
     if format == Format::Table {
         for r in rows.iter().filter(|r| !r.unknown_groups.is_empty()) {
             eprintln!(

@@ -930,13 +930,47 @@ fn scratch_encryption_rows(config: &Config, rows: &mut Vec<Row>) {
     }
 }
 
-/// NVML and each GPU's MIG mode.
+/// NVML and each GPU's MIG mode, and the configured profile names against the driver's.
 fn nvml_rows(config: &Config, rows: &mut Vec<Row>) {
-    match tenancy_mig::Mig::open(config.cluster.nvml_library.as_deref()) {
+    if let Some(f) = &config.cluster.nvml_shim_fixture {
+        // Only the NVML stand-in reads it (tests and demos).
+        std::env::set_var("NVML_SHIM_FIXTURE", f);
+    }
+    let opened = tenancy_mig::Mig::open(config.cluster.nvml_library.as_deref());
+    if opened.is_ok() && !crate::check::configured_mig_names(config).is_empty() {
+        match crate::check::mig_name_report(config) {
+            Ok((driver, bad)) if bad.is_empty() => rows.push(row(
+                "nvml.profiles",
+                Severity::Ok,
+                format!("the configured MIG profile names are the driver {driver}'s"),
+                None,
+            )),
+            Ok((_, bad)) => {
+                for m in bad {
+                    rows.push(row(
+                        "nvml.profiles",
+                        Severity::Warn,
+                        m,
+                        Some(
+                            "keep the product's names in tenancy.toml (the slices are made by \
+                             profile id); in gres.conf use `tenancyctl mig slurm-lines`, not \
+                             AutoDetect=nvml"
+                                .into(),
+                        ),
+                    ));
+                }
+            }
+            Err(e) => rows.push(row("nvml.profiles", Severity::Warn, e, None)),
+        }
+    }
+    match opened {
         Ok(mig) => match mig.gpus() {
             Ok(gpus) => {
                 for g in gpus {
-                    let (sev, remedy) = if g.mig_enabled && g.model.is_some() {
+                    let (sev, remedy) = if let Some(why) = &g.unusable {
+                        rows.push(row("nvml.gpu", Severity::Warn, why.clone(), None));
+                        continue;
+                    } else if g.mig_enabled && g.model.is_some() {
                         (Severity::Ok, None)
                     } else {
                         (
@@ -1233,6 +1267,7 @@ fn device_rows(config: &Config, args: &DoctorArgs, rows: &mut Vec<Row>) {
             proc_devices: config.node.proc_devices.clone(),
             mig_minors: config.node.mig_minors.clone(),
             rdma_devices: config.node.rdma_devices.clone(),
+            nvidia_caps: config.node.nvidia_caps_dir.clone(),
         },
         probe_bpf: true,
     }) {

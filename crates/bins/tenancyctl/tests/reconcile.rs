@@ -253,6 +253,7 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
             proc_devices: config.node.proc_devices.clone(),
             mig_minors: config.node.mig_minors.clone(),
             rdma_devices: config.node.rdma_devices.clone(),
+            nvidia_caps: config.node.nvidia_caps_dir.clone(),
         },
         target: tenancy_devices::Target::Owned {
             root: CGROUP2.into(),

@@ -36,6 +36,7 @@ fn fixture() -> (tempfile::TempDir, DriverPaths) {
         proc_devices: d.path().join("devices"),
         mig_minors: d.path().join("mig-minors"),
         rdma_devices: d.path().join("infiniband"),
+        nvidia_caps: d.path().join("nvidia-caps"),
     };
     (d, p)
 }

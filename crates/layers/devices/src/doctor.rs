@@ -477,6 +477,7 @@ mod tests {
                 proc_devices: dir.path().join("devices"),
                 mig_minors: dir.path().join("mig"),
                 rdma_devices: dir.path().join("infiniband"),
+                nvidia_caps: dir.path().join("nvidia-caps"),
             },
             probe_bpf: false,
         })

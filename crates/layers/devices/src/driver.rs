@@ -27,6 +27,16 @@ pub struct DriverPaths {
     /// The folder of RDMA device nodes ([`RDMA_DEVICES`]).
     #[serde(default = "default_rdma_dir")]
     pub rdma_devices: PathBuf,
+    /// Where the MIG capability nodes go (`/dev/nvidia-caps`): the prolog makes a job's there
+    /// ([`crate::caps`]). Not journaled: it is the node's setting, nothing undoes the nodes, and
+    /// the journal's intents stay as release 1 wrote them; whoever reads params back from a
+    /// journal sets it from its config.
+    #[serde(skip, default = "default_caps_dir")]
+    pub nvidia_caps: PathBuf,
+}
+
+fn default_caps_dir() -> PathBuf {
+    crate::caps::NVIDIA_CAPS.into()
 }
 
 /// Where the kernel's RDMA subsystem puts its device nodes: `uverbs<N>` (verbs: the data
@@ -43,6 +53,7 @@ impl Default for DriverPaths {
             proc_devices: PROC_DEVICES.into(),
             mig_minors: MIG_MINORS.into(),
             rdma_devices: RDMA_DEVICES.into(),
+            nvidia_caps: default_caps_dir(),
         }
     }
 }
@@ -490,6 +501,7 @@ mod tests {
             proc_devices: dir.path().join("devices"),
             mig_minors: dir.path().join("mig-minors"),
             rdma_devices: dir.path().join("infiniband"),
+            nvidia_caps: dir.path().join("nvidia-caps"),
         };
         std::fs::write(&paths.proc_devices, DEVICES).unwrap();
         let slice = [crate::policy::SliceRef {

@@ -55,6 +55,15 @@ pub enum Error {
     /// No cgroup hierarchy that can control devices was found.
     #[error("devices layer: {0}")]
     Layout(String),
+    /// A capability device node of the job's slice could not be made.
+    #[error("devices layer: cannot make the capability device node {path} (c {major}:{minor}): {source}; the prolog makes it as root (CAP_MKNOD) so the job needs no mknod: check that the prolog runs as root and {path} is not a symlink")]
+    CapNode {
+        path: PathBuf,
+        major: u32,
+        minor: u32,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Result alias of this crate.

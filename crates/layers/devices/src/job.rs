@@ -196,6 +196,9 @@ pub fn setup_sharing(
     let drv = DriverInfo::load_for(&p.driver, &p.slices)?;
     let policy = DevicePolicy::for_job(&drv, &p.slices, &p.extra)
         .map_err(|e| Error::Policy(format!("job {}: {e}", p.job_id)))?;
+    // The slice's capability nodes exist before the job starts: inside its allowlist the
+    // job cannot make them (no mknod), and nvidia-modprobe would try.
+    crate::caps::make_job_nodes(&p.driver.nvidia_caps, &drv, &p.slices)?;
     setup_policy(p.job_id, &p.tenant, &p.target, policy, programs)
 }
 

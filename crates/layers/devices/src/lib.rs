@@ -15,10 +15,12 @@
 
 pub mod anchored;
 pub mod bpf;
+pub mod caps;
 pub mod cli;
 pub mod doctor;
 pub mod driver;
 pub mod error;
+pub mod holders;
 pub mod job;
 /// The cgroup layout of the node, detected by the one owner of job cgroups.
 pub mod layout {

@@ -29,6 +29,10 @@ pub struct GpuView {
     pub model: Option<GpuModel>,
     pub mig_enabled: bool,
     pub instances: Vec<GiView>,
+    /// Why no slice may be made on this GPU now (lost, CC mode, a MIG mode change pending a
+    /// reset): NVML's word, from [`crate::GpuInfo::unusable`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unusable: Option<String>,
 }
 
 impl GpuView {
@@ -80,6 +84,9 @@ fn tier_block(gpu: &GpuView, req: &Request, occupants: &[Occupant]) -> Option<St
 }
 
 fn usable(gpu: &GpuView) -> std::result::Result<GpuModel, String> {
+    if let Some(why) = &gpu.unusable {
+        return Err(why.clone());
+    }
     if !gpu.mig_enabled {
         return Err(format!("GPU {} ({}) has MIG disabled", gpu.index, gpu.uuid));
     }
@@ -194,19 +201,29 @@ pub fn choose_in(
         reason: "request names neither a profile nor a slot".into(),
     })?;
     let mut reasons: Vec<String> = Vec::new();
+    // The reasons that are a GPU's state (lost, CC mode, pending reset, MIG off), not room.
+    let mut unusable: Vec<String> = Vec::new();
     let mut known_anywhere = false;
     match plan {
         Some(slots) => {
+            let mut taken = false;
             for slot in slots.iter().rev() {
                 let Some(gpu) = gpus.iter().find(|g| g.index == slot.gpu) else {
                     continue;
                 };
-                let Ok(model) = usable(gpu) else { continue };
-                let Some(p) = model.profile(want) else {
+                let Some(p) = gpu.model.and_then(|m| m.profile(want)) else {
                     continue;
                 };
                 known_anywhere = true;
                 if p.name != slot.profile {
+                    continue;
+                }
+                if let Err(r) = usable(gpu) {
+                    // Another slot of the profile, on another GPU, may do.
+                    if !reasons.contains(&r) {
+                        unusable.push(r.clone());
+                        reasons.push(r);
+                    }
                     continue;
                 }
                 if let Some(r) = tier_block(gpu, req, occupants) {
@@ -214,19 +231,26 @@ pub fn choose_in(
                     continue;
                 }
                 if gpu.occupied_by(slot.start, slot.size).is_some() {
+                    taken = true;
                     continue;
                 }
                 return Ok(intent(gpu, p, slot.start, Some(slot.index)));
             }
             if reasons.is_empty() {
                 reasons.push(format!("every plan slot of profile {want} is taken"));
+            } else if taken {
+                reasons.push(format!("the other plan slots of profile {want} are taken"));
             }
         }
         None => {
             for gpu in gpus {
+                if gpu.model.and_then(|m| m.profile(want)).is_some() {
+                    known_anywhere = true;
+                }
                 let model = match usable(gpu) {
                     Ok(m) => m,
                     Err(r) => {
+                        unusable.push(r.clone());
                         reasons.push(r);
                         continue;
                     }
@@ -266,6 +290,12 @@ pub fn choose_in(
             }
         }
     }
+    if !known_anywhere && !unusable.is_empty() && gpus.iter().all(|g| g.model.is_none()) {
+        // No GPU's model could be read (all lost): their state is the reason, not the name.
+        return Err(MigError::Refused {
+            reason: unusable.join("; "),
+        });
+    }
     if !known_anywhere {
         let model = gpus.iter().find_map(|g| g.model);
         return Err(MigError::UnknownProfile {
@@ -284,7 +314,13 @@ pub fn choose_in(
                 .unwrap_or_default(),
         });
     }
-    // A refusal by tier rule is named as such.
+    // A refusal by tier rule, or because no GPU that has the profile may be sliced now, is
+    // named as such.
+    if !reasons.is_empty() && reasons.iter().all(|r| unusable.contains(r)) {
+        return Err(MigError::Refused {
+            reason: reasons.join("; "),
+        });
+    }
     if reasons.iter().all(|r| r.contains("forbids sharing")) {
         return Err(MigError::Refused {
             reason: reasons.join("; "),

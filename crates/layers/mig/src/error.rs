@@ -56,12 +56,16 @@ pub enum MigError {
         hint: String,
     },
 
-    #[error("mig: {at}: destroy of {what} still returns NVML_ERROR_IN_USE after {attempts} attempts; a process (a job task or a monitoring agent such as dcgm/nvidia-smi) holds it: find it with `nvidia-smi` / `fuser -v /dev/nvidia-caps/*`, stop it, then run `tenancyctl reconcile` (or `nvidia-smi mig -dci/-dgi -gi {gi} -i {gpu_index}`); until then the slice stays allocated and the node should stay drained")]
+    #[error("mig: {at}: destroy of {what} still returns NVML_ERROR_IN_USE after {attempts} attempts over {waited_ms} ms; a process (a job task or a monitoring agent such as dcgm/nvidia-smi) holds it: find it with `nvidia-smi` / `fuser -v /dev/nvidia-caps/*`, stop it, then run `tenancyctl reconcile` (or `nvidia-smi mig -dci/-dgi -gi {gi} -i {gpu_index}`); until then the slice stays allocated and the node should stay drained")]
     InUse {
         at: At,
         what: &'static str,
         attempts: u32,
+        /// How long the retries waited in all.
+        waited_ms: u64,
         gi: u32,
+        /// The compute instance, when it was the one in use.
+        ci: Option<u32>,
         gpu_index: u32,
     },
 

@@ -13,13 +13,15 @@
 
 pub mod choose;
 pub mod error;
+pub mod names;
 mod nvml;
 pub mod plan;
 pub mod profiles;
 
 pub use choose::{choose_in, GiView, GpuView};
 pub use error::{At, MigError, Result};
-pub use nvml::{GpuInfo, Mig, RetryPolicy};
+pub use names::{Configured, DriverNames};
+pub use nvml::{lost_reason, GpuInfo, Mig, RetryPolicy};
 pub use plan::{parse_job_gpus, plan_slots, slurm_lines, Carving, NodePlan, PlanGpu, Slot};
 pub use profiles::{GpuModel, MigProfile};
 

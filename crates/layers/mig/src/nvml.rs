@@ -21,18 +21,31 @@ const INSUFFICIENT_RESOURCES: u32 = b::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_R
 const NOT_SUPPORTED: u32 = b::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 const CI_ENGINE_SHARED: u32 = b::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED;
 
-/// Bounded retry of destroy calls answered NVML_ERROR_IN_USE.
+/// Bounded retry of destroy calls answered NVML_ERROR_IN_USE: at most `attempts` calls and
+/// `budget_ms` of waiting between them, the wait doubling from `backoff_ms` (at most 250 ms).
+/// A holder that lets go within the budget (a monitoring agent between two samples, a job's
+/// process that was just killed) costs a retry; one that does not fails the teardown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryPolicy {
     pub attempts: u32,
     pub backoff_ms: u64,
+    #[serde(default = "default_budget_ms")]
+    pub budget_ms: u64,
 }
+
+fn default_budget_ms() -> u64 {
+    2_000
+}
+
+/// The longest single wait between two destroy attempts.
+const MAX_BACKOFF_MS: u64 = 250;
 
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            attempts: 5,
+            attempts: 30,
             backoff_ms: 20,
+            budget_ms: default_budget_ms(),
         }
     }
 }
@@ -47,6 +60,26 @@ pub struct GpuInfo {
     pub mig_enabled: bool,
     pub mig_pending: bool,
     pub model: Option<GpuModel>,
+    /// Fell off the bus (NVML_ERROR_GPU_IS_LOST): nothing else of it could be read.
+    #[serde(default)]
+    pub lost: bool,
+    /// In confidential-computing mode: no MIG instance can be made on it.
+    #[serde(default)]
+    pub cc_mode: bool,
+    /// Why no slice may be made on this GPU now (lost, CC mode, a MIG mode change waiting for
+    /// a reset), when one of those holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unusable: Option<String>,
+}
+
+/// What NVML says of confidential computing on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CcState {
+    /// Off, or a driver without the API (no CC-capable GPU).
+    Off,
+    On,
+    /// The query failed: every GPU is treated as in CC mode (fail closed).
+    Unknown(String),
 }
 
 /// An open NVML session.
@@ -73,6 +106,16 @@ fn hint_for(code: u32, op: &str) -> String {
         b::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => "the GPU fell off the bus: drain the node and check `nvidia-smi`/dmesg".into(),
         _ => format!("{op} failed; check `nvidia-smi mig -lgi` and the driver log, then run `tenancyctl reconcile`"),
     }
+}
+
+const GPU_IS_LOST: u32 = b::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+
+/// Why no slice is made on a GPU that fell off the bus.
+pub fn lost_reason(gpu: u32) -> String {
+    format!(
+        "GPU {gpu} fell off the bus (NVML_ERROR_GPU_IS_LOST, Xid 79 in dmesg): no MIG slice is \
+         made on it; drain the node, check `nvidia-smi` and dmesg, and reboot or reset the GPU"
+    )
 }
 
 fn nvml_err(at: At, op: &'static str, code: u32) -> MigError {
@@ -185,7 +228,13 @@ impl Mig {
         };
         let d = self.nvml.device_by_uuid(uuid).map_err(|e| MigError::Other {
             at: at.clone(),
-            msg: format!("no GPU with this UUID: {e}; was the GPU replaced? check `nvidia-smi -L`, then `tenancyctl reconcile`"),
+            msg: match e {
+                nvml_wrapper::error::NvmlError::GpuLost => format!(
+                    "{} (NVML_ERROR_GPU_IS_LOST); the slice stays journaled until it is back",
+                    lost_reason(index_hint)
+                ),
+                e => format!("no GPU with this UUID: {e}; was the GPU replaced? check `nvidia-smi -L`, then `tenancyctl reconcile`"),
+            },
         })?;
         let index = d.index().unwrap_or(index_hint);
         let at = At {
@@ -196,33 +245,147 @@ impl Mig {
         Ok((unsafe { d.handle() }, index, at))
     }
 
-    /// All GPUs on the node.
+    /// Confidential computing on this node (nvmlSystemGetConfComputeState).
+    fn cc_state(&self) -> CcState {
+        let Ok(f) = nvml_sym(self.nvml.lib().nvmlSystemGetConfComputeState.as_ref()) else {
+            // A driver from before CC: no GPU of it can be in CC mode.
+            return CcState::Off;
+        };
+        // SAFETY: POD out-parameter.
+        let mut st: b::nvmlConfComputeSystemState_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid out pointer, as nvml.h asks.
+        match unsafe { f(&mut st) } {
+            SUCCESS if st.ccFeature == b::NVML_CC_SYSTEM_FEATURE_ENABLED => CcState::On,
+            SUCCESS | NOT_SUPPORTED => CcState::Off,
+            rc => CcState::Unknown(format!(
+                "nvmlSystemGetConfComputeState failed: NVML {} (code {rc})",
+                code_name(rc)
+            )),
+        }
+    }
+
+    /// Whether GPU `dev` protects memory for confidential computing, with the system state
+    /// on: NVML reports CC for the system; a GPU that does not say otherwise counts as in CC
+    /// mode (NVIDIA supports no node with some GPUs in CC mode and others not).
+    /// `Ok(Some(MiB))`: in CC mode, protecting that much; `Ok(None)`: the GPU protects no
+    /// memory (NOT_SUPPORTED, or none), so it is not in CC mode; `Err`: it could not say.
+    fn cc_protected_mib(&self, dev: b::nvmlDevice_t) -> std::result::Result<Option<u64>, String> {
+        let Ok(f) = nvml_sym(self.nvml.lib().nvmlDeviceGetConfComputeMemSizeInfo.as_ref()) else {
+            return Err("nvmlDeviceGetConfComputeMemSizeInfo is missing".into());
+        };
+        // SAFETY: POD out-parameter.
+        let mut m: b::nvmlConfComputeMemSizeInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a device handle of this session and a valid out pointer.
+        match unsafe { f(dev, &mut m) } {
+            SUCCESS if m.protectedMemSizeKib > 0 => Ok(Some(m.protectedMemSizeKib >> 10)),
+            SUCCESS | NOT_SUPPORTED => Ok(None),
+            rc => Err(format!(
+                "nvmlDeviceGetConfComputeMemSizeInfo failed: NVML {} (code {rc})",
+                code_name(rc)
+            )),
+        }
+    }
+
+    /// Why GPU `dev` counts as in confidential-computing mode, with the node's CC state `cc`;
+    /// None: it does not. A GPU that cannot say counts as in CC mode (fail closed).
+    fn cc_reason(&self, cc: &CcState, dev: b::nvmlDevice_t) -> Option<String> {
+        match cc {
+            CcState::Off => None,
+            CcState::On => match self.cc_protected_mib(dev) {
+                Ok(Some(mib)) => Some(format!("{mib} MiB of protected memory")),
+                Ok(None) => None,
+                Err(e) => Some(format!("the node's CC state is on and {e}")),
+            },
+            CcState::Unknown(e) => Some(format!("its CC mode cannot be read: {e}")),
+        }
+    }
+
+    /// All GPUs on the node. A GPU that fell off the bus is listed (lost, with what is known:
+    /// its index), as is one in confidential-computing mode or with a MIG mode change waiting
+    /// for a reset: each names why no slice may be made on it (`unusable`).
     pub fn gpus(&self) -> Result<Vec<GpuInfo>> {
         let n = self.nvml.device_count().map_err(|e| MigError::Other {
             at: At::default(),
             msg: format!("cannot count GPUs: {e}"),
         })?;
+        let cc = self.cc_state();
         let mut out = Vec::new();
+        let lost = |i: u32| GpuInfo {
+            index: i,
+            uuid: String::new(),
+            name: String::new(),
+            minor: i,
+            mig_enabled: false,
+            mig_pending: false,
+            model: None,
+            lost: true,
+            cc_mode: false,
+            unusable: Some(lost_reason(i)),
+        };
         for i in 0..n {
             let at = At {
                 gpu: Some(i),
                 ..Default::default()
             };
-            let d = self.nvml.device_by_index(i).map_err(|e| MigError::Other {
-                at: at.clone(),
-                msg: format!("cannot get the device: {e}"),
-            })?;
+            let d = match self.nvml.device_by_index(i) {
+                Ok(d) => d,
+                Err(nvml_wrapper::error::NvmlError::GpuLost) => {
+                    out.push(lost(i));
+                    continue;
+                }
+                Err(e) => {
+                    return Err(MigError::Other {
+                        at: at.clone(),
+                        msg: format!("cannot get the device: {e}"),
+                    })
+                }
+            };
             let err = |what: &str, e: nvml_wrapper::error::NvmlError| MigError::Other {
                 at: at.clone(),
                 msg: format!("cannot read {what}: {e}"),
             };
-            let uuid = d.uuid().map_err(|e| err("UUID", e))?;
-            let name = d.name().map_err(|e| err("name", e))?;
-            let minor = d.minor_number().map_err(|e| err("minor number", e))?;
-            let (mig_enabled, mig_pending) = match d.mig_mode() {
-                Ok(m) => (m.current == 1, m.pending == 1),
-                Err(nvml_wrapper::error::NvmlError::NotSupported) => (false, false),
-                Err(e) => return Err(err("MIG mode", e)),
+            macro_rules! read {
+                ($what:literal, $e:expr) => {
+                    match $e {
+                        Ok(v) => v,
+                        Err(nvml_wrapper::error::NvmlError::GpuLost) => {
+                            out.push(lost(i));
+                            continue;
+                        }
+                        Err(e) => return Err(err($what, e)),
+                    }
+                };
+            }
+            let uuid = read!("UUID", d.uuid());
+            let name = read!("name", d.name());
+            let minor = read!("minor number", d.minor_number());
+            let (current, pending) = read!(
+                "MIG mode",
+                match d.mig_mode() {
+                    Ok(m) => Ok((m.current == 1, m.pending == 1)),
+                    Err(nvml_wrapper::error::NvmlError::NotSupported) => Ok((false, false)),
+                    Err(e) => Err(e),
+                }
+            );
+            // SAFETY: the handle stays valid while self.nvml is initialised.
+            let raw = unsafe { d.handle() };
+            let cc_why = self.cc_reason(&cc, raw);
+            let cc_mode = cc_why.is_some();
+            let unusable = if let Some(why) = cc_why {
+                Some(format!(
+                    "GPU {i} ({uuid}) is in confidential-computing mode ({why}): MIG slices \
+                     cannot be made on it; turn CC mode off (nvidia_gpu_tools.py \
+                     --set-cc-mode=off, then reset the GPU) or take it out of the MIG plan"
+                ))
+            } else if current && !pending {
+                Some(format!(
+                    "GPU {i} ({uuid}) has a MIG mode change pending a GPU reset (current \
+                     enabled, pending disabled): an administrator is taking it out of MIG; \
+                     reset it (`nvidia-smi -r -i {i}`) or set MIG mode back (`nvidia-smi -i {i} \
+                     -mig 1`) before slices are made on it again"
+                ))
+            } else {
+                None
             };
             out.push(GpuInfo {
                 index: i,
@@ -230,8 +393,11 @@ impl Mig {
                 model: GpuModel::from_nvml_name(&name),
                 name,
                 minor,
-                mig_enabled,
-                mig_pending,
+                mig_enabled: current,
+                mig_pending: pending,
+                lost: false,
+                cc_mode,
+                unusable,
             });
         }
         Ok(out)
@@ -242,6 +408,16 @@ impl Mig {
     pub fn plan_gpus(&self, strict: bool) -> Result<Vec<PlanGpu>> {
         let mut out = Vec::new();
         for g in self.gpus()? {
+            if g.lost && strict {
+                // Its model is unknown, and the plan's slots are numbered over every GPU.
+                return Err(MigError::Refused {
+                    reason: format!(
+                        "{}; its model cannot be read, so the node's MIG plan slots (gres.conf) \
+                         cannot be laid out: no MIG job starts on this node until it is back",
+                        lost_reason(g.index)
+                    ),
+                });
+            }
             match (g.model, g.mig_enabled) {
                 (Some(model), true) => out.push(PlanGpu {
                     index: g.index,
@@ -268,6 +444,43 @@ impl Mig {
                 }
                 _ => {}
             }
+        }
+        Ok(out)
+    }
+
+    /// The driver's version (nvmlSystemGetDriverVersion), or "?" when it cannot be read.
+    pub fn driver_version(&self) -> String {
+        self.nvml
+            .sys_driver_version()
+            .unwrap_or_else(|_| "?".into())
+    }
+
+    /// Every GPU instance profile of every GPU of a known model, as its driver names it
+    /// (the `name` of nvmlGpuInstanceProfileInfo_v2, without "MIG "). Lost GPUs and GPUs of
+    /// unknown models are left out.
+    pub fn driver_names(&self) -> Result<Vec<crate::DriverNames>> {
+        let mut out = Vec::new();
+        for g in self.gpus()? {
+            let Some(model) = g.model.filter(|_| !g.lost) else {
+                continue;
+            };
+            let (dev, at) = self.device(g.index)?;
+            let mut names = Vec::new();
+            for idx in 0..b::NVML_GPU_INSTANCE_PROFILE_COUNT {
+                if let Ok(info) = self.gi_profile_info(dev, idx, &at) {
+                    let name = cstr(&info.name);
+                    let name = name.strip_prefix("MIG ").unwrap_or(&name).to_string();
+                    if !names.iter().any(|(id, _)| *id == info.id) {
+                        names.push((info.id, name));
+                    }
+                }
+            }
+            out.push(crate::DriverNames {
+                gpu: g.index,
+                gpu_name: g.name,
+                model,
+                names,
+            });
         }
         Ok(out)
     }
@@ -471,8 +684,9 @@ impl Mig {
                 model: g.model,
                 mig_enabled: g.mig_enabled,
                 instances: Vec::new(),
+                unusable: g.unusable.clone(),
             };
-            if g.mig_enabled {
+            if g.mig_enabled && !g.lost {
                 let (dev, at) = self.device(g.index)?;
                 let at = At {
                     uuid: Some(g.uuid.clone()),
@@ -567,7 +781,16 @@ impl Mig {
             msg: format!("cannot read minor: {e}"),
         })?;
         match d.mig_mode() {
-            Ok(m) if m.current == 1 => {}
+            Ok(m) if m.current == 1 && m.pending == 1 => {}
+            Ok(m) if m.current == 1 => {
+                return Err(MigError::Refused {
+                    reason: format!(
+                        "GPU {gpu_index} ({}) has a MIG mode change pending a GPU reset \
+                         (current enabled, pending disabled): no slice is made on it",
+                        intent.gpu_uuid
+                    ),
+                })
+            }
             Ok(m) => {
                 return Err(MigError::MigDisabled {
                     gpu: gpu_index,
@@ -585,6 +808,16 @@ impl Mig {
                     msg: format!("cannot read MIG mode: {e}"),
                 })
             }
+        }
+        // SAFETY: the handle stays valid while self.nvml is initialised.
+        if let Some(why) = self.cc_reason(&self.cc_state(), unsafe { d.handle() }) {
+            return Err(MigError::Refused {
+                reason: format!(
+                    "GPU {gpu_index} ({}) is in confidential-computing mode ({why}): no slice is \
+                     made on it",
+                    intent.gpu_uuid
+                ),
+            });
         }
         let p = self.profile_for(intent, &name, &at)?;
         let pinfo = self.gi_profile_info(dev, p.gi_profile_index, &at)?;
@@ -622,20 +855,9 @@ impl Mig {
         };
 
         // Full-size CI.
-        let ci_pinfo = match self.ci_profile_info(gi, p.ci_profile_index, &at) {
+        let ci_pinfo = match self.full_ci_profile(gi, p, pinfo.sliceCount, &at) {
             Ok(i) => i,
-            Err((_, Some(e))) => return Err(self.undo_gi(gi, &at, e)),
-            Err((rc, None)) => {
-                return Err(self.undo_gi(
-                    gi,
-                    &at,
-                    nvml_err(
-                        at.clone(),
-                        "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
-                        rc,
-                    ),
-                ))
-            }
+            Err(e) => return Err(self.undo_gi(gi, &at, e)),
         };
         let mut ci: b::nvmlComputeInstance_t = std::ptr::null_mut();
         let rc = match raw!(
@@ -692,6 +914,62 @@ impl Mig {
             gi_id: gi_info.id,
             ci_id: ci_info.id,
             mig_uuid,
+        })
+    }
+
+    /// The compute-instance profile that covers the whole GI: `slices` compute slices (the GI
+    /// profile's sliceCount), asked of NVML. The table's index (the plain
+    /// NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE of the GI's size) comes first; only the plain
+    /// N_SLICE indexes are looked at otherwise, never 1_SLICE_REV1 or a 7_SLICE_NVL variant: a
+    /// driver that offers those for the same slice count uses them for other work, and on a GPU
+    /// without them NVML answers NOT_SUPPORTED (NVIDIA's DRA driver took the NVL one for a
+    /// 7g.40gb on an A100 and failed, kubernetes-sigs/dra-driver-nvidia-gpu issue 1480). Nor is
+    /// the size taken from the memory slices (a 7g GI spans 8 of them, and 8_SLICE is a
+    /// profile of GPUs with 8 compute slices).
+    fn full_ci_profile(
+        &self,
+        gi: b::nvmlGpuInstance_t,
+        p: &MigProfile,
+        slices: u32,
+        at: &At,
+    ) -> Result<b::nvmlComputeInstanceProfileInfo_v2_t> {
+        const PLAIN: [u32; 7] = [
+            b::NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+            b::NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+            b::NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+            b::NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+            b::NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE,
+            b::NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+            b::NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE,
+        ];
+        let mut seen = Vec::new();
+        for idx in std::iter::once(p.ci_profile_index).chain(PLAIN) {
+            match self.ci_profile_info(gi, idx, at) {
+                Ok(info) if info.sliceCount == slices => return Ok(info),
+                Ok(info) => seen.push(format!("index {idx}: {} slices", info.sliceCount)),
+                Err((_, Some(e))) => return Err(e),
+                Err((rc, None)) if rc == GPU_IS_LOST => {
+                    return Err(nvml_err(
+                        at.clone(),
+                        "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+                        rc,
+                    ))
+                }
+                Err(_) => {}
+            }
+        }
+        Err(MigError::Other {
+            at: at.clone(),
+            msg: format!(
+                "no compute-instance profile of this GPU instance covers its {slices} compute \
+                 slices (NVML offers {}): the driver and the {} table disagree; report this",
+                if seen.is_empty() {
+                    "none of the plain N_SLICE profiles".to_string()
+                } else {
+                    seen.join(", ")
+                },
+                p.name
+            ),
         })
     }
 
@@ -817,17 +1095,25 @@ impl Mig {
     {
         let attempts = self.retry.attempts.max(1);
         let mut retries = 0;
+        let mut waited_ms = 0u64;
+        let mut wait_ms = self.retry.backoff_ms.max(1);
+        let mut made = 0;
         for attempt in 1..=attempts {
+            made = attempt;
             match f()? {
                 SUCCESS => return Ok((Outcome::Destroyed, retries)),
                 NOT_FOUND => return Ok((Outcome::AlreadyGone, retries)),
                 IN_USE => {
-                    if attempt < attempts {
-                        retries += 1;
-                        std::thread::sleep(Duration::from_millis(
-                            self.retry.backoff_ms * attempt as u64,
-                        ));
+                    let wait = wait_ms
+                        .min(MAX_BACKOFF_MS)
+                        .min(self.retry.budget_ms.saturating_sub(waited_ms));
+                    if attempt == attempts || wait == 0 {
+                        break;
                     }
+                    retries += 1;
+                    std::thread::sleep(Duration::from_millis(wait));
+                    waited_ms += wait;
+                    wait_ms = wait_ms.saturating_mul(2);
                 }
                 rc => {
                     return Err(nvml_err(
@@ -845,8 +1131,10 @@ impl Mig {
         Err(MigError::InUse {
             at: at.clone(),
             what,
-            attempts,
+            attempts: made,
+            waited_ms,
             gi: at.gi.unwrap_or(u32::MAX),
+            ci: at.ci,
             gpu_index: at.gpu.unwrap_or(u32::MAX),
         })
     }

@@ -254,6 +254,101 @@ fn view(index: u32, instances: Vec<GiView>) -> GpuView {
         model: Some(GpuModel::H200_141GB),
         mig_enabled: true,
         instances,
+        unusable: None,
+    }
+}
+
+/// A GPU NVML shows but no slice may be made on (CC mode, a pending reset, lost).
+fn unusable_view(index: u32, why: &str) -> GpuView {
+    GpuView {
+        unusable: Some(why.into()),
+        ..view(index, vec![])
+    }
+}
+
+#[test]
+fn an_unusable_gpu_is_passed_over_where_the_plan_allows_and_refused_where_not() {
+    let why = "GPU 0 (GPU-0) is in confidential-computing mode";
+    let gpus = vec![unusable_view(0, why), view(1, vec![])];
+    // No plan: the other GPU.
+    let i = choose_in(&gpus, None, &req(Some("3g.71gb"), None, "acme", true), &[]).unwrap();
+    assert_eq!(i.gpu_index, 1);
+    // A plan without a slot from Slurm: another slot of the profile.
+    let plan = plan_slots(
+        &NodePlan {
+            models: [(
+                "H200-141GB".to_string(),
+                [("3g.71gb".to_string(), 2)].into(),
+            )]
+            .into(),
+            gpus: Default::default(),
+        },
+        &[
+            PlanGpu {
+                index: 0,
+                minor: 0,
+                model: GpuModel::H200_141GB,
+            },
+            PlanGpu {
+                index: 1,
+                minor: 1,
+                model: GpuModel::H200_141GB,
+            },
+        ],
+    )
+    .unwrap();
+    let i = choose_in(
+        &gpus,
+        Some(&plan),
+        &req(Some("3g.71gb"), None, "acme", true),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(i.gpu_index, 1);
+    // The slot Slurm allocated is on that GPU: refused with NVML's reason (another slot would
+    // be one Slurm counts as free).
+    let on_gpu0 = plan.iter().find(|s| s.gpu == 0).unwrap().index;
+    let r = req(Some("3g.71gb"), Some(on_gpu0), "acme", true);
+    let e = choose_in(&gpus, Some(&plan), &r, &[]).unwrap_err();
+    assert!(
+        matches!(e, MigError::Refused { .. }) && e.to_string().contains(why),
+        "{e}"
+    );
+    // The other GPU's slots taken: both said, and it is no placement (jobs may end).
+    let full = vec![
+        unusable_view(0, why),
+        view(1, vec![gi(1, 9, 0, 4), gi(2, 9, 4, 4)]),
+    ];
+    let e = choose_in(
+        &full,
+        Some(&plan),
+        &req(Some("3g.71gb"), None, "acme", true),
+        &[],
+    )
+    .unwrap_err();
+    let s = e.to_string();
+    assert!(matches!(e, MigError::NoPlacement { .. }), "{s}");
+    assert!(s.contains(why) && s.contains("are taken"), "{s}");
+    // Every GPU lost (no model read): refused with the reason, not "unknown profile".
+    let lost = vec![GpuView {
+        model: None,
+        ..unusable_view(0, "GPU 0 fell off the bus")
+    }];
+    let e = choose_in(&lost, None, &req(Some("3g.71gb"), None, "acme", true), &[]).unwrap_err();
+    assert!(e.to_string().contains("fell off the bus"), "{e}");
+    // Every GPU unusable: refused with every reason, not "no free placement".
+    let all = vec![
+        unusable_view(0, why),
+        unusable_view(1, "GPU 1 fell off the bus"),
+    ];
+    for plan in [None, Some(plan.as_slice())] {
+        let e = choose_in(&all, plan, &req(Some("3g.71gb"), None, "acme", true), &[]).unwrap_err();
+        let s = e.to_string();
+        assert!(matches!(e, MigError::Refused { .. }), "{s}");
+        assert!(
+            s.contains("confidential") && s.contains("fell off the bus"),
+            "{s}"
+        );
     }
 }
 

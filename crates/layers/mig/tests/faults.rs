@@ -76,6 +76,7 @@ fn in_use_on_destroy_is_retried_then_succeeds() {
     mig.retry = RetryPolicy {
         attempts: 5,
         backoff_ms: 1,
+        ..RetryPolicy::default()
     };
     let t = mig.destroy(&intent, Some(&slice)).unwrap();
     assert_eq!(t.in_use_retries, 3, "{t:?}");
@@ -97,6 +98,7 @@ fn in_use_persisting_fails_loudly_then_recovers() {
     mig.retry = RetryPolicy {
         attempts: 4,
         backoff_ms: 1,
+        ..RetryPolicy::default()
     };
     let started = std::time::Instant::now();
     let e = mig.destroy(&intent, Some(&slice)).unwrap_err();

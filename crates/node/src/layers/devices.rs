@@ -67,6 +67,8 @@ impl TypedLayer for Devices {
 
     fn make(&mut self, intent: &JobDeviceParams, journal: &Journal) -> LayerResult<DevicesRecord> {
         let mut params = intent.clone();
+        // (Not in the journal: this node's folder for the slice's capability nodes.)
+        params.driver.nvidia_caps = self.driver.nvidia_caps.clone();
         if let Some(m) = super::mig::Made::in_journal(journal) {
             let m = m.map_err(|e| {
                 LayerError(format!(

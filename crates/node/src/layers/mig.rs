@@ -5,6 +5,10 @@
 //! journals. When slurmctld allocated a plan slot (GPU GRES, SLURM_JOB_GPUS), exactly that slot
 //! is created, so Slurm's accounting and the placement always agree.
 
+// NVML's answers travel from its thread as `Result<_, MigError>`: the error carries full
+// context (GPU, profile, placement, code, hint) and is the rare path (as in tenancy-mig).
+#![allow(clippy::result_large_err)]
+
 use crate::contract::TaskEntry;
 use crate::journal::{Journal, JournalDir};
 use crate::layer::{
@@ -12,7 +16,8 @@ use crate::layer::{
 };
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use tenancy_mig::{Mig, MigIntent, MigSlice, NodePlan, Occupant, Request};
+use std::time::Duration;
+use tenancy_mig::{Mig, MigError, MigIntent, MigSlice, NodePlan, Occupant, Request};
 
 /// The MIG layer's journaled result: the slice, with its profile and compute slices (the
 /// accounting unit).
@@ -38,37 +43,163 @@ impl Made {
 pub struct MigLayer {
     pub library: Option<PathBuf>,
     pub plan: NodePlan,
-    /// Opened on first use: jobs without a slice never load NVML. Boxed: NVML's table of
-    /// functions makes a `Mig` 12 KB, which every job, MIG or not, would otherwise copy into
-    /// place when the layers are built (5-6 page faults per process).
-    pub nvml: Option<Box<Mig>>,
+    /// NVML's own thread, started on first use: jobs without a slice never load NVML.
+    pub nvml: Option<NvmlThread>,
     /// The node's journals: a slice undone without its recorded result must not be another
     /// job's.
     pub state_dir: PathBuf,
+    /// The most one NVML call may take (`node.nvml_timeout_ms`).
+    pub timeout: Duration,
+    /// The driver's files: the capability nodes whose holders a destroy "in use" names.
+    pub driver: tenancy_devices::DriverPaths,
+    /// How many "in use" answers the last undo waited out (the job end record says so).
+    pub in_use_retries: u32,
+}
+
+/// A task for NVML's thread: runs with the session (opened by the first task).
+type Task = Box<dyn FnOnce(&mut Option<Mig>) + Send>;
+
+/// NVML on a thread of its own, so that the prolog and epilog can give up on a call that does
+/// not return. A driver call that hangs (a GPU falling off the bus, a wedged driver) would
+/// otherwise hold the prolog, the node lock and the node until Slurm's own timeout, if any.
+/// After a call overran its budget nothing more is asked of NVML in this process: the call may
+/// still complete (a GPU instance made after the prolog gave up), so what it may have made is
+/// left to the journal, for the epilog or `tenancyctl reconcile` (a fresh process) to find.
+pub struct NvmlThread {
+    tasks: std::sync::mpsc::Sender<Task>,
+    /// Why NVML is not asked again (a call that did not return in time).
+    hung: Option<String>,
+}
+
+impl NvmlThread {
+    fn start() -> std::io::Result<NvmlThread> {
+        let (tasks, rx) = std::sync::mpsc::channel::<Task>();
+        std::thread::Builder::new()
+            .name("nvml".into())
+            .spawn(move || {
+                // The session is this thread's: NVML's handles never leave it. (A `Mig` holds
+                // NVML's 12 KB table of functions; here it is built in place once.)
+                let mut mig: Option<Mig> = None;
+                while let Ok(task) = rx.recv() {
+                    task(&mut mig);
+                }
+            })?;
+        Ok(NvmlThread { tasks, hung: None })
+    }
 }
 
 impl MigLayer {
-    fn nvml(&mut self) -> LayerResult<&Mig> {
-        if self.nvml.is_none() {
-            if !self.runs_here() {
-                return Err(LayerError(format!(
-                    "NVML ({}) cannot be loaded by a statically linked process: tenancy-prolog \
-                     and tenancy-epilog hand MIG jobs to the dynamically linked \
-                     tenancy-prolog-dynamic; run that, or `tenancyctl reconcile --apply`",
-                    self.library
-                        .as_deref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_else(|| "libnvidia-ml.so.1".into())
-                )));
-            }
-            let mut mig = Mig::open(self.library.as_deref())?;
-            if !self.plan.models.is_empty() || !self.plan.gpus.is_empty() {
-                let gpus = mig.plan_gpus(true)?;
-                mig.set_plan(tenancy_mig::plan_slots(&self.plan, &gpus)?);
-            }
-            self.nvml = Some(Box::new(mig));
+    /// Runs `f` on NVML's thread (opening NVML, and laying out the node's plan, first), within
+    /// the layer's budget. The outer error is NVML not answering (or not loadable here); the
+    /// inner one is what NVML answered.
+    fn call<T: Send + 'static>(
+        &mut self,
+        op: &'static str,
+        f: impl FnOnce(&Mig) -> Result<T, MigError> + Send + 'static,
+    ) -> LayerResult<Result<T, MigError>> {
+        if !self.runs_here() {
+            return Err(LayerError(format!(
+                "NVML ({}) cannot be loaded by a statically linked process: tenancy-prolog \
+                 and tenancy-epilog hand MIG jobs to the dynamically linked \
+                 tenancy-prolog-dynamic; run that, or `tenancyctl reconcile --apply`",
+                self.library
+                    .as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "libnvidia-ml.so.1".into())
+            )));
         }
-        Ok(self.nvml.as_ref().expect("just opened"))
+        if self.nvml.is_none() {
+            self.nvml =
+                Some(NvmlThread::start().map_err(|e| {
+                    LayerError(format!("cannot start a thread for NVML calls: {e}"))
+                })?);
+        }
+        let thread = self.nvml.as_mut().expect("just started");
+        if let Some(why) = &thread.hung {
+            return Err(LayerError(format!("NVML was not asked to {op}: {why}")));
+        }
+        let (library, plan) = (self.library.clone(), self.plan.clone());
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        let task: Task = Box::new(move |session: &mut Option<Mig>| {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if session.is_none() {
+                    let mut mig = Mig::open(library.as_deref())?;
+                    if !plan.models.is_empty() || !plan.gpus.is_empty() {
+                        let gpus = mig.plan_gpus(true)?;
+                        mig.set_plan(tenancy_mig::plan_slots(&plan, &gpus)?);
+                    }
+                    *session = Some(mig);
+                }
+                f(session.as_ref().expect("just opened"))
+            }));
+            if r.is_err() {
+                // A session a panic went through is not trusted again.
+                *session = None;
+            }
+            let _ = reply.send(r);
+        });
+        if thread.tasks.send(task).is_err() {
+            return Err(LayerError(format!("NVML's thread is gone: cannot {op}")));
+        }
+        match answer.recv_timeout(self.timeout) {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err(LayerError(format!(
+                "the NVML call to {op} panicked (see the message above)"
+            ))),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let why = format!(
+                    "NVML did not answer the call to {op} within {} ms \
+                     (node.nvml_timeout_ms): a hung driver call; what it may still make is \
+                     left in the journal for the epilog or `tenancyctl reconcile --apply`. \
+                     Drain the node and check dmesg (Xid errors) and `nvidia-smi`",
+                    self.timeout.as_millis()
+                );
+                thread.hung = Some(why.clone());
+                Err(LayerError(why))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(LayerError(format!(
+                "NVML's thread ended during the call to {op}"
+            ))),
+        }
+    }
+
+    /// Who holds the slice's capability nodes open, for a destroy NVML answers "in use":
+    /// every process with `nvidia-cap<GI>` or `nvidia-cap<CI>` open (as `fuser` finds them).
+    fn holders(&self, slice: &MigSlice) -> String {
+        let sref = tenancy_devices::SliceRef {
+            gpu_minor: slice.gpu_minor,
+            gi_id: slice.gi_id,
+            ci_id: slice.ci_id,
+        };
+        let nodes = tenancy_devices::DriverInfo::load_for(&self.driver, &[sref]).and_then(|drv| {
+            tenancy_devices::caps::job_nodes(&self.driver.nvidia_caps, &drv, &[sref])
+        });
+        let nodes = match nodes {
+            Ok(n) => n,
+            Err(e) => return format!("its holders cannot be looked for: {e}"),
+        };
+        let devices: Vec<(u32, u32)> = nodes.iter().map(|(_, ma, mi)| (*ma, *mi)).collect();
+        let found = tenancy_devices::holders::processes_holding(&devices);
+        let names: Vec<String> = nodes
+            .iter()
+            .map(|(p, ma, mi)| format!("{} (c {ma}:{mi})", p.display()))
+            .collect();
+        if found.is_empty() {
+            format!(
+                "no process has its capability nodes {} open now (the holder may have let go, \
+                 or hold the GPU another way: `nvidia-smi`, `fuser -v /dev/nvidia*`)",
+                names.join(", ")
+            )
+        } else {
+            format!(
+                "held open by: {}",
+                found
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        }
     }
 }
 
@@ -124,11 +255,16 @@ impl TypedLayer for MigLayer {
             tenant: plan.tenant.clone(),
             share_gpu: plan.tier.share_gpu,
         };
-        Ok(Some(self.nvml()?.choose(&request, &occupants)?))
+        let intent = self.call("place the slice", move |mig| {
+            mig.choose(&request, &occupants)
+        })??;
+        Ok(Some(intent))
     }
 
     fn make(&mut self, intent: &MigIntent, _: &Journal) -> LayerResult<Made> {
-        let slice = self.nvml()?.create(intent)?;
+        let wanted = intent.clone();
+        // A compute instance that cannot be made takes its GPU instance with it (Mig::create).
+        let slice = self.call("create the slice", move |mig| mig.create(&wanted))??;
         Ok(Made {
             slice,
             profile: intent.profile.clone(),
@@ -145,10 +281,32 @@ impl TypedLayer for MigLayer {
             Some(_) => Vec::new(),
             None => self.made_slices()?,
         };
-        self.nvml()?
-            .destroy_leaving(intent, made, &claimed)
-            .map(|_| ())
-            .map_err(LayerError::from)
+        let (intent_c, made_c) = (intent.clone(), made.cloned());
+        let done = self.call("destroy the slice", move |mig| {
+            mig.destroy_leaving(&intent_c, made_c.as_ref(), &claimed)
+        })?;
+        match (done, made) {
+            (Ok(t), _) => {
+                self.in_use_retries = t.in_use_retries;
+                Ok(())
+            }
+            // Retried within the budget and still held: name who holds it. The journal keeps
+            // the step (the spine keeps what is not undone) for the next epilog or reconcile.
+            (Err(e @ MigError::InUse { .. }), Some(slice)) => {
+                Err(LayerError(format!("{e}; {}", self.holders(slice))))
+            }
+            (Err(e), _) => Err(LayerError::from(e)),
+        }
+    }
+
+    /// A destroy that NVML answered "in use" before it went through says how often.
+    fn undo_notes(&mut self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        let n = std::mem::take(&mut self.in_use_retries);
+        if n > 0 {
+            m.insert("in_use_retries".into(), n.into());
+        }
+        m
     }
 
     /// NVML is a shared library: a statically linked epilog cannot load it.

@@ -27,12 +27,21 @@ pub fn for_node(config: &Config) -> Vec<Box<dyn Layer + '_>> {
             },
             nvml: None,
             state_dir: config.cluster.state_dir.clone(),
+            timeout: std::time::Duration::from_millis(config.node.nvml_timeout_ms),
+            driver: tenancy_devices::DriverPaths {
+                proc_devices: config.node.proc_devices.clone(),
+                mig_minors: config.node.mig_minors.clone(),
+                rdma_devices: config.node.rdma_devices.clone(),
+                nvidia_caps: config.node.nvidia_caps_dir.clone(),
+            },
+            in_use_retries: 0,
         }),
         Box::new(devices::Devices {
             driver: tenancy_devices::DriverPaths {
                 proc_devices: config.node.proc_devices.clone(),
                 mig_minors: config.node.mig_minors.clone(),
                 rdma_devices: config.node.rdma_devices.clone(),
+                nvidia_caps: config.node.nvidia_caps_dir.clone(),
             },
             target: None,
             programs_file: Some(config.cluster.state_dir.join("device-programs")),

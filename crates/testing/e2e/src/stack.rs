@@ -118,7 +118,8 @@ pub fn tenancy_toml(p: &StackPaths, t: &Tenants) -> TenancyToml {
         .nvml_shim_fixture(&p.nvml_fixture);
     c.node()
         .proc_devices(&p.proc_devices)
-        .mig_minors(&p.mig_minors);
+        .mig_minors(&p.mig_minors)
+        .nvidia_caps_dir(p.dev_dir.join("nvidia-caps"));
     c.tier("internal")
         .mig_profiles(["1g.18gb", "2g.35gb", "3g.71gb"])
         .share_gpu(true)

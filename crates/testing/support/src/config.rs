@@ -102,7 +102,8 @@ impl TenancyToml {
             .nvml_shim_fixture(root.join("fixture.toml"));
         self.node()
             .proc_devices(root.join("proc-devices"))
-            .mig_minors(root.join("mig-minors"));
+            .mig_minors(root.join("mig-minors"))
+            .nvidia_caps_dir(root.join("dev/nvidia-caps"));
         self
     }
 
@@ -287,6 +288,10 @@ keys!(Node {
     proc_devices: impl AsRef<Path> => path;
     mig_minors: impl AsRef<Path> => path;
     rdma_devices: impl AsRef<Path> => path;
+    /// Where the prolog makes a job's nvidia-caps device nodes.
+    nvidia_caps_dir: impl AsRef<Path> => path;
+    /// Budget of one NVML call on the job path.
+    nvml_timeout_ms: u32 => number;
 });
 
 /// `[network]`.

@@ -80,6 +80,7 @@ impl Fixture {
             proc_devices: self.dir.path().join("devices"),
             mig_minors: self.dir.path().join("mig-minors"),
             rdma_devices: self.dir.path().join("infiniband"),
+            nvidia_caps: self.dir.path().join("nvidia-caps"),
         }
     }
 }
