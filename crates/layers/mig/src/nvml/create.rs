@@ -49,6 +49,39 @@ impl Mig {
             placement: Some((intent.placement_start, intent.placement_size)),
             ..at
         };
+        let (name, minor) = self.sliceable(intent, gpu_index, &at)?;
+        let p = self.profile_for(intent, &name, &at)?;
+        let (gi, slices) = self.create_gi(dev, intent, p, &at)?;
+        let gi_info = match self.gi_info(gi, &at) {
+            Ok(i) => i,
+            Err(e) => return Err(self.undo_gi(gi, &at, e)),
+        };
+        let at = At {
+            gi: Some(gi_info.id),
+            ..at
+        };
+        let ci_id = self.create_full_ci(gi, p, slices, &at)?;
+        let at = At {
+            ci: Some(ci_id),
+            ..at
+        };
+        let mig_uuid = match self.mig_uuid(dev, gi_info.id, ci_id, &at) {
+            Ok(u) => u,
+            Err(e) => return Err(self.undo_all(gi, &at, e)),
+        };
+        Ok(MigSlice {
+            gpu_index,
+            gpu_minor: minor,
+            gpu_uuid: intent.gpu_uuid.clone(),
+            gi_id: gi_info.id,
+            ci_id,
+            mig_uuid,
+        })
+    }
+
+    /// Whether a slice may be made on the intent's GPU now: MIG mode on with no change
+    /// pending, not in confidential-computing mode. Returns the GPU's name and minor number.
+    fn sliceable(&self, intent: &MigIntent, gpu_index: u32, at: &At) -> Result<(String, u32)> {
         let d = self
             .nvml
             .device_by_index(gpu_index)
@@ -88,7 +121,7 @@ impl Mig {
             }
             Err(e) => {
                 return Err(MigError::Other {
-                    at,
+                    at: at.clone(),
                     msg: format!("cannot read MIG mode: {e}"),
                 })
             }
@@ -103,11 +136,22 @@ impl Mig {
                 ),
             });
         }
-        let p = self.profile_for(intent, &name, &at)?;
-        let pinfo = self.gi_profile_info(dev, p.gi_profile_index, &at)?;
+        Ok((name, minor))
+    }
+
+    /// The GPU instance of profile `p` at the intent's placement. Returns it with the GI
+    /// profile's compute slice count.
+    fn create_gi(
+        &self,
+        dev: b::nvmlDevice_t,
+        intent: &MigIntent,
+        p: &MigProfile,
+        at: &At,
+    ) -> Result<(b::nvmlGpuInstance_t, u32)> {
+        let pinfo = self.gi_profile_info(dev, p.gi_profile_index, at)?;
         if pinfo.id != p.gi_profile_id {
             return Err(MigError::Other {
-                at,
+                at: at.clone(),
                 msg: format!(
                     "NVML says profile index {} is GI profile id {}, the table says {}: driver and table disagree; do not create, report this",
                     p.gi_profile_index, pinfo.id, p.gi_profile_id
@@ -129,19 +173,21 @@ impl Mig {
             &placement,
             &mut gi
         );
-        let gi_info = match self.gi_info(gi, &at) {
-            Ok(i) => i,
-            Err(e) => return Err(self.undo_gi(gi, &at, e)),
-        };
-        let at = At {
-            gi: Some(gi_info.id),
-            ..at
-        };
+        Ok((gi, pinfo.sliceCount))
+    }
 
-        // Full-size CI.
-        let ci_pinfo = match self.full_ci_profile(gi, p, pinfo.sliceCount, &at) {
+    /// The compute instance that covers the whole of GI `gi`; its id. When it cannot be made
+    /// or read, the GI (and a CI made) is destroyed before the error returns.
+    fn create_full_ci(
+        &self,
+        gi: b::nvmlGpuInstance_t,
+        p: &MigProfile,
+        slices: u32,
+        at: &At,
+    ) -> Result<u32> {
+        let ci_pinfo = match self.full_ci_profile(gi, p, slices, at) {
             Ok(i) => i,
-            Err(e) => return Err(self.undo_gi(gi, &at, e)),
+            Err(e) => return Err(self.undo_gi(gi, at, e)),
         };
         let mut ci: b::nvmlComputeInstance_t = std::ptr::null_mut();
         let rc = match raw!(
@@ -154,12 +200,12 @@ impl Mig {
             &mut ci
         ) {
             Ok(rc) => rc,
-            Err(e) => return Err(self.undo_gi(gi, &at, e)),
+            Err(e) => return Err(self.undo_gi(gi, at, e)),
         };
         if rc != SUCCESS {
             return Err(self.undo_gi(
                 gi,
-                &at,
+                at,
                 nvml_err(at.clone(), "nvmlGpuInstanceCreateComputeInstance", rc),
             ));
         }
@@ -174,31 +220,16 @@ impl Mig {
             &mut ci_info
         ) {
             Ok(rc) => rc,
-            Err(e) => return Err(self.undo_all(gi, &at, e)),
+            Err(e) => return Err(self.undo_all(gi, at, e)),
         };
         if rc != SUCCESS {
             return Err(self.undo_all(
                 gi,
-                &at,
+                at,
                 nvml_err(at.clone(), "nvmlComputeInstanceGetInfo_v2", rc),
             ));
         }
-        let at = At {
-            ci: Some(ci_info.id),
-            ..at
-        };
-        let mig_uuid = match self.mig_uuid(dev, gi_info.id, ci_info.id, &at) {
-            Ok(u) => u,
-            Err(e) => return Err(self.undo_all(gi, &at, e)),
-        };
-        Ok(MigSlice {
-            gpu_index,
-            gpu_minor: minor,
-            gpu_uuid: intent.gpu_uuid.clone(),
-            gi_id: gi_info.id,
-            ci_id: ci_info.id,
-            mig_uuid,
-        })
+        Ok(ci_info.id)
     }
 
     /// The compute-instance profile that covers the whole GI: `slices` compute slices (the GI
