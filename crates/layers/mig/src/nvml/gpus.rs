@@ -83,18 +83,6 @@ impl Mig {
         })?;
         let cc = self.cc_state();
         let mut out = Vec::new();
-        let lost = |i: u32| GpuInfo {
-            index: i,
-            uuid: String::new(),
-            name: String::new(),
-            minor: i,
-            mig_enabled: false,
-            mig_pending: false,
-            model: None,
-            lost: true,
-            cc_mode: false,
-            unusable: Some(lost_reason(i)),
-        };
         for i in 0..n {
             let at = At {
                 gpu: Some(i),
@@ -103,7 +91,7 @@ impl Mig {
             let d = match self.nvml.device_by_index(i) {
                 Ok(d) => d,
                 Err(nvml_wrapper::error::NvmlError::GpuLost) => {
-                    out.push(lost(i));
+                    out.push(GpuInfo::lost(i));
                     continue;
                 }
                 Err(e) => {
@@ -122,7 +110,7 @@ impl Mig {
                     match $e {
                         Ok(v) => v,
                         Err(nvml_wrapper::error::NvmlError::GpuLost) => {
-                            out.push(lost(i));
+                            out.push(GpuInfo::lost(i));
                             continue;
                         }
                         Err(e) => return Err(err($what, e)),
@@ -144,22 +132,7 @@ impl Mig {
             let raw = unsafe { d.handle() };
             let cc_why = self.cc_reason(&cc, raw);
             let cc_mode = cc_why.is_some();
-            let unusable = if let Some(why) = cc_why {
-                Some(format!(
-                    "GPU {i} ({uuid}) is in confidential-computing mode ({why}): MIG slices \
-                     cannot be made on it; turn CC mode off (nvidia_gpu_tools.py \
-                     --set-cc-mode=off, then reset the GPU) or take it out of the MIG plan"
-                ))
-            } else if current && !pending {
-                Some(format!(
-                    "GPU {i} ({uuid}) has a MIG mode change pending a GPU reset (current \
-                     enabled, pending disabled): an administrator is taking it out of MIG; \
-                     reset it (`nvidia-smi -r -i {i}`) or set MIG mode back (`nvidia-smi -i {i} \
-                     -mig 1`) before slices are made on it again"
-                ))
-            } else {
-                None
-            };
+            let unusable = unusable_reason(i, &uuid, cc_why, current, pending);
             out.push(GpuInfo {
                 index: i,
                 uuid,
@@ -256,5 +229,49 @@ impl Mig {
             });
         }
         Ok(out)
+    }
+}
+
+impl GpuInfo {
+    /// A GPU that fell off the bus: only its index is known.
+    fn lost(i: u32) -> GpuInfo {
+        GpuInfo {
+            index: i,
+            uuid: String::new(),
+            name: String::new(),
+            minor: i,
+            mig_enabled: false,
+            mig_pending: false,
+            model: None,
+            lost: true,
+            cc_mode: false,
+            unusable: Some(lost_reason(i)),
+        }
+    }
+}
+
+/// Why no slice may be made on GPU `i` now, from its CC mode (`cc_why`) and MIG mode.
+fn unusable_reason(
+    i: u32,
+    uuid: &str,
+    cc_why: Option<String>,
+    current: bool,
+    pending: bool,
+) -> Option<String> {
+    if let Some(why) = cc_why {
+        Some(format!(
+            "GPU {i} ({uuid}) is in confidential-computing mode ({why}): MIG slices \
+             cannot be made on it; turn CC mode off (nvidia_gpu_tools.py \
+             --set-cc-mode=off, then reset the GPU) or take it out of the MIG plan"
+        ))
+    } else if current && !pending {
+        Some(format!(
+            "GPU {i} ({uuid}) has a MIG mode change pending a GPU reset (current \
+             enabled, pending disabled): an administrator is taking it out of MIG; \
+             reset it (`nvidia-smi -r -i {i}`) or set MIG mode back (`nvidia-smi -i {i} \
+             -mig 1`) before slices are made on it again"
+        ))
+    } else {
+        None
     }
 }
