@@ -167,76 +167,98 @@ impl Mig {
             placement: Some((intent.placement_start, intent.placement_size)),
             ..at
         };
-        let uuid = intent.gpu_uuid.as_str();
         match made {
-            Some(slice) => {
-                let at = At {
-                    gi: Some(slice.gi_id),
-                    ..at
-                };
-                let mut gi: b::nvmlGpuInstance_t = std::ptr::null_mut();
-                let rc = raw!(
-                    self,
-                    at,
-                    "nvmlDeviceGetGpuInstanceById",
-                    nvmlDeviceGetGpuInstanceById,
-                    dev,
-                    slice.gi_id,
-                    &mut gi
-                )?;
-                if rc == NOT_FOUND || rc == INVALID_ARGUMENT {
-                    return Ok(Self::gone(gpu_index, uuid, Some(slice.gi_id), None));
-                }
-                if rc != SUCCESS {
-                    return Err(nvml_err(at, "nvmlDeviceGetGpuInstanceById", rc));
-                }
-                let info = self.gi_info(gi, &at)?;
-                if info.placement.start != intent.placement_start
-                    || info.profileId != intent.gi_profile_id
-                {
-                    // The id was reused by someone else's GI: ours is gone; do not touch theirs.
+            Some(slice) => self.destroy_recorded(dev, gpu_index, at, intent, slice),
+            None => self.destroy_unrecorded(dev, gpu_index, &at, intent, claimed),
+        }
+    }
+
+    /// The slice the journal recorded as made, by its GI id, unless that id now names
+    /// another GI.
+    fn destroy_recorded(
+        &self,
+        dev: b::nvmlDevice_t,
+        gpu_index: u32,
+        at: At,
+        intent: &MigIntent,
+        slice: &MigSlice,
+    ) -> Result<Teardown> {
+        let uuid = intent.gpu_uuid.as_str();
+        let at = At {
+            gi: Some(slice.gi_id),
+            ..at
+        };
+        let mut gi: b::nvmlGpuInstance_t = std::ptr::null_mut();
+        let rc = raw!(
+            self,
+            at,
+            "nvmlDeviceGetGpuInstanceById",
+            nvmlDeviceGetGpuInstanceById,
+            dev,
+            slice.gi_id,
+            &mut gi
+        )?;
+        if rc == NOT_FOUND || rc == INVALID_ARGUMENT {
+            return Ok(Self::gone(gpu_index, uuid, Some(slice.gi_id), None));
+        }
+        if rc != SUCCESS {
+            return Err(nvml_err(at, "nvmlDeviceGetGpuInstanceById", rc));
+        }
+        let info = self.gi_info(gi, &at)?;
+        if info.placement.start != intent.placement_start || info.profileId != intent.gi_profile_id
+        {
+            // The id was reused by someone else's GI: ours is gone; do not touch theirs.
+            return Ok(Self::gone(
+                gpu_index,
+                uuid,
+                Some(slice.gi_id),
+                Some(format!(
+                    "GI {} now is profile id {} at placement {}:{}, not this job's; left alone",
+                    slice.gi_id, info.profileId, info.placement.start, info.placement.size
+                )),
+            ));
+        }
+        self.teardown_gi(gi, slice.gi_id, gpu_index, uuid, &at, Some(slice.ci_id))
+    }
+
+    /// A slice with no recorded result: the GI at the intent's placement and profile, unless
+    /// another job journaled it as made.
+    fn destroy_unrecorded(
+        &self,
+        dev: b::nvmlDevice_t,
+        gpu_index: u32,
+        at: &At,
+        intent: &MigIntent,
+        claimed: &[(String, u32)],
+    ) -> Result<Teardown> {
+        let uuid = intent.gpu_uuid.as_str();
+        let model = GpuModel::from_nvml_name(
+            &self
+                .nvml
+                .device_by_index(gpu_index)
+                .and_then(|d| d.name())
+                .unwrap_or_default(),
+        );
+        for (gi, info) in self.gis_of(dev, model, at)? {
+            if info.placement.start == intent.placement_start
+                && info.profileId == intent.gi_profile_id
+            {
+                if claimed.iter().any(|(u, id)| u == uuid && *id == info.id) {
                     return Ok(Self::gone(
                         gpu_index,
                         uuid,
-                        Some(slice.gi_id),
+                        Some(info.id),
                         Some(format!(
-                            "GI {} now is profile id {} at placement {}:{}, not this job's; left alone",
-                            slice.gi_id, info.profileId, info.placement.start, info.placement.size
+                            "GI {} at placement {}:{} is another job's (journaled \
+                             as made); left alone",
+                            info.id, info.placement.start, info.placement.size
                         )),
                     ));
                 }
-                self.teardown_gi(gi, slice.gi_id, gpu_index, uuid, &at, Some(slice.ci_id))
-            }
-            None => {
-                let model = GpuModel::from_nvml_name(
-                    &self
-                        .nvml
-                        .device_by_index(gpu_index)
-                        .and_then(|d| d.name())
-                        .unwrap_or_default(),
-                );
-                for (gi, info) in self.gis_of(dev, model, &at)? {
-                    if info.placement.start == intent.placement_start
-                        && info.profileId == intent.gi_profile_id
-                    {
-                        if claimed.iter().any(|(u, id)| u == uuid && *id == info.id) {
-                            return Ok(Self::gone(
-                                gpu_index,
-                                uuid,
-                                Some(info.id),
-                                Some(format!(
-                                    "GI {} at placement {}:{} is another job's (journaled \
-                                     as made); left alone",
-                                    info.id, info.placement.start, info.placement.size
-                                )),
-                            ));
-                        }
-                        return self.teardown_gi(gi, info.id, gpu_index, uuid, &at, None);
-                    }
-                }
-                Ok(Self::gone(gpu_index, uuid, None, None))
+                return self.teardown_gi(gi, info.id, gpu_index, uuid, at, None);
             }
         }
+        Ok(Self::gone(gpu_index, uuid, None, None))
     }
 
     /// Destroy one GI (and its CIs) by id, for reconcile. Idempotent.
