@@ -261,6 +261,14 @@ struct Sent {
     anchors: AnchorPosition,
 }
 
+/// Messages framed for one write, and what each of them is.
+struct Batch {
+    buf: Vec<u8>,
+    sent: Vec<Sent>,
+    /// After the last anchor framed so far.
+    anchor_pos: AnchorPosition,
+}
+
 /// Everything about forwarding to one collector.
 struct Stream {
     collector: Collector,
@@ -448,99 +456,107 @@ impl Stream {
         if self.conn.is_none() && Instant::now() < self.next_try {
             return Ok(0);
         }
+        let batch = self.next_batch(config)?;
+        if batch.sent.is_empty() {
+            return Ok(0);
+        }
+        self.ensure_connected(config)?;
+        let n = batch.sent.len();
+        self.send(batch)?;
+        Ok(n)
+    }
+
+    /// Frames the records the log holds past what was sent, each after the anchors of the
+    /// records before it.
+    fn next_batch(&mut self, config: &Config) -> Result<Batch, String> {
         let lines: Vec<Line> = self
             .reader
             .next(256 * 1024)
             .map_err(|e| format!("reading {}: {e}", config.cluster.audit_log.display()))?;
-        let mut buf = Vec::with_capacity(64 * 1024);
-        let mut batch: Vec<Sent> = Vec::new();
-        let mut anchor_pos = self.anchors.pos.clone();
-        let mut n = 0;
-        let push_anchors = |me: &mut Self,
-                            upto: u64,
-                            buf: &mut Vec<u8>,
-                            batch: &mut Vec<Sent>,
-                            anchor_pos: &mut AnchorPosition,
-                            n: &mut usize|
-         -> Result<(), String> {
-            for (body, pos) in me
-                .anchors
-                .next(upto)
-                .map_err(|e| format!("reading the anchor file: {e}"))?
-            {
-                let host = tenancy_audit::ParsedAnchor::parse(&body)
-                    .map(|p| p.node)
-                    .unwrap_or_default();
-                frame(buf, &Utc::now(), &host, "anchor", body.as_bytes());
-                *anchor_pos = pos.clone();
-                batch.push(Sent {
-                    record: None,
-                    anchors: pos,
-                });
-                *n += 1;
-            }
-            Ok(())
+        let mut batch = Batch {
+            buf: Vec::with_capacity(64 * 1024),
+            sent: Vec::new(),
+            anchor_pos: self.anchors.pos.clone(),
         };
-        push_anchors(
-            self,
-            self.sent_seq,
-            &mut buf,
-            &mut batch,
-            &mut anchor_pos,
-            &mut n,
-        )?;
+        self.frame_anchors(&mut batch)?;
         for l in lines {
             if l.seq <= self.sent_seq {
                 continue;
             }
             frame(
-                &mut buf,
+                &mut batch.buf,
                 &l.time.unwrap_or_else(Utc::now),
                 &l.node,
                 "record",
                 &l.bytes,
             );
             self.sent_seq = l.seq;
-            batch.push(Sent {
+            batch.sent.push(Sent {
                 record: Some((l.after.clone(), l.time)),
-                anchors: anchor_pos.clone(),
+                anchors: batch.anchor_pos.clone(),
             });
-            n += 1;
             // The anchors of the records up to here.
-            push_anchors(
-                self,
-                self.sent_seq,
-                &mut buf,
-                &mut batch,
-                &mut anchor_pos,
-                &mut n,
-            )?;
+            self.frame_anchors(&mut batch)?;
         }
-        if batch.is_empty() {
-            return Ok(0);
+        Ok(batch)
+    }
+
+    /// Frames the anchor lines of the records sent so far.
+    fn frame_anchors(&mut self, batch: &mut Batch) -> Result<(), String> {
+        for (body, pos) in self
+            .anchors
+            .next(self.sent_seq)
+            .map_err(|e| format!("reading the anchor file: {e}"))?
+        {
+            let host = tenancy_audit::ParsedAnchor::parse(&body)
+                .map(|p| p.node)
+                .unwrap_or_default();
+            frame(
+                &mut batch.buf,
+                &Utc::now(),
+                &host,
+                "anchor",
+                body.as_bytes(),
+            );
+            batch.anchor_pos = pos.clone();
+            batch.sent.push(Sent {
+                record: None,
+                anchors: pos,
+            });
         }
-        if self.conn.is_none() {
-            let tls = tls_config(config).map_err(|e| format!("{e:#}"))?;
-            let conn = connect(&self.collector, &tls)?;
-            if let Some(since) = self.failing_since.take() {
-                say(&format!(
-                    "collector {} reachable again after {:.1} s; sending from seq {}",
-                    self.collector,
-                    since.elapsed().as_secs_f64(),
-                    self.cursor.record.seq + 1
-                ));
-            }
-            self.backoff = Duration::from_millis(500);
-            self.conn = Some(conn);
-            self.session_started = Instant::now();
+        Ok(())
+    }
+
+    /// Opens a session when none is open (after an outage, says it is over).
+    fn ensure_connected(&mut self, config: &Config) -> Result<(), String> {
+        if self.conn.is_some() {
+            return Ok(());
         }
-        let conn = self.conn.as_mut().expect("connected above");
-        conn.write_all(&buf)
+        let tls = tls_config(config).map_err(|e| format!("{e:#}"))?;
+        let conn = connect(&self.collector, &tls)?;
+        if let Some(since) = self.failing_since.take() {
+            say(&format!(
+                "collector {} reachable again after {:.1} s; sending from seq {}",
+                self.collector,
+                since.elapsed().as_secs_f64(),
+                self.cursor.record.seq + 1
+            ));
+        }
+        self.backoff = Duration::from_millis(500);
+        self.conn = Some(conn);
+        self.session_started = Instant::now();
+        Ok(())
+    }
+
+    /// Writes a batch to the session; its messages wait for the session's end to be confirmed.
+    fn send(&mut self, batch: Batch) -> Result<(), String> {
+        let conn = self.conn.as_mut().expect("connected before");
+        conn.write_all(&batch.buf)
             .and_then(|()| conn.flush())
             .map_err(|e| format!("collector {}: sending: {e}", self.collector))?;
         // A record's position carries the anchors sent before it: fill them in order.
         let mut last_anchor = self.cursor.anchors.clone();
-        for mut s in batch {
+        for mut s in batch.sent {
             if s.record.is_none() {
                 last_anchor = s.anchors.clone();
             } else if s.anchors == AnchorPosition::default() {
@@ -548,7 +564,7 @@ impl Stream {
             }
             self.unconfirmed.push_back(s);
         }
-        Ok(n)
+        Ok(())
     }
 
     /// Everything there now was sent and confirmed.
