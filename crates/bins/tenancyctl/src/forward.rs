@@ -603,8 +603,6 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
             list.join(", ")
         ),
     );
-    let confirm_after = Duration::from_millis(args.confirm_ms);
-    let poll = Duration::from_millis(args.poll_ms.max(1));
     let mut streams = Vec::new();
     for c in &config.audit.collectors {
         streams.push(Stream::new(config, c, args.resend_from)?);
@@ -613,8 +611,23 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     let target = crate::chain::log_files(&config.cluster.audit_log)?
         .last()
         .map_or(0, |f| f.last_seq);
+    let code = forward_until_stopped(config, args, &mut streams, &stop, target);
+    finish(config, args, &mut streams);
+    Ok(code)
+}
+
+/// Sends and confirms, stream by stream, until a signal comes or, with --once, every
+/// collector confirmed `target` (or the timeout passed: FAILURE).
+fn forward_until_stopped(
+    config: &Config,
+    args: &ForwardArgs,
+    streams: &mut [Stream],
+    stop: &AtomicBool,
+    target: u64,
+) -> ExitCode {
+    let confirm_after = Duration::from_millis(args.confirm_ms);
+    let poll = Duration::from_millis(args.poll_ms.max(1));
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    let mut code = ExitCode::SUCCESS;
     loop {
         let mut sent = 0;
         for s in streams.iter_mut() {
@@ -627,27 +640,29 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
             }
         }
         if stop.load(Ordering::Relaxed) {
-            break;
+            return ExitCode::SUCCESS;
         }
         if args.once {
             let done = streams
                 .iter()
                 .all(|s| s.caught_up() && s.cursor.record.seq >= target);
             if done {
-                break;
+                return ExitCode::SUCCESS;
             }
             if Instant::now() > deadline {
                 say("--once: not every collector caught up in time");
-                code = ExitCode::FAILURE;
-                break;
+                return ExitCode::FAILURE;
             }
         }
         if sent == 0 {
             std::thread::sleep(poll);
         }
     }
-    // Stopping: the stop is recorded and sent too, and what was sent gets its chance to be
-    // confirmed before the cursors are saved.
+}
+
+/// Stopping: the stop is recorded and sent too, and what was sent gets its chance to be
+/// confirmed before the cursors are saved.
+fn finish(config: &Config, args: &ForwardArgs, streams: &mut [Stream]) {
     audit_record(
         config,
         Event::ForwardStopped,
@@ -663,6 +678,7 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     );
     // Each collector that is reachable gets the rest (the stop record too) and confirms it
     // now; one that is not keeps its cursor, and the next run sends again from there.
+    let confirm_after = Duration::from_millis(args.confirm_ms);
     let until = Instant::now() + CLOSE_WAIT + Duration::from_secs(2);
     for s in streams.iter_mut().filter(|s| s.failing_since.is_none()) {
         s.next_try = Instant::now();
@@ -682,7 +698,6 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
         }
         s.save();
     }
-    Ok(code)
 }
 
 #[cfg(test)]
