@@ -62,151 +62,163 @@ pub fn generate(
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut job_id = 1000u64;
     for n in 0..nodes {
-        let node = format!("gpu{n:03}");
-        let mut seq = 0u64;
-        let mut prev = GENESIS.to_string();
-        let mut clock = base + TimeDelta::milliseconds(rng.i64(0..3_600_000));
-        let mut open: Vec<Open> = Vec::new();
-        let mut emit = |rec: &mut Record, seq: &mut u64, prev: &mut String| {
-            *seq += 1;
-            let line = rec.seal(*seq, prev).expect("serialize");
-            *prev = rec.hash.clone();
-            sink(n, &line);
+        let mut log = NodeLog {
+            n,
+            node: format!("gpu{n:03}"),
+            seq: 0,
+            prev: GENESIS.to_string(),
+            clock: base + TimeDelta::milliseconds(rng.i64(0..3_600_000)),
+            open: Vec::new(),
+            sink: &mut sink,
+            truth: &mut truth,
         };
-        while (seq as usize) < records_per_node {
-            clock += TimeDelta::milliseconds(rng.i64(1..7_200_000));
+        while (log.seq as usize) < records_per_node {
+            log.clock += TimeDelta::milliseconds(rng.i64(1..7_200_000));
             let roll = rng.u32(0..100);
-            if !open.is_empty() && (open.len() >= 4 || roll < 45) {
-                // end a random open job
-                let j = open.swap_remove(rng.usize(0..open.len()));
-                let (pname, slices) = PROFILES[j.profile];
-                let drops = if rng.bool() { rng.u64(0..1000) } else { 0 };
-                let mut r = Record::new(
-                    "c1",
-                    &node,
-                    &j.user,
-                    j.uid,
-                    Event::JobEnd,
-                    Outcome::Success,
-                    "tenancy-epilog",
-                )
-                .time(clock)
-                .job_id(j.job_id)
-                .tenant(TENANTS[j.tenant])
-                .tier(TIERS[j.tenant % 2])
-                .resource(Resource::new(
-                    "mig",
-                    ResourceAction::Removed,
-                    format!("gi-{}", j.job_id),
-                ));
-                // 75 %: job_end carries started/profile/slices; else the report must pair.
-                if rng.u32(0..4) != 0 {
-                    r = r.started(j.start).profile(pname).compute_slices(slices);
-                }
-                if drops > 0 {
-                    r = r.firewall_drops(drops);
-                }
-                emit(&mut r, &mut seq, &mut prev);
-                truth(Truth::Job {
-                    tenant: TENANTS[j.tenant].into(),
-                    user: j.user.clone(),
-                    node: node.clone(),
-                    profile: pname.into(),
-                    slices,
-                    start: trunc(j.start),
-                    end: Some(trunc(clock)),
-                    drops,
-                });
-                if rng.u32(0..50) == 0 && (seq as usize) < records_per_node {
-                    let mut r = Record::new(
-                        "c1",
-                        &node,
-                        &j.user,
-                        j.uid,
-                        Event::TeardownFailed,
-                        Outcome::Failure,
-                        "tenancy-epilog",
-                    )
-                    .time(clock)
-                    .job_id(j.job_id)
-                    .tenant(TENANTS[j.tenant])
-                    .reason("nft table busy")
-                    .resource(
-                        Resource::new("network", ResourceAction::Failed, "tenancy-job")
-                            .detail("errno", 16),
-                    );
-                    emit(&mut r, &mut seq, &mut prev);
-                    truth(Truth::TeardownFailed {
-                        tenant: TENANTS[j.tenant].into(),
-                        time: trunc(clock),
-                    });
-                }
+            if !log.open.is_empty() && (log.open.len() >= 4 || roll < 45) {
+                log.end_job(&mut rng, records_per_node);
                 continue;
             }
             job_id += 1;
-            let tenant = rng.usize(0..TENANTS.len());
-            let uid = 2000 + rng.u32(0..40);
-            let user = format!("u{uid}");
-            let profile = rng.usize(0..PROFILES.len());
-            let (pname, slices) = PROFILES[profile];
-            let kind = rng.u32(0..100);
-            if kind < 8 {
-                let mut r = Record::new(
-                    "c1",
-                    &node,
-                    &user,
-                    uid,
-                    Event::JobDenied,
-                    Outcome::Denied,
-                    "tenancy-prolog",
+            log.start_job(&mut rng, job_id);
+        }
+        log.still_open();
+    }
+}
+
+/// One node's log as it is written: its chain, its clock and its open jobs.
+struct NodeLog<'a> {
+    n: usize,
+    node: String,
+    seq: u64,
+    prev: String,
+    clock: DateTime<Utc>,
+    open: Vec<Open>,
+    sink: &'a mut dyn FnMut(usize, &[u8]),
+    truth: &'a mut dyn FnMut(Truth),
+}
+
+impl NodeLog<'_> {
+    /// Seals `rec` into the node's chain and hands the line to the sink.
+    fn emit(&mut self, rec: &mut Record) {
+        self.seq += 1;
+        let line = rec.seal(self.seq, &self.prev).expect("serialize");
+        self.prev = rec.hash.clone();
+        (self.sink)(self.n, &line);
+    }
+
+    /// A record of the node, now.
+    fn record(
+        &self,
+        user: &str,
+        uid: u32,
+        event: Event,
+        outcome: Outcome,
+        program: &str,
+    ) -> Record {
+        Record::new("c1", &self.node, user, uid, event, outcome, program).time(self.clock)
+    }
+
+    /// Ends a random open job (job_end), its teardown failing now and then.
+    fn end_job(&mut self, rng: &mut fastrand::Rng, records_per_node: usize) {
+        let j = self.open.swap_remove(rng.usize(0..self.open.len()));
+        let (pname, slices) = PROFILES[j.profile];
+        let drops = if rng.bool() { rng.u64(0..1000) } else { 0 };
+        let mut r = self
+            .record(
+                &j.user,
+                j.uid,
+                Event::JobEnd,
+                Outcome::Success,
+                "tenancy-epilog",
+            )
+            .job_id(j.job_id)
+            .tenant(TENANTS[j.tenant])
+            .tier(TIERS[j.tenant % 2])
+            .resource(Resource::new(
+                "mig",
+                ResourceAction::Removed,
+                format!("gi-{}", j.job_id),
+            ));
+        // 75 %: job_end carries started/profile/slices; else the report must pair.
+        if rng.u32(0..4) != 0 {
+            r = r.started(j.start).profile(pname).compute_slices(slices);
+        }
+        if drops > 0 {
+            r = r.firewall_drops(drops);
+        }
+        self.emit(&mut r);
+        (self.truth)(Truth::Job {
+            tenant: TENANTS[j.tenant].into(),
+            user: j.user.clone(),
+            node: self.node.clone(),
+            profile: pname.into(),
+            slices,
+            start: trunc(j.start),
+            end: Some(trunc(self.clock)),
+            drops,
+        });
+        if rng.u32(0..50) == 0 && (self.seq as usize) < records_per_node {
+            let mut r = self
+                .record(
+                    &j.user,
+                    j.uid,
+                    Event::TeardownFailed,
+                    Outcome::Failure,
+                    "tenancy-epilog",
                 )
-                .time(clock)
+                .job_id(j.job_id)
+                .tenant(TENANTS[j.tenant])
+                .reason("nft table busy")
+                .resource(
+                    Resource::new("network", ResourceAction::Failed, "tenancy-job")
+                        .detail("errno", 16),
+                );
+            self.emit(&mut r);
+            (self.truth)(Truth::TeardownFailed {
+                tenant: TENANTS[j.tenant].into(),
+                time: trunc(self.clock),
+            });
+        }
+    }
+
+    /// A new job `job_id`: refused (8 %), rolled back (4 %), or started and left open.
+    fn start_job(&mut self, rng: &mut fastrand::Rng, job_id: u64) {
+        let tenant = rng.usize(0..TENANTS.len());
+        let uid = 2000 + rng.u32(0..40);
+        let user = format!("u{uid}");
+        let profile = rng.usize(0..PROFILES.len());
+        let (pname, slices) = PROFILES[profile];
+        let kind = rng.u32(0..100);
+        let prolog = |event, outcome| {
+            self.record(&user, uid, event, outcome, "tenancy-prolog")
                 .job_id(job_id)
                 .tenant(TENANTS[tenant])
+        };
+        if kind < 8 {
+            let mut r = prolog(Event::JobDenied, Outcome::Denied)
                 .profile(pname)
                 .reason("quota exceeded");
-                emit(&mut r, &mut seq, &mut prev);
-                truth(Truth::Denied {
-                    tenant: TENANTS[tenant].into(),
-                    time: trunc(clock),
-                });
-            } else if kind < 12 {
-                let mut r = Record::new(
-                    "c1",
-                    &node,
-                    &user,
-                    uid,
-                    Event::Rollback,
-                    Outcome::Success,
-                    "tenancy-prolog",
-                )
-                .time(clock)
-                .job_id(job_id)
-                .tenant(TENANTS[tenant])
+            self.emit(&mut r);
+            (self.truth)(Truth::Denied {
+                tenant: TENANTS[tenant].into(),
+                time: trunc(self.clock),
+            });
+        } else if kind < 12 {
+            let mut r = prolog(Event::Rollback, Outcome::Success)
                 .reason("nft: failed to add rule")
                 .resource(Resource::new(
                     "mig",
                     ResourceAction::Removed,
                     format!("gi-{job_id}"),
                 ));
-                emit(&mut r, &mut seq, &mut prev);
-                truth(Truth::Rollback {
-                    tenant: TENANTS[tenant].into(),
-                    time: trunc(clock),
-                });
-            } else {
-                let mut r = Record::new(
-                    "c1",
-                    &node,
-                    &user,
-                    uid,
-                    Event::JobStart,
-                    Outcome::Success,
-                    "tenancy-prolog",
-                )
-                .time(clock)
-                .job_id(job_id)
-                .tenant(TENANTS[tenant])
+            self.emit(&mut r);
+            (self.truth)(Truth::Rollback {
+                tenant: TENANTS[tenant].into(),
+                time: trunc(self.clock),
+            });
+        } else {
+            let mut r = prolog(Event::JobStart, Outcome::Success)
                 .tier(TIERS[tenant % 2])
                 .profile(pname)
                 .compute_slices(slices)
@@ -230,23 +242,26 @@ pub fn generate(
                     ResourceAction::Made,
                     format!("tenancy-{job_id}"),
                 ));
-                emit(&mut r, &mut seq, &mut prev);
-                open.push(Open {
-                    job_id,
-                    tenant,
-                    user: user.clone(),
-                    uid,
-                    profile,
-                    start: clock,
-                });
-            }
+            self.emit(&mut r);
+            self.open.push(Open {
+                job_id,
+                tenant,
+                user: user.clone(),
+                uid,
+                profile,
+                start: self.clock,
+            });
         }
-        for j in open {
+    }
+
+    /// The ground truth of the jobs still running at the end of the log.
+    fn still_open(self) {
+        for j in self.open {
             let (pname, slices) = PROFILES[j.profile];
-            truth(Truth::Job {
+            (self.truth)(Truth::Job {
                 tenant: TENANTS[j.tenant].into(),
                 user: j.user,
-                node: node.clone(),
+                node: self.node.clone(),
                 profile: pname.into(),
                 slices,
                 start: trunc(j.start),
