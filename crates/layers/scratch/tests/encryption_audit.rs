@@ -3,8 +3,7 @@
 //! encryption, the job folder made plain (live and retained) is reported, the encrypted one is
 //! not; another tenant's plain folder is not either.
 mod common;
-#[path = "common/loopfs.rs"]
-mod loopfs;
+use tenancy_test_support::loopfs;
 
 use common::*;
 use tenancy_scratch::*;

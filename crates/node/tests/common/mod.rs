@@ -10,8 +10,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use tenancy_audit::{verify_paths, AnchorSet, Record};
 
-#[path = "../../../layers/scratch/tests/common/loopfs.rs"]
-pub mod loopfs;
+pub use tenancy_test_support::loopfs;
 
 /// What a command did, for a failure message.
 pub use tenancy_test_support::output_text as text;

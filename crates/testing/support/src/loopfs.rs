@@ -1,7 +1,6 @@
 //! A file system of a test's own, mounted in its folder and removed on drop: ext4 on a loop
-//! device (made with `mkfs.ext4 -O encrypt`, or without the feature), or a tmpfs. Shared by
-//! the scratch layer's and the node's tests (`#[path]`).
-#![allow(dead_code)]
+//! device (made with `mkfs.ext4 -O encrypt`, or without the feature), or a tmpfs. The scratch
+//! layer's and the node's tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
