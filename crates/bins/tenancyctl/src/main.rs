@@ -72,7 +72,7 @@ enum Command {
     /// Retained encrypted scratch: unlock (its key added again) or lock a job's folder
     Scratch(scratch::ScratchArgs),
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
-    StorageAudit(tenancy_scratch::AuditArgs),
+    StorageAudit(tenancy_storage_audit::AuditArgs),
     /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
     /// and audit chain head as OpenMetrics text (node_exporter's textfile collector)
     Metrics(metrics::MetricsArgs),
@@ -247,7 +247,7 @@ fn load_for_adopt(explicit: Option<&std::path::Path>) -> anyhow::Result<Config> 
 /// uids, so a file a user of another tenant owns, or a `user:` ACL entry naming one, is seen
 /// for what it gives. A user in several tenants is mapped to none (the audit asks what one
 /// tenant's members get that the other's do not), and root to none (it gets everything).
-fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
+fn tenant_map(config: &Config) -> tenancy_storage_audit::TenantMap {
     let members = config.member_uids();
     let mut tenants_of = std::collections::HashMap::<u32, usize>::new();
     for uids in members.values() {
@@ -255,7 +255,7 @@ fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
             *tenants_of.entry(u).or_default() += 1;
         }
     }
-    let mut map = tenancy_scratch::TenantMap::new();
+    let mut map = tenancy_storage_audit::TenantMap::new();
     for t in config.tenants.values() {
         let gids: Vec<u32> = t.groups.iter().filter_map(|g| group_gid(g)).collect();
         let uids = members[&t.name]
@@ -377,7 +377,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Devices(args) => devices::run(args),
         Command::StorageAudit(args) => {
-            tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
+            tenancy_storage_audit::run_storage_audit(&args, &tenant_map(&load(config)?))
         }
         Command::Metrics(args) => metrics::run(&load(config)?, &args),
         Command::Scratch(args) => scratch::run(&load(config)?, &args),

@@ -9,6 +9,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use tenancy_scratch::*;
+use tenancy_storage_audit::{run_storage_audit, AuditArgs, TenantMap};
 
 #[derive(Parser)]
 struct Cli {

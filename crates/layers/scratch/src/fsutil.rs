@@ -1,4 +1,5 @@
-//! Symlink-safe directory helpers on file descriptors.
+//! Symlink-safe directory helpers on file descriptors (the scratch layer's, and storage-audit's
+//! walk).
 
 use crate::{io_err, unsafe_path, Result};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -8,7 +9,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub(crate) const DIR_FLAGS: OFlags = OFlags::RDONLY
+/// How a folder below a root is opened: read-only, a folder, never through a symlink.
+pub const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
     .union(OFlags::NOFOLLOW)
     .union(OFlags::CLOEXEC);
@@ -26,7 +28,7 @@ pub(crate) fn open_beneath(dir: &OwnedFd, name: &str) -> std::result::Result<Own
 /// [`open_beneath`] that also stays on `dir`'s mount (the storage audit's walk): EXDEV when a
 /// component is a mount point. Without `openat2` the check is each component's file system
 /// (st_dev) against `dir`'s, as the walk itself checks the entries it descends into.
-pub(crate) fn open_beneath_same_fs(
+pub fn open_beneath_same_fs(
     dir: &OwnedFd,
     name: &Path,
 ) -> std::result::Result<OwnedFd, Errno> {

@@ -1,9 +1,10 @@
 //! storage-audit against planted leaks, each cross-checked with the kernel by a real user of the
 //! other tenant; a clean tree gives no findings.
-mod common;
-use common::*;
 use std::path::{Path, PathBuf};
 use tenancy_scratch::*;
+use tenancy_storage_audit::*;
+use tenancy_test_support::users::*;
+use tenancy_test_support::{requires_root, seccomp};
 
 // Field order = drop order: users go before their groups.
 struct Fixture {

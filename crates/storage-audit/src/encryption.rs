@@ -4,8 +4,7 @@
 //! ([`TenantMap::require_encrypted_scratch`]), where a PATH of the audit reaches.
 
 use super::{normalize, Finding, Rule, TenantMap};
-use crate::fscrypt;
-use crate::RETAINED_DIR;
+use tenancy_scratch::{fscrypt, RETAINED_DIR};
 use std::path::{Path, PathBuf};
 
 /// The job folders of `dir` (`job_<id>` in a tenant folder, `job_<id>.<secs>` in

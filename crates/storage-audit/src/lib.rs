@@ -11,10 +11,9 @@
 //! A member of U is assumed to hold every gid and uid listed for U. Symlinks are never followed;
 //! the walk stays on the file system of each PATH.
 
-pub mod acl;
 mod encryption;
 
-use acl::{perm_str, Acl, ACL_GROUP, ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
+use tenancy_scratch::acl::{perm_str, Acl, ACL_GROUP, ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
 use anyhow::{bail, Context as _};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, Stat};
 use rustix::io::Errno;
@@ -29,7 +28,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::fsutil::{open_beneath_same_fs, DIR_FLAGS};
+use tenancy_scratch::fsutil::{open_beneath_same_fs, DIR_FLAGS};
 
 /// Ids that belong to one tenant.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
