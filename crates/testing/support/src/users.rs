@@ -121,6 +121,11 @@ impl Drop for User {
 pub struct Tree {
     pub dir: tempfile::TempDir,
 }
+impl Default for Tree {
+    fn default() -> Tree {
+        Tree::new()
+    }
+}
 impl Tree {
     pub fn new() -> Tree {
         let dir = tempfile::Builder::new()
