@@ -105,13 +105,10 @@ fn clean_tree_has_no_findings() {
         !f.b_reads(&f.j1().join("data.bin")),
         "kernel ground truth: B cannot read"
     );
-    let args = AuditArgs {
-        paths: vec![f.root.clone()],
-        format: Format::Json,
-        threads: Some(2),
-        no_progress: true,
-    };
-    let code = run_storage_audit(&args, &f.map).unwrap();
+    // What `tenancyctl storage-audit` exits with (its printing: tenancyctl's tests).
+    let code = audit_paths(std::slice::from_ref(&f.root), &f.map, Some(2), false)
+        .unwrap()
+        .exit_code();
     assert_eq!(
         format!("{code:?}"),
         format!("{:?}", std::process::ExitCode::SUCCESS)
@@ -144,13 +141,10 @@ fn finds_world_readable_file_that_others_can_reach() {
         "{:#?}",
         r.findings
     );
-    let args = AuditArgs {
-        paths: vec![f.root.clone()],
-        format: Format::Csv,
-        threads: None,
-        no_progress: true,
-    };
-    let code = run_storage_audit(&args, &f.map).unwrap();
+    // What `tenancyctl storage-audit` exits with (its printing: tenancyctl's tests).
+    let code = audit_paths(std::slice::from_ref(&f.root), &f.map, None, false)
+        .unwrap()
+        .exit_code();
     assert_eq!(
         format!("{code:?}"),
         format!("{:?}", std::process::ExitCode::from(1))

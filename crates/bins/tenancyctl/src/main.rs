@@ -19,6 +19,7 @@ mod rotate;
 mod sacct;
 mod scratch;
 mod statement;
+mod storage_audit;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -72,7 +73,7 @@ enum Command {
     /// Retained encrypted scratch: unlock (its key added again) or lock a job's folder
     Scratch(scratch::ScratchArgs),
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
-    StorageAudit(tenancy_storage_audit::AuditArgs),
+    StorageAudit(storage_audit::AuditArgs),
     /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
     /// and audit chain head as OpenMetrics text (node_exporter's textfile collector)
     Metrics(metrics::MetricsArgs),
@@ -377,7 +378,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Devices(args) => devices::run(args),
         Command::StorageAudit(args) => {
-            tenancy_storage_audit::run_storage_audit(&args, &tenant_map(&load(config)?))
+            storage_audit::run_storage_audit(&args, &tenant_map(&load(config)?))
         }
         Command::Metrics(args) => metrics::run(&load(config)?, &args),
         Command::Scratch(args) => scratch::run(&load(config)?, &args),
