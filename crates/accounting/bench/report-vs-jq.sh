@@ -11,7 +11,7 @@ DATA=${DATA:-$CARGO_TARGET_DIR/bench-data-$N}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-cargo build -q --release -p tenancy-audit --example report_bench --example gen_logs
+cargo build -q --release -p tenancy-accounting --example report_bench --example gen_logs
 bin=$CARGO_TARGET_DIR/release/examples
 if [ ! -f "$DATA/.complete" ]; then
   echo "generating $N records on $NODES nodes into $DATA ..."

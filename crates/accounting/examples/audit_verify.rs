@@ -4,9 +4,9 @@ use clap::Parser;
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    args: tenancy_audit::VerifyArgs,
+    args: tenancy_accounting::VerifyArgs,
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
-    tenancy_audit::run_verify(Cli::parse().args)
+    tenancy_accounting::run_verify(Cli::parse().args)
 }

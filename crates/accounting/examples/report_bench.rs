@@ -4,9 +4,9 @@ use clap::Parser;
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    args: tenancy_audit::ReportArgs,
+    args: tenancy_accounting::ReportArgs,
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
-    tenancy_audit::run_report(Cli::parse().args)
+    tenancy_accounting::run_report(Cli::parse().args)
 }

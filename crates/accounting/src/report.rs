@@ -25,8 +25,8 @@ use anyhow::{bail, Context};
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::record::ts;
 use crate::{expand_paths, Format};
+use tenancy_audit_log::record::ts;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]

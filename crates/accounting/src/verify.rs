@@ -8,10 +8,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::anchor::{AnchorKey, AnchorSet, AnchorTrust, NodeAnchors, Origin};
-use crate::record::{check_line_hash, Event, LineHash, Record, GENESIS};
-use crate::sign::PublicKeys;
 use crate::{expand_paths, Format};
+use tenancy_audit_log::anchor::{AnchorKey, AnchorSet, AnchorTrust, NodeAnchors, Origin};
+use tenancy_audit_log::record::{check_line_hash, Event, LineHash, Record, GENESIS};
+use tenancy_audit_log::sign::PublicKeys;
 
 /// What is wrong with a record (or with the end of a chain).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -3,10 +3,11 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use tenancy_audit::record::{check_line_hash, LineHash};
-use tenancy_audit::{
-    anchor_line, send_anchor_to, verify_paths, AnchorSet, AuditError, AuditLog, Event, FindingKind,
-    Outcome, Record, Resource, ResourceAction, SyslogStatus, GENESIS,
+use tenancy_accounting::{verify_paths, FindingKind};
+use tenancy_audit_log::record::{check_line_hash, LineHash};
+use tenancy_audit_log::{
+    anchor_line, send_anchor_to, AnchorSet, AuditError, AuditLog, Event, Outcome, Record, Resource,
+    ResourceAction, SyslogStatus, GENESIS,
 };
 
 fn rec(i: u64) -> Record {
@@ -53,7 +54,7 @@ fn write_lines(p: &Path, l: &[String]) {
     std::fs::write(p, s).unwrap();
 }
 
-fn verify(p: &Path, anchors: &AnchorSet) -> tenancy_audit::VerifyReport {
+fn verify(p: &Path, anchors: &AnchorSet) -> tenancy_accounting::VerifyReport {
     verify_paths(&[p.to_path_buf()], anchors, 100).unwrap()
 }
 
@@ -72,7 +73,7 @@ fn append_fills_chain_and_round_trips() {
         let cut = l.rfind(",\"hash\":\"").unwrap();
         let canonical = format!("{}}}", &l[..cut]);
         assert_eq!(
-            tenancy_audit::record::canonical_hash(canonical.as_bytes()),
+            tenancy_audit_log::record::canonical_hash(canonical.as_bytes()),
             r.hash
         );
         assert!(matches!(check_line_hash(l.as_bytes()), LineHash::Valid(_)));
@@ -466,7 +467,7 @@ fn syslog_anchor_reaches_a_datagram_socket() {
         "{msg}"
     );
     assert_eq!(
-        tenancy_audit::parse_anchor_line(msg),
+        tenancy_audit_log::parse_anchor_line(msg),
         Some(("gpu001".to_string(), 42, "b".repeat(64)))
     );
     let st = send_anchor_to(&sock_path, "bad node", 1, &"b".repeat(64), None, None);
@@ -477,18 +478,18 @@ fn syslog_anchor_reaches_a_datagram_socket() {
 fn run_verify_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let p = make_log(dir.path(), 4);
-    let args = tenancy_audit::VerifyArgs {
+    let args = tenancy_accounting::VerifyArgs {
         anchors: vec![],
         anchor_key: None,
         public_keys: None,
         require_clock_sync: false,
-        format: tenancy_audit::Format::Json,
+        format: tenancy_accounting::Format::Json,
         max_findings: 10,
         all_nodes: false,
         paths: vec![dir.path().to_path_buf()],
     };
     assert_eq!(
-        tenancy_audit::run_verify(args.clone()).unwrap(),
+        tenancy_accounting::run_verify(args.clone()).unwrap(),
         std::process::ExitCode::SUCCESS
     );
     let mut ls = lines(&p);
@@ -496,7 +497,7 @@ fn run_verify_exit_codes() {
     ls.remove(1);
     write_lines(&p, &ls);
     assert_eq!(
-        tenancy_audit::run_verify(args).unwrap(),
+        tenancy_accounting::run_verify(args).unwrap(),
         std::process::ExitCode::from(1)
     );
 }
@@ -594,7 +595,7 @@ fn concurrent_processes() {
 
 fn all_lines(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
-    for p in tenancy_audit::expand_paths(&[dir.to_path_buf()]).unwrap() {
+    for p in tenancy_accounting::expand_paths(&[dir.to_path_buf()]).unwrap() {
         out.extend(lines(&p));
     }
     out

@@ -4,7 +4,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tenancy_audit::{verify_paths, AnchorSet, AuditError, AuditLog, Event, Outcome, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, AuditError, AuditLog, Event, Outcome, Record};
 
 macro_rules! need_root {
     () => {

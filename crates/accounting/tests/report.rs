@@ -5,10 +5,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
-use tenancy_audit::report::{
+use tenancy_accounting::report::{
     aggregate_paths, parse_month, write_statement, Figures, GroupBy, Query,
 };
-use tenancy_audit::{AuditLog, Event, Format, Outcome, Record};
+use tenancy_accounting::Format;
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record};
 use tenancy_test_support::audit_logs::{self as gen, generate, Truth};
 
 fn write_logs(dir: &std::path::Path, seed: u64, nodes: usize, per_node: usize) -> Vec<Truth> {
@@ -236,7 +237,7 @@ fn filters_and_cli_args() {
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
-        a: tenancy_audit::ReportArgs,
+        a: tenancy_accounting::ReportArgs,
     }
     let cli = Cli::try_parse_from([
         "report",
@@ -263,7 +264,7 @@ fn filters_and_cli_args() {
         Cli::try_parse_from(["report", "--statement", "2026-11", "--by", "tenant", "x"]).is_err()
     );
     assert_eq!(
-        tenancy_audit::report::parse_bound("2026-11-30", true).unwrap(),
+        tenancy_accounting::report::parse_bound("2026-11-30", true).unwrap(),
         Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap()
     );
 
@@ -299,7 +300,7 @@ fn job_rec(job: u64, event: Event, outcome: Outcome, t: DateTime<Utc>) -> Record
     .time(t)
 }
 
-fn aggregate_records(recs: Vec<Record>, q: Query) -> tenancy_audit::report::Aggregate {
+fn aggregate_records(recs: Vec<Record>, q: Query) -> tenancy_accounting::report::Aggregate {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("gpu001.audit.jsonl");
     let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
@@ -409,7 +410,7 @@ fn group_values_may_hold_any_character() {
     assert_eq!(agg.groups[&key].denied, 1, "{:?}", agg.groups);
     let write = |format| {
         let mut out = Vec::new();
-        tenancy_audit::report::write_report(&mut out, &agg, format).unwrap();
+        tenancy_accounting::report::write_report(&mut out, &agg, format).unwrap();
         String::from_utf8(out).unwrap()
     };
     let table = write(Format::Table);

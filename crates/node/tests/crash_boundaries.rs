@@ -9,7 +9,7 @@ mod common;
 
 use common::{requires_root, text, World};
 use std::os::unix::process::ExitStatusExt;
-use tenancy_audit::Event;
+use tenancy_audit_log::Event;
 
 /// Boundaries a full prolog reports, in order (from a run without a crash).
 fn boundaries(w: &World, job: u64) -> Vec<String> {
@@ -139,7 +139,7 @@ fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
     let recs = w.records();
     for (i, want) in seen.iter().enumerate() {
         let n = (i + 1) as u64;
-        let of = |job: u64| -> Vec<&tenancy_audit::Record> {
+        let of = |job: u64| -> Vec<&tenancy_audit_log::Record> {
             recs.iter().filter(|r| r.job_id == Some(job)).collect()
         };
         let crashed = of(200 + n);

@@ -10,7 +10,7 @@ mod common;
 use common::{requires_root, text, World};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tenancy_audit::Event;
+use tenancy_audit_log::Event;
 
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap();

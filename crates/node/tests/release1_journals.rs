@@ -209,7 +209,7 @@ fn release1_journals_are_read_and_torn_down() {
         let recs = w.records();
         let end = recs
             .iter()
-            .rfind(|r| r.job_id == Some(job) && r.event == tenancy_audit::Event::JobEnd)
+            .rfind(|r| r.job_id == Some(job) && r.event == tenancy_audit_log::Event::JobEnd)
             .unwrap_or_else(|| panic!("{file}: no job_end"));
         let made_mig = profile.is_some() && crash.is_none();
         assert_eq!(end.gpu.is_some(), made_mig, "{file}: {end:?}");

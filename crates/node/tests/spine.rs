@@ -5,7 +5,8 @@ use std::cell::RefCell;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use tenancy_audit::{verify_paths, AnchorSet, Event, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, Event, Record};
 use tenancy_config::Config;
 use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine, StepState};
 use tenancy_test_support::TenancyToml;
@@ -651,18 +652,18 @@ fn anchors_carry_the_mac_of_the_configured_key() {
             .code,
         0
     );
-    let verify = |key: tenancy_audit::AnchorKey| {
+    let verify = |key: tenancy_audit_log::AnchorKey| {
         let mut set = AnchorSet::with_key(key);
         set.read_file(&w.root.join("anchors")).unwrap();
         verify_paths(&[w.root.join("audit.jsonl")], &set, 10).unwrap()
     };
-    let r = verify(tenancy_audit::AnchorKey::load(&key).unwrap());
+    let r = verify(tenancy_audit_log::AnchorKey::load(&key).unwrap());
     assert!(r.is_clean(), "{:?}", r.findings);
     assert_eq!(
         (r.nodes[0].anchor_seq, r.unauthenticated_anchors),
         (Some(2), 0)
     );
-    let r = verify(tenancy_audit::AnchorKey::from_bytes(
+    let r = verify(tenancy_audit_log::AnchorKey::from_bytes(
         b"another key, another cluster",
     ));
     assert_eq!(

@@ -13,7 +13,6 @@
 
 mod encryption;
 
-use tenancy_scratch::acl::{perm_str, Acl, ACL_GROUP, ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
 use anyhow::{bail, Context as _};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, Stat};
 use rustix::io::Errno;
@@ -27,6 +26,9 @@ use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use tenancy_scratch::acl::{
+    perm_str, Acl, ACL_GROUP, ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_USER_OBJ,
+};
 
 use tenancy_scratch::fsutil::{open_beneath_same_fs, DIR_FLAGS};
 

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use tenancy_audit::{AuditLog, Event, Outcome, Record};
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record};
 use tenancy_config::Config;
 
 /// The node name the audit records of this node carry: the log's own (the name the prolog

@@ -482,7 +482,7 @@ fn anchor_key_row(key: Option<&Path>) -> Row {
     let make = "head -c 32 /dev/urandom > /etc/slurm/tenancy-anchor.key && chmod 600 \
                 /etc/slurm/tenancy-anchor.key, the same file on every node and with the \
                 auditor, and cluster.audit_anchor_key = that path";
-    match key.map(tenancy_audit::AnchorKey::load) {
+    match key.map(tenancy_audit_log::AnchorKey::load) {
         None => row(
             "audit.anchor_key",
             Severity::Warn,
@@ -516,7 +516,7 @@ fn anchor_key_row(key: Option<&Path>) -> Row {
 fn signing_row(path: &Path, hmac: Option<&Path>) -> Row {
     let make = "tenancyctl audit keygen (and add the line it prints to the nodes' public keys \
                 file, audit.public_keys)";
-    match tenancy_audit::NodeKey::load(path) {
+    match tenancy_audit_log::NodeKey::load(path) {
         Ok(k) => row(
             "audit.signing",
             Severity::Ok,
@@ -558,7 +558,7 @@ fn signing_row(path: &Path, hmac: Option<&Path>) -> Row {
 
 /// The clock every record's time comes from (adjtimex): anchors say whether it was
 /// synchronised, and `audit verify` reports a node whose anchors say it was not.
-fn clock_row(c: Option<tenancy_audit::ClockSync>) -> Row {
+fn clock_row(c: Option<tenancy_audit_log::ClockSync>) -> Row {
     match c {
         Some(c) if c.synchronised => row(
             "audit.clock",
@@ -776,7 +776,7 @@ fn state_rows(config: &Config, rows: &mut Vec<Row>) {
     if let Some(dir) = config.cluster.audit_log.parent() {
         root_owned_dir(dir, "audit.dir", rows);
     }
-    let signing = tenancy_audit::NodeKey::load(&config.audit.signing_key).is_ok();
+    let signing = tenancy_audit_log::NodeKey::load(&config.audit.signing_key).is_ok();
     // With the node's own key, the shared HMAC key is only for verifiers of older logs.
     if !(signing && config.cluster.audit_anchor_key.is_none()) {
         rows.push(anchor_key_row(config.cluster.audit_anchor_key.as_deref()));
@@ -785,7 +785,7 @@ fn state_rows(config: &Config, rows: &mut Vec<Row>) {
         &config.audit.signing_key,
         config.cluster.audit_anchor_key.as_deref(),
     ));
-    rows.push(clock_row(tenancy_audit::clock_sync()));
+    rows.push(clock_row(tenancy_audit_log::clock_sync()));
     rows.push(forward_row(config));
     if let Some(dir) = &config.cluster.dcgm_job_mapping_dir {
         rows.push(dcgm_dir_row(dir));

@@ -31,7 +31,7 @@ use chrono::{DateTime, Utc};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::{Deserialize, Serialize};
-use tenancy_audit::{Event, Outcome};
+use tenancy_audit_log::{Event, Outcome};
 use tenancy_config::{Collector, Config};
 
 use crate::chain::{ChainReader, Line, Position, Seek};
@@ -86,7 +86,7 @@ pub struct Cursor {
     /// After the last record the collector confirmed.
     pub record: Position,
     /// The time of that record.
-    #[serde(default, with = "tenancy_audit::record::ts::opt")]
+    #[serde(default, with = "tenancy_audit_log::record::ts::opt")]
     pub record_time: Option<DateTime<Utc>>,
     /// After the last anchor line it confirmed in `cluster.audit_anchor`.
     #[serde(default)]
@@ -98,7 +98,7 @@ pub struct Cursor {
     pub last_error: Option<String>,
     #[serde(default)]
     pub connected: bool,
-    #[serde(default, with = "tenancy_audit::record::ts::opt")]
+    #[serde(default, with = "tenancy_audit_log::record::ts::opt")]
     pub updated: Option<DateTime<Utc>>,
 }
 
@@ -155,7 +155,7 @@ pub fn tls_config(config: &Config) -> anyhow::Result<Arc<rustls::ClientConfig>> 
     let cfg = match (&config.audit.cert_file, &config.audit.key_file) {
         (Some(cert), Some(key)) => {
             // The key file: root's alone, as every key of the product.
-            let pem = tenancy_audit::sign::read_root_only(key, "audit.key_file", 1, 1 << 20)
+            let pem = tenancy_audit_log::sign::read_root_only(key, "audit.key_file", 1, 1 << 20)
                 .map_err(anyhow::Error::msg)?;
             let key_der = PrivateKeyDer::from_pem_slice(&pem)
                 .with_context(|| format!("audit.key_file {}: no PEM private key", key.display()))?;
@@ -178,7 +178,7 @@ pub fn tls_config(config: &Config) -> anyhow::Result<Arc<rustls::ClientConfig>> 
 pub fn frame(out: &mut Vec<u8>, time: &DateTime<Utc>, host: &str, msgid: &str, msg: &[u8]) {
     let head = format!(
         "<86>1 {} {} tenancy-audit - {msgid} - ",
-        tenancy_audit::record::ts::format(time),
+        tenancy_audit_log::record::ts::format(time),
         if host.is_empty() { "-" } else { host }
     );
     let len = head.len() + msg.len();
@@ -373,7 +373,7 @@ impl AnchorReader {
             let body = text
                 .find("node=")
                 .map_or(String::new(), |i| text[i..].to_string());
-            if let Some(p) = tenancy_audit::ParsedAnchor::parse(&body) {
+            if let Some(p) = tenancy_audit_log::ParsedAnchor::parse(&body) {
                 if p.seq > sent_seq {
                     break;
                 }
@@ -615,7 +615,7 @@ impl Stream {
                 .next(upto)
                 .map_err(|e| format!("reading the anchor file: {e}"))?
             {
-                let host = tenancy_audit::ParsedAnchor::parse(&body)
+                let host = tenancy_audit_log::ParsedAnchor::parse(&body)
                     .map(|p| p.node)
                     .unwrap_or_default();
                 frame(buf, &Utc::now(), &host, "anchor", body.as_bytes());

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use tenancy_audit::{Event, NodeKey, Outcome, Resource, ResourceAction};
+use tenancy_audit_log::{Event, NodeKey, Outcome, Resource, ResourceAction};
 use tenancy_config::Config;
 
 #[derive(Debug, clap::Args)]
@@ -88,7 +88,7 @@ pub fn run(config: &Config, args: &KeygenArgs) -> anyhow::Result<ExitCode> {
             .resource(key_resource(ResourceAction::Removed, o, &path))
             .resource(key_resource(ResourceAction::Made, &new, &path)),
     };
-    let appended = match tenancy_audit::AuditLog::open(&config.cluster.audit_log)
+    let appended = match tenancy_audit_log::AuditLog::open(&config.cluster.audit_log)
         .and_then(|mut l| l.append(&mut rec))
     {
         Ok(a) => a,

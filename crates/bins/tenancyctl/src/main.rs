@@ -87,7 +87,7 @@ enum Command {
 #[derive(clap::Args)]
 struct ReportCmd {
     #[command(flatten)]
-    base: tenancy_audit::ReportArgs,
+    base: tenancy_accounting::ReportArgs,
     /// Statement: anchor file(s) (syslog or cluster.audit_anchor) the integrity line checks
     /// the chains against
     #[arg(long = "anchor", value_name = "FILE")]
@@ -125,10 +125,10 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
     let ReportCmd { base, .. } = &cmd;
     if cmd.compare_sacct {
         let (since, until) = match (&base.statement, &base.since, &base.until) {
-            (Some(m), _, _) => tenancy_audit::report::parse_month(m)?,
+            (Some(m), _, _) => tenancy_accounting::report::parse_month(m)?,
             (None, Some(s), Some(u)) => (
-                tenancy_audit::report::parse_bound(s, false)?,
-                tenancy_audit::report::parse_bound(u, true)?,
+                tenancy_accounting::report::parse_bound(s, false)?,
+                tenancy_accounting::report::parse_bound(u, true)?,
             ),
             _ => anyhow::bail!(
                 "--compare-sacct needs a period: --statement YYYY-MM, or --since and --until"
@@ -150,7 +150,7 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
         if cmd.out.is_some() || !cmd.anchors.is_empty() {
             anyhow::bail!("--out and --anchor are for --statement");
         }
-        return tenancy_audit::run_report(cmd.base);
+        return tenancy_accounting::run_report(cmd.base);
     };
     // Prices come from the config; without one the statement shows quantities only. A config
     // that is there but invalid is an error: a statement never guesses a price.
@@ -177,7 +177,7 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
         config.as_ref(),
         &base.paths,
         month,
-        &tenancy_audit::report::Query {
+        &tenancy_accounting::report::Query {
             tenants: base.tenant.clone(),
             users: base.user.clone(),
             nodes: base.node.clone(),
@@ -192,7 +192,7 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
 #[derive(Subcommand)]
 enum AuditCommand {
     /// Check every node's hash chain; report the first bad record with its line
-    Verify(tenancy_audit::VerifyArgs),
+    Verify(tenancy_accounting::VerifyArgs),
     /// Set this node's audit log aside under a dated name and go on with its chain in a new
     /// file (use this, not logrotate's create or copytruncate, which restart the chain)
     Rotate(rotate::RotateArgs),
@@ -312,7 +312,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
-            tenancy_audit::run_verify(args)
+            tenancy_accounting::run_verify(args)
         }
         Command::Audit {
             command: AuditCommand::Rotate(args),

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tenancy_audit::{Event, Record};
+use tenancy_audit_log::{Event, Record};
 use tenancy_config::Config;
 use tenancy_node::{JournalDir, StepState};
 

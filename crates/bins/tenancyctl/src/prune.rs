@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use chrono::Utc;
 use serde::Serialize;
-use tenancy_audit::{Event, Outcome, Resource, ResourceAction};
+use tenancy_audit_log::{Event, Outcome, Resource, ResourceAction};
 use tenancy_config::Config;
 
 #[derive(Debug, clap::Args)]
@@ -103,7 +103,7 @@ pub fn run(config: &Config, args: &PruneArgs) -> anyhow::Result<ExitCode> {
             last_seq: f.last_seq,
             last_record: f
                 .last_time
-                .map(|t| tenancy_audit::record::ts::format(&t))
+                .map(|t| tenancy_audit_log::record::ts::format(&t))
                 .unwrap_or_else(|| "?".into()),
             retain_days: days,
             action: "keep",

@@ -24,7 +24,7 @@ use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
 use tenancy_node::{layers, Claim, Journal, JournalDir, Layer, OrphanAction, OrphanScope};
 use tenancy_output::Format;

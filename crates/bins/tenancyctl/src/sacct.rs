@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use tenancy_audit::record::ts;
-use tenancy_audit::{expand_paths, Format};
+use tenancy_accounting::{expand_paths, Format};
+use tenancy_audit_log::record::ts;
 
 /// The columns asked of `sacct` (the same are needed in a file given instead).
 pub const SACCT_FIELDS: &str = "JobIDRaw,Cluster,NodeList,State,Start,End,ElapsedRaw,AllocTRES";

@@ -10,7 +10,7 @@
 use anyhow::bail;
 use serde::Serialize;
 use std::process::ExitCode;
-use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::Config;
 use tenancy_output::Format;
 use tenancy_scratch::{KeyStore, RetainedFolder};

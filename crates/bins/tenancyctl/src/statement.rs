@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tenancy_audit::report::{aggregate_paths, parse_month, GroupBy, Query};
-use tenancy_audit::{expand_paths, verify_paths, ReportFormat, VerifyReport};
+use tenancy_accounting::report::{aggregate_paths, parse_month, GroupBy, Query};
+use tenancy_accounting::{expand_paths, verify_paths, ReportFormat, VerifyReport};
 use tenancy_config::{Billing, Config};
 
 /// The profile column of a job without a MIG slice in the report's groups.
@@ -129,7 +129,7 @@ fn cents(d: Decimal) -> Decimal {
 
 /// Integrity of the logs at `paths`: `audit verify` over them, with the anchors given.
 pub fn integrity(paths: &[PathBuf], inputs: &IntegrityInputs) -> anyhow::Result<Integrity> {
-    let anchors = tenancy_audit::verify::read_anchors(
+    let anchors = tenancy_accounting::verify::read_anchors(
         &inputs.anchors,
         inputs.anchor_key.as_deref(),
         inputs.public_keys.as_deref(),
@@ -240,7 +240,7 @@ fn incidents(paths: &[PathBuf], q: &Query) -> anyhow::Result<BTreeMap<String, Ve
             if !["job_denied", "rollback", "teardown_failed"].contains(&event) {
                 continue;
             }
-            let Ok(t) = tenancy_audit::record::ts::parse(s("time")) else {
+            let Ok(t) = tenancy_audit_log::record::ts::parse(s("time")) else {
                 continue;
             };
             if q.since.is_some_and(|x| t < x) || q.until.is_some_and(|x| t >= x) {

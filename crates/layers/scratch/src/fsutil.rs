@@ -28,10 +28,7 @@ pub(crate) fn open_beneath(dir: &OwnedFd, name: &str) -> std::result::Result<Own
 /// [`open_beneath`] that also stays on `dir`'s mount (the storage audit's walk): EXDEV when a
 /// component is a mount point. Without `openat2` the check is each component's file system
 /// (st_dev) against `dir`'s, as the walk itself checks the entries it descends into.
-pub fn open_beneath_same_fs(
-    dir: &OwnedFd,
-    name: &Path,
-) -> std::result::Result<OwnedFd, Errno> {
+pub fn open_beneath_same_fs(dir: &OwnedFd, name: &Path) -> std::result::Result<OwnedFd, Errno> {
     open_beneath_on(dir, name, true)
 }
 

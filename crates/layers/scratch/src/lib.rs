@@ -19,9 +19,9 @@ pub mod acl;
 pub mod fscrypt;
 pub mod fsutil;
 pub mod keys;
+mod mounts;
 pub mod quota;
 pub mod trash;
-mod mounts;
 mod wipe;
 
 pub use fscrypt::{JobKey, KeyId, Removal};

@@ -8,7 +8,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
-use tenancy_audit::{verify_paths, AnchorSet, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, Record};
 
 pub use tenancy_test_support::loopfs;
 
