@@ -2,10 +2,14 @@
 //! logs themselves (records, the hash chain, appends, anchors) are tenancy-audit-log's.
 //!
 //! * [`report`]: usage and incident figures (`tenancyctl report`);
+//! * [`statement`]: the priced monthly statement per tenant (`tenancyctl report --statement`);
+//! * [`sacct`]: the logs against Slurm's own accounting (`tenancyctl report --compare-sacct`);
 //! * [`verify`]: every node's hash chain checked against the anchors (`tenancyctl audit
 //!   verify`).
 
 pub mod report;
+pub mod sacct;
+pub mod statement;
 pub mod verify;
 
 use std::path::PathBuf;

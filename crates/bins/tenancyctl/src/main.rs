@@ -16,9 +16,7 @@ mod output;
 mod prune;
 mod reconcile;
 mod rotate;
-mod sacct;
 mod scratch;
-mod statement;
 mod storage_audit;
 
 use clap::{Parser, Subcommand};
@@ -137,7 +135,7 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
         let Some(format) = base.format.plain() else {
             anyhow::bail!("--compare-sacct prints a table, csv or json, not html");
         };
-        return sacct::run(
+        return tenancy_accounting::sacct::run(
             &base.paths,
             since,
             until,
@@ -159,7 +157,7 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
         Err(tenancy_config::ConfigError::NotFound { .. }) => None,
         Err(e) => anyhow::bail!("{e}"),
     };
-    let inputs = statement::IntegrityInputs {
+    let inputs = tenancy_accounting::statement::IntegrityInputs {
         anchors: cmd.anchors.clone(),
         anchor_key: cmd.anchor_key.clone().or_else(|| {
             (!cmd.anchors.is_empty())
@@ -173,7 +171,7 @@ fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Resul
         }),
         all_nodes: cmd.all_nodes,
     };
-    statement::run(
+    tenancy_accounting::statement::run(
         config.as_ref(),
         &base.paths,
         month,

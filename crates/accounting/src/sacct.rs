@@ -4,6 +4,7 @@
 //! and MIG slice-hours that differ from Slurm's `gres/gpu:<profile>` TRES usage by more than the
 //! tolerance. Exit 1 when anything disagrees.
 
+use crate::{expand_paths, Format};
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -11,7 +12,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use tenancy_accounting::{expand_paths, Format};
 use tenancy_audit_log::record::ts;
 
 /// The columns asked of `sacct` (the same are needed in a file given instead).

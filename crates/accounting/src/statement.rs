@@ -6,6 +6,8 @@
 //! / 3,600,000, rounded to the cent (half away from zero); a total is the sum of its lines as
 //! shown, so an auditor re-adds the page and gets the same figure.
 
+use crate::report::{aggregate_paths, parse_month, GroupBy, Query};
+use crate::{expand_paths, verify_paths, ReportFormat, VerifyReport};
 use anyhow::{bail, Context};
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde::Serialize;
@@ -13,8 +15,6 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tenancy_accounting::report::{aggregate_paths, parse_month, GroupBy, Query};
-use tenancy_accounting::{expand_paths, verify_paths, ReportFormat, VerifyReport};
 use tenancy_config::{Billing, Config};
 
 /// The profile column of a job without a MIG slice in the report's groups.
@@ -129,7 +129,7 @@ fn cents(d: Decimal) -> Decimal {
 
 /// Integrity of the logs at `paths`: `audit verify` over them, with the anchors given.
 pub fn integrity(paths: &[PathBuf], inputs: &IntegrityInputs) -> anyhow::Result<Integrity> {
-    let anchors = tenancy_accounting::verify::read_anchors(
+    let anchors = crate::verify::read_anchors(
         &inputs.anchors,
         inputs.anchor_key.as_deref(),
         inputs.public_keys.as_deref(),
