@@ -14,10 +14,17 @@ pub mod verify;
 
 use std::path::PathBuf;
 
-pub use report::{run_report, ReportArgs, ReportFormat};
-pub use verify::{run_verify, verify_paths, Finding, FindingKind, VerifyArgs, VerifyReport};
+pub use verify::{verify_paths, Finding, FindingKind, VerifyReport};
 
-pub use tenancy_output::Format;
+/// How this crate's writers lay their rows out: an aligned table, CSV or JSON (tenancyctl's
+/// `--format` picks one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Render {
+    #[default]
+    Table,
+    Csv,
+    Json,
+}
 
 /// Expands folders into their regular, non-hidden files (sorted; symlinks inside folders and
 /// `*.lock` files skipped). Explicit file arguments are kept as given.

@@ -15,9 +15,11 @@ mod mig;
 mod output;
 mod prune;
 mod reconcile;
+mod report;
 mod rotate;
 mod scratch;
 mod storage_audit;
+mod verify;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -50,7 +52,7 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Accounting report over one or many audit logs; priced statements (--statement);
     /// the cross-check with Slurm's accounting (--compare-sacct, exit 1 on a disagreement)
-    Report(ReportCmd),
+    Report(report::ReportCmd),
     /// Tear down journals of jobs Slurm no longer runs and find product resources no journal
     /// owns (dry run unless --apply; exit 1 when something is left)
     Reconcile(reconcile::ReconcileArgs),
@@ -81,116 +83,10 @@ enum Command {
     Adopt(adopt::AdoptArgs),
 }
 
-/// `report`: the audit crate's options, and what a statement and the cross-check add.
-#[derive(clap::Args)]
-struct ReportCmd {
-    #[command(flatten)]
-    base: tenancy_accounting::ReportArgs,
-    /// Statement: anchor file(s) (syslog or cluster.audit_anchor) the integrity line checks
-    /// the chains against
-    #[arg(long = "anchor", value_name = "FILE")]
-    anchors: Vec<PathBuf>,
-    /// Statement: take only anchors with this key's MAC (default: the config's
-    /// audit_anchor_key, with --anchor)
-    #[arg(long, value_name = "FILE")]
-    anchor_key: Option<PathBuf>,
-    /// Statement: the nodes' public keys the anchors' signatures are checked with (default:
-    /// the config's audit.public_keys, with --anchor)
-    #[arg(long, value_name = "FILE")]
-    public_keys: Option<PathBuf>,
-    /// Statement: the paths hold every node's log (a node anchored without one does not verify)
-    #[arg(long)]
-    all_nodes: bool,
-    /// Statement with --format html: one file per tenant in this folder
-    /// (statement-YYYY-MM-TENANT.html); default: every tenant in one page on stdout
-    #[arg(long, value_name = "DIR")]
-    out: Option<PathBuf>,
-    /// Compare with Slurm's accounting (sacct) for the period (--statement, or --since and
-    /// --until): list every job where the books disagree; exit 1 if any
-    #[arg(long)]
-    compare_sacct: bool,
-    /// With --compare-sacct: read this file of `sacct --parsable2` output (with its header)
-    /// instead of running sacct
-    #[arg(long, value_name = "FILE", requires = "compare_sacct")]
-    sacct_file: Option<PathBuf>,
-    /// With --compare-sacct: slice-hours may differ from Slurm's TRES usage by this many
-    /// seconds per slice (prolog and epilog time)
-    #[arg(long, default_value_t = 60, requires = "compare_sacct")]
-    tolerance_seconds: u64,
-}
-
-fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Result<ExitCode> {
-    let ReportCmd { base, .. } = &cmd;
-    if cmd.compare_sacct {
-        let (since, until) = match (&base.statement, &base.since, &base.until) {
-            (Some(m), _, _) => tenancy_accounting::report::parse_month(m)?,
-            (None, Some(s), Some(u)) => (
-                tenancy_accounting::report::parse_bound(s, false)?,
-                tenancy_accounting::report::parse_bound(u, true)?,
-            ),
-            _ => anyhow::bail!(
-                "--compare-sacct needs a period: --statement YYYY-MM, or --since and --until"
-            ),
-        };
-        let Some(format) = base.format.plain() else {
-            anyhow::bail!("--compare-sacct prints a table, csv or json, not html");
-        };
-        return tenancy_accounting::sacct::run(
-            &base.paths,
-            since,
-            until,
-            cmd.sacct_file.as_deref(),
-            cmd.tolerance_seconds,
-            format,
-        );
-    }
-    let Some(month) = &base.statement else {
-        if cmd.out.is_some() || !cmd.anchors.is_empty() {
-            anyhow::bail!("--out and --anchor are for --statement");
-        }
-        return tenancy_accounting::run_report(cmd.base);
-    };
-    // Prices come from the config; without one the statement shows quantities only. A config
-    // that is there but invalid is an error: a statement never guesses a price.
-    let config = match Config::load(config) {
-        Ok(c) => Some(c),
-        Err(tenancy_config::ConfigError::NotFound { .. }) => None,
-        Err(e) => anyhow::bail!("{e}"),
-    };
-    let inputs = tenancy_accounting::statement::IntegrityInputs {
-        anchors: cmd.anchors.clone(),
-        anchor_key: cmd.anchor_key.clone().or_else(|| {
-            (!cmd.anchors.is_empty())
-                .then(|| config.as_ref()?.cluster.audit_anchor_key.clone())
-                .flatten()
-        }),
-        public_keys: cmd.public_keys.clone().or_else(|| {
-            (!cmd.anchors.is_empty())
-                .then(|| config.as_ref()?.audit.public_keys.clone())
-                .flatten()
-        }),
-        all_nodes: cmd.all_nodes,
-    };
-    tenancy_accounting::statement::run(
-        config.as_ref(),
-        &base.paths,
-        month,
-        &tenancy_accounting::report::Query {
-            tenants: base.tenant.clone(),
-            users: base.user.clone(),
-            nodes: base.node.clone(),
-            ..Default::default()
-        },
-        base.format,
-        cmd.out.as_deref(),
-        &inputs,
-    )
-}
-
 #[derive(Subcommand)]
 enum AuditCommand {
     /// Check every node's hash chain; report the first bad record with its line
-    Verify(tenancy_accounting::VerifyArgs),
+    Verify(verify::VerifyArgs),
     /// Set this node's audit log aside under a dated name and go on with its chain in a new
     /// file (use this, not logrotate's create or copytruncate, which restart the chain)
     Rotate(rotate::RotateArgs),
@@ -293,7 +189,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 reconcile::run(&c, args)
             }
         }
-        Command::Report(cmd) => run_report(config, cmd),
+        Command::Report(cmd) => report::run(config, cmd),
         Command::Audit {
             command: AuditCommand::Verify(mut args),
         } => {
@@ -310,7 +206,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
-            tenancy_accounting::run_verify(args)
+            verify::run_verify(args)
         }
         Command::Audit {
             command: AuditCommand::Rotate(args),

@@ -3,6 +3,15 @@
 use serde::Serialize;
 use tenancy_output::Format;
 
+/// How tenancy-accounting's writers lay out what `--format` asks.
+pub fn render(format: Format) -> tenancy_accounting::Render {
+    match format {
+        Format::Table => tenancy_accounting::Render::Table,
+        Format::Csv => tenancy_accounting::Render::Csv,
+        Format::Json => tenancy_accounting::Render::Json,
+    }
+}
+
 /// Rows of one kind with their column headers.
 pub struct Rows<'a, T: Serialize> {
     pub headers: &'a [&'a str],
