@@ -8,7 +8,7 @@ use tenancy_devices::doctor::{doctor, DoctorParams, Severity};
 use tenancy_devices::driver::{DriverPaths, MIG_MINORS, PROC_DEVICES};
 use tenancy_devices::layout::MOUNTINFO;
 
-pub use tenancy_output::Format;
+use crate::output::Format;
 
 /// Devices layer commands.
 #[derive(Debug, Args)]

@@ -1,6 +1,7 @@
 //! `tenancyctl doctor`: is this node set up so that every layer can isolate every job?
 //! Checks the product's own prerequisites, then the device layer's view of cgroups and Slurm.
 
+use crate::output::Format;
 use crate::output::Rows;
 use serde::Serialize;
 use std::os::unix::fs::MetadataExt;
@@ -8,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tenancy_config::Config;
 use tenancy_devices::doctor::{doctor, DoctorParams, Severity};
-use tenancy_output::Format;
 
 #[derive(clap::Args)]
 pub struct DoctorArgs {

@@ -21,11 +21,11 @@ mod scratch;
 mod storage_audit;
 mod verify;
 
+use crate::output::Format;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tenancy_config::{group_gid, Config};
-use tenancy_output::Format;
 
 #[derive(Parser)]
 #[command(

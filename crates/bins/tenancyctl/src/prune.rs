@@ -18,6 +18,8 @@ use serde::Serialize;
 use tenancy_audit_log::{Event, Outcome, Resource, ResourceAction};
 use tenancy_config::Config;
 
+use crate::output::Format;
+
 #[derive(Debug, clap::Args)]
 pub struct PruneArgs {
     /// Say what would be removed, remove nothing
@@ -27,8 +29,8 @@ pub struct PruneArgs {
     /// itself)
     #[arg(long)]
     pub unforwarded_ok: bool,
-    #[arg(long, value_enum, default_value_t = tenancy_output::Format::Table)]
-    pub format: tenancy_output::Format,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 #[derive(Debug, Serialize)]

@@ -19,6 +19,7 @@
 //! Exit status: 0 when the node is clean (or everything found was removed), 1 when something is
 //! left (dry-run findings, failures, or a source that could not be checked).
 
+use crate::output::Format;
 use anyhow::Context;
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -27,7 +28,6 @@ use std::process::{Command, ExitCode};
 use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
 use tenancy_node::{layers, Claim, Journal, JournalDir, Layer, OrphanAction, OrphanScope};
-use tenancy_output::Format;
 
 use crate::output::Rows;
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use crate::output::Format;
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use tenancy_accounting::report::{
@@ -14,7 +15,6 @@ use tenancy_accounting::report::{
 use tenancy_accounting::sacct;
 use tenancy_accounting::statement::{self, IntegrityInputs};
 use tenancy_config::Config;
-use tenancy_output::Format;
 
 use crate::output::render;
 

@@ -7,12 +7,12 @@
 //! root's), `lock` removes it again. Each folder acted on is an audit record
 //! (`scratch_unlocked`, `scratch_locked`), refusals and failures too.
 
+use crate::output::Format;
 use anyhow::bail;
 use serde::Serialize;
 use std::process::ExitCode;
 use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::Config;
-use tenancy_output::Format;
 use tenancy_scratch::{KeyStore, RetainedFolder};
 
 use crate::output::Rows;

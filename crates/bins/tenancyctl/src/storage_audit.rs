@@ -1,10 +1,10 @@
 //! `tenancyctl storage-audit`: its arguments, and the findings of tenancy-storage-audit printed
 //! as a table, CSV or JSON.
 
+use crate::output::Format;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tenancy_output::Format;
 use tenancy_storage_audit::{audit_paths, Report, TenantMap};
 
 /// `tenancyctl storage-audit`

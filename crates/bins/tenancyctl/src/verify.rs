@@ -1,10 +1,10 @@
 //! `tenancyctl audit verify`: its arguments, and tenancy-accounting's verdict on every node's
 //! hash chain printed as a table, CSV or JSON.
 
+use crate::output::Format;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tenancy_accounting::verify::{read_anchors, verify_paths, VerifyReport};
-use tenancy_output::Format;
 
 /// `tenancyctl audit verify`.
 #[derive(Debug, Clone, clap::Args)]
