@@ -17,7 +17,8 @@ use std::time::Instant;
 use tenancy_accounting::verify_paths;
 use tenancy_audit_log::{AnchorSet, AuditLog, Event, Outcome, Record};
 use tenancy_config::{Config, ConfigError, Identity};
-use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine};
+use tenancy_job::{JobContext, Journal};
+use tenancy_node::{JobPlan, Layer, LayerResult, Spine};
 use tenancy_test_support::{fuzz_cases, ScratchOnExit, TenancyToml};
 
 /// Runs `test` over `cases` inputs of `strategy`, fails with the shrunk input, reports figures.

@@ -74,7 +74,7 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
         .filter(|r| r.0 == job)
         .collect();
     assert_eq!(logged.len(), 1, "crash at {want}: intent log");
-    let layers: Vec<(&str, tenancy_node::StepState)> = logged[0]
+    let layers: Vec<(&str, tenancy_job::StepState)> = logged[0]
         .1
         .steps
         .iter()
@@ -82,7 +82,7 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
         .collect();
     assert_eq!(
         layers,
-        ["mig", "devices", "network", "scratch"].map(|l| (l, tenancy_node::StepState::Intended)),
+        ["mig", "devices", "network", "scratch"].map(|l| (l, tenancy_job::StepState::Intended)),
         "crash at {want}"
     );
     // After "made X", X really exists (so the epilog below really removes something).

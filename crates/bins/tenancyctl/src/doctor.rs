@@ -675,7 +675,7 @@ fn root_owned_dir(path: &Path, what: &str, out: &mut Vec<Row>) {
 /// The intent log: jobs whose intents were recorded before the last restart (a power loss may
 /// have taken their journal files) wait for `tenancyctl reconcile --apply`.
 fn intent_log_row(state_dir: &Path) -> Row {
-    use tenancy_node::intent_log::{boot_id, IntentLog, FILE};
+    use tenancy_job::intent_log::{boot_id, IntentLog, FILE};
     let path = state_dir.join(FILE);
     let records = match IntentLog::open_existing(state_dir) {
         Ok(None) => {

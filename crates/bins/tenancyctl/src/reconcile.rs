@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
-use tenancy_node::{layers, Claim, Journal, JournalDir, Layer, OrphanAction, OrphanScope};
+use tenancy_job::{Journal, JournalDir};
+use tenancy_node::{layers, Claim, Layer, OrphanAction, OrphanScope};
 
 use crate::output::Rows;
 
@@ -415,7 +416,7 @@ fn find_journals(
                 "journal",
                 journals
                     .path()
-                    .join(tenancy_node::intent_log::FILE)
+                    .join(tenancy_job::intent_log::FILE)
                     .display()
                     .to_string(),
                 why,

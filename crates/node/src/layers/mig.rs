@@ -5,13 +5,13 @@
 //! journals. When slurmctld allocated a plan slot (GPU GRES, SLURM_JOB_GPUS), exactly that slot
 //! is created, so Slurm's accounting and the placement always agree.
 
-use crate::contract::TaskEntry;
-use crate::journal::{Journal, JournalDir};
 use crate::layer::{
     AuditSummary, Claim, JobPlan, LayerError, LayerResult, Orphan, OrphanScope, TypedLayer,
 };
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use tenancy_job::contract::TaskEntry;
+use tenancy_job::journal::{Journal, JournalDir};
 use tenancy_mig::{Mig, MigIntent, MigSlice, NodePlan, Occupant, Request};
 
 /// The MIG layer's journaled result: the slice, with its profile and compute slices (the
