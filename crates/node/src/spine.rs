@@ -1034,7 +1034,7 @@ fn short_hostname() -> String {
     name.split('.').next().unwrap_or("localhost").to_string()
 }
 
-pub use tenancy_job::audit::{anchor, anchor_with, append_anchored};
+use tenancy_job::audit::append_anchored;
 
 /// Undoes every step of `journal` in reverse with `layers` (the epilog's and reconcile's
 /// teardown; the caller holds the node lock); returns what could not be undone, each naming

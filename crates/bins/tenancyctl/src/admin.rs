@@ -72,7 +72,7 @@ pub fn audited(config: &Config, result: anyhow::Result<ExitCode>) -> anyhow::Res
     let mut rec = record(config, Event::AdminAction, outcome)
         .command(command_line())
         .reason(reason);
-    match tenancy_node::spine::append_anchored(config, &mut rec) {
+    match tenancy_job::audit::append_anchored(config, &mut rec) {
         Ok(_) => result,
         Err(e) => {
             eprintln!("tenancyctl: this action is not in the audit trail: {e}");

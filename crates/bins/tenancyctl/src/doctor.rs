@@ -1181,8 +1181,8 @@ fn slurm_rows(
         std::fs::read_to_string(&slurm_conf).ok().as_deref(),
         &config.cluster.scratch_root,
     ));
-    let layout = tenancy_devices::layout::CgroupLayout::detect()
-        .unwrap_or_else(|_| tenancy_devices::layout::CgroupLayout::parse(""));
+    let layout = tenancy_cgroup::layout::CgroupLayout::detect()
+        .unwrap_or_else(|_| tenancy_cgroup::layout::CgroupLayout::parse(""));
     for (check, severity, message, remedy) in crate::containment::findings(
         config,
         &slurm_conf,

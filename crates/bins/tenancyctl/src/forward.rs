@@ -434,7 +434,7 @@ fn say(s: &str) {
 
 fn audit_record(config: &Config, event: Event, outcome: Outcome, reason: String) {
     let mut rec = crate::admin::record(config, event, outcome).reason(reason);
-    if let Err(e) = tenancy_node::spine::append_anchored(config, &mut rec) {
+    if let Err(e) = tenancy_job::audit::append_anchored(config, &mut rec) {
         say(&format!("cannot record {}: {e}", rec.event));
     }
 }

@@ -99,7 +99,7 @@ pub fn run(config: &Config, args: &KeygenArgs) -> anyhow::Result<ExitCode> {
     };
     // The old key vouches for the new one; then the new key signs the same head.
     if let Some(o) = &old {
-        tenancy_node::spine::anchor_with(config, &node, &appended, Some(o));
+        tenancy_job::audit::anchor_with(config, &node, &appended, Some(o));
     }
     std::fs::rename(&tmp, &path)
         .and_then(|()| match path.parent() {
@@ -107,7 +107,7 @@ pub fn run(config: &Config, args: &KeygenArgs) -> anyhow::Result<ExitCode> {
             None => Ok(()),
         })
         .with_context(|| format!("putting the new key in place at {}", path.display()))?;
-    tenancy_node::spine::anchor_with(config, &node, &appended, Some(&new));
+    tenancy_job::audit::anchor_with(config, &node, &appended, Some(&new));
     let line = new.public_line(&node);
     let pub_path = PathBuf::from(format!("{}.pub", path.display()));
     if let Err(e) = std::fs::write(&pub_path, format!("{line}\n")) {

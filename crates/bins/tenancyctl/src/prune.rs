@@ -179,7 +179,7 @@ pub fn run(config: &Config, args: &PruneArgs) -> anyhow::Result<ExitCode> {
                 .detail("last_seq", f.last_seq),
             );
         }
-        tenancy_node::spine::append_anchored(config, &mut rec)
+        tenancy_job::audit::append_anchored(config, &mut rec)
             .map_err(|e| anyhow::anyhow!("the files are removed but their record is not: {e}"))?;
     }
     crate::output::Rows {

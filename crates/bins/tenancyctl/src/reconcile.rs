@@ -223,7 +223,7 @@ impl Ctx<'_> {
         if let Some(t) = &row.tenant {
             rec = rec.tenant(t.clone());
         }
-        let res = tenancy_node::spine::append_anchored(self.config, &mut rec);
+        let res = tenancy_job::audit::append_anchored(self.config, &mut rec);
         if let Err(e) = res {
             self.rows.push(
                 Row::new(

@@ -42,7 +42,7 @@ pub fn run(config: anyhow::Result<Config>, args: &RotateArgs) -> anyhow::Result<
     // The new head is anchored as every record's (the log_rotated one is behind it), where
     // the config says; without a config, to syslog alone.
     let sent = match &config {
-        Ok(c) => tenancy_node::spine::anchor(c, &r.node, &r.head),
+        Ok(c) => tenancy_job::audit::anchor(c, &r.node, &r.head),
         Err(_) => tenancy_audit_log::send_anchor(&r.node, r.head.seq, &r.head.hash, None, None),
     };
     println!(

@@ -113,7 +113,7 @@ pub fn run(config: &Config, args: &ScratchArgs) -> anyhow::Result<ExitCode> {
         };
         let mut rec = record(config, &node, &user, uid, event.clone(), outcome, f, unlock);
         rec = rec.reason(format!("{} {}: {result}", f.path.display(), verb));
-        if let Err(e) = tenancy_node::spine::append_anchored(config, &mut rec) {
+        if let Err(e) = tenancy_job::audit::append_anchored(config, &mut rec) {
             failed = true;
             rows.push(row(
                 f,

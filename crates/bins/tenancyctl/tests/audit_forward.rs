@@ -63,7 +63,7 @@ fn job(config: &Config, id: u64) {
         .job_id(id)
         .tenant("acme")
         .tier("internal");
-        tenancy_node::spine::append_anchored(config, &mut r).unwrap();
+        tenancy_job::audit::append_anchored(config, &mut r).unwrap();
     }
 }
 

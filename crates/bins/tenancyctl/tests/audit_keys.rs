@@ -1,7 +1,7 @@
 //! Signed anchors: each node's Ed25519 key (`tenancyctl audit keygen`) signs its anchors, and
 //! `audit verify --public-keys` and `report --statement` check them with the nodes' public
 //! keys and no secret. Records and anchors are made as the prolog and epilog make them
-//! (`tenancy_node::spine::append_anchored`), the anchors into `cluster.audit_anchor`.
+//! (`tenancy_job::audit::append_anchored`), the anchors into `cluster.audit_anchor`.
 
 mod common;
 
@@ -49,7 +49,7 @@ fn job(config: &Config, node: &str, id: u64) {
     .tenant("acme")
     .tier("internal")
     .time(t);
-    tenancy_node::spine::append_anchored(config, &mut r).unwrap();
+    tenancy_job::audit::append_anchored(config, &mut r).unwrap();
     let mut r = Record::new(
         "t",
         node,
@@ -63,7 +63,7 @@ fn job(config: &Config, node: &str, id: u64) {
     .tenant("acme")
     .tier("internal")
     .started(t);
-    tenancy_node::spine::append_anchored(config, &mut r).unwrap();
+    tenancy_job::audit::append_anchored(config, &mut r).unwrap();
 }
 
 fn keygen(config: &Path, extra: &[&str]) -> String {
