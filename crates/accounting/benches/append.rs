@@ -5,39 +5,31 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use tenancy_audit_log::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_test_support::audit_logs::record;
 
 fn rec() -> Record {
-    Record::new(
-        "c1",
-        "gpu001",
-        "alice",
-        2001,
-        Event::JobStart,
-        Outcome::Success,
-        "tenancy-prolog",
-    )
-    .job_id(123456)
-    .tenant("acme")
-    .tier("gold")
-    .profile("1g.18gb")
-    .compute_slices(1)
-    .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
-    .resource(Resource::new("mig", ResourceAction::Made, "gi-3").detail("ci", 0))
-    .resource(Resource::new(
-        "devices",
-        ResourceAction::Made,
-        "/sys/fs/cgroup/job_123456",
-    ))
-    .resource(Resource::new(
-        "scratch",
-        ResourceAction::Made,
-        "/scratch/acme/123456",
-    ))
-    .resource(Resource::new(
-        "network",
-        ResourceAction::Made,
-        "tenancy-123456",
-    ))
+    record(Event::JobStart, Outcome::Success, "tenancy-prolog", 123456)
+        .tenant("acme")
+        .tier("gold")
+        .profile("1g.18gb")
+        .compute_slices(1)
+        .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+        .resource(Resource::new("mig", ResourceAction::Made, "gi-3").detail("ci", 0))
+        .resource(Resource::new(
+            "devices",
+            ResourceAction::Made,
+            "/sys/fs/cgroup/job_123456",
+        ))
+        .resource(Resource::new(
+            "scratch",
+            ResourceAction::Made,
+            "/scratch/acme/123456",
+        ))
+        .resource(Resource::new(
+            "network",
+            ResourceAction::Made,
+            "tenancy-123456",
+        ))
 }
 
 fn bench(c: &mut Criterion) {

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use tenancy_scratch::*;
 use tenancy_storage_audit::*;
 use tenancy_test_support::users::*;
-use tenancy_test_support::{requires_root, seccomp};
+use tenancy_test_support::{loopfs, requires_root, seccomp};
 
 // Field order = drop order: users go before their groups.
 struct Fixture {
@@ -343,18 +343,11 @@ fn odd_names_serialize_and_a_mount_inside_the_tree_is_reported() {
     assert_eq!(back.path, odd);
 
     let mnt = f.j1().join("m");
-    std::fs::create_dir(&mnt).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tenancy-audit-test"])
-        .arg(&mnt)
-        .status()
-        .unwrap()
-        .success();
-    assert!(mounted, "mount tmpfs on {}", mnt.display());
+    let mut mounted = loopfs::LoopFs::new(loopfs::Kind::Tmpfs, &mnt, 1);
     std::fs::write(mnt.join("open"), "s").unwrap();
     chmod(&mnt.join("open"), 0o4777);
     let r = audit_paths(std::slice::from_ref(&f.root), &f.map, Some(2), false).unwrap();
-    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    mounted.remove();
     assert!(
         r.errors
             .iter()

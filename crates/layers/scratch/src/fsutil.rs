@@ -282,22 +282,10 @@ mod tests {
         if !requires_root("mount") {
             return;
         }
-        struct Mounted(std::path::PathBuf);
-        impl Drop for Mounted {
-            fn drop(&mut self) {
-                let _ = std::process::Command::new("umount").arg(&self.0).status();
-            }
-        }
+        use tenancy_test_support::loopfs::{Kind, LoopFs};
         let tmp = tempfile::tempdir().unwrap();
         let m = tmp.path().join("m");
-        std::fs::create_dir(&m).unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m", "tenancy-test"])
-            .arg(&m)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "mount a tmpfs on {}", m.display());
-        let _mounted = Mounted(m.clone());
+        let _mounted = LoopFs::new(Kind::Tmpfs, &m, 1);
         std::fs::create_dir(m.join("inner")).unwrap();
         let root = rfs::open(tmp.path(), DIR_FLAGS, Mode::empty()).unwrap();
         for name in ["m", "m/inner"] {

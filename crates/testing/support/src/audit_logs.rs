@@ -291,26 +291,23 @@ pub fn write_logs(dir: &Path, seed: u64, nodes: usize, per_node: usize) -> Vec<T
     truths
 }
 
+/// A record of job `job` by alice (uid 2001) of cluster c1 on node gpu001, its other fields to
+/// be added.
+pub fn record(event: Event, outcome: Outcome, origin: &str, job: u64) -> Record {
+    Record::new("c1", "gpu001", "alice", 2001, event, outcome, origin).job_id(job)
+}
+
 /// Job `i`'s `job_start` as the prolog writes it, with every kind of field the chain hashes: a
 /// tenant, a MIG slice, a resource, and a reason with a line break, quotes and non-ASCII.
 pub fn job_start(i: u64) -> Record {
-    Record::new(
-        "c1",
-        "gpu001",
-        "alice",
-        2001,
-        Event::JobStart,
-        Outcome::Success,
-        "tenancy-prolog",
-    )
-    .job_id(i)
-    .tenant("acme")
-    .tier("gold")
-    .profile("1g.18gb")
-    .compute_slices(1)
-    .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
-    .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{i}")).detail("ci", 0))
-    .reason("line\nbreak \"quoted\" ünïcode")
+    record(Event::JobStart, Outcome::Success, "tenancy-prolog", i)
+        .tenant("acme")
+        .tier("gold")
+        .profile("1g.18gb")
+        .compute_slices(1)
+        .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+        .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{i}")).detail("ci", 0))
+        .reason("line\nbreak \"quoted\" ünïcode")
 }
 
 /// `dir`/gpu001.audit.jsonl with [`job_start`] 1 to `n` appended (without fsync), seq 1 to `n`.
