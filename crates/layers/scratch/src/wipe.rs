@@ -231,6 +231,11 @@ fn free_threads() -> &'static AtomicUsize {
 /// is shallow: a folder of one subfolder or none starts no thread, and the folders below a
 /// thread's share out again with the slots left free, so a deep tree uses every CPU too.
 fn share_out(dirs: &[CString], f: impl Fn(&CString) -> Result<()> + Sync) -> Result<()> {
+    if dirs.len() < 2 {
+        // Not even the CPU count is looked up (affinity, the cgroup's quota): the epilog's
+        // usual case.
+        return dirs.iter().try_for_each(f);
+    }
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let work = || -> Result<()> {
