@@ -14,9 +14,11 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Instant;
-use tenancy_audit::{verify_paths, AnchorSet, AuditLog, Event, Outcome, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, AuditLog, Event, Outcome, Record};
 use tenancy_config::{Config, ConfigError, Identity};
-use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine};
+use tenancy_job::{JobContext, Journal};
+use tenancy_node::{JobPlan, Layer, LayerResult, Spine};
 use tenancy_test_support::{fuzz_cases, ScratchOnExit, TenancyToml};
 
 /// Runs `test` over `cases` inputs of `strategy`, fails with the shrunk input, reports figures.
@@ -654,7 +656,7 @@ fn audit_verify_and_report_survive_random_and_tampered_logs() {
     );
     let undetected = RefCell::new(Vec::<String>::new());
     let feed_report = |bytes: &[u8]| {
-        let mut agg = tenancy_audit::report::Aggregator::new(Default::default());
+        let mut agg = tenancy_accounting::report::Aggregator::new(Default::default());
         for line in bytes.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
             agg.feed(line);
         }

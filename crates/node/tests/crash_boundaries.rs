@@ -9,7 +9,7 @@ mod common;
 
 use common::{requires_root, text, World};
 use std::os::unix::process::ExitStatusExt;
-use tenancy_audit::Event;
+use tenancy_audit_log::Event;
 
 /// Boundaries a full prolog reports, in order (from a run without a crash).
 fn boundaries(w: &World, job: u64) -> Vec<String> {
@@ -74,7 +74,7 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
         .filter(|r| r.0 == job)
         .collect();
     assert_eq!(logged.len(), 1, "crash at {want}: intent log");
-    let layers: Vec<(&str, tenancy_node::StepState)> = logged[0]
+    let layers: Vec<(&str, tenancy_job::StepState)> = logged[0]
         .1
         .steps
         .iter()
@@ -82,7 +82,7 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
         .collect();
     assert_eq!(
         layers,
-        ["mig", "devices", "network", "scratch"].map(|l| (l, tenancy_node::StepState::Intended)),
+        ["mig", "devices", "network", "scratch"].map(|l| (l, tenancy_job::StepState::Intended)),
         "crash at {want}"
     );
     // After "made X", X really exists (so the epilog below really removes something).
@@ -139,7 +139,7 @@ fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
     let recs = w.records();
     for (i, want) in seen.iter().enumerate() {
         let n = (i + 1) as u64;
-        let of = |job: u64| -> Vec<&tenancy_audit::Record> {
+        let of = |job: u64| -> Vec<&tenancy_audit_log::Record> {
             recs.iter().filter(|r| r.job_id == Some(job)).collect()
         };
         let crashed = of(200 + n);

@@ -280,7 +280,7 @@ fn wipe_is_crypto_erase() {
     let end = w
         .records()
         .into_iter()
-        .find(|r| r.job_id == Some(20) && r.event == tenancy_audit::Event::JobEnd)
+        .find(|r| r.job_id == Some(20) && r.event == tenancy_audit_log::Event::JobEnd)
         .expect("job_end");
     let res = end.resources.iter().find(|r| r.layer == "scratch").unwrap();
     assert_eq!(res.detail["key_removal"], "removed", "{res:?}");
@@ -318,7 +318,7 @@ fn wipe_is_crypto_erase() {
     let end = w
         .records()
         .into_iter()
-        .find(|r| r.job_id == Some(22) && r.event == tenancy_audit::Event::JobEnd)
+        .find(|r| r.job_id == Some(22) && r.event == tenancy_audit_log::Event::JobEnd)
         .expect("job_end");
     let res = end.resources.iter().find(|r| r.layer == "scratch").unwrap();
     assert_eq!(res.detail["key_removal"], "files_busy", "{res:?}");
@@ -459,7 +459,7 @@ fn retained_scratch_unlocks_until_expiry() {
     let kinds: Vec<String> = w
         .records()
         .iter()
-        .filter(|r| r.job_id == Some(30) && r.event == tenancy_audit::Event::Reconcile)
+        .filter(|r| r.job_id == Some(30) && r.event == tenancy_audit_log::Event::Reconcile)
         .map(|r| r.resources[0].layer.clone())
         .collect();
     assert_eq!(kinds, ["retained-key", "retained"], "{kinds:?}");
@@ -518,7 +518,7 @@ fn required_encryption_on_unsupported_fs_fails_closed() {
             .into_iter()
             .find(|r| r.job_id == Some(40))
             .expect("a record");
-        assert_eq!(rec.event, tenancy_audit::Event::Rollback, "{kind:?}");
+        assert_eq!(rec.event, tenancy_audit_log::Event::Rollback, "{kind:?}");
         assert!(
             rec.reason.as_deref().unwrap_or("").contains(fs_named),
             "{kind:?}: {rec:?}"

@@ -13,7 +13,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use tenancy_audit::{Event, Outcome};
+use tenancy_audit_log::{Event, Outcome};
 
 /// A root test's world of `gpus` H200s, with the real binaries; None: skip.
 fn world(gpus: usize) -> Option<World> {
@@ -113,7 +113,7 @@ fn mig_state(w: &World, job: u64) -> String {
 }
 
 /// The job's records in the audit log.
-fn records_of(w: &World, job: u64) -> Vec<tenancy_audit::Record> {
+fn records_of(w: &World, job: u64) -> Vec<tenancy_audit_log::Record> {
     w.records()
         .into_iter()
         .filter(|r| r.job_id == Some(job))

@@ -3,10 +3,11 @@
 //! `(unverified)`, never for the tenant named.
 
 use std::ffi::OsString;
-use tenancy_audit::report::{aggregate_paths, GroupBy, Query, UNVERIFIED};
-use tenancy_audit::{Event, Record};
+use tenancy_accounting::report::{aggregate_paths, GroupBy, Query, UNVERIFIED};
+use tenancy_audit_log::{Event, Record};
 use tenancy_config::Config;
-use tenancy_node::{JobContext, Spine};
+use tenancy_job::JobContext;
+use tenancy_node::Spine;
 use tenancy_test_support::TenancyToml;
 
 fn job(id: &str, uid: &str, user: &str, tenant: &str) -> Vec<(OsString, OsString)> {

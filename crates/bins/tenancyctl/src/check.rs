@@ -1,10 +1,10 @@
 //! `tenancyctl check`: validates the config and prints what each tenant and tier enforces.
 
+use crate::output::Format;
 use crate::output::Rows;
 use serde::Serialize;
 use std::process::ExitCode;
 use tenancy_config::{group_gid, Config, ScratchOnExit};
-use tenancy_output::Format;
 
 #[derive(Serialize)]
 struct TenantRow {

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tenancy_audit::{Event, Outcome};
+use tenancy_audit_log::{Event, Outcome};
 use tenancy_config::{Collector, Config};
 
 use crate::chain::{ChainReader, Line, Position, Seek};
@@ -86,7 +86,7 @@ pub struct Cursor {
     /// After the last record the collector confirmed.
     pub record: Position,
     /// The time of that record.
-    #[serde(default, with = "tenancy_audit::record::ts::opt")]
+    #[serde(default, with = "tenancy_audit_log::record::ts::opt")]
     pub record_time: Option<DateTime<Utc>>,
     /// After the last anchor line it confirmed in `cluster.audit_anchor`.
     #[serde(default)]
@@ -98,7 +98,7 @@ pub struct Cursor {
     pub last_error: Option<String>,
     #[serde(default)]
     pub connected: bool,
-    #[serde(default, with = "tenancy_audit::record::ts::opt")]
+    #[serde(default, with = "tenancy_audit_log::record::ts::opt")]
     pub updated: Option<DateTime<Utc>>,
 }
 
@@ -134,7 +134,7 @@ fn write_cursor(path: &Path, c: &Cursor) -> std::io::Result<()> {
 pub fn frame(out: &mut Vec<u8>, time: &DateTime<Utc>, host: &str, msgid: &str, msg: &[u8]) {
     let head = format!(
         "<86>1 {} {} tenancy-audit - {msgid} - ",
-        tenancy_audit::record::ts::format(time),
+        tenancy_audit_log::record::ts::format(time),
         if host.is_empty() { "-" } else { host }
     );
     let len = head.len() + msg.len();
@@ -226,7 +226,7 @@ impl AnchorReader {
             let body = text
                 .find("node=")
                 .map_or(String::new(), |i| text[i..].to_string());
-            if let Some(p) = tenancy_audit::ParsedAnchor::parse(&body) {
+            if let Some(p) = tenancy_audit_log::ParsedAnchor::parse(&body) {
                 if p.seq > sent_seq {
                     break;
                 }
@@ -295,7 +295,7 @@ fn say(s: &str) {
 
 fn audit_record(config: &Config, event: Event, outcome: Outcome, reason: String) {
     let mut rec = crate::admin::record(config, event, outcome).reason(reason);
-    if let Err(e) = tenancy_node::spine::append_anchored(config, &mut rec) {
+    if let Err(e) = tenancy_job::audit::append_anchored(config, &mut rec) {
         say(&format!("cannot record {}: {e}", rec.event));
     }
 }
@@ -508,7 +508,7 @@ impl Stream {
             .next(self.sent_seq)
             .map_err(|e| format!("reading the anchor file: {e}"))?
         {
-            let host = tenancy_audit::ParsedAnchor::parse(&body)
+            let host = tenancy_audit_log::ParsedAnchor::parse(&body)
                 .map(|p| p.node)
                 .unwrap_or_default();
             frame(

@@ -15,16 +15,17 @@ mod mig;
 mod output;
 mod prune;
 mod reconcile;
+mod report;
 mod rotate;
-mod sacct;
 mod scratch;
-mod statement;
+mod storage_audit;
+mod verify;
 
+use crate::output::Format;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tenancy_config::{group_gid, Config};
-use tenancy_output::Format;
 
 #[derive(Parser)]
 #[command(
@@ -51,7 +52,7 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Accounting report over one or many audit logs; priced statements (--statement);
     /// the cross-check with Slurm's accounting (--compare-sacct, exit 1 on a disagreement)
-    Report(ReportCmd),
+    Report(report::ReportCmd),
     /// Tear down journals of jobs Slurm no longer runs and find product resources no journal
     /// owns (dry run unless --apply; exit 1 when something is left)
     Reconcile(reconcile::ReconcileArgs),
@@ -72,7 +73,7 @@ enum Command {
     /// Retained encrypted scratch: unlock (its key added again) or lock a job's folder
     Scratch(scratch::ScratchArgs),
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
-    StorageAudit(tenancy_scratch::AuditArgs),
+    StorageAudit(storage_audit::AuditArgs),
     /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
     /// and audit chain head as OpenMetrics text (node_exporter's textfile collector)
     Metrics(metrics::MetricsArgs),
@@ -82,116 +83,10 @@ enum Command {
     Adopt(adopt::AdoptArgs),
 }
 
-/// `report`: the audit crate's options, and what a statement and the cross-check add.
-#[derive(clap::Args)]
-struct ReportCmd {
-    #[command(flatten)]
-    base: tenancy_audit::ReportArgs,
-    /// Statement: anchor file(s) (syslog or cluster.audit_anchor) the integrity line checks
-    /// the chains against
-    #[arg(long = "anchor", value_name = "FILE")]
-    anchors: Vec<PathBuf>,
-    /// Statement: take only anchors with this key's MAC (default: the config's
-    /// audit_anchor_key, with --anchor)
-    #[arg(long, value_name = "FILE")]
-    anchor_key: Option<PathBuf>,
-    /// Statement: the nodes' public keys the anchors' signatures are checked with (default:
-    /// the config's audit.public_keys, with --anchor)
-    #[arg(long, value_name = "FILE")]
-    public_keys: Option<PathBuf>,
-    /// Statement: the paths hold every node's log (a node anchored without one does not verify)
-    #[arg(long)]
-    all_nodes: bool,
-    /// Statement with --format html: one file per tenant in this folder
-    /// (statement-YYYY-MM-TENANT.html); default: every tenant in one page on stdout
-    #[arg(long, value_name = "DIR")]
-    out: Option<PathBuf>,
-    /// Compare with Slurm's accounting (sacct) for the period (--statement, or --since and
-    /// --until): list every job where the books disagree; exit 1 if any
-    #[arg(long)]
-    compare_sacct: bool,
-    /// With --compare-sacct: read this file of `sacct --parsable2` output (with its header)
-    /// instead of running sacct
-    #[arg(long, value_name = "FILE", requires = "compare_sacct")]
-    sacct_file: Option<PathBuf>,
-    /// With --compare-sacct: slice-hours may differ from Slurm's TRES usage by this many
-    /// seconds per slice (prolog and epilog time)
-    #[arg(long, default_value_t = 60, requires = "compare_sacct")]
-    tolerance_seconds: u64,
-}
-
-fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Result<ExitCode> {
-    let ReportCmd { base, .. } = &cmd;
-    if cmd.compare_sacct {
-        let (since, until) = match (&base.statement, &base.since, &base.until) {
-            (Some(m), _, _) => tenancy_audit::report::parse_month(m)?,
-            (None, Some(s), Some(u)) => (
-                tenancy_audit::report::parse_bound(s, false)?,
-                tenancy_audit::report::parse_bound(u, true)?,
-            ),
-            _ => anyhow::bail!(
-                "--compare-sacct needs a period: --statement YYYY-MM, or --since and --until"
-            ),
-        };
-        let Some(format) = base.format.plain() else {
-            anyhow::bail!("--compare-sacct prints a table, csv or json, not html");
-        };
-        return sacct::run(
-            &base.paths,
-            since,
-            until,
-            cmd.sacct_file.as_deref(),
-            cmd.tolerance_seconds,
-            format,
-        );
-    }
-    let Some(month) = &base.statement else {
-        if cmd.out.is_some() || !cmd.anchors.is_empty() {
-            anyhow::bail!("--out and --anchor are for --statement");
-        }
-        return tenancy_audit::run_report(cmd.base);
-    };
-    // Prices come from the config; without one the statement shows quantities only. A config
-    // that is there but invalid is an error: a statement never guesses a price.
-    let config = match Config::load(config) {
-        Ok(c) => Some(c),
-        Err(tenancy_config::ConfigError::NotFound { .. }) => None,
-        Err(e) => anyhow::bail!("{e}"),
-    };
-    let inputs = statement::IntegrityInputs {
-        anchors: cmd.anchors.clone(),
-        anchor_key: cmd.anchor_key.clone().or_else(|| {
-            (!cmd.anchors.is_empty())
-                .then(|| config.as_ref()?.cluster.audit_anchor_key.clone())
-                .flatten()
-        }),
-        public_keys: cmd.public_keys.clone().or_else(|| {
-            (!cmd.anchors.is_empty())
-                .then(|| config.as_ref()?.audit.public_keys.clone())
-                .flatten()
-        }),
-        all_nodes: cmd.all_nodes,
-    };
-    statement::run(
-        config.as_ref(),
-        &base.paths,
-        month,
-        &tenancy_audit::report::Query {
-            tenants: base.tenant.clone(),
-            users: base.user.clone(),
-            nodes: base.node.clone(),
-            ..Default::default()
-        },
-        base.format,
-        cmd.out.as_deref(),
-        &inputs,
-    )
-}
-
 #[derive(Subcommand)]
 enum AuditCommand {
     /// Check every node's hash chain; report the first bad record with its line
-    Verify(tenancy_audit::VerifyArgs),
+    Verify(verify::VerifyArgs),
     /// Set this node's audit log aside under a dated name and go on with its chain in a new
     /// file (use this, not logrotate's create or copytruncate, which restart the chain)
     Rotate(rotate::RotateArgs),
@@ -247,7 +142,7 @@ fn load_for_adopt(explicit: Option<&std::path::Path>) -> anyhow::Result<Config> 
 /// uids, so a file a user of another tenant owns, or a `user:` ACL entry naming one, is seen
 /// for what it gives. A user in several tenants is mapped to none (the audit asks what one
 /// tenant's members get that the other's do not), and root to none (it gets everything).
-fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
+fn tenant_map(config: &Config) -> tenancy_storage_audit::TenantMap {
     let members = config.member_uids();
     let mut tenants_of = std::collections::HashMap::<u32, usize>::new();
     for uids in members.values() {
@@ -255,7 +150,7 @@ fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
             *tenants_of.entry(u).or_default() += 1;
         }
     }
-    let mut map = tenancy_scratch::TenantMap::new();
+    let mut map = tenancy_storage_audit::TenantMap::new();
     for t in config.tenants.values() {
         let gids: Vec<u32> = t.groups.iter().filter_map(|g| group_gid(g)).collect();
         let uids = members[&t.name]
@@ -294,7 +189,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 reconcile::run(&c, args)
             }
         }
-        Command::Report(cmd) => run_report(config, cmd),
+        Command::Report(cmd) => report::run(config, cmd),
         Command::Audit {
             command: AuditCommand::Verify(mut args),
         } => {
@@ -311,7 +206,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
-            tenancy_audit::run_verify(args)
+            verify::run_verify(args)
         }
         Command::Audit {
             command: AuditCommand::Rotate(args),
@@ -377,7 +272,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Devices(args) => devices::run(args),
         Command::StorageAudit(args) => {
-            tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
+            storage_audit::run_storage_audit(&args, &tenant_map(&load(config)?))
         }
         Command::Metrics(args) => metrics::run(&load(config)?, &args),
         Command::Scratch(args) => scratch::run(&load(config)?, &args),

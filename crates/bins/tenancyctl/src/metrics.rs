@@ -14,9 +14,9 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tenancy_audit::{Event, Record};
+use tenancy_audit_log::{Event, Record};
 use tenancy_config::Config;
-use tenancy_node::{JournalDir, StepState};
+use tenancy_job::{JournalDir, StepState};
 
 #[derive(clap::Args)]
 pub struct MetricsArgs {

@@ -15,8 +15,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use chrono::Utc;
 use serde::Serialize;
-use tenancy_audit::{Event, Outcome, Resource, ResourceAction};
+use tenancy_audit_log::{Event, Outcome, Resource, ResourceAction};
 use tenancy_config::Config;
+
+use crate::output::Format;
 
 #[derive(Debug, clap::Args)]
 pub struct PruneArgs {
@@ -27,8 +29,8 @@ pub struct PruneArgs {
     /// itself)
     #[arg(long)]
     pub unforwarded_ok: bool,
-    #[arg(long, value_enum, default_value_t = tenancy_output::Format::Table)]
-    pub format: tenancy_output::Format,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 #[derive(Debug, Serialize)]
@@ -154,7 +156,7 @@ fn judge(
         last_seq: f.last_seq,
         last_record: f
             .last_time
-            .map(|t| tenancy_audit::record::ts::format(&t))
+            .map(|t| tenancy_audit_log::record::ts::format(&t))
             .unwrap_or_else(|| "?".into()),
         retain_days: days,
         action: "keep",
@@ -226,12 +228,12 @@ fn record_removed(config: &Config, removed: &[crate::chain::LogFile]) -> anyhow:
             .detail("last_seq", f.last_seq),
         );
     }
-    tenancy_node::spine::append_anchored(config, &mut rec)
+    tenancy_job::audit::append_anchored(config, &mut rec)
         .map_err(|e| anyhow::anyhow!("the files are removed but their record is not: {e}"))?;
     Ok(())
 }
 
-fn print(rows: &[Row], format: tenancy_output::Format) -> anyhow::Result<()> {
+fn print(rows: &[Row], format: crate::output::Format) -> anyhow::Result<()> {
     crate::output::Rows {
         headers: &[
             "file",

@@ -7,7 +7,7 @@ mod common;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
-use tenancy_node::{Journal, JournalDir, Step, StepState};
+use tenancy_job::{Journal, JournalDir, Step, StepState};
 use tenancy_test_support::{output_text, requires_root};
 
 fn cgroup2_root() -> PathBuf {
@@ -161,7 +161,7 @@ impl JobFixture {
         };
         tree.mkdir(&product);
         let journal = Journal {
-            version: tenancy_node::journal::VERSION,
+            version: tenancy_job::journal::VERSION,
             job_id: job,
             cluster: "t".into(),
             node: "n".into(),

@@ -10,7 +10,7 @@ use common::{tenancyctl, text};
 use chrono::{Duration, Utc};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tenancy_audit::{Event, Outcome, Record, GENESIS};
+use tenancy_audit_log::{Event, Outcome, Record, GENESIS};
 
 fn records(log: &Path) -> Vec<Record> {
     std::fs::read_to_string(log)
@@ -59,7 +59,7 @@ fn admin_actions_are_audited() {
     std::fs::create_dir_all(root.join("state")).unwrap();
     std::fs::create_dir_all(root.join("scratch")).unwrap();
     let log = root.join("audit.jsonl");
-    let mut l = tenancy_audit::AuditLog::open(&log).unwrap();
+    let mut l = tenancy_audit_log::AuditLog::open(&log).unwrap();
     let mut r = Record::new(
         "t",
         "n1",

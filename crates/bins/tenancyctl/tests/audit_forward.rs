@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use tenancy_audit::{Event, Outcome, Record};
+use tenancy_audit_log::{Event, Outcome, Record};
 use tenancy_config::Config;
 
 const NODE: &str = "n1";
@@ -63,7 +63,7 @@ fn job(config: &Config, id: u64) {
         .job_id(id)
         .tenant("acme")
         .tier("internal");
-        tenancy_node::spine::append_anchored(config, &mut r).unwrap();
+        tenancy_job::audit::append_anchored(config, &mut r).unwrap();
     }
 }
 

@@ -1,14 +1,14 @@
 //! Signed anchors: each node's Ed25519 key (`tenancyctl audit keygen`) signs its anchors, and
 //! `audit verify --public-keys` and `report --statement` check them with the nodes' public
 //! keys and no secret. Records and anchors are made as the prolog and epilog make them
-//! (`tenancy_node::spine::append_anchored`), the anchors into `cluster.audit_anchor`.
+//! (`tenancy_job::audit::append_anchored`), the anchors into `cluster.audit_anchor`.
 
 mod common;
 
 use common::{tenancyctl, text};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tenancy_audit::{AnchorAuth, ClockSync, Event, NodeKey, Outcome, Record};
+use tenancy_audit_log::{AnchorAuth, ClockSync, Event, NodeKey, Outcome, Record};
 use tenancy_config::Config;
 
 /// A node's config under `root/<node>`; `hmac`: the cluster's shared anchor key file.
@@ -49,7 +49,7 @@ fn job(config: &Config, node: &str, id: u64) {
     .tenant("acme")
     .tier("internal")
     .time(t);
-    tenancy_node::spine::append_anchored(config, &mut r).unwrap();
+    tenancy_job::audit::append_anchored(config, &mut r).unwrap();
     let mut r = Record::new(
         "t",
         node,
@@ -63,7 +63,7 @@ fn job(config: &Config, node: &str, id: u64) {
     .tenant("acme")
     .tier("internal")
     .started(t);
-    tenancy_node::spine::append_anchored(config, &mut r).unwrap();
+    tenancy_job::audit::append_anchored(config, &mut r).unwrap();
 }
 
 fn keygen(config: &Path, extra: &[&str]) -> String {
@@ -253,12 +253,12 @@ fn one_nodes_key_cannot_sign_for_another() {
     // Root on n2 holds n2's key and signs an anchor for n1, past n1's end: a "cut tail" that
     // would make n1's log look tampered with.
     let k2 = NodeKey::load(&c2.audit.signing_key).unwrap();
-    let forged = tenancy_audit::anchor_text(
+    let forged = tenancy_audit_log::anchor_text(
         "n1",
         999,
         &"ab".repeat(32),
         &chrono::Utc::now(),
-        tenancy_audit::clock_sync(),
+        tenancy_audit_log::clock_sync(),
         &AnchorAuth {
             mac: None,
             node_key: Some(&k2),
@@ -294,7 +294,7 @@ fn one_nodes_key_cannot_sign_for_another() {
     );
     // Signed by n1's own key, the same claim is taken, and the cut shows: the check is real.
     let k1 = NodeKey::load(&c1.audit.signing_key).unwrap();
-    let own = tenancy_audit::anchor_text(
+    let own = tenancy_audit_log::anchor_text(
         "n1",
         999,
         &"ab".repeat(32),
@@ -368,8 +368,8 @@ fn old_hmac_anchors_still_verify() {
     assert!(out.contains("signed, 3 by their MAC alone"), "{out}");
     // Root on any node holds the HMAC key: after the node signed, a MAC alone proves nothing
     // and is left out (with the HMAC key alone it would pass for a cut tail).
-    let key = tenancy_audit::AnchorKey::load(&hmac).unwrap();
-    let forged = tenancy_audit::anchor_text(
+    let key = tenancy_audit_log::AnchorKey::load(&hmac).unwrap();
+    let forged = tenancy_audit_log::anchor_text(
         "n1",
         999,
         &"cd".repeat(32),
@@ -528,7 +528,7 @@ fn unsynchronised_clock_is_reported() {
             esterror_us: if r.seq < 5 { 800 } else { 250_000 },
             maxerror_us: 500_000,
         };
-        let t = tenancy_audit::anchor_text(
+        let t = tenancy_audit_log::anchor_text(
             "n1",
             r.seq,
             &r.hash_of_line(l),

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use tenancy_audit::{send_anchor_to, AnchorKey, AuditLog, Event, Outcome, Record};
+use tenancy_audit_log::{send_anchor_to, AnchorKey, AuditLog, Event, Outcome, Record};
 
 fn tenancyctl(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
@@ -195,7 +195,7 @@ fn anchors_without_the_keys_mac_are_left_out_and_a_cut_tail_still_shows() {
     // What `logger -t tenancy-audit "node=n1 seq=99 hash=..."` leaves in syslog, and a copy
     // of a genuine anchor's MAC on another head.
     let syslog = dir.path().join("syslog");
-    let genuine_mac = tenancy_audit::anchor_mac(&rotated_anchor)
+    let genuine_mac = tenancy_audit_log::anchor_mac(&rotated_anchor)
         .unwrap()
         .to_string();
     std::fs::write(

@@ -18,10 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
-use tenancy_audit::{verify_paths, AnchorSet, Event, Outcome, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, Event, Outcome, Record};
 use tenancy_config::Config;
-use tenancy_node::intent_log::IntentLog;
-use tenancy_node::{layers, JobContext, Spine};
+use tenancy_job::intent_log::IntentLog;
+use tenancy_job::JobContext;
+use tenancy_node::{layers, Spine};
 use tenancy_test_support::{
     nvml_fixture, nvml_stand_in, requires_root, Immutable, ScratchOnExit, TenancyToml,
 };
@@ -294,14 +296,14 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
     // 14: a journal of an earlier boot (intents only) whose slice sat where live job 12's sits
     // now: a copy of 12's with its own scratch folder. Its MIG, device and network steps died
     // with the restart; undoing them would destroy job 12's slice and cgroup.
-    let journals = tenancy_node::JournalDir::open(&state).unwrap();
+    let journals = tenancy_job::JournalDir::open(&state).unwrap();
     let mut old = journals.load(12).unwrap().unwrap();
     old.job_id = 14;
     old.boot_id = Some("ee".repeat(16));
-    old.started = tenancy_node::intent_log::booted_at().unwrap() - chrono::Duration::hours(2);
+    old.started = tenancy_job::intent_log::booted_at().unwrap() - chrono::Duration::hours(2);
     old.intent_slot = None;
     for step in &mut old.steps {
-        step.state = tenancy_node::StepState::Intended;
+        step.state = tenancy_job::StepState::Intended;
         step.made = None;
         if step.layer == "scratch" {
             step.intent["spec"]["job_id"] = 14.into();
@@ -457,7 +459,7 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
     assert_eq!(held, [12]);
     assert!(root.join("state/job_12.json").exists());
     // The occupancy index placement reads lists only the live job.
-    let index = tenancy_node::JournalDir::open(&config.cluster.state_dir)
+    let index = tenancy_job::JournalDir::open(&config.cluster.state_dir)
         .unwrap()
         .occupants(0)
         .unwrap();
@@ -897,7 +899,7 @@ fn reconcile_keeps_what_an_unreadable_intent_record_may_own() {
     }
     let (tenant, tmp, cfg) = small_node("ri");
     let root = tmp.path();
-    let mut log = tenancy_node::intent_log::IntentLog::open(&root.join("state")).unwrap();
+    let mut log = tenancy_job::intent_log::IntentLog::open(&root.join("state")).unwrap();
     let slot = log.claim(|_| false).unwrap().unwrap();
     log.write(slot, 23, &[0xee; 16], b"{\"format\": 99")
         .unwrap();
@@ -932,7 +934,7 @@ fn reconcile_rebuilds_an_occupancy_index_that_lists_a_job_without_a_journal() {
     let root = tmp.path();
     let index = root.join("state/occupancy");
     std::fs::write(&index, "+ 31 globex internal 1 0 -\n").unwrap();
-    let dir = tenancy_node::JournalDir::open(&root.join("state")).unwrap();
+    let dir = tenancy_job::JournalDir::open(&root.join("state")).unwrap();
     assert_eq!(dir.occupants(0).unwrap().len(), 1);
 
     // A dry run changes nothing.

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
-use tenancy_audit::{send_anchor_to, AuditLog, Event, Outcome, Record};
+use tenancy_audit_log::{send_anchor_to, AuditLog, Event, Outcome, Record};
 use tenancy_test_support::TenancyToml;
 
 fn tenancyctl(config: &Path, args: &[&str]) -> Output {

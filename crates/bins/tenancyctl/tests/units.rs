@@ -226,14 +226,14 @@ fn units_verify() {
     );
     assert!(m.contains("slurm_tenancy_firewall_loaded 1"), "{m}");
     // tenancy-audit-rotate.service: the log (one job's end) set aside, its chain going on.
-    let mut log = tenancy_audit::AuditLog::open(dir.path().join("audit.jsonl")).unwrap();
-    let mut rec = tenancy_audit::Record::new(
+    let mut log = tenancy_audit_log::AuditLog::open(dir.path().join("audit.jsonl")).unwrap();
+    let mut rec = tenancy_audit_log::Record::new(
         "t",
         "n1",
         "alice",
         1001,
-        tenancy_audit::Event::JobEnd,
-        tenancy_audit::Outcome::Success,
+        tenancy_audit_log::Event::JobEnd,
+        tenancy_audit_log::Outcome::Success,
         "tenancy-epilog",
     )
     .job_id(1);

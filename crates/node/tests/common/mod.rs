@@ -8,10 +8,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
-use tenancy_audit::{verify_paths, AnchorSet, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, Record};
 
-#[path = "../../../layers/scratch/tests/common/loopfs.rs"]
-pub mod loopfs;
+pub use tenancy_test_support::loopfs;
 
 /// What a command did, for a failure message.
 pub use tenancy_test_support::output_text as text;
@@ -253,7 +253,7 @@ impl World {
     /// The job's journal as the product reads it (the last snapshot of the file), as JSON.
     #[allow(dead_code)]
     pub fn journal(&self, job: u64) -> serde_json::Value {
-        let j = tenancy_node::JournalDir::at(&self.root.join("state"))
+        let j = tenancy_job::JournalDir::at(&self.root.join("state"))
             .load(job)
             .unwrap()
             .unwrap_or_else(|| panic!("job {job} has no journal"));
@@ -261,9 +261,9 @@ impl World {
     }
 
     /// The journals the node's intent log holds on disk (job id, journal), in slot order.
-    pub fn intent_records(&self) -> Vec<(u64, tenancy_node::Journal)> {
+    pub fn intent_records(&self) -> Vec<(u64, tenancy_job::Journal)> {
         let Some(log) =
-            tenancy_node::intent_log::IntentLog::open_existing(&self.root.join("state")).unwrap()
+            tenancy_job::intent_log::IntentLog::open_existing(&self.root.join("state")).unwrap()
         else {
             return vec![];
         };

@@ -1,8 +1,11 @@
 //! Seeded generator of realistic per-node audit logs plus the ground truth it generated: the
-//! report tests of the accounting crate and its benchmark example (feature `audit-logs`).
+//! report tests of the accounting crate (and tenancyctl's of `report`) and its benchmark
+//! example; and a small log of known records for the chain's tests (feature `audit-logs`).
 
-use chrono::{DateTime, TimeDelta, Utc};
-use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
+use chrono::{DateTime, TimeDelta, TimeZone, Utc};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record, Resource, ResourceAction, GENESIS};
 
 pub const TENANTS: [&str; 5] = ["acme", "globex", "initech", "umbrella", "hooli"];
 pub const PROFILES: [(&str, u32); 4] = [
@@ -275,4 +278,76 @@ impl NodeLog<'_> {
 pub fn trunc(t: DateTime<Utc>) -> DateTime<Utc> {
     use chrono::DurationRound;
     t.duration_trunc(TimeDelta::milliseconds(1)).unwrap()
+}
+
+/// [`generate`] into one file per node in `dir` (`gpu000.audit.jsonl`, ...), from
+/// 2026-10-25T00:00Z; the ground truth.
+pub fn write_logs(dir: &Path, seed: u64, nodes: usize, per_node: usize) -> Vec<Truth> {
+    let mut files: Vec<std::io::BufWriter<std::fs::File>> = (0..nodes)
+        .map(|n| {
+            std::io::BufWriter::new(
+                std::fs::File::create(dir.join(format!("gpu{n:03}.audit.jsonl"))).unwrap(),
+            )
+        })
+        .collect();
+    let mut truths = Vec::new();
+    let base = Utc.with_ymd_and_hms(2026, 10, 25, 0, 0, 0).unwrap();
+    generate(
+        seed,
+        nodes,
+        per_node,
+        base,
+        |n, l| files[n].write_all(l).unwrap(),
+        |t| truths.push(t),
+    );
+    for f in &mut files {
+        f.flush().unwrap();
+    }
+    truths
+}
+
+/// A record of job `job` by alice (uid 2001) of cluster c1 on node gpu001, its other fields to
+/// be added.
+pub fn record(event: Event, outcome: Outcome, origin: &str, job: u64) -> Record {
+    Record::new("c1", "gpu001", "alice", 2001, event, outcome, origin).job_id(job)
+}
+
+/// Job `i`'s `job_start` as the prolog writes it, with every kind of field the chain hashes: a
+/// tenant, a MIG slice, a resource, and a reason with a line break, quotes and non-ASCII.
+pub fn job_start(i: u64) -> Record {
+    record(Event::JobStart, Outcome::Success, "tenancy-prolog", i)
+        .tenant("acme")
+        .tier("gold")
+        .profile("1g.18gb")
+        .compute_slices(1)
+        .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+        .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{i}")).detail("ci", 0))
+        .reason("line\nbreak \"quoted\" ünïcode")
+}
+
+/// `dir`/gpu001.audit.jsonl with [`job_start`] 1 to `n` appended (without fsync), seq 1 to `n`.
+pub fn make_log(dir: &Path, n: u64) -> PathBuf {
+    let p = dir.join("gpu001.audit.jsonl");
+    let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
+    for i in 1..=n {
+        let a = log.append(&mut job_start(i)).unwrap();
+        assert_eq!(a.seq, i);
+    }
+    p
+}
+
+/// The lines of a log.
+pub fn lines(p: &Path) -> Vec<String> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Writes `l` as the lines of a log (a tampered copy).
+pub fn write_lines(p: &Path, l: &[String]) {
+    let mut s = l.join("\n");
+    s.push('\n');
+    std::fs::write(p, s).unwrap();
 }

@@ -38,7 +38,7 @@ pub(super) fn tls_config(config: &Config) -> anyhow::Result<Arc<rustls::ClientCo
     let cfg = match (&config.audit.cert_file, &config.audit.key_file) {
         (Some(cert), Some(key)) => {
             // The key file: root's alone, as every key of the product.
-            let pem = tenancy_audit::sign::read_root_only(key, "audit.key_file", 1, 1 << 20)
+            let pem = tenancy_audit_log::sign::read_root_only(key, "audit.key_file", 1, 1 << 20)
                 .map_err(anyhow::Error::msg)?;
             let key_der = PrivateKeyDer::from_pem_slice(&pem)
                 .with_context(|| format!("audit.key_file {}: no PEM private key", key.display()))?;
