@@ -18,6 +18,8 @@ mod reconcile;
 mod rotate;
 mod sacct;
 mod scratch;
+mod scheduler;
+mod slurm_sync;
 mod statement;
 
 use clap::{Parser, Subcommand};
@@ -46,6 +48,10 @@ enum Command {
     Check {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
+        /// slurm.conf whose nodes the node pools must name (default: SLURM_CONF, else
+        /// /etc/slurm/slurm.conf)
+        #[arg(long)]
+        slurm_conf: Option<PathBuf>,
     },
     /// Check that this node can isolate every job (exit 1 on any error)
     Doctor(doctor::DoctorArgs),
@@ -76,6 +82,11 @@ enum Command {
     /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
     /// and audit chain head as OpenMetrics text (node_exporter's textfile collector)
     Metrics(metrics::MetricsArgs),
+    /// Slurm's side of the tenants: their accounts, users and quotas in slurmdbd
+    Slurm {
+        #[command(subcommand)]
+        command: SlurmCommand,
+    },
     /// Move an ssh session pam_slurm_adopt put into a job into the job's isolation, or refuse
     /// it (for pam_exec in the session phase; exit 1 refuses; under pam_exec a config found
     /// through the environment must be root's alone)
@@ -207,6 +218,13 @@ enum AuditCommand {
 }
 
 #[derive(Subcommand)]
+enum SlurmCommand {
+    /// Show (or with --apply make) each tenant's account, its GrpTRES/GrpJobs limits and its
+    /// users in slurmdbd, through sacctmgr; idempotent, removes only what it made
+    Sync(slurm_sync::SyncArgs),
+}
+
+#[derive(Subcommand)]
 enum FirewallCommand {
     /// Print the tenants' rules summary (or the nft script with --rules) the config yields
     Show(firewall::ShowArgs),
@@ -277,7 +295,7 @@ fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = cli.config.as_deref();
     match cli.command {
-        Command::Check { format } => match Config::load(config) {
+        Command::Check { format, slurm_conf } => match check::load(config, slurm_conf) {
             Ok(config) => check::run(&config, format),
             Err(e) => {
                 eprintln!("{e}");
@@ -381,6 +399,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Metrics(args) => metrics::run(&load(config)?, &args),
         Command::Scratch(args) => scratch::run(&load(config)?, &args),
+        Command::Slurm {
+            command: SlurmCommand::Sync(args),
+        } => slurm_sync::run(&load(config)?, &args),
         Command::Adopt(args) => adopt::run(&load_for_adopt(config)?, &args),
     }
 }
