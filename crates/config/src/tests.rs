@@ -455,6 +455,34 @@ fn limits_merge_over_the_tier_default_and_bad_ones_are_located() {
     assert!(p.message.contains("unknown field `gpu`"), "{p}");
 }
 
+/// The tests' builder writes the scheduler keys (limits, require_limits, nodes) as the config
+/// reads them.
+#[test]
+fn test_builder_limits_and_pools_parse() {
+    use tenancy_test_support::Limits as TomlLimits;
+    let mut c = TenancyToml::under("t", Path::new("/tmp"));
+    c.tier("internal")
+        .mig_profiles(["1g.18gb", "3g.71gb"])
+        .require_limits(true)
+        .limits(TomlLimits::default().gpus(4).running_jobs(10))
+        .nodes("gpu[01-04]");
+    c.tenant("acme")
+        .tier("internal")
+        .groups(["root"])
+        .nodes("gpu05")
+        .limits(TomlLimits::default().mig_slices("1g.18gb", 2).nodes(1));
+    let c = parse(&c.to_string()).unwrap();
+    assert!(c.tiers["internal"].require_limits);
+    let l = &c.tenants["acme"].limits;
+    assert_eq!(
+        (l.gpus, l.nodes, l.running_jobs),
+        (Some(4), Some(1), Some(10))
+    );
+    assert_eq!(l.mig_slices.get("1g.18gb"), Some(&2));
+    assert_eq!(c.node_refusal("acme", "gpu05"), None);
+    assert!(c.node_refusal("acme", "gpu01").is_some());
+}
+
 /// Node pools: a hostlist that does not parse, one naming nodes slurm.conf lacks, and which
 /// tenant may run where.
 #[test]

@@ -17,8 +17,8 @@ mod prune;
 mod reconcile;
 mod rotate;
 mod sacct;
-mod scratch;
 mod scheduler;
+mod scratch;
 mod slurm_sync;
 mod statement;
 

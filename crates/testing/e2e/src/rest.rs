@@ -3,7 +3,8 @@
 //! makes (slurm.conf `AuthAltTypes=auth/jwt`, `AuthAltParameters=jwt_key=`), the users' tokens
 //! come from `scontrol token`.
 
-use crate::{free_port, spawn_daemon, stop_child, Cluster, TestUser};
+use crate::daemons::{free_port, spawn_daemon, stop_child};
+use crate::{Cluster, TestUser};
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -37,7 +38,14 @@ impl Rest {
     /// Starts slurmrestd for `cluster` as user nobody, with the OpenAPI plugins `specs`
     /// (e.g. `openapi/v0.0.38`: slurmctld's alone; the slurmdbd ones need accounting), and
     /// waits until it answers.
+    /// The host's Slurm only: Debian's slurmrestd speaks its own release's protocol.
     pub fn start(cluster: &Cluster, specs: &str) -> Result<Rest> {
+        if let Some(root) = cluster.slurm_root() {
+            bail!(
+                "slurmrestd runs on the host's Slurm only, not on Slurm {}",
+                root.release
+            );
+        }
         let port = free_port()?;
         let log = cluster.path("log/slurmrestd.log");
         let mut cmd = Command::new("slurmrestd");

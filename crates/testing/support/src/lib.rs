@@ -32,7 +32,7 @@ mod config;
 mod immutable;
 pub mod seccomp;
 
-pub use config::{GpuPlacement, ScratchOnExit, TenancyToml};
+pub use config::{GpuPlacement, Limits, ScratchOnExit, TenancyToml};
 pub use immutable::Immutable;
 
 use std::os::unix::process::CommandExt;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
 use tenancy_e2e::{probe_kv, submitted_id, TestUser, Users};
-use tenancy_e2e::{Options, Stack, Tenants};
+use tenancy_e2e::{Limits, Options, Stack, Tenants};
 
 fn say(s: &str) {
     println!("\n=== {s}");
@@ -247,11 +247,15 @@ fn run() -> Result<u32> {
         })
         .config(move |c| {
             c.cluster().dcgm_job_mapping_dir(&mapping);
+            // acme's quota: one 1g.18gb slice at a time (Slurm holds the tenant's jobs to it).
+            c.tenant("acme")
+                .limits(Limits::default().mig_slices("1g.18gb", 1));
         });
     let stack = Stack::start(root.path(), &t, &options)?;
     println!("slurm.conf:   {}", stack.cluster.conf.display());
     println!("tenancy.toml: {}", stack.config.display());
     println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
+    sync_tenants(&stack, &t)?;
     // The regulated tenant's scratch encrypted with a key per job (docs/encrypted-scratch.md):
     // the scratch root on an ext4 made with `mkfs.ext4 -O encrypt` on a loop device, unmounted
     // and removed at the end (after the cluster stopped: it is dropped after `demo`). Where no
@@ -565,6 +569,7 @@ fn run() -> Result<u32> {
 
     broken += statement_and_cross_check(s, &[a, g])?;
     broken += verify_at_collector(s, &collector, forwarder, &public_keys)?;
+    broken += quota_and_pool(&demo)?;
 
     say("Shutting the cluster down");
     drop(demo);
