@@ -37,8 +37,7 @@ pub struct Rest {
 impl Rest {
     /// Starts slurmrestd for `cluster` as user nobody, with the OpenAPI plugins `specs`
     /// (e.g. `openapi/v0.0.38`: slurmctld's alone; the slurmdbd ones need accounting), and
-    /// waits until it answers.
-    /// The host's Slurm only: Debian's slurmrestd speaks its own release's protocol.
+    /// waits until it answers. The host's Slurm only: Debian's slurmrestd speaks its own release's protocol.
     pub fn start(cluster: &Cluster, specs: &str) -> Result<Rest> {
         if let Some(root) = cluster.slurm_root() {
             bail!(

@@ -135,3 +135,22 @@ pub(crate) fn cgroup_conf(plugin: &str) -> String {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_cpus_than_the_machine_has_are_declared_with_config_overrides() {
+        let host = std::thread::available_parallelism().unwrap().get();
+        let mut c = SlurmConf::new("t", "h");
+        assert_eq!(c.node_cpus(None), host);
+        assert_eq!(c.node_cpus(Some(host)), host);
+        assert!(!c.render().contains("SlurmdParameters"));
+        assert_eq!(c.node_cpus(Some(host + 2)), host + 2);
+        assert!(c
+            .render()
+            .lines()
+            .any(|l| l == "SlurmdParameters=config_overrides"));
+    }
+}
