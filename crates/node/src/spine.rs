@@ -443,6 +443,13 @@ impl<'c> Spine<'c> {
             )
             .map_err(|r: Refusal| deny(r.to_string()))?;
         let tenant = &self.config.tenants[&resolved.tenant];
+        // Node pools: job_submit/tenancy keeps every job on the nodes its tenant may use;
+        // this is the last line (a pool changed while the job was pending).
+        if self.config.has_pools() {
+            if let Some(why) = self.config.node_refusal(&tenant.name, &ctx.node) {
+                return Err(deny(why));
+            }
+        }
         let tier = self.config.tier_of(tenant).clone();
         // Found while checking membership (a member's group exists); looked up again only if
         // it was not.

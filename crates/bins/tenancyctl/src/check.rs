@@ -71,6 +71,26 @@ pub(crate) fn mig_name_report(config: &Config) -> Result<(String, Vec<String>), 
     ))
 }
 
+/// The config, its node pools checked against slurm.conf's nodes when slurm.conf can be read
+/// (a warning says so when it cannot and there are pools).
+pub fn load(
+    explicit: Option<&std::path::Path>,
+    slurm_conf: Option<std::path::PathBuf>,
+) -> Result<Config, tenancy_config::ConfigError> {
+    let path = Config::find(explicit)?;
+    let slurm_path = slurm_conf.unwrap_or_else(tenancy_config::slurm_conf::default_path);
+    match tenancy_config::slurm_conf::SlurmConf::load(&slurm_path) {
+        Ok(slurm) => Config::from_file_for(&path, Some(&slurm)),
+        Err(e) => {
+            let config = Config::from_file(&path)?;
+            if config.has_pools() {
+                eprintln!("warning: node pools not checked against slurm.conf's nodes: {e}");
+            }
+            Ok(config)
+        }
+    }
+}
+
 pub fn run(config: &Config, format: Format) -> anyhow::Result<ExitCode> {
     let rows: Vec<TenantRow> = config
         .tenants

@@ -1226,6 +1226,9 @@ fn slurm_rows(
     ) {
         rows.push(row(check, severity, message, remedy));
     }
+    for (check, severity, message, remedy) in crate::scheduler::findings(config, &slurm_conf) {
+        rows.push(row(check, severity, message, remedy));
+    }
 }
 
 /// Kernel settings the isolation relies on.

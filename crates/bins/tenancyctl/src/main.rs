@@ -17,7 +17,9 @@ mod prune;
 mod reconcile;
 mod report;
 mod rotate;
+mod scheduler;
 mod scratch;
+mod slurm_sync;
 mod storage_audit;
 mod verify;
 
@@ -47,6 +49,10 @@ enum Command {
     Check {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
+        /// slurm.conf whose nodes the node pools must name (default: SLURM_CONF, else
+        /// /etc/slurm/slurm.conf)
+        #[arg(long)]
+        slurm_conf: Option<PathBuf>,
     },
     /// Check that this node can isolate every job (exit 1 on any error)
     Doctor(doctor::DoctorArgs),
@@ -77,6 +83,11 @@ enum Command {
     /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
     /// and audit chain head as OpenMetrics text (node_exporter's textfile collector)
     Metrics(metrics::MetricsArgs),
+    /// Slurm's side of the tenants: their accounts, users and quotas in slurmdbd
+    Slurm {
+        #[command(subcommand)]
+        command: SlurmCommand,
+    },
     /// Move an ssh session pam_slurm_adopt put into a job into the job's isolation, or refuse
     /// it (for pam_exec in the session phase; exit 1 refuses; under pam_exec a config found
     /// through the environment must be root's alone)
@@ -99,6 +110,13 @@ enum AuditCommand {
     /// Remove rotated audit files older than [audit] retain_days (or their tiers') and
     /// already forwarded; say what is kept and why (the log itself is never removed)
     Prune(prune::PruneArgs),
+}
+
+#[derive(Subcommand)]
+enum SlurmCommand {
+    /// Show (or with --apply make) each tenant's account, its GrpTRES/GrpJobs limits and its
+    /// users in slurmdbd, through sacctmgr; idempotent, removes only what it made
+    Sync(slurm_sync::SyncArgs),
 }
 
 #[derive(Subcommand)]
@@ -172,7 +190,7 @@ fn tenant_map(config: &Config) -> tenancy_storage_audit::TenantMap {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = cli.config.as_deref();
     match cli.command {
-        Command::Check { format } => match Config::load(config) {
+        Command::Check { format, slurm_conf } => match check::load(config, slurm_conf) {
             Ok(config) => check::run(&config, format),
             Err(e) => {
                 eprintln!("{e}");
@@ -276,6 +294,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Metrics(args) => metrics::run(&load(config)?, &args),
         Command::Scratch(args) => scratch::run(&load(config)?, &args),
+        Command::Slurm {
+            command: SlurmCommand::Sync(args),
+        } => slurm_sync::run(&load(config)?, &args),
         Command::Adopt(args) => adopt::run(&load_for_adopt(config)?, &args),
     }
 }

@@ -35,7 +35,7 @@ pub mod loopfs;
 pub mod seccomp;
 pub mod users;
 
-pub use config::{GpuPlacement, ScratchOnExit, TenancyToml};
+pub use config::{GpuPlacement, Limits, ScratchOnExit, TenancyToml};
 pub use immutable::Immutable;
 
 use std::os::unix::process::CommandExt;
