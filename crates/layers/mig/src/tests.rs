@@ -362,14 +362,10 @@ fn gi(id: u32, profile_id: u32, start: u32, size: u32) -> GiView {
     }
 }
 
-fn req(profile: Option<&str>, slot: Option<u32>, tenant: &str, share: bool) -> Request {
-    Request {
-        profile: profile.map(Into::into),
-        slot,
-        tenant: tenant.into(),
-        share_gpu: share,
-    }
-}
+// The integration tests' request helper, one copy for both.
+#[path = "../tests/common/request.rs"]
+mod request;
+use request::req;
 
 fn occ(gpu: u32, tenant: &str, share: bool) -> Occupant {
     Occupant {
