@@ -31,6 +31,8 @@
 pub mod audit_logs;
 mod config;
 mod immutable;
+#[cfg(feature = "journals")]
+pub mod journals;
 pub mod loopfs;
 pub mod seccomp;
 pub mod users;
