@@ -82,6 +82,15 @@ pub fn output_text(o: &Output) -> String {
     )
 }
 
+/// What a command printed: its stdout, then its stderr.
+pub fn printed(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// Runs `cmd` with `input` on its stdin (and its stdout and stderr captured).
 pub fn output_with_stdin(cmd: &mut Command, input: &str) -> std::io::Result<Output> {
     use std::io::Write;

@@ -10,23 +10,11 @@ use std::time::Duration;
 use tenancy_audit_log::{Event, Outcome, Record};
 use tenancy_test_support::TenancyToml;
 
+pub use tenancy_test_support::printed;
+
 /// A command's status and everything it printed, for assertion messages.
 pub fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// What a command printed: its stdout, then its stderr.
-pub fn printed(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    format!("status {:?}\n{}", o.status.code(), printed(o))
 }
 
 /// `tenancyctl --config CONFIG ARGS...` (TENANCY_CONFIG unset), run to its end.
