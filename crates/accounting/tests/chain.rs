@@ -453,13 +453,12 @@ fn check_all_present(p: &Path, writers: &[String], per: usize) {
     }
 }
 
-#[test]
-fn concurrent_threads_each_with_own_handle() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("gpu001.audit.jsonl");
+/// THREADS threads, each with its own handle on `p` (opened once), append PER_THREAD records
+/// of origin `t<thread>` and job ids 0, 1...
+fn append_from_threads(p: &Path) {
     let hs: Vec<_> = (0..THREADS)
         .map(|t| {
-            let p = p.clone();
+            let p = p.to_path_buf();
             std::thread::spawn(move || {
                 let mut log = AuditLog::open(&p).unwrap();
                 for i in 0..PER_THREAD as u64 {
@@ -473,6 +472,13 @@ fn concurrent_threads_each_with_own_handle() {
     for h in hs {
         h.join().unwrap();
     }
+}
+
+#[test]
+fn concurrent_threads_each_with_own_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gpu001.audit.jsonl");
+    append_from_threads(&p);
     let names: Vec<String> = (0..THREADS).map(|t| format!("t{t}")).collect();
     check_all_present(&p, &names, PER_THREAD);
 }
@@ -692,23 +698,8 @@ fn appends_from_many_threads_through_repeated_rotations_lose_nothing() {
             n
         })
     };
-    let hs: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let p = p.clone();
-            std::thread::spawn(move || {
-                // One handle for all records: most appends hold a file rotated away since.
-                let mut log = AuditLog::open(&p).unwrap();
-                for i in 0..PER_THREAD as u64 {
-                    let mut r = rec(i).job_id(i);
-                    r.origin = format!("t{t}");
-                    log.append(&mut r).unwrap();
-                }
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
+    // One handle for all records: most appends hold a file rotated away since.
+    append_from_threads(&p);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let rotations = rotator.join().unwrap();
     assert!(rotations >= 2, "only {rotations} rotation(s) happened");

@@ -66,18 +66,23 @@ fn expected_by_tenant_profile(
     m
 }
 
+/// The query of `since` to `until`, grouped by tenant and profile.
+fn by_tenant_and_profile(since: DateTime<Utc>, until: DateTime<Utc>) -> Query {
+    Query {
+        since: Some(since),
+        until: Some(until),
+        by: vec![GroupBy::Tenant, GroupBy::Profile],
+        ..Default::default()
+    }
+}
+
 #[test]
 fn totals_match_independent_computation() {
     let dir = tempfile::tempdir().unwrap();
     let truths = write_logs(dir.path(), 0x5eed, 4, 3000);
     let since = Utc.with_ymd_and_hms(2026, 11, 1, 0, 0, 0).unwrap();
     let until = Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap();
-    let q = Query {
-        since: Some(since),
-        until: Some(until),
-        by: vec![GroupBy::Tenant, GroupBy::Profile],
-        ..Default::default()
-    };
+    let q = by_tenant_and_profile(since, until);
     let agg = aggregate_paths(&[dir.path().to_path_buf()], q, None).unwrap();
     assert_eq!(agg.malformed, 0);
     assert_eq!(agg.records, 4 * 3000);
@@ -178,12 +183,7 @@ fn statement_lists_each_tenant_with_totals() {
     let dir = tempfile::tempdir().unwrap();
     let truths = write_logs(dir.path(), 11, 2, 2000);
     let (since, until) = parse_month("2026-11").unwrap();
-    let q = Query {
-        since: Some(since),
-        until: Some(until),
-        by: vec![GroupBy::Tenant, GroupBy::Profile],
-        ..Default::default()
-    };
+    let q = by_tenant_and_profile(since, until);
     let agg = aggregate_paths(&[dir.path().to_path_buf()], q, None).unwrap();
     let mut out = Vec::new();
     write_statement(&mut out, &agg, "2026-11", Render::Csv).unwrap();

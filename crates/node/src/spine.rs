@@ -1111,27 +1111,10 @@ pub fn teardown(
 #[cfg(test)]
 mod journal_tests {
     //! (Moved from the journal's tests: it needs the spine's teardown.)
-    use tenancy_job::journal::{Journal, JournalDir, Occupant, VERSION};
+    use tenancy_job::journal::{Journal, JournalDir, Occupant};
 
     fn sample(job_id: u64) -> Journal {
-        Journal {
-            version: VERSION,
-            job_id,
-            cluster: "c".into(),
-            node: "n".into(),
-            user: "u".into(),
-            uid: 1,
-            gid: 1,
-            tenant: "acme".into(),
-            tier: "internal".into(),
-            profile: None,
-            share_gpu: true,
-            share_node: true,
-            started: chrono::Utc::now(),
-            steps: Vec::new(),
-            intent_slot: None,
-            boot_id: None,
-        }
+        tenancy_test_support::journals::journal(job_id, "c", "u", 1)
     }
 
     #[test]

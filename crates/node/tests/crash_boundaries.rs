@@ -13,13 +13,7 @@ use tenancy_audit_log::Event;
 
 /// Boundaries a full prolog reports, in order (from a run without a crash).
 fn boundaries(w: &World, job: u64) -> Vec<String> {
-    let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
-    assert!(out.status.success(), "{}", text(&out));
-    let seen: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("boundary "))
-        .map(|l| l.split_once(' ').unwrap().1.to_string())
-        .collect();
+    let seen = w.prolog_boundaries(job);
     // Every layer is intended (journaled) before it is made; the last boundary is all-made.
     assert_eq!(
         seen.last().map(String::as_str),
@@ -235,14 +229,7 @@ fn an_epilog_with_no_recorded_slice_leaves_another_jobs_slice_at_its_placement()
     let out = w.run(&["prolog"], &w.job_env(402, 0, Some("1g.18gb")));
     assert!(out.status.success(), "{}", text(&out));
     let placement = |job: u64, field: &str| {
-        let j = w.journal(job);
-        let mig = j["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["layer"] == "mig")
-            .unwrap()
-            .clone();
+        let mig = w.journal_step(job, "mig").unwrap();
         mig["intent"][field].clone()
     };
     assert_eq!(

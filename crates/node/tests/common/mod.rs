@@ -223,6 +223,18 @@ impl World {
         self.command(args, env).output().unwrap()
     }
 
+    /// A whole prolog of `job` (tenant 0, a 1g.18gb slice), which must succeed: the boundaries
+    /// it reports, in order.
+    pub fn prolog_boundaries(&self, job: u64) -> Vec<String> {
+        let out = self.run(&["prolog"], &self.job_env(job, 0, Some("1g.18gb")));
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("boundary "))
+            .map(|l| l.split_once(' ').unwrap().1.to_string())
+            .collect()
+    }
+
     /// The driver as a command (nsenter execs it: the child's pid is the driver's).
     pub fn command(&self, args: &[&str], env: &[(OsString, OsString)]) -> Command {
         self.command_of(&driver(), args, env)
@@ -258,6 +270,13 @@ impl World {
             .unwrap()
             .unwrap_or_else(|| panic!("job {job} has no journal"));
         serde_json::to_value(j).unwrap()
+    }
+
+    /// The `layer` step of the job's journal, if it has one.
+    pub fn journal_step(&self, job: u64, layer: &str) -> Option<Value> {
+        let j = self.journal(job);
+        let steps = j["steps"].as_array().unwrap();
+        steps.iter().find(|s| s["layer"] == layer).cloned()
     }
 
     /// The journals the node's intent log holds on disk (job id, journal), in slot order.

@@ -575,6 +575,16 @@ fn rpm_of<'a>(rpms: &'a [PathBuf], name: &str) -> &'a Path {
         .unwrap_or_else(|| panic!("no RPM of {name} among {rpms:?}"))
 }
 
+/// Whether `line` is one of the lines of `text`.
+fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
+/// `rpm -qp --qf '[%{FILENAMES} %{FILEFLAGS:fflags}\n]'` of `file`: each file and its flags.
+fn file_flags(file: &Path) -> String {
+    rpm_query(file, &["--qf", "[%{FILENAMES} %{FILEFLAGS:fflags}\n]"])
+}
+
 /// `rpm -qp ARGS FILE`'s output.
 fn rpm_query(file: &Path, args: &[&str]) -> String {
     let out = ok(Command::new("rpm").arg("-qp").args(args).arg(file));
@@ -657,14 +667,11 @@ fn rpms_build_and_lint() {
     let main = rpm_of(&rpms, "slurm-tenancy");
     let requires = rpm_query(main, &["--requires"]);
     for r in ["slurm-slurmd", "nftables"] {
-        assert!(requires.lines().any(|l| l == r), "{r}: {requires}");
+        assert!(has_line(&requires, r), "{r}: {requires}");
     }
     // The example config is %config(noreplace): an admin's edits survive upgrades.
-    let flags = rpm_query(main, &["--qf", "[%{FILENAMES} %{FILEFLAGS:fflags}\n]"]);
-    assert!(
-        flags.lines().any(|l| l == "/etc/slurm/tenancy.toml cn"),
-        "{flags}"
-    );
+    let flags = file_flags(main);
+    assert!(has_line(&flags, "/etc/slurm/tenancy.toml cn"), "{flags}");
     // The units' scriptlets: enabled (preset) on the first install only, disabled on removal.
     let scripts = rpm_query(main, &["--scripts"]);
     let units = "tenancy-firewall.service tenancy-reconcile.service \
@@ -683,33 +690,30 @@ fn rpms_build_and_lint() {
     );
     let preset = rpm_query(main, &["--list"]);
     assert!(
-        preset
-            .lines()
-            .any(|l| l == "/usr/lib/systemd/system-preset/80-slurm-tenancy.preset"),
+        has_line(
+            &preset,
+            "/usr/lib/systemd/system-preset/80-slurm-tenancy.preset"
+        ),
         "{preset}"
     );
 
     let spank = rpm_of(&rpms, "slurm-tenancy-spank");
     let requires = rpm_query(spank, &["--requires"]);
     assert!(
-        requires.lines().any(|l| l == format!("slurm >= {major}")),
+        has_line(&requires, &format!("slurm >= {major}")),
         "{requires}"
     );
     assert!(
-        requires
-            .lines()
-            .any(|l| l == "slurm-tenancy(x86-64) = 0.1.0-1"),
+        has_line(&requires, "slurm-tenancy(x86-64) = 0.1.0-1"),
         "{requires}"
     );
     let conflicts = rpm_query(spank, &["--conflicts"]);
     let (y, m) = major.split_once('.').unwrap();
     let next = format!("{y}.{:02}", m.parse::<u32>().unwrap() + 1);
     assert_eq!(conflicts.trim(), format!("slurm >= {next}"));
-    let flags = rpm_query(spank, &["--qf", "[%{FILENAMES} %{FILEFLAGS:fflags}\n]"]);
+    let flags = file_flags(spank);
     assert!(
-        flags
-            .lines()
-            .any(|l| l == "/etc/slurm/plugstack.conf.d/tenancy.conf cn"),
+        has_line(&flags, "/etc/slurm/plugstack.conf.d/tenancy.conf cn"),
         "{flags}"
     );
 
@@ -721,19 +725,15 @@ fn rpms_build_and_lint() {
     );
     let requires = rpm_query(job_submit, &["--requires"]);
     assert!(
-        requires
-            .lines()
-            .any(|l| l == format!("slurm-slurmctld = {slurm}")),
+        has_line(&requires, &format!("slurm-slurmctld = {slurm}")),
         "{requires}"
     );
     assert!(
-        requires
-            .lines()
-            .any(|l| l == "slurm-tenancy(x86-64) = 0.1.0-1"),
+        has_line(&requires, "slurm-tenancy(x86-64) = 0.1.0-1"),
         "{requires}"
     );
     let pam = rpm_of(&rpms, "pam_tenancy");
-    assert!(rpm_query(pam, &["--requires"]).lines().any(|l| l == "pam"));
+    assert!(has_line(&rpm_query(pam, &["--requires"]), "pam"));
 
     // slurm-devel at build, in the spec (a binary RPM does not record it).
     let spec = repo().join("packaging/rpm/slurm-tenancy.spec");

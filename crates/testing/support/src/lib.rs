@@ -31,6 +31,8 @@
 pub mod audit_logs;
 mod config;
 mod immutable;
+#[cfg(feature = "journals")]
+pub mod journals;
 pub mod loopfs;
 pub mod seccomp;
 pub mod users;
@@ -75,6 +77,15 @@ pub fn output_text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
         o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// What a command printed: its stdout, then its stderr.
+pub fn printed(o: &Output) -> String {
+    format!(
+        "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
