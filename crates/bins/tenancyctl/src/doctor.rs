@@ -156,7 +156,6 @@ fn job_container_row(slurm_conf: &Path, text: Option<&str>, scratch_root: &Path)
 /// tenancy-prolog-dynamic in their own folder: without it such jobs fail (and drain the node).
 /// A Prolog= that names tenancy-prolog-dynamic itself needs nothing beside it.
 fn handoff_rows(slurm_conf: &Path) -> Vec<Row> {
-    use tenancy_node::run::DYNAMIC_BUILD;
     let text = match std::fs::read_to_string(slurm_conf) {
         Ok(t) => t,
         Err(e) => {
@@ -189,72 +188,81 @@ fn handoff_rows(slurm_conf: &Path) -> Vec<Row> {
             "MIG jobs would fail to end and drain the node",
         ),
     ] {
-        let named: Vec<PathBuf> = programs(&text, key)
-            .into_iter()
-            .map(PathBuf::from)
-            .collect();
-        let is = |p: &PathBuf, n: &str| p.file_name().is_some_and(|f| f == n);
-        if key == "Prolog" && named.iter().any(|p| is(p, DYNAMIC_BUILD)) {
-            rows.push(row(
-                check,
-                Severity::Ok,
-                format!("Prolog= runs {DYNAMIC_BUILD}, which hands nothing off"),
-                None,
-            ));
-            continue;
-        }
-        let Some(program) = named.iter().find(|p| is(p, ours)) else {
-            // A wrapper script or a glob may still run it: say so, without failing the node.
-            rows.push(row(
-                check,
-                Severity::Warn,
-                format!(
-                    "{} names no {ours} in {key}=: unless a wrapper runs it, the product does \
-                     not {} jobs",
-                    slurm_conf.display(),
-                    if key == "Prolog" {
-                        "isolate"
-                    } else {
-                        "tear down"
-                    }
-                ),
-                Some(format!("add {key}=/usr/local/sbin/{ours} to slurm.conf")),
-            ));
-            continue;
-        };
-        let handoff = program.with_file_name(DYNAMIC_BUILD);
-        let runnable = std::fs::metadata(&handoff).is_ok_and(|m| {
-            m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
-        });
-        rows.push(if runnable {
-            row(
-                check,
-                Severity::Ok,
-                format!(
-                    "{key}={} hands the jobs it cannot run alone to {}",
-                    program.display(),
-                    handoff.display()
-                ),
-                None,
-            )
-        } else {
-            row(
-                check,
-                Severity::Error,
-                format!(
-                    "{key}={}: {} is missing or not executable, and {ours} (statically linked, \
-                     it cannot load shared libraries) hands jobs to it: {without}",
-                    program.display(),
-                    handoff.display()
-                ),
-                Some(format!(
-                    "install -m 0755 target/release/{DYNAMIC_BUILD} {}",
-                    handoff.display()
-                )),
-            )
-        });
+        rows.push(handoff_row(slurm_conf, &text, key, check, ours, without));
     }
     rows
+}
+
+/// One of the Prolog= and Epilog= programs (`key`): whether the `ours` it names finds the
+/// handoff beside it (`without`: what fails when not).
+fn handoff_row(
+    slurm_conf: &Path,
+    text: &str,
+    key: &str,
+    check: &str,
+    ours: &str,
+    without: &str,
+) -> Row {
+    use tenancy_node::run::DYNAMIC_BUILD;
+    let named: Vec<PathBuf> = programs(text, key).into_iter().map(PathBuf::from).collect();
+    let is = |p: &PathBuf, n: &str| p.file_name().is_some_and(|f| f == n);
+    if key == "Prolog" && named.iter().any(|p| is(p, DYNAMIC_BUILD)) {
+        return row(
+            check,
+            Severity::Ok,
+            format!("Prolog= runs {DYNAMIC_BUILD}, which hands nothing off"),
+            None,
+        );
+    }
+    let Some(program) = named.iter().find(|p| is(p, ours)) else {
+        // A wrapper script or a glob may still run it: say so, without failing the node.
+        return row(
+            check,
+            Severity::Warn,
+            format!(
+                "{} names no {ours} in {key}=: unless a wrapper runs it, the product does \
+                 not {} jobs",
+                slurm_conf.display(),
+                if key == "Prolog" {
+                    "isolate"
+                } else {
+                    "tear down"
+                }
+            ),
+            Some(format!("add {key}=/usr/local/sbin/{ours} to slurm.conf")),
+        );
+    };
+    let handoff = program.with_file_name(DYNAMIC_BUILD);
+    let runnable = std::fs::metadata(&handoff).is_ok_and(|m| {
+        m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+    });
+    if runnable {
+        row(
+            check,
+            Severity::Ok,
+            format!(
+                "{key}={} hands the jobs it cannot run alone to {}",
+                program.display(),
+                handoff.display()
+            ),
+            None,
+        )
+    } else {
+        row(
+            check,
+            Severity::Error,
+            format!(
+                "{key}={}: {} is missing or not executable, and {ours} (statically linked, \
+                 it cannot load shared libraries) hands jobs to it: {without}",
+                program.display(),
+                handoff.display()
+            ),
+            Some(format!(
+                "install -m 0755 target/release/{DYNAMIC_BUILD} {}",
+                handoff.display()
+            )),
+        )
+    }
 }
 
 /// A PAM service file that enables `pam_slurm_adopt`.
@@ -825,92 +833,14 @@ fn scratch_encryption_rows(config: &Config, rows: &mut Vec<Row>) {
     let root = &config.cluster.scratch_root;
     let support = tenancy_scratch::encryption_support(root);
     for (name, tier) in &config.tiers {
-        let check = format!("scratch.encryption.{name}");
-        rows.push(match (tier.scratch_encryption, &support) {
-            (ScratchEncryption::Required, Ok(fs)) => row(
-                &check,
-                Severity::Ok,
-                format!(
-                    "tier {name}: each job folder is encrypted with a key of its own ({}) on {fs}",
-                    tenancy_scratch::fscrypt::POLICY_NAME
-                ),
-                None,
-            ),
-            (ScratchEncryption::Required, Err(why)) => row(
-                &check,
-                Severity::Error,
-                format!(
-                    "tier {name} requires scratch_encryption, and every job of it fails at the prolog: {why}"
-                ),
-                Some(format!(
-                    "move cluster.scratch_root to a file system with fscrypt (ext4 made with `mkfs.ext4 -O encrypt`), or set scratch_encryption = \"off\" in [tiers.{name}]"
-                )),
-            ),
-            (ScratchEncryption::Off, Ok(fs)) => row(
-                &check,
-                Severity::Ok,
-                format!(
-                    "tier {name}: scratch_encryption off, job folders in clear; {fs} supports it (scratch_encryption = \"required\")"
-                ),
-                None,
-            ),
-            (ScratchEncryption::Off, Err(why)) => row(
-                &check,
-                Severity::Ok,
-                format!(
-                    "tier {name}: scratch_encryption off, job folders in clear; it could not be turned on here: {why}"
-                ),
-                None,
-            ),
-        });
+        rows.push(scratch_tier_row(name, tier.scratch_encryption, &support));
     }
     let retains_encrypted = config.tiers.values().any(|t| {
         t.scratch_encryption == ScratchEncryption::Required
             && t.scratch_on_exit == ScratchOnExit::Retain
     });
     if retains_encrypted {
-        let store = tenancy_scratch::KeyStore::new(&config.cluster.state_dir);
-        let path = store.node_key_path();
-        rows.push(match std::fs::symlink_metadata(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => row(
-                "scratch.node_key",
-                Severity::Ok,
-                format!(
-                    "{}: none yet (the first retained encrypted job makes it)",
-                    path.display()
-                ),
-                None,
-            ),
-            Ok(m) if m.is_file() && m.uid() == 0 && m.mode() & 0o077 == 0 && m.len() == 32 => {
-                row(
-                    "scratch.node_key",
-                    Severity::Ok,
-                    format!(
-                        "{}: root's alone; it unseals the keys of retained encrypted folders (back it up with the state folder's care: without it they cannot be unlocked)",
-                        path.display()
-                    ),
-                    None,
-                )
-            }
-            Ok(m) => row(
-                "scratch.node_key",
-                Severity::Error,
-                format!(
-                    "{} is not a 32-byte file of root's alone (uid {}, mode {:04o}, {} bytes)",
-                    path.display(),
-                    m.uid(),
-                    m.mode() & 0o7777,
-                    m.len()
-                ),
-                Some(format!("chown root {0} && chmod 400 {0}", path.display())),
-            ),
-            Err(e) => row(
-                "scratch.node_key",
-                Severity::Error,
-                format!("{}: {e}", path.display()),
-                None,
-            ),
-        });
+        rows.push(node_key_row(config));
     }
     match tenancy_scratch::trash::list(root) {
         Ok(entries) if entries.is_empty() => {}
@@ -927,6 +857,99 @@ fn scratch_encryption_rows(config: &Config, rows: &mut Vec<Row>) {
             Some("tenancyctl reconcile --apply deletes them now".into()),
         )),
         Err(e) => rows.push(row("scratch.trash", Severity::Error, format!("{e}"), None)),
+    }
+}
+
+/// Whether tier `name`'s job folders are encrypted (`support`: the scratch root's fscrypt).
+fn scratch_tier_row(
+    name: &str,
+    encryption: tenancy_config::ScratchEncryption,
+    support: &Result<String, String>,
+) -> Row {
+    use tenancy_config::ScratchEncryption;
+    let check = format!("scratch.encryption.{name}");
+    match (encryption, support) {
+        (ScratchEncryption::Required, Ok(fs)) => row(
+            &check,
+            Severity::Ok,
+            format!(
+                "tier {name}: each job folder is encrypted with a key of its own ({}) on {fs}",
+                tenancy_scratch::fscrypt::POLICY_NAME
+            ),
+            None,
+        ),
+        (ScratchEncryption::Required, Err(why)) => row(
+            &check,
+            Severity::Error,
+            format!(
+                "tier {name} requires scratch_encryption, and every job of it fails at the prolog: {why}"
+            ),
+            Some(format!(
+                "move cluster.scratch_root to a file system with fscrypt (ext4 made with `mkfs.ext4 -O encrypt`), or set scratch_encryption = \"off\" in [tiers.{name}]"
+            )),
+        ),
+        (ScratchEncryption::Off, Ok(fs)) => row(
+            &check,
+            Severity::Ok,
+            format!(
+                "tier {name}: scratch_encryption off, job folders in clear; {fs} supports it (scratch_encryption = \"required\")"
+            ),
+            None,
+        ),
+        (ScratchEncryption::Off, Err(why)) => row(
+            &check,
+            Severity::Ok,
+            format!(
+                "tier {name}: scratch_encryption off, job folders in clear; it could not be turned on here: {why}"
+            ),
+            None,
+        ),
+    }
+}
+
+/// The node key that seals the keys of retained encrypted folders: root's alone, 32 bytes.
+fn node_key_row(config: &Config) -> Row {
+    let store = tenancy_scratch::KeyStore::new(&config.cluster.state_dir);
+    let path = store.node_key_path();
+    match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => row(
+            "scratch.node_key",
+            Severity::Ok,
+            format!(
+                "{}: none yet (the first retained encrypted job makes it)",
+                path.display()
+            ),
+            None,
+        ),
+        Ok(m) if m.is_file() && m.uid() == 0 && m.mode() & 0o077 == 0 && m.len() == 32 => {
+            row(
+                "scratch.node_key",
+                Severity::Ok,
+                format!(
+                    "{}: root's alone; it unseals the keys of retained encrypted folders (back it up with the state folder's care: without it they cannot be unlocked)",
+                    path.display()
+                ),
+                None,
+            )
+        }
+        Ok(m) => row(
+            "scratch.node_key",
+            Severity::Error,
+            format!(
+                "{} is not a 32-byte file of root's alone (uid {}, mode {:04o}, {} bytes)",
+                path.display(),
+                m.uid(),
+                m.mode() & 0o7777,
+                m.len()
+            ),
+            Some(format!("chown root {0} && chmod 400 {0}", path.display())),
+        ),
+        Err(e) => row(
+            "scratch.node_key",
+            Severity::Error,
+            format!("{}: {e}", path.display()),
+            None,
+        ),
     }
 }
 
