@@ -322,6 +322,36 @@ pub fn build(
         u.0 += f.jobs;
         u.1 += f.slice_ms;
     }
+    price_lines(&mut per, usage, billing, month)?;
+    let mut listed = incidents(paths, &q)?;
+    for st in per.values_mut() {
+        if billing.is_some() {
+            st.total_amount = Some(cents(st.lines.iter().filter_map(|l| l.amount).sum()));
+        }
+        st.incidents = listed.remove(&st.tenant).unwrap_or_default();
+    }
+    let total_amount = billing.map(|_| cents(per.values().filter_map(|t| t.total_amount).sum()));
+    Ok(Statement {
+        total_amount,
+        month: month.to_string(),
+        cluster: cluster.map(str::to_string),
+        currency: billing.map(|b| b.currency.clone()),
+        integrity: integrity(paths, inputs)?,
+        tenants: per.into_values().collect(),
+        records: agg.records,
+        malformed: agg.malformed,
+        open_starts: agg.open_starts,
+    })
+}
+
+/// One line per tenant and profile used in `month`: its jobs, hours and, with `billing`, its
+/// price (a profile without one is an error, never a line left out).
+fn price_lines(
+    per: &mut BTreeMap<String, TenantStatement>,
+    usage: BTreeMap<(String, String), (u64, u64)>,
+    billing: Option<&Billing>,
+    month: &str,
+) -> anyhow::Result<()> {
     for ((tenant, profile), (jobs, ms)) in usage {
         if jobs == 0 && ms == 0 {
             continue;
@@ -356,25 +386,7 @@ pub fn build(
             amount: rate.map(|r| cents(Decimal::from(ms) * r / Decimal::from(3_600_000u64))),
         });
     }
-    let mut listed = incidents(paths, &q)?;
-    for st in per.values_mut() {
-        if billing.is_some() {
-            st.total_amount = Some(cents(st.lines.iter().filter_map(|l| l.amount).sum()));
-        }
-        st.incidents = listed.remove(&st.tenant).unwrap_or_default();
-    }
-    let total_amount = billing.map(|_| cents(per.values().filter_map(|t| t.total_amount).sum()));
-    Ok(Statement {
-        total_amount,
-        month: month.to_string(),
-        cluster: cluster.map(str::to_string),
-        currency: billing.map(|b| b.currency.clone()),
-        integrity: integrity(paths, inputs)?,
-        tenants: per.into_values().collect(),
-        records: agg.records,
-        malformed: agg.malformed,
-        open_starts: agg.open_starts,
-    })
+    Ok(())
 }
 
 fn profile_name(p: Option<&str>) -> &str {
