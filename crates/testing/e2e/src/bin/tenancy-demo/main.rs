@@ -6,6 +6,9 @@
 //! limits made by `tenancyctl slurm sync`) and a node pool keeping another tenant out, then
 //! everything shut down.
 
+mod audit;
+mod quota;
+
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs;
@@ -14,6 +17,9 @@ use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
 use tenancy_e2e::{probe_kv, submitted_id, TestUser, Users};
 use tenancy_e2e::{Limits, Options, Stack, Tenants};
+
+use audit::{statement_and_cross_check, verify_at_collector, Collector};
+use quota::{quota_and_pool, sync_tenants};
 
 fn say(s: &str) {
     println!("\n=== {s}");
@@ -57,7 +63,7 @@ impl Demo {
         let dir = self.stack.cluster.user_dir(user);
         let script = dir.join("job.sh");
         let p = self.probe();
-        fs::write(&script, include_str!("../../scripts/jobs/demo.sh"))?;
+        fs::write(&script, include_str!("../../../scripts/jobs/demo.sh"))?;
         let mut shown: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
         shown.push("sbatch".into());
         shown.extend(args.iter().map(|a| a.to_string()));
@@ -584,201 +590,6 @@ fn run() -> Result<u32> {
     Ok(broken)
 }
 
-/// The month's priced statement as HTML files that outlive the demo, and the cross-check of the
-/// audit log with Slurm's accounting (sacct). Returns 1 when the books disagree.
-fn statement_and_cross_check(s: &Stack, jobs: &[u64]) -> Result<u32> {
-    let month = chrono_month()?;
-    let audit = s.paths.audit_log.display().to_string();
-    let anchors = s.paths.audit_anchors.display().to_string();
-    let out_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target"))
-        .join("demo-statement");
-    let out_dir = std::path::absolute(&out_dir)?;
-    say(&format!(
-        "tenancyctl report --statement {month} --format html --out {} --anchor {anchors} {audit}",
-        out_dir.display()
-    ));
-    let mut c = s.tenancyctl();
-    c.args(["report", "--statement", &month, "--format", "html", "--out"])
-        .arg(&out_dir)
-        .args(["--anchor", &anchors, &audit]);
-    let o = s.cluster.run(c)?;
-    show(&o);
-    if o.status.success() {
-        println!(
-            "    (the priced statements above, one HTML file per tenant: open them in a browser)"
-        );
-    }
-    // slurmctld hands finished jobs to slurmdbd on its own time: wait until sacct has them.
-    let t0 = Instant::now();
-    loop {
-        let mut c = s.cluster.cmd("sacct");
-        c.args(["-a", "-X", "-n", "--parsable2", "-o", "JobIDRaw,State"]);
-        let o = s.cluster.run(c)?;
-        let txt = text(&o.stdout);
-        let ended = jobs.iter().all(|j| {
-            txt.lines()
-                .any(|l| l.starts_with(&format!("{j}|")) && !l.ends_with("RUNNING"))
-        });
-        if ended || t0.elapsed() > Duration::from_secs(30) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    say(&format!(
-        "tenancyctl report --compare-sacct --statement {month} {audit}   (the audit log against Slurm's accounting)"
-    ));
-    let mut c = s.tenancyctl();
-    c.args(["report", "--compare-sacct", "--statement", &month, &audit]);
-    let o = s.cluster.run(c)?;
-    show(&o);
-    println!("    (exit {})", o.status.code().unwrap_or(-1));
-    Ok(u32::from(!o.status.success()))
-}
-
-/// A local syslog collector: rsyslog with GnuTLS on a free port of 127.0.0.1, its CA and
-/// certificate made with openssl, records and anchors filed per node (docs/audit.md).
-struct Collector {
-    dir: PathBuf,
-    port: u16,
-    pid: i32,
-}
-
-impl Collector {
-    fn start(dir: &Path) -> Result<Collector> {
-        fs::create_dir_all(dir.join("work"))?;
-        let sh = |script: &str| -> Result<()> {
-            let o = std::process::Command::new("sh")
-                .arg("-ec")
-                .arg(script)
-                .current_dir(dir)
-                .output()?;
-            if !o.status.success() {
-                bail!("{script}: {}", text(&o.stderr));
-            }
-            Ok(())
-        };
-        sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-            -keyout ca.key -out ca.pem -days 2 -subj '/CN=demo CA' \
-            -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null
-            openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout c.key \
-            -out c.csr -subj /CN=collector 2>/dev/null
-            printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > ext
-            openssl x509 -req -in c.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out c.pem \
-            -days 2 -extfile ext 2>/dev/null")?;
-        let port = free_port()?;
-        let d = dir.display();
-        fs::write(
-            dir.join("rsyslog.conf"),
-            format!(
-                r#"global(workDirectory="{d}/work" maxMessageSize="64k" defaultNetstreamDriver="gtls"
-  defaultNetstreamDriverCAFile="{d}/ca.pem" defaultNetstreamDriverCertFile="{d}/c.pem"
-  defaultNetstreamDriverKeyFile="{d}/c.key")
-module(load="imtcp" streamDriver.name="gtls" streamDriver.mode="1" streamDriver.authMode="anon")
-input(type="imtcp" address="127.0.0.1" port="{port}")
-template(name="rec" type="string" string="{d}/out/%hostname%/audit.jsonl")
-template(name="anc" type="string" string="{d}/out/%hostname%/anchors.log")
-template(name="line" type="string" string="%msg%\n")
-if $app-name == "tenancy-audit" and $msgid == "record" then {{
-  action(type="omfile" dynaFile="rec" template="line" action.resumeRetryCount="-1")
-  stop
-}}
-if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
-  action(type="omfile" dynaFile="anc" template="line" action.resumeRetryCount="-1")
-  stop
-}}
-"#
-            ),
-        )?;
-        let child = std::process::Command::new("/usr/sbin/rsyslogd")
-            .args(["-n", "-f"])
-            .arg(dir.join("rsyslog.conf"))
-            .arg("-i")
-            .arg(dir.join("pid"))
-            .stdout(fs::File::create(dir.join("rsyslogd.log"))?)
-            .stderr(fs::File::create(dir.join("rsyslogd.err"))?)
-            .spawn()
-            .context("rsyslogd (apt-get install rsyslog rsyslog-gnutls)")?;
-        let c = Collector {
-            dir: dir.to_path_buf(),
-            port,
-            pid: child.id() as i32,
-        };
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if t0.elapsed() > Duration::from_secs(20) {
-                bail!(
-                    "rsyslogd did not listen on {port}: {}",
-                    fs::read_to_string(dir.join("rsyslogd.err"))?
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(c)
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.pid),
-            nix::sys::signal::SIGTERM,
-        );
-        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
-    }
-}
-
-/// The forwarder stops (it sends its own stop first); the collector's copy, as rsyslog wrote
-/// it, verifies against the node's signed anchors. Returns 1 when it does not.
-fn verify_at_collector(
-    s: &Stack,
-    collector: &Collector,
-    mut forwarder: std::process::Child,
-    public_keys: &Path,
-) -> Result<u32> {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(forwarder.id() as i32),
-        nix::sys::signal::SIGTERM,
-    );
-    forwarder.wait()?;
-    let node = &s.cluster.node;
-    let records = collector.dir.join(format!("out/{node}/audit.jsonl"));
-    let anchors = collector.dir.join(format!("out/{node}/anchors.log"));
-    // rsyslog writes on its own time.
-    let local = fs::read_to_string(&s.paths.audit_log)?.lines().count();
-    let t0 = Instant::now();
-    while fs::read_to_string(&records).map_or(0, |t| t.lines().count()) < local
-        && t0.elapsed() < Duration::from_secs(20)
-    {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    say(&format!(
-        "tenancyctl audit verify --public-keys {} --anchor {} {}   (the collector's copy, as rsyslog wrote it)",
-        public_keys.display(),
-        anchors.display(),
-        records.display()
-    ));
-    let mut c = s.tenancyctl();
-    c.args(["audit", "verify", "--public-keys"])
-        .arg(public_keys)
-        .arg("--anchor")
-        .arg(&anchors)
-        .arg(&records);
-    let o = s.cluster.run(c)?;
-    show(&o);
-    println!("    (exit {})", o.status.code().unwrap_or(-1));
-    Ok(u32::from(!o.status.success()))
-}
-
-/// This month, YYYY-MM (UTC).
-fn chrono_month() -> Result<String> {
-    let o = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m"])
-        .output()?;
-    Ok(text(&o.stdout).trim().to_string())
-}
-
 /// Each mapping file with the job ids it lists, or that there is none.
 /// globex's retained scratch is locked (its key removed at job end): root reads nothing of it
 /// until the admin unlocks it with `tenancyctl scratch unlock`; locked again after. Returns
@@ -864,144 +675,4 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("0.0.0.0:0")?
         .local_addr()?
         .port())
-}
-
-/// The tenants' accounts, users and limits in slurmdbd (`tenancyctl slurm sync --apply`),
-/// then a wait until slurmctld has the users' associations (it refuses jobs without one).
-fn sync_tenants(s: &Stack, t: &Tenants) -> Result<()> {
-    say("tenancyctl slurm sync --apply: the tenants' accounts, users and quotas in slurmdbd");
-    let mut c = s.tenancyctl();
-    c.args(["slurm", "sync", "--apply"]);
-    let o = s.cluster.run(c)?;
-    show(&o);
-    if !o.status.success() {
-        bail!("tenancyctl slurm sync --apply failed (above)");
-    }
-    let t0 = Instant::now();
-    loop {
-        let mut q = s.cluster.cmd("scontrol");
-        q.args(["show", "assoc_mgr", "flags=users"]);
-        let out = text(&s.cluster.run(q)?.stdout);
-        if [&t.acme1, &t.globex1, &t.both]
-            .iter()
-            .all(|u| out.contains(&format!("UserName={}(", u.name)))
-        {
-            return Ok(());
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            bail!("slurmctld does not have the tenants' users after 60 s: {out}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// A job over its tenant's quota waits with Slurm's reason; a node pool keeps other tenants
-/// out. Returns the number of checks that did not hold.
-fn quota_and_pool(d: &Demo) -> Result<u32> {
-    let s = &d.stack;
-    let mut broken = 0;
-    say("Quotas: acme may hold one 1g.18gb slice at a time; its second job waits in the queue");
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let args = [
-            "--tenant=acme",
-            "--mig=1g.18gb",
-            "--gres=gpu:1g.18gb:1",
-            "--no-requeue",
-        ];
-        println!(
-            "{} $ sbatch {} --wrap 'sleep 120'",
-            d.t.acme1.name,
-            args.join(" ")
-        );
-        let mut c = s.cluster.cmd_as(&d.t.acme1, "sbatch");
-        c.args(args)
-            .args(["-o", "/dev/null", "--wrap", "sleep 120"]);
-        let o = s.cluster.run(c)?;
-        show(&o);
-        if o.status.success() {
-            ids.push(submitted_id(&o)?);
-        }
-    }
-    if let [first, second] = ids[..] {
-        let _ = s
-            .cluster
-            .wait_job(first, &["RUNNING"], Duration::from_secs(60));
-        let t0 = Instant::now();
-        let mut reason = String::new();
-        while t0.elapsed() < Duration::from_secs(60) {
-            reason = s
-                .cluster
-                .job_info(second)?
-                .get("Reason")
-                .cloned()
-                .unwrap_or_default();
-            if reason == "AssocGrpGRES" {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        let mut q = s.cluster.cmd("squeue");
-        q.args([
-            "-o",
-            "%.6i %.8u %.9a %.8T %r",
-            "-j",
-            &format!("{first},{second}"),
-        ]);
-        show(&s.cluster.run(q)?);
-        if reason == "AssocGrpGRES" {
-            println!(
-                "job {second} waits for acme's quota (Slurm's reason AssocGrpGRES); node {} is {}",
-                s.cluster.node,
-                s.cluster.node_state()?
-            );
-        } else {
-            println!("CHECK FAILED: job {second} is not waiting on its quota (reason {reason:?})");
-            broken += 1;
-        }
-    } else {
-        println!("CHECK FAILED: the quota jobs were not accepted");
-        broken += 1;
-    }
-    let mut c = s.cluster.cmd("scancel");
-    c.args(ids.iter().map(|i| i.to_string()));
-    s.cluster.run(c)?;
-
-    say(&format!(
-        "Node pools: globex gets node {} for itself (nodes = \"{}\")",
-        s.cluster.node, s.cluster.node
-    ));
-    let toml = fs::read_to_string(&s.config)?.replacen(
-        "accounts = [\"globex\"]\n",
-        &format!("accounts = [\"globex\"]\nnodes = \"{}\"\n", s.cluster.node),
-        1,
-    );
-    fs::write(&s.config, toml)?;
-    let mut c = s.tenancyctl();
-    c.args(["doctor", "--format", "csv"]);
-    let doctor = text(&s.cluster.run(c)?.stdout);
-    for l in doctor.lines().filter(|l| l.starts_with("scheduler.pools")) {
-        println!("    doctor: {l}");
-    }
-    let g = d.submit(&d.t.globex1, &["--tenant=globex"], 0)?;
-    let a = d.submit(&d.t.acme1, &["--tenant=acme"], 0)?;
-    if a.is_some() {
-        println!("CHECK FAILED: acme's job was accepted although the only node is globex's");
-        broken += 1;
-    }
-    if let Some(g) = g {
-        let info = s.cluster.wait_job(
-            g,
-            &["RUNNING", "COMPLETED", "FAILED"],
-            Duration::from_secs(60),
-        )?;
-        println!(
-            "globex's job {g}: {} on {}",
-            info["JobState"], info["NodeList"]
-        );
-        let mut c = s.cluster.cmd("scancel");
-        c.arg(g.to_string());
-        s.cluster.run(c)?;
-    }
-    Ok(broken)
 }
