@@ -5,7 +5,7 @@ use crate::{billing, slurm_conf, Billing, Decimal, Destination, Limits};
 use crate::{valid_device_class, valid_name, valid_profile, valid_unix_name};
 use crate::{Audit, Cluster, Collector, Config, NodePaths, ScratchEncryption, Tenant, Tier};
 use crate::{ConfigError, Ipv4Net, Problem, Validator};
-use crate::{Raw, RawAudit, RawTenant, RawTier};
+use crate::{Raw, RawAudit, RawCluster, RawMig, RawNetwork, RawNode, RawTenant, RawTier};
 use crate::{DEFAULT_AUDIT_RETAIN_DAYS, DEFAULT_NVML_TIMEOUT_MS, DEFAULT_PATH};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -356,7 +356,45 @@ impl Validator<'_> {
     }
 
     fn run(mut self, raw: Raw) -> Result<Config, ConfigError> {
-        let c = &raw.cluster;
+        let cluster = self.cluster(&raw.cluster);
+        let node = self.node(&raw.node);
+        let tiers = self.tiers(&raw.tiers);
+        let tenants = self.tenants(&raw, &tiers);
+        let infrastructure = self.destinations(&raw.network.infrastructure);
+        let node_network = raw.network.node_network.as_ref().and_then(|n| {
+            Ipv4Net::parse(n.get_ref())
+                .map_err(|e| self.problem(n, format!("network.node_network {e}")))
+                .ok()
+        });
+        if let Some(nn) = node_network {
+            self.cross_node_overlaps(nn, &raw.tenants);
+        }
+        let mig_plan = self.mig_plan(&raw.mig);
+
+        let billing = raw.billing.as_ref().map(|b| self.billing(b, &raw.tiers));
+        let audit = self.audit(&raw.audit, &cluster, &raw.tiers);
+        self.limit_accounts(&raw.tenants, &tenants);
+
+        if self.problems.is_empty() {
+            Ok(Config {
+                path: self.path.to_path_buf(),
+                cluster,
+                node,
+                audit,
+                tiers,
+                tenants,
+                infrastructure,
+                node_network,
+                mig_plan,
+                billing,
+            })
+        } else {
+            Err(ConfigError::Invalid(self.problems))
+        }
+    }
+
+    /// `[cluster]`: the cluster's name and the product's absolute paths.
+    fn cluster(&mut self, c: &RawCluster) -> Cluster {
         if !valid_name(c.name.get_ref()) {
             let msg = format!(
                 "bad cluster name '{}': use 1 to 32 lowercase letters, digits, '-' or '_'",
@@ -364,7 +402,7 @@ impl Validator<'_> {
             );
             self.problem(&c.name, msg);
         }
-        let cluster = Cluster {
+        Cluster {
             name: c.name.get_ref().clone(),
             state_dir: self.abs_path(&c.state_dir, "cluster.state_dir"),
             audit_log: self.abs_path(&c.audit_log, "cluster.audit_log"),
@@ -389,32 +427,32 @@ impl Validator<'_> {
                 .dcgm_job_mapping_dir
                 .as_ref()
                 .map(|p| self.abs_path(p, "cluster.dcgm_job_mapping_dir")),
-        };
+        }
+    }
+
+    /// `[node]`: where this node's driver files are, each with its default.
+    fn node(&mut self, n: &RawNode) -> NodePaths {
         let mut node_path = |p: &Option<Spanned<PathBuf>>, key: &str, default: &str| match p {
             Some(p) => self.abs_path(p, key),
             None => PathBuf::from(default),
         };
         let node = NodePaths {
-            proc_devices: node_path(&raw.node.proc_devices, "node.proc_devices", "/proc/devices"),
+            proc_devices: node_path(&n.proc_devices, "node.proc_devices", "/proc/devices"),
             mig_minors: node_path(
-                &raw.node.mig_minors,
+                &n.mig_minors,
                 "node.mig_minors",
                 "/proc/driver/nvidia-caps/mig-minors",
             ),
-            rdma_devices: node_path(
-                &raw.node.rdma_devices,
-                "node.rdma_devices",
-                "/dev/infiniband",
-            ),
+            rdma_devices: node_path(&n.rdma_devices, "node.rdma_devices", "/dev/infiniband"),
             nvidia_caps_dir: node_path(
-                &raw.node.nvidia_caps_dir,
+                &n.nvidia_caps_dir,
                 "node.nvidia_caps_dir",
                 "/dev/nvidia-caps",
             ),
             nvml_timeout_ms: DEFAULT_NVML_TIMEOUT_MS,
         };
         let mut node = node;
-        if let Some(t) = &raw.node.nvml_timeout_ms {
+        if let Some(t) = &n.nvml_timeout_ms {
             if *t.get_ref() == 0 || *t.get_ref() > 3_600_000 {
                 self.problem(
                     t,
@@ -426,96 +464,18 @@ impl Validator<'_> {
             }
             node.nvml_timeout_ms = *t.get_ref();
         }
+        node
+    }
 
+    /// `[tiers]`: each tier, then the tier defaults of `[tiers.NAME.limits]`.
+    fn tiers(&mut self, raw: &BTreeMap<Spanned<String>, RawTier>) -> BTreeMap<String, Tier> {
         let mut tiers = BTreeMap::new();
-        for (name, t) in &raw.tiers {
-            let name = self.name(name, "tier");
-            let mut profiles = Vec::new();
-            for p in &t.mig_profiles {
-                if !valid_profile(p.get_ref()) {
-                    self.problem(
-                        p,
-                        format!(
-                            "bad MIG profile '{}': write it as NVML names it, e.g. 1g.18gb or 3g.71gb",
-                            p.get_ref()
-                        ),
-                    );
-                }
-                profiles.push(p.get_ref().clone());
-            }
-            let scratch_mode = match &t.scratch_mode {
-                None => 0o700,
-                Some(m) => match u32::from_str_radix(m.get_ref(), 8) {
-                    Ok(mode) if mode & !0o770 == 0 && mode & 0o700 == 0o700 => mode,
-                    _ => {
-                        self.problem(
-                            m,
-                            format!(
-                                "bad scratch_mode '{}': an octal mode like \"0700\" or \"0750\"; \
-                                 the owner needs rwx and others get nothing",
-                                m.get_ref()
-                            ),
-                        );
-                        0o700
-                    }
-                },
-            };
-            let scratch_encryption = match &t.scratch_encryption {
-                None => ScratchEncryption::Off,
-                Some(e) => match e.get_ref().as_str() {
-                    "off" => ScratchEncryption::Off,
-                    "required" => ScratchEncryption::Required,
-                    other => {
-                        self.problem(
-                            e,
-                            format!(
-                                "bad scratch_encryption '{other}' for tier '{name}': \"required\" \
-                                 (each job folder encrypted with a key of its own, fscrypt; \
-                                 docs/encrypted-scratch.md) or \"off\""
-                            ),
-                        );
-                        ScratchEncryption::Off
-                    }
-                },
-            };
-            let mut classes = Vec::new();
-            for d in &t.device_classes {
-                if let Err(why) = valid_device_class(d.get_ref()) {
-                    self.problem(
-                        d,
-                        format!(
-                            "bad device class '{}': {why}; write 'c MAJOR:MINOR ACCESS' like \
-                             'c 1:3 rwm' (MINOR may be *)",
-                            d.get_ref()
-                        ),
-                    );
-                }
-                classes.push(d.get_ref().clone());
-            }
-            let pool = self.pool(&t.nodes, &format!("tier '{name}'"));
-            tiers.insert(
-                name.clone(),
-                Tier {
-                    name,
-                    mig_profiles: profiles,
-                    share_gpu: t.share_gpu,
-                    share_node: t.share_node,
-                    gpu_placement: t.gpu_placement,
-                    scratch_on_exit: t.scratch_on_exit,
-                    retain_days: t.retain_days,
-                    scratch_mode,
-                    scratch_encryption,
-                    device_classes: classes,
-                    allow_get_user_env: t.allow_get_user_env,
-                    audit_retain_days: t.audit_retain_days,
-                    limits: Limits::default(),
-                    require_limits: t.require_limits,
-                    nodes: pool,
-                },
-            );
+        for (name, t) in raw {
+            let tier = self.tier(name, t);
+            tiers.insert(tier.name.clone(), tier);
         }
         // The tier defaults, once every tier's profiles are known.
-        for (name, t) in &raw.tiers {
+        for (name, t) in raw {
             if let Some(l) = &t.limits {
                 let offered = tiers
                     .get(name.get_ref())
@@ -532,125 +492,232 @@ impl Validator<'_> {
                 }
             }
         }
+        tiers
+    }
 
+    /// One `[tiers.NAME]`: its MIG profiles, scratch policy, device classes and node pool.
+    fn tier(&mut self, name: &Spanned<String>, t: &RawTier) -> Tier {
+        let name = self.name(name, "tier");
+        let mut profiles = Vec::new();
+        for p in &t.mig_profiles {
+            if !valid_profile(p.get_ref()) {
+                self.problem(
+                    p,
+                    format!(
+                        "bad MIG profile '{}': write it as NVML names it, e.g. 1g.18gb or 3g.71gb",
+                        p.get_ref()
+                    ),
+                );
+            }
+            profiles.push(p.get_ref().clone());
+        }
+        let scratch_mode = match &t.scratch_mode {
+            None => 0o700,
+            Some(m) => match u32::from_str_radix(m.get_ref(), 8) {
+                Ok(mode) if mode & !0o770 == 0 && mode & 0o700 == 0o700 => mode,
+                _ => {
+                    self.problem(
+                        m,
+                        format!(
+                            "bad scratch_mode '{}': an octal mode like \"0700\" or \"0750\"; \
+                             the owner needs rwx and others get nothing",
+                            m.get_ref()
+                        ),
+                    );
+                    0o700
+                }
+            },
+        };
+        let scratch_encryption = match &t.scratch_encryption {
+            None => ScratchEncryption::Off,
+            Some(e) => match e.get_ref().as_str() {
+                "off" => ScratchEncryption::Off,
+                "required" => ScratchEncryption::Required,
+                other => {
+                    self.problem(
+                        e,
+                        format!(
+                            "bad scratch_encryption '{other}' for tier '{name}': \"required\" \
+                             (each job folder encrypted with a key of its own, fscrypt; \
+                             docs/encrypted-scratch.md) or \"off\""
+                        ),
+                    );
+                    ScratchEncryption::Off
+                }
+            },
+        };
+        let mut classes = Vec::new();
+        for d in &t.device_classes {
+            if let Err(why) = valid_device_class(d.get_ref()) {
+                self.problem(
+                    d,
+                    format!(
+                        "bad device class '{}': {why}; write 'c MAJOR:MINOR ACCESS' like \
+                         'c 1:3 rwm' (MINOR may be *)",
+                        d.get_ref()
+                    ),
+                );
+            }
+            classes.push(d.get_ref().clone());
+        }
+        let pool = self.pool(&t.nodes, &format!("tier '{name}'"));
+        Tier {
+            name,
+            mig_profiles: profiles,
+            share_gpu: t.share_gpu,
+            share_node: t.share_node,
+            gpu_placement: t.gpu_placement,
+            scratch_on_exit: t.scratch_on_exit,
+            retain_days: t.retain_days,
+            scratch_mode,
+            scratch_encryption,
+            device_classes: classes,
+            allow_get_user_env: t.allow_get_user_env,
+            audit_retain_days: t.audit_retain_days,
+            limits: Limits::default(),
+            require_limits: t.require_limits,
+            nodes: pool,
+        }
+    }
+
+    /// `[tenants]`: each tenant, its groups and accounts claimed by it alone.
+    fn tenants(&mut self, raw: &Raw, tiers: &BTreeMap<String, Tier>) -> BTreeMap<String, Tenant> {
         let mut tenants = BTreeMap::new();
         let mut group_owner: BTreeMap<String, String> = BTreeMap::new();
         let mut account_owner: BTreeMap<String, String> = BTreeMap::new();
         for (name, t) in &raw.tenants {
-            let name = self.name(name, "tenant");
-            if !tiers.contains_key(t.tier.get_ref()) {
-                let known: Vec<&str> = tiers.keys().map(String::as_str).collect();
-                let msg = format!(
-                    "tenant '{name}' has unknown tier '{}' (known tiers: {})",
-                    t.tier.get_ref(),
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                );
-                self.problem(&t.tier, msg);
-            }
-            if t.groups.is_empty() {
-                let msg = format!(
-                    "tenant '{name}' has no groups: nobody could run jobs for it (add groups = [\"...\"])"
-                );
-                self.problem(&t.tier, msg);
-            }
-            for g in &t.groups {
-                if !valid_unix_name(g.get_ref()) {
-                    self.problem(g, format!("bad group name '{}'", g.get_ref()));
-                } else if let Some(other) = group_owner.get(g.get_ref()) {
-                    let msg = format!(
-                        "group '{}' is claimed by tenants '{other}' and '{name}': a group belongs \
-                         to one tenant",
-                        g.get_ref()
-                    );
-                    self.problem(g, msg);
-                } else {
-                    group_owner.insert(g.get_ref().clone(), name.clone());
-                }
-            }
-            for a in &t.accounts {
-                if !valid_unix_name(a.get_ref()) {
-                    self.problem(a, format!("bad Slurm account name '{}'", a.get_ref()));
-                } else if let Some(other) = account_owner.get(a.get_ref()) {
-                    let msg = format!(
-                        "account '{}' is claimed by tenants '{other}' and '{name}': an account \
-                         maps to one tenant",
-                        a.get_ref()
-                    );
-                    self.problem(a, msg);
-                } else {
-                    account_owner.insert(a.get_ref().clone(), name.clone());
-                }
-            }
-            let egress = self.destinations(&t.egress);
-            let address_prefix = t.address_prefix.as_ref().and_then(|p| {
-                let net = Ipv4Net::parse(p.get_ref())
-                    .map_err(|e| self.problem(p, format!("tenant '{name}': address_prefix {e}")))
-                    .ok()?;
-                if raw.network.node_network.is_none() {
-                    let msg = format!(
-                        "tenant '{name}' has an address_prefix but [network] has no \
-                         node_network: set node_network (the nodes' own addresses) too"
-                    );
-                    self.problem(p, msg);
-                }
-                Some(net)
-            });
-            if raw.network.node_network.is_some() && t.address_prefix.is_none() {
-                let msg = format!(
-                    "tenant '{name}' has no address_prefix: with [network] node_network every \
-                     tenant needs its own (e.g. address_prefix = \"10.64.1.0/24\")"
-                );
-                self.problem(&t.tier, msg);
-            }
-            let tier = tiers.get(t.tier.get_ref());
-            let own = t.limits.as_ref().map(|l| {
-                let offered = tier.map(|t| t.mig_profiles.clone()).unwrap_or_default();
-                self.limits(l, &format!("tenant '{name}'"), t.tier.get_ref(), &offered)
-            });
-            let limits = tier
-                .map(|t| t.limits.clone())
-                .unwrap_or_default()
-                .overridden_by(own.as_ref());
-            if tier.is_some_and(|t| t.require_limits) && limits.is_empty() {
-                let msg = format!(
-                    "tenant '{name}' has no limits, and its tier '{}' has require_limits = true: \
-                     give it [tenants.{name}.limits] (or the tier [tiers.{}.limits]), e.g. gpus = 8",
-                    t.tier.get_ref(),
-                    t.tier.get_ref()
-                );
-                self.problem(&t.tier, msg);
-            }
-            let nodes = self.pool(&t.nodes, &format!("tenant '{name}'"));
-            tenants.insert(
-                name.clone(),
-                Tenant {
-                    name,
-                    tier: t.tier.get_ref().clone(),
-                    groups: t.groups.iter().map(|g| g.get_ref().clone()).collect(),
-                    accounts: t.accounts.iter().map(|a| a.get_ref().clone()).collect(),
-                    egress,
-                    address_prefix,
-                    limits,
-                    nodes,
-                },
-            );
+            let owners = (&mut group_owner, &mut account_owner);
+            let tenant = self.tenant(name, t, &raw.network, tiers, owners);
+            tenants.insert(tenant.name.clone(), tenant);
         }
-        let infrastructure = self.destinations(&raw.network.infrastructure);
-        let node_network = raw.network.node_network.as_ref().and_then(|n| {
-            Ipv4Net::parse(n.get_ref())
-                .map_err(|e| self.problem(n, format!("network.node_network {e}")))
-                .ok()
-        });
-        if let Some(nn) = node_network {
-            self.cross_node_overlaps(nn, &raw.tenants);
-        }
+        tenants
+    }
 
+    /// One `[tenants.NAME]`: its tier, members, egress, address prefix, limits and node pool.
+    fn tenant(
+        &mut self,
+        name: &Spanned<String>,
+        t: &RawTenant,
+        network: &RawNetwork,
+        tiers: &BTreeMap<String, Tier>,
+        owners: (&mut BTreeMap<String, String>, &mut BTreeMap<String, String>),
+    ) -> Tenant {
+        let name = self.name(name, "tenant");
+        if !tiers.contains_key(t.tier.get_ref()) {
+            let known: Vec<&str> = tiers.keys().map(String::as_str).collect();
+            let msg = format!(
+                "tenant '{name}' has unknown tier '{}' (known tiers: {})",
+                t.tier.get_ref(),
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            );
+            self.problem(&t.tier, msg);
+        }
+        if t.groups.is_empty() {
+            let msg = format!(
+                "tenant '{name}' has no groups: nobody could run jobs for it (add groups = [\"...\"])"
+            );
+            self.problem(&t.tier, msg);
+        }
+        self.members(&name, t, owners.0, owners.1);
+        let egress = self.destinations(&t.egress);
+        let address_prefix = t.address_prefix.as_ref().and_then(|p| {
+            let net = Ipv4Net::parse(p.get_ref())
+                .map_err(|e| self.problem(p, format!("tenant '{name}': address_prefix {e}")))
+                .ok()?;
+            if network.node_network.is_none() {
+                let msg = format!(
+                    "tenant '{name}' has an address_prefix but [network] has no \
+                     node_network: set node_network (the nodes' own addresses) too"
+                );
+                self.problem(p, msg);
+            }
+            Some(net)
+        });
+        if network.node_network.is_some() && t.address_prefix.is_none() {
+            let msg = format!(
+                "tenant '{name}' has no address_prefix: with [network] node_network every \
+                 tenant needs its own (e.g. address_prefix = \"10.64.1.0/24\")"
+            );
+            self.problem(&t.tier, msg);
+        }
+        let tier = tiers.get(t.tier.get_ref());
+        let own = t.limits.as_ref().map(|l| {
+            let offered = tier.map(|t| t.mig_profiles.clone()).unwrap_or_default();
+            self.limits(l, &format!("tenant '{name}'"), t.tier.get_ref(), &offered)
+        });
+        let limits = tier
+            .map(|t| t.limits.clone())
+            .unwrap_or_default()
+            .overridden_by(own.as_ref());
+        if tier.is_some_and(|t| t.require_limits) && limits.is_empty() {
+            let msg = format!(
+                "tenant '{name}' has no limits, and its tier '{}' has require_limits = true: \
+                 give it [tenants.{name}.limits] (or the tier [tiers.{}.limits]), e.g. gpus = 8",
+                t.tier.get_ref(),
+                t.tier.get_ref()
+            );
+            self.problem(&t.tier, msg);
+        }
+        let nodes = self.pool(&t.nodes, &format!("tenant '{name}'"));
+        Tenant {
+            name,
+            tier: t.tier.get_ref().clone(),
+            groups: t.groups.iter().map(|g| g.get_ref().clone()).collect(),
+            accounts: t.accounts.iter().map(|a| a.get_ref().clone()).collect(),
+            egress,
+            address_prefix,
+            limits,
+            nodes,
+        }
+    }
+
+    /// A tenant's groups and accounts: valid names, each claimed by one tenant alone
+    /// (`group_owner`, `account_owner`: the tenants seen so far).
+    fn members(
+        &mut self,
+        name: &str,
+        t: &RawTenant,
+        group_owner: &mut BTreeMap<String, String>,
+        account_owner: &mut BTreeMap<String, String>,
+    ) {
+        for g in &t.groups {
+            if !valid_unix_name(g.get_ref()) {
+                self.problem(g, format!("bad group name '{}'", g.get_ref()));
+            } else if let Some(other) = group_owner.get(g.get_ref()) {
+                let msg = format!(
+                    "group '{}' is claimed by tenants '{other}' and '{name}': a group belongs \
+                     to one tenant",
+                    g.get_ref()
+                );
+                self.problem(g, msg);
+            } else {
+                group_owner.insert(g.get_ref().clone(), name.to_string());
+            }
+        }
+        for a in &t.accounts {
+            if !valid_unix_name(a.get_ref()) {
+                self.problem(a, format!("bad Slurm account name '{}'", a.get_ref()));
+            } else if let Some(other) = account_owner.get(a.get_ref()) {
+                let msg = format!(
+                    "account '{}' is claimed by tenants '{other}' and '{name}': an account \
+                     maps to one tenant",
+                    a.get_ref()
+                );
+                self.problem(a, msg);
+            } else {
+                account_owner.insert(a.get_ref().clone(), name.to_string());
+            }
+        }
+    }
+
+    /// `[mig.plan]`: per GPU model, how many slices of each profile to lay out.
+    fn mig_plan(&mut self, mig: &RawMig) -> BTreeMap<String, BTreeMap<String, u32>> {
         let mut mig_plan = BTreeMap::new();
-        for (model, profiles) in &raw.mig.plan {
+        for (model, profiles) in &mig.plan {
             let mut per = BTreeMap::new();
             for (p, n) in profiles {
                 if !valid_profile(p.get_ref()) {
@@ -660,26 +727,6 @@ impl Validator<'_> {
             }
             mig_plan.insert(model.get_ref().clone(), per);
         }
-
-        let billing = raw.billing.as_ref().map(|b| self.billing(b, &raw.tiers));
-        let audit = self.audit(&raw.audit, &cluster, &raw.tiers);
-        self.limit_accounts(&raw.tenants, &tenants);
-
-        if self.problems.is_empty() {
-            Ok(Config {
-                path: self.path.to_path_buf(),
-                cluster,
-                node,
-                audit,
-                tiers,
-                tenants,
-                infrastructure,
-                node_network,
-                mig_plan,
-                billing,
-            })
-        } else {
-            Err(ConfigError::Invalid(self.problems))
-        }
+        mig_plan
     }
 }
