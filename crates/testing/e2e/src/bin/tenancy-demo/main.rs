@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Output};
+use std::process::{Child, ExitCode, Output};
 use std::time::{Duration, Instant};
 use tenancy_e2e::{probe_kv, submitted_id, TestUser, Users};
 use tenancy_e2e::{Limits, Options, Stack, Tenants};
@@ -234,111 +234,10 @@ fn run() -> Result<u32> {
     let mut users = Users::new();
     let t = Tenants::create(&mut users)?;
     let root = tempfile::Builder::new().prefix("tenancy-demo-").tempdir()?;
-    say("Starting a local Slurm cluster with slurm-tenancy installed");
-    // With Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed GPU GRES), so the
-    // demo can end with the cross-check of the two books.
-    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
-    let dcgm = root.path().join("dcgm-job-mapping");
-    let mapping = dcgm.clone();
-    // slurmctld enforces the tenants' quotas (association limits in slurmdbd).
-    let options = Options::default()
-        .slurm_conf("AccountingStorageEnforce=associations,limits")
-        .accounting(tenancy_e2e::Accounting {
-            gpu_types: vec![
-                ("1g.18gb".into(), 7),
-                ("2g.35gb".into(), 3),
-                ("3g.71gb".into(), 2),
-                ("7g.141gb".into(), 1),
-            ],
-        })
-        .config(move |c| {
-            c.cluster().dcgm_job_mapping_dir(&mapping);
-            // acme's quota: one 1g.18gb slice at a time (Slurm holds the tenant's jobs to it).
-            c.tenant("acme")
-                .limits(Limits::default().mig_slices("1g.18gb", 1));
-        });
-    let stack = Stack::start(root.path(), &t, &options)?;
-    println!("slurm.conf:   {}", stack.cluster.conf.display());
-    println!("tenancy.toml: {}", stack.config.display());
-    println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
-    sync_tenants(&stack, &t)?;
-    // The regulated tenant's scratch encrypted with a key per job (docs/encrypted-scratch.md):
-    // the scratch root on an ext4 made with `mkfs.ext4 -O encrypt` on a loop device, unmounted
-    // and removed at the end (after the cluster stopped: it is dropped after `demo`). Where no
-    // loop device can be had (a container), the demo goes on with globex's scratch in clear.
-    let scratch_fs =
-        match tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&stack.paths.scratch_root, 512)
-            .and_then(|fs| {
-                tenancy_e2e::scratch_fs::require_encryption(&stack.config, "regulated").map(|()| fs)
-            }) {
-            Ok(fs) => {
-                println!(
-                    "scratch root: {} on ext4 (mkfs.ext4 -O encrypt, loop device of {})",
-                    stack.paths.scratch_root.display(),
-                    fs.image.display()
-                );
-                Some(fs)
-            }
-            Err(e) => {
-                println!(
-                    "scratch root: NOT ENCRYPTED for globex (no encrypt-capable ext4 here: {e})"
-                );
-                None
-            }
-        };
-    // The node's own signing key, and its records forwarded to a local rsyslog over TLS.
-    let collector = Collector::start(&root.path().join("collector"))?;
-    let toml = fs::read_to_string(&stack.config)?
-        + &format!(
-            "\n[audit]\ncollectors = [\"127.0.0.1:{}\"]\nca_file = \"{}\"\n",
-            collector.port,
-            collector.dir.join("ca.pem").display()
-        );
-    fs::write(&stack.config, toml)?;
-    let mut c = stack.tenancyctl();
-    c.args(["audit", "keygen"]);
-    let o = stack.cluster.run(c)?;
-    let public_keys = root.path().join("nodes.pub");
-    fs::write(&public_keys, &o.stdout)?;
-    let mut c = stack.tenancyctl();
-    c.args(["audit", "forward", "--confirm-ms", "500"])
-        .stderr(fs::File::create(root.path().join("forward.log"))?);
-    let forwarder = c.spawn().context("tenancyctl audit forward")?;
-    println!(
-        "audit:        signed by this node's key ({}), forwarded to rsyslog on 127.0.0.1:{} over TLS",
-        text(&o.stdout).trim(),
-        collector.port
-    );
-    let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
-    let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
-        "installed by the slurm-tenancy package".to_string()
-    } else {
-        std::fs::read_to_string(prolog.with_file_name("LIBC"))
-            .map(|l| format!("linked with {}", l.trim()))
-            .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string())
-    };
-    println!("Prolog=:      {} ({libc})", prolog.display());
-    println!(
-        "GPUs:         two H200-141GB with MIG on (NVML stand-in {})",
-        stack.paths.nvml_library.display()
-    );
-    println!(
-        "tenants:      acme (tier internal: scratch wiped at job end), globex (tier regulated: own GPU, scratch {}retained)",
-        if scratch_fs.is_some() { "encrypted with a key per job, " } else { "" }
-    );
-    println!(
-        "firewall:     {}",
-        if stack.firewall {
-            "per-tenant nftables table loaded"
-        } else {
-            "not in this build"
-        }
-    );
-    println!(
-        "node {} is {}",
-        stack.cluster.node,
-        stack.cluster.node_state()?
-    );
+    let (stack, dcgm) = start_stack(root.path(), &t)?;
+    let scratch_fs = encrypted_scratch(&stack);
+    let (collector, forwarder, public_keys) = start_forwarding(&stack, root.path())?;
+    show_setup(&stack, scratch_fs.is_some())?;
     let release = stack.cluster.path("jobs/release-demo");
     let demo = Demo { stack, t, release };
     let d = &demo;
@@ -363,6 +262,155 @@ fn run() -> Result<u32> {
         bail!("an accepted submit failed; see above");
     };
 
+    broken += refusals(d)?;
+    let (ak, gk) = what_each_got(d, (a, g), &dcgm)?;
+    broken += attacks(d, (a, g), a_port, &ak)?;
+    broken += jobs_end(d, (a, g), (&ak, &gk), &dcgm, scratch_fs.is_some())?;
+    broken += report_and_verify(d)?;
+
+    broken += statement_and_cross_check(s, &[a, g])?;
+    broken += verify_at_collector(s, &collector, forwarder, &public_keys)?;
+    broken += quota_and_pool(&demo)?;
+
+    say("Shutting the cluster down");
+    drop(demo);
+    // The encrypted scratch root's file system, after the cluster (and its epilogs) stopped.
+    drop(scratch_fs);
+    drop(users);
+    drop(root);
+    println!("done: daemons stopped, users and temp folders removed");
+    if broken == 0 {
+        println!("every isolation check held");
+    }
+    Ok(broken)
+}
+
+/// The local cluster with accounting, the DCGM job mapping and acme's quota, its tenants
+/// synced into slurmdbd; with the mapping folder.
+fn start_stack(root: &Path, t: &Tenants) -> Result<(Stack, PathBuf)> {
+    say("Starting a local Slurm cluster with slurm-tenancy installed");
+    // With Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed GPU GRES), so the
+    // demo can end with the cross-check of the two books.
+    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
+    let dcgm = root.join("dcgm-job-mapping");
+    let mapping = dcgm.clone();
+    // slurmctld enforces the tenants' quotas (association limits in slurmdbd).
+    let options = Options::default()
+        .slurm_conf("AccountingStorageEnforce=associations,limits")
+        .accounting(tenancy_e2e::Accounting {
+            gpu_types: vec![
+                ("1g.18gb".into(), 7),
+                ("2g.35gb".into(), 3),
+                ("3g.71gb".into(), 2),
+                ("7g.141gb".into(), 1),
+            ],
+        })
+        .config(move |c| {
+            c.cluster().dcgm_job_mapping_dir(&mapping);
+            // acme's quota: one 1g.18gb slice at a time (Slurm holds the tenant's jobs to it).
+            c.tenant("acme")
+                .limits(Limits::default().mig_slices("1g.18gb", 1));
+        });
+    let stack = Stack::start(root, t, &options)?;
+    println!("slurm.conf:   {}", stack.cluster.conf.display());
+    println!("tenancy.toml: {}", stack.config.display());
+    println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
+    sync_tenants(&stack, t)?;
+    Ok((stack, dcgm))
+}
+
+/// The regulated tenant's scratch encrypted with a key per job (docs/encrypted-scratch.md):
+/// the scratch root on an ext4 made with `mkfs.ext4 -O encrypt` on a loop device, unmounted
+/// and removed at the end (after the cluster stopped: it is dropped after `demo`). Where no
+/// loop device can be had (a container), the demo goes on with globex's scratch in clear.
+fn encrypted_scratch(stack: &Stack) -> Option<tenancy_e2e::scratch_fs::EncryptedScratch> {
+    match tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&stack.paths.scratch_root, 512)
+        .and_then(|fs| {
+            tenancy_e2e::scratch_fs::require_encryption(&stack.config, "regulated").map(|()| fs)
+        }) {
+        Ok(fs) => {
+            println!(
+                "scratch root: {} on ext4 (mkfs.ext4 -O encrypt, loop device of {})",
+                stack.paths.scratch_root.display(),
+                fs.image.display()
+            );
+            Some(fs)
+        }
+        Err(e) => {
+            println!("scratch root: NOT ENCRYPTED for globex (no encrypt-capable ext4 here: {e})");
+            None
+        }
+    }
+}
+
+/// The node's own signing key, and its records forwarded to a local rsyslog over TLS: the
+/// collector, the forwarder and the node's public keys.
+fn start_forwarding(stack: &Stack, root: &Path) -> Result<(Collector, Child, PathBuf)> {
+    let collector = Collector::start(&root.join("collector"))?;
+    let toml = fs::read_to_string(&stack.config)?
+        + &format!(
+            "\n[audit]\ncollectors = [\"127.0.0.1:{}\"]\nca_file = \"{}\"\n",
+            collector.port,
+            collector.dir.join("ca.pem").display()
+        );
+    fs::write(&stack.config, toml)?;
+    let mut c = stack.tenancyctl();
+    c.args(["audit", "keygen"]);
+    let o = stack.cluster.run(c)?;
+    let public_keys = root.join("nodes.pub");
+    fs::write(&public_keys, &o.stdout)?;
+    let mut c = stack.tenancyctl();
+    c.args(["audit", "forward", "--confirm-ms", "500"])
+        .stderr(fs::File::create(root.join("forward.log"))?);
+    let forwarder = c.spawn().context("tenancyctl audit forward")?;
+    println!(
+        "audit:        signed by this node's key ({}), forwarded to rsyslog on 127.0.0.1:{} over TLS",
+        text(&o.stdout).trim(),
+        collector.port
+    );
+    Ok((collector, forwarder, public_keys))
+}
+
+/// What the demo runs on: the prolog, the GPUs, the tenants, the firewall and the node.
+fn show_setup(stack: &Stack, encrypted: bool) -> Result<()> {
+    let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
+    let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
+        "installed by the slurm-tenancy package".to_string()
+    } else {
+        std::fs::read_to_string(prolog.with_file_name("LIBC"))
+            .map(|l| format!("linked with {}", l.trim()))
+            .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string())
+    };
+    println!("Prolog=:      {} ({libc})", prolog.display());
+    println!(
+        "GPUs:         two H200-141GB with MIG on (NVML stand-in {})",
+        stack.paths.nvml_library.display()
+    );
+    println!(
+        "tenants:      acme (tier internal: scratch wiped at job end), globex (tier regulated: own GPU, scratch {}retained)",
+        if encrypted { "encrypted with a key per job, " } else { "" }
+    );
+    println!(
+        "firewall:     {}",
+        if stack.firewall {
+            "per-tenant nftables table loaded"
+        } else {
+            "not in this build"
+        }
+    );
+    println!(
+        "node {} is {}",
+        stack.cluster.node,
+        stack.cluster.node_state()?
+    );
+    Ok(())
+}
+
+/// Jobs refused at submit time, and by slurmctld when the user leaves the sbatch check out.
+/// Returns the number of checks that did not hold.
+fn refusals(d: &Demo) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0u32;
     say("Refused at submit time (no job is created)");
     d.submit(&d.t.acme1, &["--tenant=globex", "--mig=1g.18gb"], 0)?;
     d.submit(&d.t.outsider, &["--mig=1g.18gb"], 0)?;
@@ -385,7 +433,16 @@ fn run() -> Result<u32> {
         .is_some(),
     );
     println!("node {} is {}", s.cluster.node, s.cluster.node_state()?);
+    Ok(broken)
+}
 
+/// What each job got, as it sees it; the MIG instances, the DCGM mapping and the metrics.
+fn what_each_got(
+    d: &Demo,
+    (a, g): (u64, u64),
+    dcgm: &Path,
+) -> Result<(BTreeMap<String, String>, BTreeMap<String, String>)> {
+    let s = &d.stack;
     say("What each job got (as the job itself sees it)");
     let ak = d.report(&d.t.acme1, a)?;
     let gk = d.report(&d.t.globex1, g)?;
@@ -406,7 +463,7 @@ fn run() -> Result<u32> {
     println!("\nThe MIG instances on the GPUs now (nvml-shim-ctl list):");
     show(&s.shim_ctl(&["list"])?);
     println!("\nDCGM exporter's job mapping (<gpu>.<gpu instance>: job ids):");
-    show_mapping(&dcgm);
+    show_mapping(dcgm);
     println!("\ntenancyctl metrics (excerpt; node_exporter's textfile collector reads it all):");
     let mut c = s.tenancyctl();
     c.arg("metrics");
@@ -420,7 +477,19 @@ fn run() -> Result<u32> {
     }) {
         println!("    {l}");
     }
+    Ok((ak, gk))
+}
 
+/// globex's job attacks acme's: its scratch, its MIG device node (also from an adopted ssh
+/// session), its port. Returns the number of attacks that did not fail.
+fn attacks(
+    d: &Demo,
+    (a, g): (u64, u64),
+    a_port: u16,
+    ak: &BTreeMap<String, String>,
+) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0u32;
     say("Attacks by globex's job on acme's job (both running)");
     let secret = format!("{}/secret.txt", ak["TMPDIR"]);
     let v = d.attack(&d.t.acme1, a, &["read", &secret], "read")?;
@@ -485,7 +554,20 @@ fn run() -> Result<u32> {
         c.args(["firewall", "show"]);
         show(&s.cluster.run(c)?);
     }
+    Ok(broken)
+}
 
+/// The jobs end: what is left of their slices, mapping and scratch (globex's locked when
+/// encrypted). Returns the number of checks that did not hold.
+fn jobs_end(
+    d: &Demo,
+    (a, g): (u64, u64),
+    (ak, gk): (&BTreeMap<String, String>, &BTreeMap<String, String>),
+    dcgm: &Path,
+    encrypted: bool,
+) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0u32;
     say("Jobs end: slices destroyed, scratch wiped (acme) or retained (globex)");
     fs::write(&d.release, "")?;
     for id in [a, g] {
@@ -505,8 +587,8 @@ fn run() -> Result<u32> {
     let left = s.shim_instances()?.len();
     println!("MIG instances left on the GPUs: {left}");
     println!("DCGM job mapping files left:");
-    show_mapping(&dcgm);
-    for (k, name) in [(&ak, "acme"), (&gk, "globex")] {
+    show_mapping(dcgm);
+    for (k, name) in [(ak, "acme"), (gk, "globex")] {
         let p = Path::new(&k["TMPDIR"]);
         println!(
             "{name} scratch {}: {}",
@@ -518,11 +600,18 @@ fn run() -> Result<u32> {
     for e in fs::read_dir(&retained).into_iter().flatten().flatten() {
         println!("  retained: {}", e.path().display());
     }
-    if scratch_fs.is_some() {
+    if encrypted {
         broken += show_locked_scratch(d, g)?;
     }
     println!("node {} is {}", s.cluster.node, s.cluster.node_state()?);
+    Ok(broken)
+}
 
+/// `tenancyctl report`, an anchor forged by a user, and `audit verify` leaving it out.
+/// Returns 1 when verify does not.
+fn report_and_verify(d: &Demo) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0u32;
     let audit = s.paths.audit_log.display().to_string();
     say(&format!("tenancyctl report --by tenant {audit}"));
     let mut c = s.tenancyctl();
@@ -571,21 +660,6 @@ fn run() -> Result<u32> {
     let out = String::from_utf8_lossy(&o.stdout);
     if !o.status.success() || !out.contains("without a valid MAC left out") {
         broken += 1;
-    }
-
-    broken += statement_and_cross_check(s, &[a, g])?;
-    broken += verify_at_collector(s, &collector, forwarder, &public_keys)?;
-    broken += quota_and_pool(&demo)?;
-
-    say("Shutting the cluster down");
-    drop(demo);
-    // The encrypted scratch root's file system, after the cluster (and its epilogs) stopped.
-    drop(scratch_fs);
-    drop(users);
-    drop(root);
-    println!("done: daemons stopped, users and temp folders removed");
-    if broken == 0 {
-        println!("every isolation check held");
     }
     Ok(broken)
 }
