@@ -39,6 +39,11 @@ pub(crate) fn sync_tenants(s: &Stack, t: &Tenants) -> Result<()> {
 /// A job over its tenant's quota waits with Slurm's reason; a node pool keeps other tenants
 /// out. Returns the number of checks that did not hold.
 pub(crate) fn quota_and_pool(d: &Demo) -> Result<u32> {
+    Ok(quota(d)? + pool(d)?)
+}
+
+/// acme's second job over its one-slice quota waits with Slurm's reason AssocGrpGRES.
+fn quota(d: &Demo) -> Result<u32> {
     let s = &d.stack;
     let mut broken = 0;
     say("Quotas: acme may hold one 1g.18gb slice at a time; its second job waits in the queue");
@@ -107,7 +112,13 @@ pub(crate) fn quota_and_pool(d: &Demo) -> Result<u32> {
     let mut c = s.cluster.cmd("scancel");
     c.args(ids.iter().map(|i| i.to_string()));
     s.cluster.run(c)?;
+    Ok(broken)
+}
 
+/// A node pool of globex's alone: globex's job runs there, acme's is refused.
+fn pool(d: &Demo) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0;
     say(&format!(
         "Node pools: globex gets node {} for itself (nodes = \"{}\")",
         s.cluster.node, s.cluster.node
