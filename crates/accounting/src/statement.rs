@@ -455,116 +455,125 @@ fn incident_words(st: &TenantStatement) -> Vec<String> {
 
 /// Writes the statement as a table, CSV or JSON.
 pub fn write_plain(out: &mut dyn Write, s: &Statement, format: Render) -> anyhow::Result<()> {
-    let cur = s.currency.as_deref();
     match format {
         Render::Json => {
             serde_json::to_writer_pretty(&mut *out, s)?;
             writeln!(out)?;
         }
-        Render::Csv => {
-            let mut w = csv::Writer::from_writer(out);
+        Render::Csv => write_csv(out, s)?,
+        Render::Table => write_table(out, s)?,
+    }
+    Ok(())
+}
+
+/// The statement as CSV: one row per line, one TOTAL row per tenant.
+fn write_csv(out: &mut dyn Write, s: &Statement) -> anyhow::Result<()> {
+    let cur = s.currency.as_deref();
+    let mut w = csv::Writer::from_writer(out);
+    w.write_record([
+        "month",
+        "tenant",
+        "profile",
+        "unit",
+        "jobs",
+        "usage_ms",
+        "quantity",
+        "rate",
+        "amount",
+        "currency",
+        "refusals",
+        "rollbacks",
+        "teardown_failures",
+        "logs_verify",
+    ])?;
+    let verified = if s.integrity.verified { "yes" } else { "no" };
+    let d = |x: Option<Decimal>| x.map(|d| d.to_string()).unwrap_or_default();
+    for t in &s.tenants {
+        for l in &t.lines {
             w.write_record([
-                "month",
-                "tenant",
-                "profile",
-                "unit",
-                "jobs",
-                "usage_ms",
-                "quantity",
-                "rate",
-                "amount",
-                "currency",
-                "refusals",
-                "rollbacks",
-                "teardown_failures",
-                "logs_verify",
+                s.month.clone(),
+                t.tenant.clone(),
+                l.profile.clone().unwrap_or_else(|| NO_SLICE.into()),
+                l.unit.to_string(),
+                l.jobs.to_string(),
+                l.usage_ms.to_string(),
+                format!("{:.4}", l.quantity),
+                d(l.rate),
+                d(l.amount),
+                cur.unwrap_or("").to_string(),
+                String::new(),
+                String::new(),
+                String::new(),
+                verified.to_string(),
             ])?;
-            let verified = if s.integrity.verified { "yes" } else { "no" };
-            let d = |x: Option<Decimal>| x.map(|d| d.to_string()).unwrap_or_default();
-            for t in &s.tenants {
-                for l in &t.lines {
-                    w.write_record([
-                        s.month.clone(),
-                        t.tenant.clone(),
-                        l.profile.clone().unwrap_or_else(|| NO_SLICE.into()),
-                        l.unit.to_string(),
-                        l.jobs.to_string(),
-                        l.usage_ms.to_string(),
-                        format!("{:.4}", l.quantity),
-                        d(l.rate),
-                        d(l.amount),
-                        cur.unwrap_or("").to_string(),
-                        String::new(),
-                        String::new(),
-                        String::new(),
-                        verified.to_string(),
-                    ])?;
-                }
-                w.write_record([
-                    s.month.clone(),
-                    t.tenant.clone(),
-                    "TOTAL".into(),
-                    String::new(),
-                    t.lines.iter().map(|l| l.jobs).sum::<u64>().to_string(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    d(t.total_amount),
-                    cur.unwrap_or("").to_string(),
-                    t.refusals.to_string(),
-                    t.rollbacks.to_string(),
-                    t.teardown_failures.to_string(),
-                    verified.to_string(),
-                ])?;
-            }
-            w.flush()?;
         }
-        Render::Table => {
-            writeln!(out, "{}", s.integrity.sentence)?;
-            writeln!(out)?;
-            if s.tenants.is_empty() {
-                writeln!(out, "Statement {}: no usage recorded", s.month)?;
-            }
-            for t in &s.tenants {
-                writeln!(out, "Statement {} — tenant {}", s.month, t.tenant)?;
-                let mut tab = comfy_table::Table::new();
-                tab.load_preset(comfy_table::presets::NOTHING);
-                tab.set_header(["PROFILE", "UNIT", "JOBS", "QUANTITY", "RATE", "AMOUNT"]);
-                for l in &t.lines {
-                    tab.add_row([
-                        profile_name(l.profile.as_deref()).to_string(),
-                        l.unit.to_string(),
-                        l.jobs.to_string(),
-                        format!("{:.4}", l.quantity),
-                        rate_text(l.rate, l.unit, cur),
-                        money(l.amount, cur),
-                    ]);
-                }
-                tab.add_row([
-                    "TOTAL".to_string(),
-                    String::new(),
-                    t.lines.iter().map(|l| l.jobs).sum::<u64>().to_string(),
-                    String::new(),
-                    String::new(),
-                    money(t.total_amount, cur),
-                ]);
-                writeln!(out, "{tab}")?;
-                for w in incident_words(t) {
-                    writeln!(out, "  {w}")?;
-                }
-                writeln!(out)?;
-            }
-            match s.total_amount {
-                Some(t) if s.tenants.len() > 1 => {
-                    writeln!(out, "All tenants, {}: {}", s.month, money(Some(t), cur))?
-                }
-                Some(_) => {}
-                None => writeln!(
-                    out,
-                    "No [billing] prices in the config: quantities only (see docs/admin-guide.md, Billing)."
-                )?,
-            }
+        w.write_record([
+            s.month.clone(),
+            t.tenant.clone(),
+            "TOTAL".into(),
+            String::new(),
+            t.lines.iter().map(|l| l.jobs).sum::<u64>().to_string(),
+            String::new(),
+            String::new(),
+            String::new(),
+            d(t.total_amount),
+            cur.unwrap_or("").to_string(),
+            t.refusals.to_string(),
+            t.rollbacks.to_string(),
+            t.teardown_failures.to_string(),
+            verified.to_string(),
+        ])?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// The statement as a table per tenant, with its incidents, and the total of all tenants.
+fn write_table(out: &mut dyn Write, s: &Statement) -> anyhow::Result<()> {
+    let cur = s.currency.as_deref();
+    writeln!(out, "{}", s.integrity.sentence)?;
+    writeln!(out)?;
+    if s.tenants.is_empty() {
+        writeln!(out, "Statement {}: no usage recorded", s.month)?;
+    }
+    for t in &s.tenants {
+        writeln!(out, "Statement {} — tenant {}", s.month, t.tenant)?;
+        let mut tab = comfy_table::Table::new();
+        tab.load_preset(comfy_table::presets::NOTHING);
+        tab.set_header(["PROFILE", "UNIT", "JOBS", "QUANTITY", "RATE", "AMOUNT"]);
+        for l in &t.lines {
+            tab.add_row([
+                profile_name(l.profile.as_deref()).to_string(),
+                l.unit.to_string(),
+                l.jobs.to_string(),
+                format!("{:.4}", l.quantity),
+                rate_text(l.rate, l.unit, cur),
+                money(l.amount, cur),
+            ]);
         }
+        tab.add_row([
+            "TOTAL".to_string(),
+            String::new(),
+            t.lines.iter().map(|l| l.jobs).sum::<u64>().to_string(),
+            String::new(),
+            String::new(),
+            money(t.total_amount, cur),
+        ]);
+        writeln!(out, "{tab}")?;
+        for w in incident_words(t) {
+            writeln!(out, "  {w}")?;
+        }
+        writeln!(out)?;
+    }
+    match s.total_amount {
+        Some(t) if s.tenants.len() > 1 => {
+            writeln!(out, "All tenants, {}: {}", s.month, money(Some(t), cur))?
+        }
+        Some(_) => {}
+        None => writeln!(
+            out,
+            "No [billing] prices in the config: quantities only (see docs/admin-guide.md, Billing)."
+        )?,
     }
     Ok(())
 }
