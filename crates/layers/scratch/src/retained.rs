@@ -9,6 +9,7 @@ use crate::{Action, KeyId, KeyStore, Removal, Result, Retained, ScratchError, Sc
 use rustix::fs::{self as rfs, AtFlags};
 use rustix::io::Errno;
 use serde::Serialize;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -221,55 +222,12 @@ pub fn purge_retained_with(
     let rootfd = open_root(root)?;
     let now = unix_secs(now);
     let mut actions = Vec::new();
-    let dir = rfs::Dir::read_from(&rootfd).map_err(|e| io_err("readdir", root, e))?;
-    let mut tenants: Vec<String> = Vec::new();
-    for ent in dir {
-        let ent = ent.map_err(|e| io_err("readdir", root, e))?;
-        let Ok(name) = ent.file_name().to_str() else {
-            continue;
-        };
-        if name == "." || name == ".." || validate_tenant_name(name).is_err() {
-            continue;
-        }
-        tenants.push(name.to_string());
-    }
-    tenants.sort();
+    let tenants = tenant_names(&rootfd, root)?;
     for tenant in tenants {
-        let tpath = root.join(&tenant);
-        let Ok(tfd) = open_beneath(&rootfd, &tenant) else {
+        let Some((rfd, rpath)) = retained_dir(&rootfd, root, &tenant, &mut actions)? else {
             continue;
-        }; // not a directory
-        let tst = rfs::fstat(&tfd).map_err(|e| io_err("fstat", &tpath, e))?;
-        let rpath = tpath.join(RETAINED_DIR);
-        let rfd = match open_beneath(&tfd, RETAINED_DIR) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) => continue,
-            Err(e) => {
-                actions.push(Action::Skip {
-                    path: rpath,
-                    reason: format!("cannot open safely: {e}"),
-                });
-                continue;
-            }
         };
-        if let Err(e) = check_tenant_owned(&tfd, &tpath, tst.st_gid)
-            .and_then(|_| check_tenant_owned(&rfd, &rpath, tst.st_gid))
-        {
-            actions.push(Action::Skip {
-                path: rpath,
-                reason: e.to_string(),
-            });
-            continue;
-        }
-        let mut names = Vec::new();
-        for ent in rfs::Dir::read_from(&rfd).map_err(|e| io_err("readdir", &rpath, e))? {
-            let ent = ent.map_err(|e| io_err("readdir", &rpath, e))?;
-            let n = ent.file_name().to_string_lossy().into_owned();
-            if n != "." && n != ".." {
-                names.push(n);
-            }
-        }
-        names.sort();
+        let names = folder_names(&rfd, &rpath)?;
         for n in names {
             let path = rpath.join(&n);
             let Some((job_id, retained_at)) = parse_retained(&n) else {
@@ -345,4 +303,73 @@ pub fn purge_retained_with(
         }
     }
     Ok(actions)
+}
+
+/// The names under `root` that are tenant names, sorted.
+fn tenant_names(rootfd: &OwnedFd, root: &Path) -> Result<Vec<String>> {
+    let dir = rfs::Dir::read_from(rootfd).map_err(|e| io_err("readdir", root, e))?;
+    let mut tenants: Vec<String> = Vec::new();
+    for ent in dir {
+        let ent = ent.map_err(|e| io_err("readdir", root, e))?;
+        let Ok(name) = ent.file_name().to_str() else {
+            continue;
+        };
+        if name == "." || name == ".." || validate_tenant_name(name).is_err() {
+            continue;
+        }
+        tenants.push(name.to_string());
+    }
+    tenants.sort();
+    Ok(tenants)
+}
+
+/// `<root>/<tenant>/.retained`, opened and checked as the tenant's; `None` when there is none,
+/// or it is unsafe (a [`Action::Skip`] in `actions`).
+fn retained_dir(
+    rootfd: &OwnedFd,
+    root: &Path,
+    tenant: &str,
+    actions: &mut Vec<Action>,
+) -> Result<Option<(OwnedFd, PathBuf)>> {
+    let tpath = root.join(tenant);
+    let Ok(tfd) = open_beneath(rootfd, tenant) else {
+        return Ok(None);
+    }; // not a directory
+    let tst = rfs::fstat(&tfd).map_err(|e| io_err("fstat", &tpath, e))?;
+    let rpath = tpath.join(RETAINED_DIR);
+    let rfd = match open_beneath(&tfd, RETAINED_DIR) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => {
+            actions.push(Action::Skip {
+                path: rpath,
+                reason: format!("cannot open safely: {e}"),
+            });
+            return Ok(None);
+        }
+    };
+    if let Err(e) = check_tenant_owned(&tfd, &tpath, tst.st_gid)
+        .and_then(|_| check_tenant_owned(&rfd, &rpath, tst.st_gid))
+    {
+        actions.push(Action::Skip {
+            path: rpath,
+            reason: e.to_string(),
+        });
+        return Ok(None);
+    }
+    Ok(Some((rfd, rpath)))
+}
+
+/// The entries of the `.retained` folder `rfd` (at `rpath`), sorted.
+fn folder_names(rfd: &OwnedFd, rpath: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for ent in rfs::Dir::read_from(rfd).map_err(|e| io_err("readdir", rpath, e))? {
+        let ent = ent.map_err(|e| io_err("readdir", rpath, e))?;
+        let n = ent.file_name().to_string_lossy().into_owned();
+        if n != "." && n != ".." {
+            names.push(n);
+        }
+    }
+    names.sort();
+    Ok(names)
 }
