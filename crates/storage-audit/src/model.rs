@@ -248,80 +248,7 @@ pub(crate) fn check_entry(
         return None;
     }
     if let Some(t) = tenant {
-        let mut whos = vec![Who::Others];
-        whos.extend(
-            mentioned
-                .iter()
-                .copied()
-                .chain(ctx.reach.iter().map(|(i, _)| *i))
-                .filter(|&i| i != t)
-                .map(Who::Tenant),
-        );
-        whos.dedup();
-        let mut seen = Vec::new();
-        for w in whos {
-            if seen.contains(&w) {
-                continue;
-            }
-            seen.push(w);
-            let reach = match w {
-                Who::Others => ctx.reach_others,
-                Who::Tenant(i) => ctx.reach_of(i),
-            };
-            let p = access(ix, &meta, w);
-            if reach && p != 0 {
-                let how = if acl.is_some() {
-                    format!("mode {mode:04o} + ACL")
-                } else {
-                    format!("mode {mode:04o}")
-                };
-                push(
-                    Rule::Exposed,
-                    who_name(ix, w),
-                    perm_str(p),
-                    format!("{how}, owner {}:{}", st.st_uid, st.st_gid),
-                );
-            }
-        }
-        if let Some(&g) = ix.by_gid.get(&st.st_gid) {
-            if g != t {
-                push(
-                    Rule::ForeignGroup,
-                    who_name(ix, Who::Tenant(g)),
-                    String::new(),
-                    format!("group {} belongs to tenant {}", st.st_gid, ix.names[g]),
-                );
-            }
-        }
-        if let Some(&u) = ix.by_uid.get(&st.st_uid) {
-            if u != t {
-                push(
-                    Rule::ForeignOwner,
-                    who_name(ix, Who::Tenant(u)),
-                    String::new(),
-                    format!("owner {} belongs to tenant {}", st.st_uid, ix.names[u]),
-                );
-            }
-        }
-        if let Some(d) = default_acl {
-            for e in &d.entries {
-                let (kind, owner) = match e.tag {
-                    ACL_USER => ("user", ix.by_uid.get(&e.id)),
-                    ACL_GROUP => ("group", ix.by_gid.get(&e.id)),
-                    _ => continue,
-                };
-                if let Some(&o) = owner {
-                    if o != t && e.perm != 0 {
-                        push(
-                            Rule::DefaultAclGrant,
-                            who_name(ix, Who::Tenant(o)),
-                            perm_str(e.perm),
-                            format!("default:{kind}:{}:{}", e.id, perm_str(e.perm)),
-                        );
-                    }
-                }
-            }
-        }
+        tenant_findings(ix, ctx, t, &meta, default_acl, &mentioned, &mut push);
     }
     if is_dir && mode & 0o002 != 0 && mode & 0o1000 == 0 && ctx.reach_others {
         push(
@@ -366,4 +293,93 @@ pub(crate) fn check_entry(
         reach_others: ctx.reach_others && x(Who::Others),
         reach,
     })
+}
+
+/// In tenant `t`'s tree: who else may use the entry (others, the tenants it mentions or that
+/// reach it), a group or owner of another tenant, and default ACL entries granting another.
+fn tenant_findings(
+    ix: &Index,
+    ctx: &Ctx,
+    t: usize,
+    meta: &Meta,
+    default_acl: Option<&Acl>,
+    mentioned: &[usize],
+    push: &mut dyn FnMut(Rule, String, String, String),
+) {
+    let (st, acl) = (meta.st, meta.acl);
+    let mode = st.st_mode & 0o7777;
+    let mut whos = vec![Who::Others];
+    whos.extend(
+        mentioned
+            .iter()
+            .copied()
+            .chain(ctx.reach.iter().map(|(i, _)| *i))
+            .filter(|&i| i != t)
+            .map(Who::Tenant),
+    );
+    whos.dedup();
+    let mut seen = Vec::new();
+    for w in whos {
+        if seen.contains(&w) {
+            continue;
+        }
+        seen.push(w);
+        let reach = match w {
+            Who::Others => ctx.reach_others,
+            Who::Tenant(i) => ctx.reach_of(i),
+        };
+        let p = access(ix, meta, w);
+        if reach && p != 0 {
+            let how = if acl.is_some() {
+                format!("mode {mode:04o} + ACL")
+            } else {
+                format!("mode {mode:04o}")
+            };
+            push(
+                Rule::Exposed,
+                who_name(ix, w),
+                perm_str(p),
+                format!("{how}, owner {}:{}", st.st_uid, st.st_gid),
+            );
+        }
+    }
+    if let Some(&g) = ix.by_gid.get(&st.st_gid) {
+        if g != t {
+            push(
+                Rule::ForeignGroup,
+                who_name(ix, Who::Tenant(g)),
+                String::new(),
+                format!("group {} belongs to tenant {}", st.st_gid, ix.names[g]),
+            );
+        }
+    }
+    if let Some(&u) = ix.by_uid.get(&st.st_uid) {
+        if u != t {
+            push(
+                Rule::ForeignOwner,
+                who_name(ix, Who::Tenant(u)),
+                String::new(),
+                format!("owner {} belongs to tenant {}", st.st_uid, ix.names[u]),
+            );
+        }
+    }
+    if let Some(d) = default_acl {
+        for e in &d.entries {
+            let (kind, owner) = match e.tag {
+                ACL_USER => ("user", ix.by_uid.get(&e.id)),
+                ACL_GROUP => ("group", ix.by_gid.get(&e.id)),
+                _ => continue,
+            };
+            if let Some(&o) = owner {
+                if o != t && e.perm != 0 {
+                    push(
+                        Rule::DefaultAclGrant,
+                        who_name(ix, Who::Tenant(o)),
+                        perm_str(e.perm),
+                        format!("default:{kind}:{}:{}", e.id, perm_str(e.perm)),
+                    );
+                }
+            }
+        }
+    }
 }
