@@ -294,75 +294,7 @@ impl Aggregator {
             return;
         }
         if closes {
-            let start = match r.started.as_deref().map(ts::parse) {
-                Some(Ok(s)) => Some(s),
-                _ => pend.as_ref().map(|p| p.start),
-            };
-            let profile_owned;
-            let profile = match r.profile.as_deref() {
-                Some(p) => Some(p),
-                None => {
-                    profile_owned = pend.as_ref().and_then(|p| p.profile.clone());
-                    profile_owned.as_deref()
-                }
-            };
-            let slices = r
-                .compute_slices
-                .or(pend.as_ref().and_then(|p| p.slices))
-                .unwrap_or(0) as u64;
-            let is_end = event == "job_end";
-            // The epilog (node/src/spine.rs) writes this when the prolog made nothing: a denied
-            // job, or a second epilog run. It ends no job of its own.
-            if is_end
-                && start.is_none()
-                && r.reason
-                    .as_deref()
-                    .is_some_and(|w| w.starts_with("no journal"))
-            {
-                self.out.no_journal_ends += 1;
-                return;
-            }
-            if self.in_window(t) {
-                self.build_key(&r, profile, t);
-                let f = self.figures_mut();
-                f.job_ends += u64::from(is_end);
-                f.teardown_failures += u64::from(!is_end);
-                f.firewall_drops += r.firewall_drops.unwrap_or(0);
-            }
-            match start {
-                // A teardown_failed of a job that never started (a prolog's) closes nothing.
-                None if is_end => self.out.unmatched_ends += 1,
-                None => {}
-                Some(s) if s < t => {
-                    let mut lo = s;
-                    let mut hi = t;
-                    if let Some(since) = self.q.since {
-                        lo = lo.max(since);
-                    }
-                    if let Some(until) = self.q.until {
-                        hi = hi.min(until);
-                    }
-                    let split_day = self.q.by.contains(&GroupBy::Day);
-                    let split_month = self.q.by.contains(&GroupBy::Month);
-                    while lo < hi {
-                        let next = if split_day {
-                            next_day(lo)
-                        } else if split_month {
-                            next_month(lo)
-                        } else {
-                            hi
-                        };
-                        let end = next.min(hi);
-                        let ms = (end - lo).num_milliseconds().max(0) as u64;
-                        self.build_key(&r, profile, lo);
-                        let f = self.figures_mut();
-                        f.slice_ms += ms;
-                        f.compute_slice_ms += ms * slices;
-                        lo = end;
-                    }
-                }
-                Some(_) => {}
-            }
+            self.close_job(&r, t, pend);
             return;
         }
         if !self.in_window(t) {
@@ -385,6 +317,91 @@ impl Aggregator {
         f.denied += denied;
         f.rollbacks += rollbacks;
         f.firewall_drops += drops;
+    }
+
+    /// A job_end or teardown_failed at `t` (`pend`: its job's start, when fed before): its
+    /// end counted, and its slice time from its start added.
+    fn close_job(&mut self, r: &Row, t: DateTime<Utc>, pend: Option<Pending>) {
+        let event = r.event.as_ref();
+        let start = match r.started.as_deref().map(ts::parse) {
+            Some(Ok(s)) => Some(s),
+            _ => pend.as_ref().map(|p| p.start),
+        };
+        let profile_owned;
+        let profile = match r.profile.as_deref() {
+            Some(p) => Some(p),
+            None => {
+                profile_owned = pend.as_ref().and_then(|p| p.profile.clone());
+                profile_owned.as_deref()
+            }
+        };
+        let slices = r
+            .compute_slices
+            .or(pend.as_ref().and_then(|p| p.slices))
+            .unwrap_or(0) as u64;
+        let is_end = event == "job_end";
+        // The epilog (node/src/spine.rs) writes this when the prolog made nothing: a denied
+        // job, or a second epilog run. It ends no job of its own.
+        if is_end
+            && start.is_none()
+            && r.reason
+                .as_deref()
+                .is_some_and(|w| w.starts_with("no journal"))
+        {
+            self.out.no_journal_ends += 1;
+            return;
+        }
+        if self.in_window(t) {
+            self.build_key(r, profile, t);
+            let f = self.figures_mut();
+            f.job_ends += u64::from(is_end);
+            f.teardown_failures += u64::from(!is_end);
+            f.firewall_drops += r.firewall_drops.unwrap_or(0);
+        }
+        match start {
+            // A teardown_failed of a job that never started (a prolog's) closes nothing.
+            None if is_end => self.out.unmatched_ends += 1,
+            None => {}
+            Some(s) if s < t => self.add_usage(r, profile, (s, t), slices),
+            Some(_) => {}
+        }
+    }
+
+    /// The slice time of a job from `s` to `t`, within the window, into the groups of each day
+    /// or month it spans when the report is by day or month.
+    fn add_usage(
+        &mut self,
+        r: &Row,
+        profile: Option<&str>,
+        (s, t): (DateTime<Utc>, DateTime<Utc>),
+        slices: u64,
+    ) {
+        let mut lo = s;
+        let mut hi = t;
+        if let Some(since) = self.q.since {
+            lo = lo.max(since);
+        }
+        if let Some(until) = self.q.until {
+            hi = hi.min(until);
+        }
+        let split_day = self.q.by.contains(&GroupBy::Day);
+        let split_month = self.q.by.contains(&GroupBy::Month);
+        while lo < hi {
+            let next = if split_day {
+                next_day(lo)
+            } else if split_month {
+                next_month(lo)
+            } else {
+                hi
+            };
+            let end = next.min(hi);
+            let ms = (end - lo).num_milliseconds().max(0) as u64;
+            self.build_key(r, profile, lo);
+            let f = self.figures_mut();
+            f.slice_ms += ms;
+            f.compute_slice_ms += ms * slices;
+            lo = end;
+        }
     }
 
     /// Number of starts still waiting for their end (bounded by running jobs).

@@ -328,34 +328,69 @@ pub fn compare(
             });
             continue;
         }
-        let profiles: BTreeSet<&String> = audit_ms.keys().chain(j.gpus.keys()).collect();
-        for p in profiles {
-            compared += 1;
-            let a = audit_ms.get(p).copied().unwrap_or(0);
-            let n = j.gpus.get(p).copied().unwrap_or(0);
-            let s = n * j.elapsed_s * 1000;
-            let tol = tolerance_seconds * 1000 * n.max(1);
-            if a.abs_diff(s) > tol {
-                d.push(Disagreement {
-                    job_id: j.job_id,
-                    node: j.nodes.join(","),
-                    kind: "usage_differs",
-                    detail: format!(
-                        "profile {p}: audit {:.4} slice-hours, Slurm gres/gpu:{p}={n} × {} s = \
-                         {:.4} slice-hours; differ by {:.1} s, more than the tolerance of {} s \
-                         per slice",
-                        a as f64 / 3.6e6,
-                        j.elapsed_s,
-                        s as f64 / 3.6e6,
-                        a.abs_diff(s) as f64 / 1000.0,
-                        tolerance_seconds
-                    ),
-                });
-            }
+        compared += usage_differs(j, &audit_ms, tolerance_seconds, &mut d);
+    }
+    let starts = starts_without_slurm_job(&audit, &slurm_ids, (since, until), &mut d);
+    d.sort();
+    Ok(Comparison {
+        since: ts::format(&since),
+        until: ts::format(&until),
+        tolerance_seconds,
+        slurm_jobs: slurm.len(),
+        audit_job_starts: starts,
+        compared_usage: compared,
+        disagreements: d,
+    })
+}
+
+/// Slurm's job `j` against its slice-hours in the audit log (`audit_ms`, per profile): a
+/// disagreement per profile that differs by more than the tolerance. Returns the profiles
+/// compared.
+fn usage_differs(
+    j: &SlurmJob,
+    audit_ms: &BTreeMap<String, u64>,
+    tolerance_seconds: u64,
+    d: &mut Vec<Disagreement>,
+) -> usize {
+    let mut compared = 0;
+    let profiles: BTreeSet<&String> = audit_ms.keys().chain(j.gpus.keys()).collect();
+    for p in profiles {
+        compared += 1;
+        let a = audit_ms.get(p).copied().unwrap_or(0);
+        let n = j.gpus.get(p).copied().unwrap_or(0);
+        let s = n * j.elapsed_s * 1000;
+        let tol = tolerance_seconds * 1000 * n.max(1);
+        if a.abs_diff(s) > tol {
+            d.push(Disagreement {
+                job_id: j.job_id,
+                node: j.nodes.join(","),
+                kind: "usage_differs",
+                detail: format!(
+                    "profile {p}: audit {:.4} slice-hours, Slurm gres/gpu:{p}={n} × {} s = \
+                     {:.4} slice-hours; differ by {:.1} s, more than the tolerance of {} s \
+                     per slice",
+                    a as f64 / 3.6e6,
+                    j.elapsed_s,
+                    s as f64 / 3.6e6,
+                    a.abs_diff(s) as f64 / 1000.0,
+                    tolerance_seconds
+                ),
+            });
         }
     }
+    compared
+}
+
+/// The audit log's job starts in [since, until) against Slurm's jobs: a disagreement for each
+/// Slurm has not, or not on that node. Returns the starts in the period.
+fn starts_without_slurm_job(
+    audit: &BTreeMap<(String, u64), AuditJob>,
+    slurm_ids: &BTreeMap<u64, &SlurmJob>,
+    (since, until): (DateTime<Utc>, DateTime<Utc>),
+    d: &mut Vec<Disagreement>,
+) -> usize {
     let mut starts = 0;
-    for ((node, id), a) in &audit {
+    for ((node, id), a) in audit {
         let Some(s) = a.start else { continue };
         if s < since || s >= until {
             continue;
@@ -386,14 +421,5 @@ pub fn compare(
             }),
         }
     }
-    d.sort();
-    Ok(Comparison {
-        since: ts::format(&since),
-        until: ts::format(&until),
-        tolerance_seconds,
-        slurm_jobs: slurm.len(),
-        audit_job_starts: starts,
-        compared_usage: compared,
-        disagreements: d,
-    })
+    starts
 }

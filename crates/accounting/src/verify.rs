@@ -478,20 +478,7 @@ pub fn verify_paths(
             });
         }
         // Anchors past the end have no record to be checked against, but may still disagree.
-        if let Some(na) = st.anchors {
-            let past: Vec<_> = na.after(st.last_seq).collect();
-            for run in past.chunk_by(|a, b| a.0 == b.0).filter(|r| r.len() > 1) {
-                let found: Vec<_> = run.iter().map(|(_, h, o)| (*h, *o)).collect();
-                let kind = st.conflict(run[0].0, &found);
-                st.push(Finding {
-                    node: st.key.clone(),
-                    file: last_pos.0.clone(),
-                    line: last_pos.1 + 1,
-                    seq: Some(run[0].0),
-                    kind,
-                });
-            }
-        }
+        past_end_conflicts(&mut st, &last_pos);
         report.nodes.push(NodeResult {
             cluster,
             node,
@@ -511,6 +498,36 @@ pub fn verify_paths(
         report.total_findings += st.total;
         report.findings.extend(st.findings);
     }
+    anchor_summary(&mut report, anchors, &seen_nodes);
+    Ok(report)
+}
+
+/// The anchors of `st`'s node past the last record that disagree among themselves (`last_pos`:
+/// the last file and its number of lines).
+fn past_end_conflicts(st: &mut ChainState, last_pos: &(PathBuf, u64)) {
+    if let Some(na) = st.anchors {
+        let past: Vec<_> = na.after(st.last_seq).collect();
+        for run in past.chunk_by(|a, b| a.0 == b.0).filter(|r| r.len() > 1) {
+            let found: Vec<_> = run.iter().map(|(_, h, o)| (*h, *o)).collect();
+            let kind = st.conflict(run[0].0, &found);
+            st.push(Finding {
+                node: st.key.clone(),
+                file: last_pos.0.clone(),
+                line: last_pos.1 + 1,
+                seq: Some(run[0].0),
+                kind,
+            });
+        }
+    }
+}
+
+/// What the anchors say across nodes: nodes anchored without a log, how anchors were
+/// authenticated and left out, and the nodes whose clock was not synchronised.
+fn anchor_summary(
+    report: &mut VerifyReport,
+    anchors: &AnchorSet,
+    seen_nodes: &std::collections::HashSet<String>,
+) {
     let mut missing: Vec<String> = anchors
         .by_node
         .keys()
@@ -546,7 +563,6 @@ pub fn verify_paths(
         .collect();
     unsynced.sort_by(|a, b| a.node.cmp(&b.node));
     report.unsynchronised = unsynced;
-    Ok(report)
 }
 
 /// Checks one file of a node's chain; returns its number of lines.
@@ -636,65 +652,7 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
             st.push(f);
             continue;
         }
-        // A file that a rotation started, given without the files before it: the chain
-        // begins at its `log_continued` record, chained to a record that is not among the inputs.
-        if st.last_seq == 0 && st.records == 0 && seq > 1 && rec.event == Event::LogContinued {
-            st.first_seq = seq;
-            st.continues = rec.reason.clone();
-            st.last_seq = seq - 1;
-            st.last_hash = rec.prev.clone();
-        }
-        let expected = st.last_seq + 1;
-        if seq == expected {
-            if rec.prev != st.last_hash {
-                let f = mk(
-                    Some(seq),
-                    FindingKind::PrevMismatch {
-                        expected: st.last_hash.clone(),
-                        found: rec.prev.clone(),
-                    },
-                );
-                st.push(f);
-            }
-        } else if seq > expected {
-            let f = mk(
-                Some(seq),
-                FindingKind::SeqGap {
-                    expected,
-                    found: seq,
-                },
-            );
-            if st.findings.len() < st.max {
-                st.gaps.push((st.findings.len(), expected, seq));
-            }
-            st.push(f);
-        } else {
-            // seq < expected: a moved record fills an earlier gap, or a duplicate
-            let gap = st
-                .gaps
-                .iter()
-                .find(|(_, lo, hi)| (*lo..*hi).contains(&seq))
-                .map(|g| g.0);
-            if gap.is_none() && st.copy_of_seen(seq, &hash) {
-                st.duplicates += 1;
-                continue;
-            }
-            if let Some(i) = gap {
-                if let FindingKind::SeqGap { expected, found } = st.findings[i].kind {
-                    st.findings[i].kind = FindingKind::Reordered { expected, found };
-                }
-                let f = mk(
-                    Some(seq),
-                    FindingKind::Reordered {
-                        expected,
-                        found: seq,
-                    },
-                );
-                st.push(f);
-            } else {
-                let f = mk(Some(seq), FindingKind::Duplicate { seq });
-                st.push(f);
-            }
+        if !check_seq(st, &rec, &hash, &mk) {
             continue;
         }
         st.check_anchors(seq, &hash, |k| mk(Some(seq), k));
@@ -704,6 +662,80 @@ fn check_file(path: &Path, cluster: &str, node: &str, st: &mut ChainState) -> an
         st.records += 1;
     }
     Ok(lineno)
+}
+
+/// Checks record `rec` (its line's hash `hash`) against the chain so far: its place after the
+/// last record, or a gap, a reordered record or a copy. `false`: the record takes no place in
+/// the chain (a copy or an earlier one), and the file's next line is read.
+fn check_seq(
+    st: &mut ChainState,
+    rec: &Record,
+    hash: &str,
+    mk: &dyn Fn(Option<u64>, FindingKind) -> Finding,
+) -> bool {
+    let seq = rec.seq;
+    // A file that a rotation started, given without the files before it: the chain
+    // begins at its `log_continued` record, chained to a record that is not among the inputs.
+    if st.last_seq == 0 && st.records == 0 && seq > 1 && rec.event == Event::LogContinued {
+        st.first_seq = seq;
+        st.continues = rec.reason.clone();
+        st.last_seq = seq - 1;
+        st.last_hash = rec.prev.clone();
+    }
+    let expected = st.last_seq + 1;
+    if seq == expected {
+        if rec.prev != st.last_hash {
+            let f = mk(
+                Some(seq),
+                FindingKind::PrevMismatch {
+                    expected: st.last_hash.clone(),
+                    found: rec.prev.clone(),
+                },
+            );
+            st.push(f);
+        }
+    } else if seq > expected {
+        let f = mk(
+            Some(seq),
+            FindingKind::SeqGap {
+                expected,
+                found: seq,
+            },
+        );
+        if st.findings.len() < st.max {
+            st.gaps.push((st.findings.len(), expected, seq));
+        }
+        st.push(f);
+    } else {
+        // seq < expected: a moved record fills an earlier gap, or a duplicate
+        let gap = st
+            .gaps
+            .iter()
+            .find(|(_, lo, hi)| (*lo..*hi).contains(&seq))
+            .map(|g| g.0);
+        if gap.is_none() && st.copy_of_seen(seq, hash) {
+            st.duplicates += 1;
+            return false;
+        }
+        if let Some(i) = gap {
+            if let FindingKind::SeqGap { expected, found } = st.findings[i].kind {
+                st.findings[i].kind = FindingKind::Reordered { expected, found };
+            }
+            let f = mk(
+                Some(seq),
+                FindingKind::Reordered {
+                    expected,
+                    found: seq,
+                },
+            );
+            st.push(f);
+        } else {
+            let f = mk(Some(seq), FindingKind::Duplicate { seq });
+            st.push(f);
+        }
+        return false;
+    }
+    true
 }
 
 /// The anchors of `files`, authenticated by the HMAC key and the public keys given (neither:

@@ -95,63 +95,10 @@ pub fn run(config: &Config, format: Format) -> anyhow::Result<ExitCode> {
     let rows: Vec<TenantRow> = config
         .tenants
         .values()
-        .map(|t| {
-            let tier = config.tier_of(t);
-            TenantRow {
-                tenant: t.name.clone(),
-                tier: tier.name.clone(),
-                groups: t.groups.clone(),
-                accounts: t.accounts.clone(),
-                egress: t.egress.iter().map(ToString::to_string).collect(),
-                mig_profiles: tier.mig_profiles.clone(),
-                share_gpu: tier.share_gpu,
-                share_node: tier.share_node,
-                scratch_on_exit: match tier.scratch_encryption {
-                    tenancy_config::ScratchEncryption::Off => {
-                        scratch_policy(tier.scratch_on_exit, tier.retain_days)
-                    }
-                    tenancy_config::ScratchEncryption::Required => format!(
-                        "{}, encrypted",
-                        scratch_policy(tier.scratch_on_exit, tier.retain_days)
-                    ),
-                },
-                unknown_groups: t
-                    .groups
-                    .iter()
-                    .filter(|g| group_gid(g).is_none())
-                    .cloned()
-                    .collect(),
-            }
-        })
+        .map(|t| tenant_row(config, t))
         .collect();
     if format == Format::Table {
-        let c = &config.cluster;
-        println!(
-            "config {}: OK: cluster {}, {} tier(s), {} tenant(s)",
-            config.path.display(),
-            c.name,
-            config.tiers.len(),
-            config.tenants.len()
-        );
-        println!(
-            "state_dir {}  audit_log {}  scratch_root {}",
-            c.state_dir.display(),
-            c.audit_log.display(),
-            c.scratch_root.display()
-        );
-        let infra: Vec<String> = config
-            .infrastructure
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        println!(
-            "infrastructure (every tenant): {}\n",
-            if infra.is_empty() {
-                "none".into()
-            } else {
-                infra.join(", ")
-            }
-        );
+        print_cluster(config);
     }
     Rows {
         headers: &[
@@ -181,7 +128,82 @@ pub fn run(config: &Config, format: Format) -> anyhow::Result<ExitCode> {
         },
     }
     .print(format)?;
-    // The names the tiers and the plan use, against the driver on this host (when it has one).
+    mig_names(config, format);
+    if format == Format::Table {
+        for r in rows.iter().filter(|r| !r.unknown_groups.is_empty()) {
+            eprintln!(
+                "warning: tenant {}: group(s) {} unknown to NSS on this host",
+                r.tenant,
+                r.unknown_groups.join(", ")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One tenant's row: its tier's policy, and its groups NSS does not know here.
+fn tenant_row(config: &Config, t: &tenancy_config::Tenant) -> TenantRow {
+    let tier = config.tier_of(t);
+    TenantRow {
+        tenant: t.name.clone(),
+        tier: tier.name.clone(),
+        groups: t.groups.clone(),
+        accounts: t.accounts.clone(),
+        egress: t.egress.iter().map(ToString::to_string).collect(),
+        mig_profiles: tier.mig_profiles.clone(),
+        share_gpu: tier.share_gpu,
+        share_node: tier.share_node,
+        scratch_on_exit: match tier.scratch_encryption {
+            tenancy_config::ScratchEncryption::Off => {
+                scratch_policy(tier.scratch_on_exit, tier.retain_days)
+            }
+            tenancy_config::ScratchEncryption::Required => format!(
+                "{}, encrypted",
+                scratch_policy(tier.scratch_on_exit, tier.retain_days)
+            ),
+        },
+        unknown_groups: t
+            .groups
+            .iter()
+            .filter(|g| group_gid(g).is_none())
+            .cloned()
+            .collect(),
+    }
+}
+
+/// The cluster's name, folders and infrastructure, above the table.
+fn print_cluster(config: &Config) {
+    let c = &config.cluster;
+    println!(
+        "config {}: OK: cluster {}, {} tier(s), {} tenant(s)",
+        config.path.display(),
+        c.name,
+        config.tiers.len(),
+        config.tenants.len()
+    );
+    println!(
+        "state_dir {}  audit_log {}  scratch_root {}",
+        c.state_dir.display(),
+        c.audit_log.display(),
+        c.scratch_root.display()
+    );
+    let infra: Vec<String> = config
+        .infrastructure
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    println!(
+        "infrastructure (every tenant): {}\n",
+        if infra.is_empty() {
+            "none".into()
+        } else {
+            infra.join(", ")
+        }
+    );
+}
+
+/// The names the tiers and the plan use, against the driver on this host (when it has one).
+fn mig_names(config: &Config, format: Format) {
     if !configured_mig_names(config).is_empty() {
         let report = mig_name_report(config);
         match (&report, format) {
@@ -205,14 +227,4 @@ pub fn run(config: &Config, format: Format) -> anyhow::Result<ExitCode> {
             (Err(_), _) => {}
         }
     }
-    if format == Format::Table {
-        for r in rows.iter().filter(|r| !r.unknown_groups.is_empty()) {
-            eprintln!(
-                "warning: tenant {}: group(s) {} unknown to NSS on this host",
-                r.tenant,
-                r.unknown_groups.join(", ")
-            );
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }

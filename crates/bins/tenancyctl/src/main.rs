@@ -208,57 +208,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Report(cmd) => report::run(config, cmd),
-        Command::Audit {
-            command: AuditCommand::Verify(mut args),
-        } => {
-            // With anchors to check, the config's key and public keys authenticate them unless
-            // named.
-            if !args.anchors.is_empty() && (args.anchor_key.is_none() || args.public_keys.is_none())
-            {
-                if let Ok(c) = load(config) {
-                    if args.anchor_key.is_none() {
-                        args.anchor_key = c.cluster.audit_anchor_key;
-                    }
-                    if args.public_keys.is_none() {
-                        args.public_keys = c.audit.public_keys;
-                    }
-                }
-            }
-            verify::run_verify(args)
-        }
-        Command::Audit {
-            command: AuditCommand::Rotate(args),
-        } => match load(config) {
-            Ok(c) if args.log.is_none() => {
-                let r = rotate::run(Ok(c.clone()), &args);
-                admin::audited(&c, r)
-            }
-            c => rotate::run(c, &args),
-        },
-        Command::Audit {
-            command: AuditCommand::Keygen(args),
-        } => {
-            let c = load(config)?;
-            if args.if_missing && c.audit.signing_key.exists() {
-                return keys::run(&c, &args);
-            }
-            let r = keys::run(&c, &args);
-            admin::audited(&c, r)
-        }
-        Command::Audit {
-            command: AuditCommand::Forward(args),
-        } => forward::run(&load(config)?, &args),
-        Command::Audit {
-            command: AuditCommand::Prune(args),
-        } => {
-            let c = load(config)?;
-            if args.dry_run {
-                prune::run(&c, &args)
-            } else {
-                let r = prune::run(&c, &args);
-                admin::audited(&c, r)
-            }
-        }
+        Command::Audit { command } => run_audit(config, command),
         Command::Firewall { command } => {
             let spec = tenancy_node::layers::network::firewall_spec(&load(config)?)
                 .map_err(|e| anyhow::anyhow!("firewall: {}", e.0))?;
@@ -298,6 +248,53 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: SlurmCommand::Sync(args),
         } => slurm_sync::run(&load(config)?, &args),
         Command::Adopt(args) => adopt::run(&load_for_adopt(config)?, &args),
+    }
+}
+
+/// The `audit` commands: the chain's verification, rotation, keys, forwarding and pruning.
+fn run_audit(config: Option<&std::path::Path>, command: AuditCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        AuditCommand::Verify(mut args) => {
+            // With anchors to check, the config's key and public keys authenticate them unless
+            // named.
+            if !args.anchors.is_empty() && (args.anchor_key.is_none() || args.public_keys.is_none())
+            {
+                if let Ok(c) = load(config) {
+                    if args.anchor_key.is_none() {
+                        args.anchor_key = c.cluster.audit_anchor_key;
+                    }
+                    if args.public_keys.is_none() {
+                        args.public_keys = c.audit.public_keys;
+                    }
+                }
+            }
+            verify::run_verify(args)
+        }
+        AuditCommand::Rotate(args) => match load(config) {
+            Ok(c) if args.log.is_none() => {
+                let r = rotate::run(Ok(c.clone()), &args);
+                admin::audited(&c, r)
+            }
+            c => rotate::run(c, &args),
+        },
+        AuditCommand::Keygen(args) => {
+            let c = load(config)?;
+            if args.if_missing && c.audit.signing_key.exists() {
+                return keys::run(&c, &args);
+            }
+            let r = keys::run(&c, &args);
+            admin::audited(&c, r)
+        }
+        AuditCommand::Forward(args) => forward::run(&load(config)?, &args),
+        AuditCommand::Prune(args) => {
+            let c = load(config)?;
+            if args.dry_run {
+                prune::run(&c, &args)
+            } else {
+                let r = prune::run(&c, &args);
+                admin::audited(&c, r)
+            }
+        }
     }
 }
 

@@ -276,12 +276,7 @@ impl Change {
 
     fn args(&self, cluster: &str, undo: bool) -> Vec<String> {
         let c = format!("cluster={cluster}");
-        let s = |v: &[&str]| -> Vec<String> {
-            std::iter::once("-i")
-                .chain(v.iter().copied())
-                .map(String::from)
-                .collect()
-        };
+        let s = sacctmgr_args;
         let add_account = |account: &str, parent: &str, tenant: &str| {
             s(&[
                 "add",
@@ -305,21 +300,7 @@ impl Change {
             ])
         };
         let limits = |account: &str, tres: &BTreeMap<String, i64>, jobs: Option<i64>| {
-            let mut v = vec![
-                "modify".to_string(),
-                "account".into(),
-                "where".into(),
-                format!("name={account}"),
-                c.clone(),
-                "set".into(),
-            ];
-            if !tres.is_empty() {
-                v.push(format!("GrpTRES={}", tres_text(tres)));
-            }
-            if let Some(j) = jobs {
-                v.push(format!("GrpJobs={j}"));
-            }
-            s(&v.iter().map(String::as_str).collect::<Vec<_>>())
+            limit_args(&c, account, tres, jobs)
         };
         let user = |verb: &str, user: &str, account: &str| {
             s(&[verb, "user", user, &format!("account={account}"), &c])
@@ -377,6 +358,38 @@ impl Change {
     }
 }
 
+/// sacctmgr's arguments: `-i` (no confirmation) and `v`.
+fn sacctmgr_args(v: &[&str]) -> Vec<String> {
+    std::iter::once("-i")
+        .chain(v.iter().copied())
+        .map(String::from)
+        .collect()
+}
+
+/// sacctmgr's arguments that set `account`'s limits in cluster `c` (`cluster=NAME`).
+fn limit_args(
+    c: &str,
+    account: &str,
+    tres: &BTreeMap<String, i64>,
+    jobs: Option<i64>,
+) -> Vec<String> {
+    let mut v = vec![
+        "modify".to_string(),
+        "account".into(),
+        "where".into(),
+        format!("name={account}"),
+        c.to_string(),
+        "set".into(),
+    ];
+    if !tres.is_empty() {
+        v.push(format!("GrpTRES={}", tres_text(tres)));
+    }
+    if let Some(j) = jobs {
+        v.push(format!("GrpJobs={j}"));
+    }
+    sacctmgr_args(&v.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 /// The members of each tenant by user name (NSS: its groups' members and the users whose
 /// primary group is one of them).
 pub fn members(config: &Config) -> BTreeMap<String, BTreeSet<String>> {
@@ -429,50 +442,9 @@ pub fn plan(
                 Some(_) => {}
             }
         }
-        // Limits on the tenant's account: what the config sets; on an account of sync's own,
-        // the managed items the config no longer sets are cleared.
-        let want = t.limits.grp_tres();
-        for k in want.keys() {
-            if !dbd.tres.is_empty() && !dbd.tres.contains(k) {
-                return Err(format!(
-                    "tenant '{}': limit {k} is a TRES slurmdbd does not know: add {k} to \
-                     AccountingStorageTRES in slurm.conf (e.g. \
-                     AccountingStorageTRES=gres/gpu,gres/gpu:1g.18gb) and restart slurmctld",
-                    t.name
-                ));
-            }
-        }
-        let current = dbd.assocs.get(&top).cloned().unwrap_or_default();
-        let mut tres = BTreeMap::new();
-        let mut before = BTreeMap::new();
-        for (k, v) in &want {
-            let now = current.grp_tres.get(k).copied();
-            if now != Some(i64::from(*v)) {
-                tres.insert(k.clone(), i64::from(*v));
-                before.insert(k.clone(), now.unwrap_or(-1));
-            }
-        }
         let own = ours(&top) || !dbd.assocs.contains_key(&top);
-        if own {
-            for (k, v) in current.grp_tres.iter().filter(|(k, _)| managed(k)) {
-                if !want.contains_key(k) {
-                    tres.insert(k.clone(), -1);
-                    before.insert(k.clone(), *v);
-                }
-            }
-        }
-        let jobs = match (t.limits.running_jobs, current.grp_jobs) {
-            (Some(n), now) if now != Some(i64::from(n)) => Some((i64::from(n), now.unwrap_or(-1))),
-            (None, Some(now)) if own => Some((-1, now)),
-            _ => None,
-        };
-        if !tres.is_empty() || jobs.is_some() {
-            limits.push(Change::SetLimits {
-                account: top.clone(),
-                tres,
-                before,
-                jobs,
-            });
+        if let Some(change) = limit_change(t, &top, dbd, own)? {
+            limits.push(change);
         }
         let accounts = t.job_accounts();
         let empty = BTreeSet::new();
@@ -528,6 +500,60 @@ pub fn plan(
         });
     }
     Ok([adds, moves, limits, users, removals].concat())
+}
+
+/// The limits to set on tenant `t`'s account `top` (`own`: an account of sync's own, or one
+/// it makes), or `None` when slurmdbd holds them already.
+fn limit_change(
+    t: &tenancy_config::Tenant,
+    top: &str,
+    dbd: &Dbd,
+    own: bool,
+) -> Result<Option<Change>, String> {
+    // Limits on the tenant's account: what the config sets; on an account of sync's own,
+    // the managed items the config no longer sets are cleared.
+    let want = t.limits.grp_tres();
+    for k in want.keys() {
+        if !dbd.tres.is_empty() && !dbd.tres.contains(k) {
+            return Err(format!(
+                "tenant '{}': limit {k} is a TRES slurmdbd does not know: add {k} to \
+                 AccountingStorageTRES in slurm.conf (e.g. \
+                 AccountingStorageTRES=gres/gpu,gres/gpu:1g.18gb) and restart slurmctld",
+                t.name
+            ));
+        }
+    }
+    let current = dbd.assocs.get(top).cloned().unwrap_or_default();
+    let mut tres = BTreeMap::new();
+    let mut before = BTreeMap::new();
+    for (k, v) in &want {
+        let now = current.grp_tres.get(k).copied();
+        if now != Some(i64::from(*v)) {
+            tres.insert(k.clone(), i64::from(*v));
+            before.insert(k.clone(), now.unwrap_or(-1));
+        }
+    }
+    if own {
+        for (k, v) in current.grp_tres.iter().filter(|(k, _)| managed(k)) {
+            if !want.contains_key(k) {
+                tres.insert(k.clone(), -1);
+                before.insert(k.clone(), *v);
+            }
+        }
+    }
+    let jobs = match (t.limits.running_jobs, current.grp_jobs) {
+        (Some(n), now) if now != Some(i64::from(n)) => Some((i64::from(n), now.unwrap_or(-1))),
+        (None, Some(now)) if own => Some((-1, now)),
+        _ => None,
+    };
+    Ok(
+        (!tres.is_empty() || jobs.is_some()).then(|| Change::SetLimits {
+            account: top.to_string(),
+            tres,
+            before,
+            jobs,
+        }),
+    )
 }
 
 fn cluster_name(args: &SyncArgs) -> Result<String, String> {
@@ -651,145 +677,4 @@ pub fn run(config: &Config, args: &SyncArgs) -> anyhow::Result<ExitCode> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config() -> Config {
-        let text = r#"
-[cluster]
-name = "t"
-state_dir = "/s"
-audit_log = "/a.jsonl"
-scratch_root = "/scratch"
-[tiers.gpu]
-mig_profiles = ["1g.18gb"]
-limits = { gpus = 4 }
-[tenants.acme]
-tier = "gpu"
-groups = ["root"]
-limits = { mig_slices = { "1g.18gb" = 2 }, running_jobs = 3 }
-[tenants.globex]
-tier = "gpu"
-groups = ["daemon"]
-accounts = ["globex-a", "globex-b"]
-"#;
-        Config::parse(text, std::path::Path::new("/t.toml")).unwrap()
-    }
-
-    fn members() -> BTreeMap<String, BTreeSet<String>> {
-        [("acme", vec!["alice"]), ("globex", vec!["bob"])]
-            .into_iter()
-            .map(|(t, u)| (t.to_string(), u.into_iter().map(String::from).collect()))
-            .collect()
-    }
-
-    #[test]
-    fn plans_accounts_limits_and_users_and_nothing_once_they_are_there() {
-        let c = config();
-        let mut dbd = Dbd::default();
-        dbd.assocs.insert("root".into(), AccountAssoc::default());
-        let p = plan(&c, &members(), &dbd).unwrap();
-        let shown: Vec<String> = p.iter().map(Change::describe).collect();
-        assert_eq!(
-            shown,
-            [
-                "+ add account acme under root (tenant acme, Organization=slurm-tenancy)",
-                "+ add account globex under root (tenant globex, Organization=slurm-tenancy)",
-                "+ add account globex-a under globex (tenant globex, Organization=slurm-tenancy)",
-                "+ add account globex-b under globex (tenant globex, Organization=slurm-tenancy)",
-                "~ set on account acme: GrpTRES=gres/gpu=4,gres/gpu:1g.18gb=2 GrpJobs=3",
-                "~ set on account globex: GrpTRES=gres/gpu=4",
-                "+ add user alice to account acme",
-                "+ add user bob to account globex-a",
-                "+ add user bob to account globex-b",
-            ]
-        );
-        assert_eq!(
-            p[4].args("c1", false).join(" "),
-            "-i modify account where name=acme cluster=c1 set GrpTRES=gres/gpu=4,gres/gpu:1g.18gb=2 GrpJobs=3"
-        );
-        assert_eq!(
-            p[4].args("c1", true).join(" "),
-            "-i modify account where name=acme cluster=c1 set GrpTRES=gres/gpu=-1,gres/gpu:1g.18gb=-1 GrpJobs=-1"
-        );
-        // slurmdbd as the plan leaves it: nothing to do.
-        let mine = (
-            "slurm-tenancy tenant x".to_string(),
-            ORGANIZATION.to_string(),
-        );
-        for (a, parent) in [
-            ("acme", "root"),
-            ("globex", "root"),
-            ("globex-a", "globex"),
-            ("globex-b", "globex"),
-        ] {
-            dbd.accounts.insert(a.into(), mine.clone());
-            dbd.assocs.insert(
-                a.into(),
-                AccountAssoc {
-                    parent: parent.into(),
-                    ..Default::default()
-                },
-            );
-        }
-        dbd.assocs.get_mut("acme").unwrap().grp_tres = parse_tres("gres/gpu=4,gres/gpu:1g.18gb=2");
-        dbd.assocs.get_mut("acme").unwrap().grp_jobs = Some(3);
-        dbd.assocs.get_mut("globex").unwrap().grp_tres = parse_tres("gres/gpu=4,cpu=100");
-        for (a, u) in [("acme", "alice"), ("globex-a", "bob"), ("globex-b", "bob")] {
-            dbd.users.insert((a.into(), u.into()));
-        }
-        assert_eq!(plan(&c, &members(), &dbd).unwrap(), []);
-        // A member who left, from an account sync made; a limit the config dropped; a tenant
-        // gone. The admin's cpu limit stays.
-        dbd.users.insert(("acme".into(), "carol".into()));
-        dbd.assocs
-            .get_mut("globex")
-            .unwrap()
-            .grp_tres
-            .insert("node".into(), 2);
-        dbd.accounts.insert(
-            "initech".into(),
-            ("slurm-tenancy tenant initech".into(), ORGANIZATION.into()),
-        );
-        dbd.assocs.insert(
-            "initech".into(),
-            AccountAssoc {
-                parent: "root".into(),
-                ..Default::default()
-            },
-        );
-        dbd.accounts
-            .insert("admins".into(), ("theirs".into(), "site".into()));
-        dbd.assocs.insert(
-            "admins".into(),
-            AccountAssoc {
-                parent: "root".into(),
-                ..Default::default()
-            },
-        );
-        let shown: Vec<String> = plan(&c, &members(), &dbd)
-            .unwrap()
-            .iter()
-            .map(Change::describe)
-            .collect();
-        assert_eq!(
-            shown,
-            [
-                "~ set on account globex: GrpTRES=node=-1",
-                "- remove user carol from account acme (no longer a member)",
-                "- remove account initech (made for tenant initech, no longer in the config)",
-            ]
-        );
-    }
-
-    #[test]
-    fn an_unknown_tres_is_named_with_the_slurm_conf_line_to_add() {
-        let mut dbd = Dbd::default();
-        dbd.tres.insert("gres/gpu".into());
-        let e = plan(&config(), &members(), &dbd).unwrap_err();
-        assert!(
-            e.contains("gres/gpu:1g.18gb is a TRES slurmdbd does not know"),
-            "{e}"
-        );
-    }
-}
+mod tests;

@@ -75,156 +75,170 @@ fn write_verify(
             serde_json::to_writer_pretty(&mut *out, r)?;
             writeln!(out)?;
         }
-        Format::Csv => {
-            let mut w = csv::Writer::from_writer(out);
-            w.write_record(["node", "file", "line", "seq", "kind", "detail"])?;
-            for f in &r.findings {
-                let kind = serde_json::to_value(&f.kind)?;
-                let kind = kind["kind"].as_str().unwrap_or("").to_string();
-                w.write_record([
-                    f.node.clone(),
-                    f.file.display().to_string(),
-                    f.line.to_string(),
-                    f.seq.map(|s| s.to_string()).unwrap_or_default(),
-                    kind,
-                    f.to_string(),
-                ])?;
-            }
-            w.flush()?;
-        }
-        Format::Table => {
-            for n in &r.nodes {
-                writeln!(
-                    out,
-                    "{}/{}: {} records, last seq {}, head {}, anchor {}: {}",
-                    n.cluster,
-                    n.node,
-                    n.records,
-                    n.last_seq,
-                    &n.head_hash[..16],
-                    n.anchor_seq
-                        .map(|s| format!("seq {s}"))
-                        .unwrap_or_else(|| "none".into()),
-                    if n.findings == 0 {
-                        "OK".to_string()
-                    } else {
-                        format!("{} finding(s)", n.findings)
-                    }
-                )?;
-            }
-            for f in &r.findings {
-                writeln!(out, "FINDING {f}")?;
-            }
-            for n in r.nodes.iter().filter(|n| n.first_seq > 1) {
-                writeln!(
-                    out,
-                    "NOTE node {}/{}: the chain begins at seq {} ({}); the files before it were \
-                     not given, so the records before it{} are not checked",
-                    n.cluster,
-                    n.node,
-                    n.first_seq,
-                    n.continues.as_deref().unwrap_or("log_continued"),
-                    if n.anchors_before_first > 0 {
-                        format!(" and {} anchor(s) of them", n.anchors_before_first)
-                    } else {
-                        String::new()
-                    }
-                )?;
-            }
-            if r.unauthenticated_anchors > 0 {
-                writeln!(
-                    out,
-                    "NOTE {} anchor line(s) without a valid {} left out (first: {}): written \
-                     without the node's key, as any local user can write to syslog",
-                    r.unauthenticated_anchors,
-                    if r.anchors_signed {
-                        "signature or MAC"
-                    } else {
-                        "MAC"
-                    },
-                    r.first_unauthenticated_anchor.as_deref().unwrap_or("?")
-                )?;
-            }
-            if r.anchors_signed {
-                writeln!(
-                    out,
-                    "NOTE anchors checked with the nodes' public keys: {} signed{}",
-                    r.signed_anchors,
-                    if r.mac_anchors > 0 {
-                        format!(
-                            ", {} by their MAC alone (written before the node signed)",
-                            r.mac_anchors
-                        )
-                    } else {
-                        String::new()
-                    }
-                )?;
-            }
-            if r.bad_signatures > 0 {
-                writeln!(
-                    out,
-                    "NOTE {} anchor line(s) whose signature does not hold, or by a key in no line \
-                     of the public keys file, left out (first: {})",
-                    r.bad_signatures,
-                    r.first_bad_signature.as_deref().unwrap_or("?")
-                )?;
-            }
-            if r.foreign_signatures > 0 {
-                writeln!(
-                    out,
-                    "WARNING {} anchor line(s) signed by another node's key than the node they \
-                     name, left out: root on that node wrote them (first: {})",
-                    r.foreign_signatures,
-                    r.first_foreign_signature.as_deref().unwrap_or("?")
-                )?;
-            }
-            if r.mac_after_signing > 0 {
-                writeln!(
-                    out,
-                    "NOTE {} anchor line(s) with a MAC alone, at or after their node's first \
-                     signed anchor, left out: the HMAC key is on every node",
-                    r.mac_after_signing
-                )?;
-            }
-            for u in &r.unsynchronised {
-                writeln!(
-                    out,
-                    "WARNING node {}: its clock was not synchronised: {} anchor(s) from seq {} to \
-                     {} say so (estimated error up to {} ms; first: {}), {} say it was: the \
-                     times of its records then cannot be trusted (PCI DSS 10.6)",
-                    u.node,
-                    u.anchors,
-                    u.first_seq,
-                    u.last_seq,
-                    u.max_esterror_us / 1000,
-                    u.first_anchor,
-                    u.synced_anchors
-                )?;
-            }
-            for n in r.nodes.iter().filter(|n| n.duplicates > 0) {
-                writeln!(
-                    out,
-                    "NOTE node {}/{}: {} exact copies of records skipped (at-least-once delivery)",
-                    n.cluster, n.node, n.duplicates
-                )?;
-            }
-            for n in &r.anchored_nodes_without_log {
-                writeln!(
-                    out,
-                    "NOTE node {n}: anchored but no log among the inputs (not given, or deleted)"
-                )?;
-            }
-            if r.is_clean() {
-                writeln!(out, "verify: all chains intact")?;
+        Format::Csv => write_csv(out, r)?,
+        Format::Table => write_table(out, r)?,
+    }
+    Ok(())
+}
+
+/// The findings as CSV, one row each.
+fn write_csv(out: &mut dyn std::io::Write, r: &VerifyReport) -> anyhow::Result<()> {
+    let mut w = csv::Writer::from_writer(out);
+    w.write_record(["node", "file", "line", "seq", "kind", "detail"])?;
+    for f in &r.findings {
+        let kind = serde_json::to_value(&f.kind)?;
+        let kind = kind["kind"].as_str().unwrap_or("").to_string();
+        w.write_record([
+            f.node.clone(),
+            f.file.display().to_string(),
+            f.line.to_string(),
+            f.seq.map(|s| s.to_string()).unwrap_or_default(),
+            kind,
+            f.to_string(),
+        ])?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Each node's chain, the findings, what was not checked, and the verdict.
+fn write_table(out: &mut dyn std::io::Write, r: &VerifyReport) -> anyhow::Result<()> {
+    for n in &r.nodes {
+        writeln!(
+            out,
+            "{}/{}: {} records, last seq {}, head {}, anchor {}: {}",
+            n.cluster,
+            n.node,
+            n.records,
+            n.last_seq,
+            &n.head_hash[..16],
+            n.anchor_seq
+                .map(|s| format!("seq {s}"))
+                .unwrap_or_else(|| "none".into()),
+            if n.findings == 0 {
+                "OK".to_string()
             } else {
-                writeln!(
-                    out,
-                    "verify: {} finding(s); first: {}",
-                    r.total_findings,
-                    r.first().map(|f| f.to_string()).unwrap_or_default()
-                )?;
+                format!("{} finding(s)", n.findings)
             }
-        }
+        )?;
+    }
+    for f in &r.findings {
+        writeln!(out, "FINDING {f}")?;
+    }
+    for n in r.nodes.iter().filter(|n| n.first_seq > 1) {
+        writeln!(
+            out,
+            "NOTE node {}/{}: the chain begins at seq {} ({}); the files before it were \
+             not given, so the records before it{} are not checked",
+            n.cluster,
+            n.node,
+            n.first_seq,
+            n.continues.as_deref().unwrap_or("log_continued"),
+            if n.anchors_before_first > 0 {
+                format!(" and {} anchor(s) of them", n.anchors_before_first)
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    write_anchor_notes(out, r)?;
+    for u in &r.unsynchronised {
+        writeln!(
+            out,
+            "WARNING node {}: its clock was not synchronised: {} anchor(s) from seq {} to \
+             {} say so (estimated error up to {} ms; first: {}), {} say it was: the \
+             times of its records then cannot be trusted (PCI DSS 10.6)",
+            u.node,
+            u.anchors,
+            u.first_seq,
+            u.last_seq,
+            u.max_esterror_us / 1000,
+            u.first_anchor,
+            u.synced_anchors
+        )?;
+    }
+    for n in r.nodes.iter().filter(|n| n.duplicates > 0) {
+        writeln!(
+            out,
+            "NOTE node {}/{}: {} exact copies of records skipped (at-least-once delivery)",
+            n.cluster, n.node, n.duplicates
+        )?;
+    }
+    for n in &r.anchored_nodes_without_log {
+        writeln!(
+            out,
+            "NOTE node {n}: anchored but no log among the inputs (not given, or deleted)"
+        )?;
+    }
+    if r.is_clean() {
+        writeln!(out, "verify: all chains intact")?;
+    } else {
+        writeln!(
+            out,
+            "verify: {} finding(s); first: {}",
+            r.total_findings,
+            r.first().map(|f| f.to_string()).unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}
+
+/// What the anchors were checked with, and the anchor lines left out.
+fn write_anchor_notes(out: &mut dyn std::io::Write, r: &VerifyReport) -> anyhow::Result<()> {
+    if r.unauthenticated_anchors > 0 {
+        writeln!(
+            out,
+            "NOTE {} anchor line(s) without a valid {} left out (first: {}): written \
+             without the node's key, as any local user can write to syslog",
+            r.unauthenticated_anchors,
+            if r.anchors_signed {
+                "signature or MAC"
+            } else {
+                "MAC"
+            },
+            r.first_unauthenticated_anchor.as_deref().unwrap_or("?")
+        )?;
+    }
+    if r.anchors_signed {
+        writeln!(
+            out,
+            "NOTE anchors checked with the nodes' public keys: {} signed{}",
+            r.signed_anchors,
+            if r.mac_anchors > 0 {
+                format!(
+                    ", {} by their MAC alone (written before the node signed)",
+                    r.mac_anchors
+                )
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    if r.bad_signatures > 0 {
+        writeln!(
+            out,
+            "NOTE {} anchor line(s) whose signature does not hold, or by a key in no line \
+             of the public keys file, left out (first: {})",
+            r.bad_signatures,
+            r.first_bad_signature.as_deref().unwrap_or("?")
+        )?;
+    }
+    if r.foreign_signatures > 0 {
+        writeln!(
+            out,
+            "WARNING {} anchor line(s) signed by another node's key than the node they \
+             name, left out: root on that node wrote them (first: {})",
+            r.foreign_signatures,
+            r.first_foreign_signature.as_deref().unwrap_or("?")
+        )?;
+    }
+    if r.mac_after_signing > 0 {
+        writeln!(
+            out,
+            "NOTE {} anchor line(s) with a MAC alone, at or after their node's first \
+             signed anchor, left out: the HMAC key is on every node",
+            r.mac_after_signing
+        )?;
     }
     Ok(())
 }

@@ -218,13 +218,22 @@ impl MultiNode {
             &cgroup_conf("autodetect"),
             0o644,
         )?;
+        mn.spawn_daemons(&d)?;
+        let names: Vec<&str> = mn.nodes.iter().map(|n| n.name.as_str()).collect();
+        mn.wait_nodes(&names, &["idle"], Duration::from_secs(40))?;
+        mn.apply_firewalls()?;
+        Ok(mn)
+    }
+
+    /// slurmctld in the bridge's namespace, and each node's slurmd.
+    fn spawn_daemons(&mut self, d: &Path) -> Result<()> {
         let mut ctld = Command::new("slurmctld");
-        ctld.args(["-D", "-i"]).env("SLURM_CONF", &mn.conf);
-        enter_namespaces(&mut ctld, &[net_ns(&mn.br_ns)]);
-        mn.daemons
+        ctld.args(["-D", "-i"]).env("SLURM_CONF", &self.conf);
+        enter_namespaces(&mut ctld, &[net_ns(&self.br_ns)]);
+        self.daemons
             .spawn("slurmctld", &mut ctld, &d.join("log/slurmctld.out"))?;
         // Each slurmd in its node's namespaces, with its own cgroup2 subtree and state.
-        for n in &mn.nodes {
+        for n in &self.nodes {
             let mut cmd = Command::new("unshare");
             cmd.args(["--uts", "--mount", "--propagation", "private", "--"])
                 .args([
@@ -234,36 +243,38 @@ impl MultiNode {
                     "node",
                 ])
                 .arg(&n.name)
-                .arg(mn.cgroup_base.join(&n.name))
+                .arg(self.cgroup_base.join(&n.name))
                 .arg(&n.root)
                 .arg(d.join("node"))
                 .arg(d.join("etc/hosts"))
-                .env("SLURM_CONF", &mn.client.conf)
+                .env("SLURM_CONF", &self.client.conf)
                 .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
             enter_namespaces(&mut cmd, &[net_ns(&n.netns)]);
             let log = d.join(format!("log/slurmd-{}.out", n.name));
-            mn.daemons
+            self.daemons
                 .spawn(&format!("slurmd {}", n.name), &mut cmd, &log)?;
         }
-        let names: Vec<&str> = mn.nodes.iter().map(|n| n.name.as_str()).collect();
-        mn.wait_nodes(&names, &["idle"], Duration::from_secs(40))?;
-        // The firewall in each node, before the first job (the prolog refuses without it).
-        for i in 0..mn.nodes.len() {
-            let mut c = mn.node_cmd(i, artifact("tenancyctl")?);
+        Ok(())
+    }
+
+    /// The firewall in each node, before the first job (the prolog refuses without it).
+    fn apply_firewalls(&self) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            let mut c = self.node_cmd(i, artifact("tenancyctl")?);
             c.arg("--config")
-                .arg(&mn.tenancy_toml)
+                .arg(&self.tenancy_toml)
                 .args(["firewall", "apply"]);
             let o = c.output()?;
             if !o.status.success() {
                 bail!(
                     "tenancyctl firewall apply on {}: {}{}",
-                    mn.nodes[i].name,
+                    self.nodes[i].name,
                     String::from_utf8_lossy(&o.stdout),
                     String::from_utf8_lossy(&o.stderr)
                 );
             }
         }
-        Ok(mn)
+        Ok(())
     }
 
     /// The bridge in a namespace of the test's own, one namespace per node with a veth pair

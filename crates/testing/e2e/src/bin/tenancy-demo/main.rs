@@ -6,14 +6,20 @@
 //! limits made by `tenancyctl slurm sync`) and a node pool keeping another tenant out, then
 //! everything shut down.
 
+mod audit;
+mod quota;
+
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Output};
+use std::process::{Child, ExitCode, Output};
 use std::time::{Duration, Instant};
 use tenancy_e2e::{probe_kv, submitted_id, TestUser, Users};
 use tenancy_e2e::{Limits, Options, Stack, Tenants};
+
+use audit::{statement_and_cross_check, verify_at_collector, Collector};
+use quota::{quota_and_pool, sync_tenants};
 
 fn say(s: &str) {
     println!("\n=== {s}");
@@ -57,7 +63,7 @@ impl Demo {
         let dir = self.stack.cluster.user_dir(user);
         let script = dir.join("job.sh");
         let p = self.probe();
-        fs::write(&script, include_str!("../../scripts/jobs/demo.sh"))?;
+        fs::write(&script, include_str!("../../../scripts/jobs/demo.sh"))?;
         let mut shown: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
         shown.push("sbatch".into());
         shown.extend(args.iter().map(|a| a.to_string()));
@@ -228,111 +234,10 @@ fn run() -> Result<u32> {
     let mut users = Users::new();
     let t = Tenants::create(&mut users)?;
     let root = tempfile::Builder::new().prefix("tenancy-demo-").tempdir()?;
-    say("Starting a local Slurm cluster with slurm-tenancy installed");
-    // With Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed GPU GRES), so the
-    // demo can end with the cross-check of the two books.
-    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
-    let dcgm = root.path().join("dcgm-job-mapping");
-    let mapping = dcgm.clone();
-    // slurmctld enforces the tenants' quotas (association limits in slurmdbd).
-    let options = Options::default()
-        .slurm_conf("AccountingStorageEnforce=associations,limits")
-        .accounting(tenancy_e2e::Accounting {
-            gpu_types: vec![
-                ("1g.18gb".into(), 7),
-                ("2g.35gb".into(), 3),
-                ("3g.71gb".into(), 2),
-                ("7g.141gb".into(), 1),
-            ],
-        })
-        .config(move |c| {
-            c.cluster().dcgm_job_mapping_dir(&mapping);
-            // acme's quota: one 1g.18gb slice at a time (Slurm holds the tenant's jobs to it).
-            c.tenant("acme")
-                .limits(Limits::default().mig_slices("1g.18gb", 1));
-        });
-    let stack = Stack::start(root.path(), &t, &options)?;
-    println!("slurm.conf:   {}", stack.cluster.conf.display());
-    println!("tenancy.toml: {}", stack.config.display());
-    println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
-    sync_tenants(&stack, &t)?;
-    // The regulated tenant's scratch encrypted with a key per job (docs/encrypted-scratch.md):
-    // the scratch root on an ext4 made with `mkfs.ext4 -O encrypt` on a loop device, unmounted
-    // and removed at the end (after the cluster stopped: it is dropped after `demo`). Where no
-    // loop device can be had (a container), the demo goes on with globex's scratch in clear.
-    let scratch_fs =
-        match tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&stack.paths.scratch_root, 512)
-            .and_then(|fs| {
-                tenancy_e2e::scratch_fs::require_encryption(&stack.config, "regulated").map(|()| fs)
-            }) {
-            Ok(fs) => {
-                println!(
-                    "scratch root: {} on ext4 (mkfs.ext4 -O encrypt, loop device of {})",
-                    stack.paths.scratch_root.display(),
-                    fs.image.display()
-                );
-                Some(fs)
-            }
-            Err(e) => {
-                println!(
-                    "scratch root: NOT ENCRYPTED for globex (no encrypt-capable ext4 here: {e})"
-                );
-                None
-            }
-        };
-    // The node's own signing key, and its records forwarded to a local rsyslog over TLS.
-    let collector = Collector::start(&root.path().join("collector"))?;
-    let toml = fs::read_to_string(&stack.config)?
-        + &format!(
-            "\n[audit]\ncollectors = [\"127.0.0.1:{}\"]\nca_file = \"{}\"\n",
-            collector.port,
-            collector.dir.join("ca.pem").display()
-        );
-    fs::write(&stack.config, toml)?;
-    let mut c = stack.tenancyctl();
-    c.args(["audit", "keygen"]);
-    let o = stack.cluster.run(c)?;
-    let public_keys = root.path().join("nodes.pub");
-    fs::write(&public_keys, &o.stdout)?;
-    let mut c = stack.tenancyctl();
-    c.args(["audit", "forward", "--confirm-ms", "500"])
-        .stderr(fs::File::create(root.path().join("forward.log"))?);
-    let forwarder = c.spawn().context("tenancyctl audit forward")?;
-    println!(
-        "audit:        signed by this node's key ({}), forwarded to rsyslog on 127.0.0.1:{} over TLS",
-        text(&o.stdout).trim(),
-        collector.port
-    );
-    let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
-    let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
-        "installed by the slurm-tenancy package".to_string()
-    } else {
-        std::fs::read_to_string(prolog.with_file_name("LIBC"))
-            .map(|l| format!("linked with {}", l.trim()))
-            .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string())
-    };
-    println!("Prolog=:      {} ({libc})", prolog.display());
-    println!(
-        "GPUs:         two H200-141GB with MIG on (NVML stand-in {})",
-        stack.paths.nvml_library.display()
-    );
-    println!(
-        "tenants:      acme (tier internal: scratch wiped at job end), globex (tier regulated: own GPU, scratch {}retained)",
-        if scratch_fs.is_some() { "encrypted with a key per job, " } else { "" }
-    );
-    println!(
-        "firewall:     {}",
-        if stack.firewall {
-            "per-tenant nftables table loaded"
-        } else {
-            "not in this build"
-        }
-    );
-    println!(
-        "node {} is {}",
-        stack.cluster.node,
-        stack.cluster.node_state()?
-    );
+    let (stack, dcgm) = start_stack(root.path(), &t)?;
+    let scratch_fs = encrypted_scratch(&stack);
+    let (collector, forwarder, public_keys) = start_forwarding(&stack, root.path())?;
+    show_setup(&stack, scratch_fs.is_some())?;
     let release = stack.cluster.path("jobs/release-demo");
     let demo = Demo { stack, t, release };
     let d = &demo;
@@ -357,6 +262,155 @@ fn run() -> Result<u32> {
         bail!("an accepted submit failed; see above");
     };
 
+    broken += refusals(d)?;
+    let (ak, gk) = what_each_got(d, (a, g), &dcgm)?;
+    broken += attacks(d, (a, g), a_port, &ak)?;
+    broken += jobs_end(d, (a, g), (&ak, &gk), &dcgm, scratch_fs.is_some())?;
+    broken += report_and_verify(d)?;
+
+    broken += statement_and_cross_check(s, &[a, g])?;
+    broken += verify_at_collector(s, &collector, forwarder, &public_keys)?;
+    broken += quota_and_pool(&demo)?;
+
+    say("Shutting the cluster down");
+    drop(demo);
+    // The encrypted scratch root's file system, after the cluster (and its epilogs) stopped.
+    drop(scratch_fs);
+    drop(users);
+    drop(root);
+    println!("done: daemons stopped, users and temp folders removed");
+    if broken == 0 {
+        println!("every isolation check held");
+    }
+    Ok(broken)
+}
+
+/// The local cluster with accounting, the DCGM job mapping and acme's quota, its tenants
+/// synced into slurmdbd; with the mapping folder.
+fn start_stack(root: &Path, t: &Tenants) -> Result<(Stack, PathBuf)> {
+    say("Starting a local Slurm cluster with slurm-tenancy installed");
+    // With Slurm's accounting (MariaDB + slurmdbd, the MIG profiles as typed GPU GRES), so the
+    // demo can end with the cross-check of the two books.
+    // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
+    let dcgm = root.join("dcgm-job-mapping");
+    let mapping = dcgm.clone();
+    // slurmctld enforces the tenants' quotas (association limits in slurmdbd).
+    let options = Options::default()
+        .slurm_conf("AccountingStorageEnforce=associations,limits")
+        .accounting(tenancy_e2e::Accounting {
+            gpu_types: vec![
+                ("1g.18gb".into(), 7),
+                ("2g.35gb".into(), 3),
+                ("3g.71gb".into(), 2),
+                ("7g.141gb".into(), 1),
+            ],
+        })
+        .config(move |c| {
+            c.cluster().dcgm_job_mapping_dir(&mapping);
+            // acme's quota: one 1g.18gb slice at a time (Slurm holds the tenant's jobs to it).
+            c.tenant("acme")
+                .limits(Limits::default().mig_slices("1g.18gb", 1));
+        });
+    let stack = Stack::start(root, t, &options)?;
+    println!("slurm.conf:   {}", stack.cluster.conf.display());
+    println!("tenancy.toml: {}", stack.config.display());
+    println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
+    sync_tenants(&stack, t)?;
+    Ok((stack, dcgm))
+}
+
+/// The regulated tenant's scratch encrypted with a key per job (docs/encrypted-scratch.md):
+/// the scratch root on an ext4 made with `mkfs.ext4 -O encrypt` on a loop device, unmounted
+/// and removed at the end (after the cluster stopped: it is dropped after `demo`). Where no
+/// loop device can be had (a container), the demo goes on with globex's scratch in clear.
+fn encrypted_scratch(stack: &Stack) -> Option<tenancy_e2e::scratch_fs::EncryptedScratch> {
+    match tenancy_e2e::scratch_fs::EncryptedScratch::mount_over(&stack.paths.scratch_root, 512)
+        .and_then(|fs| {
+            tenancy_e2e::scratch_fs::require_encryption(&stack.config, "regulated").map(|()| fs)
+        }) {
+        Ok(fs) => {
+            println!(
+                "scratch root: {} on ext4 (mkfs.ext4 -O encrypt, loop device of {})",
+                stack.paths.scratch_root.display(),
+                fs.image.display()
+            );
+            Some(fs)
+        }
+        Err(e) => {
+            println!("scratch root: NOT ENCRYPTED for globex (no encrypt-capable ext4 here: {e})");
+            None
+        }
+    }
+}
+
+/// The node's own signing key, and its records forwarded to a local rsyslog over TLS: the
+/// collector, the forwarder and the node's public keys.
+fn start_forwarding(stack: &Stack, root: &Path) -> Result<(Collector, Child, PathBuf)> {
+    let collector = Collector::start(&root.join("collector"))?;
+    let toml = fs::read_to_string(&stack.config)?
+        + &format!(
+            "\n[audit]\ncollectors = [\"127.0.0.1:{}\"]\nca_file = \"{}\"\n",
+            collector.port,
+            collector.dir.join("ca.pem").display()
+        );
+    fs::write(&stack.config, toml)?;
+    let mut c = stack.tenancyctl();
+    c.args(["audit", "keygen"]);
+    let o = stack.cluster.run(c)?;
+    let public_keys = root.join("nodes.pub");
+    fs::write(&public_keys, &o.stdout)?;
+    let mut c = stack.tenancyctl();
+    c.args(["audit", "forward", "--confirm-ms", "500"])
+        .stderr(fs::File::create(root.join("forward.log"))?);
+    let forwarder = c.spawn().context("tenancyctl audit forward")?;
+    println!(
+        "audit:        signed by this node's key ({}), forwarded to rsyslog on 127.0.0.1:{} over TLS",
+        text(&o.stdout).trim(),
+        collector.port
+    );
+    Ok((collector, forwarder, public_keys))
+}
+
+/// What the demo runs on: the prolog, the GPUs, the tenants, the firewall and the node.
+fn show_setup(stack: &Stack, encrypted: bool) -> Result<()> {
+    let prolog = tenancy_e2e::artifact("tenancy-prolog")?;
+    let libc = if std::env::var_os("TENANCY_FROM_PACKAGES").is_some() {
+        "installed by the slurm-tenancy package".to_string()
+    } else {
+        std::fs::read_to_string(prolog.with_file_name("LIBC"))
+            .map(|l| format!("linked with {}", l.trim()))
+            .unwrap_or_else(|_| "cargo's build, linked with glibc".to_string())
+    };
+    println!("Prolog=:      {} ({libc})", prolog.display());
+    println!(
+        "GPUs:         two H200-141GB with MIG on (NVML stand-in {})",
+        stack.paths.nvml_library.display()
+    );
+    println!(
+        "tenants:      acme (tier internal: scratch wiped at job end), globex (tier regulated: own GPU, scratch {}retained)",
+        if encrypted { "encrypted with a key per job, " } else { "" }
+    );
+    println!(
+        "firewall:     {}",
+        if stack.firewall {
+            "per-tenant nftables table loaded"
+        } else {
+            "not in this build"
+        }
+    );
+    println!(
+        "node {} is {}",
+        stack.cluster.node,
+        stack.cluster.node_state()?
+    );
+    Ok(())
+}
+
+/// Jobs refused at submit time, and by slurmctld when the user leaves the sbatch check out.
+/// Returns the number of checks that did not hold.
+fn refusals(d: &Demo) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0u32;
     say("Refused at submit time (no job is created)");
     d.submit(&d.t.acme1, &["--tenant=globex", "--mig=1g.18gb"], 0)?;
     d.submit(&d.t.outsider, &["--mig=1g.18gb"], 0)?;
@@ -379,7 +433,16 @@ fn run() -> Result<u32> {
         .is_some(),
     );
     println!("node {} is {}", s.cluster.node, s.cluster.node_state()?);
+    Ok(broken)
+}
 
+/// What each job got, as it sees it; the MIG instances, the DCGM mapping and the metrics.
+fn what_each_got(
+    d: &Demo,
+    (a, g): (u64, u64),
+    dcgm: &Path,
+) -> Result<(BTreeMap<String, String>, BTreeMap<String, String>)> {
+    let s = &d.stack;
     say("What each job got (as the job itself sees it)");
     let ak = d.report(&d.t.acme1, a)?;
     let gk = d.report(&d.t.globex1, g)?;
@@ -400,7 +463,7 @@ fn run() -> Result<u32> {
     println!("\nThe MIG instances on the GPUs now (nvml-shim-ctl list):");
     show(&s.shim_ctl(&["list"])?);
     println!("\nDCGM exporter's job mapping (<gpu>.<gpu instance>: job ids):");
-    show_mapping(&dcgm);
+    show_mapping(dcgm);
     println!("\ntenancyctl metrics (excerpt; node_exporter's textfile collector reads it all):");
     let mut c = s.tenancyctl();
     c.arg("metrics");
@@ -414,7 +477,19 @@ fn run() -> Result<u32> {
     }) {
         println!("    {l}");
     }
+    Ok((ak, gk))
+}
 
+/// globex's job attacks acme's: its scratch, its MIG device node (also from an adopted ssh
+/// session), its port. Returns the number of attacks that did not fail.
+fn attacks(
+    d: &Demo,
+    (a, g): (u64, u64),
+    a_port: u16,
+    ak: &BTreeMap<String, String>,
+) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0u32;
     say("Attacks by globex's job on acme's job (both running)");
     let secret = format!("{}/secret.txt", ak["TMPDIR"]);
     let v = d.attack(&d.t.acme1, a, &["read", &secret], "read")?;
@@ -479,7 +554,20 @@ fn run() -> Result<u32> {
         c.args(["firewall", "show"]);
         show(&s.cluster.run(c)?);
     }
+    Ok(broken)
+}
 
+/// The jobs end: what is left of their slices, mapping and scratch (globex's locked when
+/// encrypted). Returns the number of checks that did not hold.
+fn jobs_end(
+    d: &Demo,
+    (a, g): (u64, u64),
+    (ak, gk): (&BTreeMap<String, String>, &BTreeMap<String, String>),
+    dcgm: &Path,
+    encrypted: bool,
+) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0u32;
     say("Jobs end: slices destroyed, scratch wiped (acme) or retained (globex)");
     fs::write(&d.release, "")?;
     for id in [a, g] {
@@ -499,8 +587,8 @@ fn run() -> Result<u32> {
     let left = s.shim_instances()?.len();
     println!("MIG instances left on the GPUs: {left}");
     println!("DCGM job mapping files left:");
-    show_mapping(&dcgm);
-    for (k, name) in [(&ak, "acme"), (&gk, "globex")] {
+    show_mapping(dcgm);
+    for (k, name) in [(ak, "acme"), (gk, "globex")] {
         let p = Path::new(&k["TMPDIR"]);
         println!(
             "{name} scratch {}: {}",
@@ -512,11 +600,18 @@ fn run() -> Result<u32> {
     for e in fs::read_dir(&retained).into_iter().flatten().flatten() {
         println!("  retained: {}", e.path().display());
     }
-    if scratch_fs.is_some() {
+    if encrypted {
         broken += show_locked_scratch(d, g)?;
     }
     println!("node {} is {}", s.cluster.node, s.cluster.node_state()?);
+    Ok(broken)
+}
 
+/// `tenancyctl report`, an anchor forged by a user, and `audit verify` leaving it out.
+/// Returns 1 when verify does not.
+fn report_and_verify(d: &Demo) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0u32;
     let audit = s.paths.audit_log.display().to_string();
     say(&format!("tenancyctl report --by tenant {audit}"));
     let mut c = s.tenancyctl();
@@ -566,217 +661,7 @@ fn run() -> Result<u32> {
     if !o.status.success() || !out.contains("without a valid MAC left out") {
         broken += 1;
     }
-
-    broken += statement_and_cross_check(s, &[a, g])?;
-    broken += verify_at_collector(s, &collector, forwarder, &public_keys)?;
-    broken += quota_and_pool(&demo)?;
-
-    say("Shutting the cluster down");
-    drop(demo);
-    // The encrypted scratch root's file system, after the cluster (and its epilogs) stopped.
-    drop(scratch_fs);
-    drop(users);
-    drop(root);
-    println!("done: daemons stopped, users and temp folders removed");
-    if broken == 0 {
-        println!("every isolation check held");
-    }
     Ok(broken)
-}
-
-/// The month's priced statement as HTML files that outlive the demo, and the cross-check of the
-/// audit log with Slurm's accounting (sacct). Returns 1 when the books disagree.
-fn statement_and_cross_check(s: &Stack, jobs: &[u64]) -> Result<u32> {
-    let month = chrono_month()?;
-    let audit = s.paths.audit_log.display().to_string();
-    let anchors = s.paths.audit_anchors.display().to_string();
-    let out_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target"))
-        .join("demo-statement");
-    let out_dir = std::path::absolute(&out_dir)?;
-    say(&format!(
-        "tenancyctl report --statement {month} --format html --out {} --anchor {anchors} {audit}",
-        out_dir.display()
-    ));
-    let mut c = s.tenancyctl();
-    c.args(["report", "--statement", &month, "--format", "html", "--out"])
-        .arg(&out_dir)
-        .args(["--anchor", &anchors, &audit]);
-    let o = s.cluster.run(c)?;
-    show(&o);
-    if o.status.success() {
-        println!(
-            "    (the priced statements above, one HTML file per tenant: open them in a browser)"
-        );
-    }
-    // slurmctld hands finished jobs to slurmdbd on its own time: wait until sacct has them.
-    let t0 = Instant::now();
-    loop {
-        let mut c = s.cluster.cmd("sacct");
-        c.args(["-a", "-X", "-n", "--parsable2", "-o", "JobIDRaw,State"]);
-        let o = s.cluster.run(c)?;
-        let txt = text(&o.stdout);
-        let ended = jobs.iter().all(|j| {
-            txt.lines()
-                .any(|l| l.starts_with(&format!("{j}|")) && !l.ends_with("RUNNING"))
-        });
-        if ended || t0.elapsed() > Duration::from_secs(30) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    say(&format!(
-        "tenancyctl report --compare-sacct --statement {month} {audit}   (the audit log against Slurm's accounting)"
-    ));
-    let mut c = s.tenancyctl();
-    c.args(["report", "--compare-sacct", "--statement", &month, &audit]);
-    let o = s.cluster.run(c)?;
-    show(&o);
-    println!("    (exit {})", o.status.code().unwrap_or(-1));
-    Ok(u32::from(!o.status.success()))
-}
-
-/// A local syslog collector: rsyslog with GnuTLS on a free port of 127.0.0.1, its CA and
-/// certificate made with openssl, records and anchors filed per node (docs/audit.md).
-struct Collector {
-    dir: PathBuf,
-    port: u16,
-    pid: i32,
-}
-
-impl Collector {
-    fn start(dir: &Path) -> Result<Collector> {
-        fs::create_dir_all(dir.join("work"))?;
-        let sh = |script: &str| -> Result<()> {
-            let o = std::process::Command::new("sh")
-                .arg("-ec")
-                .arg(script)
-                .current_dir(dir)
-                .output()?;
-            if !o.status.success() {
-                bail!("{script}: {}", text(&o.stderr));
-            }
-            Ok(())
-        };
-        sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-            -keyout ca.key -out ca.pem -days 2 -subj '/CN=demo CA' \
-            -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null
-            openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout c.key \
-            -out c.csr -subj /CN=collector 2>/dev/null
-            printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > ext
-            openssl x509 -req -in c.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out c.pem \
-            -days 2 -extfile ext 2>/dev/null")?;
-        let port = free_port()?;
-        let d = dir.display();
-        fs::write(
-            dir.join("rsyslog.conf"),
-            format!(
-                r#"global(workDirectory="{d}/work" maxMessageSize="64k" defaultNetstreamDriver="gtls"
-  defaultNetstreamDriverCAFile="{d}/ca.pem" defaultNetstreamDriverCertFile="{d}/c.pem"
-  defaultNetstreamDriverKeyFile="{d}/c.key")
-module(load="imtcp" streamDriver.name="gtls" streamDriver.mode="1" streamDriver.authMode="anon")
-input(type="imtcp" address="127.0.0.1" port="{port}")
-template(name="rec" type="string" string="{d}/out/%hostname%/audit.jsonl")
-template(name="anc" type="string" string="{d}/out/%hostname%/anchors.log")
-template(name="line" type="string" string="%msg%\n")
-if $app-name == "tenancy-audit" and $msgid == "record" then {{
-  action(type="omfile" dynaFile="rec" template="line" action.resumeRetryCount="-1")
-  stop
-}}
-if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
-  action(type="omfile" dynaFile="anc" template="line" action.resumeRetryCount="-1")
-  stop
-}}
-"#
-            ),
-        )?;
-        let child = std::process::Command::new("/usr/sbin/rsyslogd")
-            .args(["-n", "-f"])
-            .arg(dir.join("rsyslog.conf"))
-            .arg("-i")
-            .arg(dir.join("pid"))
-            .stdout(fs::File::create(dir.join("rsyslogd.log"))?)
-            .stderr(fs::File::create(dir.join("rsyslogd.err"))?)
-            .spawn()
-            .context("rsyslogd (apt-get install rsyslog rsyslog-gnutls)")?;
-        let c = Collector {
-            dir: dir.to_path_buf(),
-            port,
-            pid: child.id() as i32,
-        };
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if t0.elapsed() > Duration::from_secs(20) {
-                bail!(
-                    "rsyslogd did not listen on {port}: {}",
-                    fs::read_to_string(dir.join("rsyslogd.err"))?
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(c)
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.pid),
-            nix::sys::signal::SIGTERM,
-        );
-        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
-    }
-}
-
-/// The forwarder stops (it sends its own stop first); the collector's copy, as rsyslog wrote
-/// it, verifies against the node's signed anchors. Returns 1 when it does not.
-fn verify_at_collector(
-    s: &Stack,
-    collector: &Collector,
-    mut forwarder: std::process::Child,
-    public_keys: &Path,
-) -> Result<u32> {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(forwarder.id() as i32),
-        nix::sys::signal::SIGTERM,
-    );
-    forwarder.wait()?;
-    let node = &s.cluster.node;
-    let records = collector.dir.join(format!("out/{node}/audit.jsonl"));
-    let anchors = collector.dir.join(format!("out/{node}/anchors.log"));
-    // rsyslog writes on its own time.
-    let local = fs::read_to_string(&s.paths.audit_log)?.lines().count();
-    let t0 = Instant::now();
-    while fs::read_to_string(&records).map_or(0, |t| t.lines().count()) < local
-        && t0.elapsed() < Duration::from_secs(20)
-    {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    say(&format!(
-        "tenancyctl audit verify --public-keys {} --anchor {} {}   (the collector's copy, as rsyslog wrote it)",
-        public_keys.display(),
-        anchors.display(),
-        records.display()
-    ));
-    let mut c = s.tenancyctl();
-    c.args(["audit", "verify", "--public-keys"])
-        .arg(public_keys)
-        .arg("--anchor")
-        .arg(&anchors)
-        .arg(&records);
-    let o = s.cluster.run(c)?;
-    show(&o);
-    println!("    (exit {})", o.status.code().unwrap_or(-1));
-    Ok(u32::from(!o.status.success()))
-}
-
-/// This month, YYYY-MM (UTC).
-fn chrono_month() -> Result<String> {
-    let o = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m"])
-        .output()?;
-    Ok(text(&o.stdout).trim().to_string())
 }
 
 /// Each mapping file with the job ids it lists, or that there is none.
@@ -864,144 +749,4 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("0.0.0.0:0")?
         .local_addr()?
         .port())
-}
-
-/// The tenants' accounts, users and limits in slurmdbd (`tenancyctl slurm sync --apply`),
-/// then a wait until slurmctld has the users' associations (it refuses jobs without one).
-fn sync_tenants(s: &Stack, t: &Tenants) -> Result<()> {
-    say("tenancyctl slurm sync --apply: the tenants' accounts, users and quotas in slurmdbd");
-    let mut c = s.tenancyctl();
-    c.args(["slurm", "sync", "--apply"]);
-    let o = s.cluster.run(c)?;
-    show(&o);
-    if !o.status.success() {
-        bail!("tenancyctl slurm sync --apply failed (above)");
-    }
-    let t0 = Instant::now();
-    loop {
-        let mut q = s.cluster.cmd("scontrol");
-        q.args(["show", "assoc_mgr", "flags=users"]);
-        let out = text(&s.cluster.run(q)?.stdout);
-        if [&t.acme1, &t.globex1, &t.both]
-            .iter()
-            .all(|u| out.contains(&format!("UserName={}(", u.name)))
-        {
-            return Ok(());
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            bail!("slurmctld does not have the tenants' users after 60 s: {out}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// A job over its tenant's quota waits with Slurm's reason; a node pool keeps other tenants
-/// out. Returns the number of checks that did not hold.
-fn quota_and_pool(d: &Demo) -> Result<u32> {
-    let s = &d.stack;
-    let mut broken = 0;
-    say("Quotas: acme may hold one 1g.18gb slice at a time; its second job waits in the queue");
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let args = [
-            "--tenant=acme",
-            "--mig=1g.18gb",
-            "--gres=gpu:1g.18gb:1",
-            "--no-requeue",
-        ];
-        println!(
-            "{} $ sbatch {} --wrap 'sleep 120'",
-            d.t.acme1.name,
-            args.join(" ")
-        );
-        let mut c = s.cluster.cmd_as(&d.t.acme1, "sbatch");
-        c.args(args)
-            .args(["-o", "/dev/null", "--wrap", "sleep 120"]);
-        let o = s.cluster.run(c)?;
-        show(&o);
-        if o.status.success() {
-            ids.push(submitted_id(&o)?);
-        }
-    }
-    if let [first, second] = ids[..] {
-        let _ = s
-            .cluster
-            .wait_job(first, &["RUNNING"], Duration::from_secs(60));
-        let t0 = Instant::now();
-        let mut reason = String::new();
-        while t0.elapsed() < Duration::from_secs(60) {
-            reason = s
-                .cluster
-                .job_info(second)?
-                .get("Reason")
-                .cloned()
-                .unwrap_or_default();
-            if reason == "AssocGrpGRES" {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        let mut q = s.cluster.cmd("squeue");
-        q.args([
-            "-o",
-            "%.6i %.8u %.9a %.8T %r",
-            "-j",
-            &format!("{first},{second}"),
-        ]);
-        show(&s.cluster.run(q)?);
-        if reason == "AssocGrpGRES" {
-            println!(
-                "job {second} waits for acme's quota (Slurm's reason AssocGrpGRES); node {} is {}",
-                s.cluster.node,
-                s.cluster.node_state()?
-            );
-        } else {
-            println!("CHECK FAILED: job {second} is not waiting on its quota (reason {reason:?})");
-            broken += 1;
-        }
-    } else {
-        println!("CHECK FAILED: the quota jobs were not accepted");
-        broken += 1;
-    }
-    let mut c = s.cluster.cmd("scancel");
-    c.args(ids.iter().map(|i| i.to_string()));
-    s.cluster.run(c)?;
-
-    say(&format!(
-        "Node pools: globex gets node {} for itself (nodes = \"{}\")",
-        s.cluster.node, s.cluster.node
-    ));
-    let toml = fs::read_to_string(&s.config)?.replacen(
-        "accounts = [\"globex\"]\n",
-        &format!("accounts = [\"globex\"]\nnodes = \"{}\"\n", s.cluster.node),
-        1,
-    );
-    fs::write(&s.config, toml)?;
-    let mut c = s.tenancyctl();
-    c.args(["doctor", "--format", "csv"]);
-    let doctor = text(&s.cluster.run(c)?.stdout);
-    for l in doctor.lines().filter(|l| l.starts_with("scheduler.pools")) {
-        println!("    doctor: {l}");
-    }
-    let g = d.submit(&d.t.globex1, &["--tenant=globex"], 0)?;
-    let a = d.submit(&d.t.acme1, &["--tenant=acme"], 0)?;
-    if a.is_some() {
-        println!("CHECK FAILED: acme's job was accepted although the only node is globex's");
-        broken += 1;
-    }
-    if let Some(g) = g {
-        let info = s.cluster.wait_job(
-            g,
-            &["RUNNING", "COMPLETED", "FAILED"],
-            Duration::from_secs(60),
-        )?;
-        println!(
-            "globex's job {g}: {} on {}",
-            info["JobState"], info["NodeList"]
-        );
-        let mut c = s.cluster.cmd("scancel");
-        c.arg(g.to_string());
-        s.cluster.run(c)?;
-    }
-    Ok(broken)
 }
