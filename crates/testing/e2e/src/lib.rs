@@ -30,6 +30,7 @@ pub mod multi_node;
 pub mod release_root;
 pub mod sshd;
 pub mod stack;
+pub mod steer;
 pub mod uml_node;
 pub mod users;
 pub use accounting::Accounting;
@@ -435,7 +436,11 @@ impl Cluster {
     /// A client command (sinfo, sbatch, scontrol ...) as root with this cluster's SLURM_CONF.
     /// In a release root ([`ClusterOptions::slurm_root`]) the command runs in the root.
     pub fn cmd(&self, program: impl AsRef<OsStr>) -> Command {
-        let mut c = Command::new(program);
+        self.client(Command::new(program))
+    }
+
+    /// [`Self::cmd`] of a command made elsewhere (whose own `pre_exec` steps run first).
+    pub fn client(&self, mut c: Command) -> Command {
         c.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
             .env("SLURM_CONF", &self.conf)
@@ -449,7 +454,12 @@ impl Cluster {
     /// A client command run as `user` (its uid, primary gid and all its groups), with a clean
     /// environment and this cluster's SLURM_CONF; cwd is the user's job folder.
     pub fn cmd_as(&self, user: &TestUser, program: impl AsRef<OsStr>) -> Command {
-        let mut c = self.cmd(program);
+        self.as_user(Command::new(program), user)
+    }
+
+    /// [`Self::cmd_as`] of a command made elsewhere (whose own `pre_exec` steps run first).
+    pub fn as_user(&self, c: Command, user: &TestUser) -> Command {
+        let mut c = self.client(c);
         let home = self.user_dir(user);
         c.env("HOME", &home)
             .env("USER", &user.name)

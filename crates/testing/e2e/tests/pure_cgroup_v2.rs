@@ -39,6 +39,7 @@ fn node_with_product(t: &Tenants, scenario: &str) -> NodeRun {
             "libspank_tenancy.so",
             root.plugin("libspank_tenancy.so").unwrap(),
         ),
+        ("port_rewrite.so", port_rewrite_so()),
     ];
     let setup = format!(
         r#"set -e
@@ -285,4 +286,153 @@ done
         cgroup.contains("slurmstepd.scope/job_") && !cgroup.contains("/tenancy/"),
         "the task left Slurm's job cgroup: {cgroup}"
     );
+}
+
+/// The LD_PRELOAD port rewrite (tests/src/port_rewrite.c), built once per run for the node's
+/// `/tenancy-uml/bin`.
+fn port_rewrite_so() -> PathBuf {
+    static SO: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    SO.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        let so = tenancy_e2e::steer::port_rewrite_in(d.path()).unwrap();
+        (d, so)
+    })
+    .1
+    .clone()
+}
+
+/// Shell: `drops TENANT` prints the node's drop counter of the tenant.
+const DROPS: &str = r#"drops() { nft list counter inet tenancy "drop_$1" | sed -n 's/.*packets \([0-9]*\).*/\1/p'; }
+steered() { u=$1; port=$2; shift 2; as "$u" env LD_PRELOAD=/tenancy-uml/bin/port_rewrite.so TENANCY_REWRITE_PORT=$port timeout 30 "$@" </dev/null; }
+"#;
+
+/// The pure v2 node's half of slurm_daemons.rs's test: globex's srun reporting acme's port
+/// (the LD_PRELOAD port rewrite) gets slurmstepd to connect there from globex's job folder,
+/// which the firewall judges as globex's: acme's job takes no connection, globex's drop counter
+/// moves. acme's own srun steered the same way reaches acme's port.
+#[test]
+fn srun_io_port_cannot_reach_another_tenant() {
+    if !require_root("srun_io_port_cannot_reach_another_tenant (pure cgroup v2 node)") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut users = Users::new();
+    let t = Tenants::create(&mut users).expect("users");
+    let (a_user, g_user) = (&t.acme1.name, &t.globex1.name);
+    let run = node_with_product(
+        &t,
+        &format!(
+            r#"{DROPS}R=$J/release; PORT=7801
+a=$(as {a_user} sbatch --tenant=acme -o $J/a.out --wrap "$P collect $PORT $R"); a=${{a##* }}
+g=$(as {g_user} sbatch --tenant=globex -o $J/g.out --wrap "$P envwait $R"); g=${{g##* }}
+wait_line $J/a.out listening=; wait_line $J/g.out uid=
+d0=$(drops globex)
+steered {g_user} $PORT srun --jobid=$g --overlap -n1 -N1 echo globex-secret
+sleep 2
+echo "attack_accepted=$(grep -c '^from=' $J/a.out)" >>$RES
+echo "globex_drops=$d0 $(drops globex)" >>$RES
+steered {a_user} $PORT srun --jobid=$a --overlap -n1 -N1 echo acme-own
+sleep 2
+echo "control_accepted=$(grep -c '^from=' $J/a.out)" >>$RES
+touch $R; wait_done $a; wait_done $g
+"#
+        ),
+    );
+    assert_eq!(
+        run.get("attack_accepted"),
+        "0",
+        "slurmstepd of globex's step reached acme's port\n{}",
+        run.log
+    );
+    let drops: Vec<u64> = run
+        .get("globex_drops")
+        .split(' ')
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    assert!(
+        drops.len() == 2 && drops[1] > drops[0],
+        "globex's drop counter did not move: {drops:?}\n{}",
+        run.log
+    );
+    assert_ne!(
+        run.get("control_accepted"),
+        "0",
+        "control: acme's own steered step did not reach acme's port (the rewrite did not \
+         work)\n{}",
+        run.log
+    );
+}
+
+/// The pure v2 node's half of slurm_daemons.rs's test: with the firewall's infrastructure list
+/// emptied and no egress entry, the owner's srun (stdin in, stdout out) and sattach (into a
+/// running step) work from the node's shell (the node's name is its own address, not
+/// loopback) and from a login host in a network namespace beside the node.
+#[test]
+fn srun_and_sattach_from_outside_the_job_still_work() {
+    if !require_root("srun_and_sattach_from_outside_the_job_still_work (pure cgroup v2 node)") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut users = Users::new();
+    let t = Tenants::create(&mut users).expect("users");
+    let a_user = &t.acme1.name;
+    let run = node_with_product(
+        &t,
+        &format!(
+            r#"R=$J/release
+sed -i 's|^infrastructure = .*|infrastructure = []|' /tmp/slurm/tenancy.toml
+/tenancy-uml/bin/tenancyctl --config /tmp/slurm/tenancy.toml firewall apply
+echo "infrastructure=$(grep -c '^infrastructure = \[\]' /tmp/slurm/tenancy.toml)" >>$RES
+# The node's name is its own address for the shell's clients; the login host's, the node's
+# end of its veth pair (bind mounts inside the node only).
+echo "192.0.2.10 vm" >/tmp/hosts.node; mount --bind /tmp/hosts.node /etc/hosts
+ip netns add login
+ip link add lv0 type veth peer name lv1 netns login
+ip addr add 10.9.0.1/30 dev lv0; ip link set lv0 up
+ip -n login addr add 10.9.0.2/30 dev lv1; ip -n login link set lv1 up; ip -n login link set lo up
+echo "10.9.0.1 vm" >/tmp/hosts.login
+node() {{ "$@"; }}
+login() {{ ip netns exec login unshare -m sh -c 'mount --bind /tmp/hosts.login /etc/hosts && exec "$@"' login "$@"; }}
+a=$(as {a_user} sbatch --tenant=acme -o $J/a.out --wrap "$P envwait $R"); a=${{a##* }}
+wait_line $J/a.out uid=
+for at in node login; do
+  out=$(echo "hello from the $at" | $at runuser -u {a_user} -- env SLURM_CONF=$SLURM_CONF timeout 60 srun --jobid=$a --overlap -n1 -N1 cat 2>$J/srun-$at.err)
+  echo "srun_$at=$out" >>$RES
+  # A step the node's shell starts, its stdin held open by a fifo; then sattach into it.
+  rm -f /tmp/in-$at; mkfifo /tmp/in-$at
+  as {a_user} srun --jobid=$a --overlap -n1 -N1 cat </tmp/in-$at >/dev/null 2>&1 &
+  exec 3>/tmp/in-$at
+  i=0; s=
+  while [ -z "$s" ] && [ $i -lt 120 ]; do
+    s=$(squeue -h -s -j $a -o %i | grep -v 'batch\|extern' | tail -1)
+    [ -n "$s" ] && ! scontrol listpids "$s" 2>/dev/null | grep -q " ${{s#*.}} " && s=
+    i=$((i + 1)); sleep 0.5
+  done
+  ( for k in 1 2 3 4 5 6; do sleep 2; echo "attached from the $at"; done ) |
+    $at runuser -u {a_user} -- env SLURM_CONF=$SLURM_CONF timeout 20 sattach "$s" >$J/sattach-$at.out 2>$J/sattach-$at.err
+  echo "sattach_$at=$(grep -c "attached from the $at" $J/sattach-$at.out)" >>$RES
+  exec 3>&-
+  wait
+done
+touch $R; wait_done $a
+echo "a_state=$(job_state $a)" >>$RES
+"#
+        ),
+    );
+    assert_eq!(run.get("infrastructure"), "1", "{}", run.log);
+    for at in ["node", "login"] {
+        assert_eq!(
+            run.get(&format!("srun_{at}")),
+            format!("hello from the {at}"),
+            "srun from the {at}\n{}",
+            run.log
+        );
+        assert_ne!(
+            run.get(&format!("sattach_{at}")),
+            "0",
+            "sattach from the {at} got no echo of its input\n{}",
+            run.log
+        );
+    }
+    assert_eq!(run.get("a_state"), "COMPLETED", "{}", run.log);
 }
