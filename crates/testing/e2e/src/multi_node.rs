@@ -102,7 +102,7 @@ pub struct MultiNode {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-fn ip(args: &[&str]) -> Result<()> {
+pub(crate) fn ip(args: &[&str]) -> Result<()> {
     let o = Command::new("ip")
         .args(args)
         .output()

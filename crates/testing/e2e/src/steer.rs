@@ -9,6 +9,7 @@
 //! * [`without_infrastructure`]: the stack's firewall with no infrastructure entry, so nothing
 //!   but the product's own rules lets Slurm's connections through.
 
+use crate::multi_node::ip;
 use crate::stack::Stack;
 use crate::{write_file, Cluster, SlurmRoot, TestUser};
 use anyhow::{bail, Context, Result};
@@ -96,18 +97,6 @@ pub struct LoginNs {
     /// The login host's own address (what slurmd sees as the client's).
     pub addr: String,
     hosts: PathBuf,
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    let o = Command::new("ip").args(args).output().context("run ip")?;
-    if !o.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 impl LoginNs {
