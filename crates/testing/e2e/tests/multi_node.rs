@@ -477,8 +477,8 @@ fn slurmstepd_relay_across_nodes_is_dropped() {
         )
         .expect("sbatch target");
     mn.wait_job(g, &["RUNNING"], JOB).unwrap();
-    // A step of `job` on n2, from n1, its ports reported as acme's.
-    let steered = |user: &TestUser, job: u64, what: &str| {
+    // Step `step` of `job`, on n2, from n1, its ports reported as acme's.
+    let steered = |user: &TestUser, job: u64, step: u32, what: &str| {
         let so = port_rewrite(&mn.user_dir(user), user).unwrap();
         let mut c = mn.node_cmd_as(0, user, "timeout").unwrap();
         c.args([
@@ -494,7 +494,14 @@ fn slurmstepd_relay_across_nodes_is_dropped() {
         .env(REWRITE_PORT_ENV, port.to_string())
         .current_dir(mn.user_dir(user));
         let o = c.output().unwrap();
-        std::thread::sleep(Duration::from_secs(2));
+        // Everything the step's slurmstepd on n2 tried is over once it is done.
+        let log = mn.path("log/slurmd-n2.log");
+        let done = format!("[{job}.{step}] done with job");
+        let t = std::time::Instant::now();
+        while !fs::read_to_string(&log).unwrap_or_default().contains(&done) {
+            assert!(t.elapsed() < JOB, "no {done:?} in {}", log.display());
+            std::thread::sleep(Duration::from_millis(200));
+        }
         o
     };
     let heard_on_n1 = || -> Vec<String> {
@@ -504,7 +511,7 @@ fn slurmstepd_relay_across_nodes_is_dropped() {
             .collect()
     };
     let before = mn.drops(0, "globex").unwrap();
-    let o = steered(&globex1, g, "globex-secret");
+    let o = steered(&globex1, g, 0, "globex-secret");
     let heard = heard_on_n1();
     assert!(
         heard.is_empty(),
@@ -517,7 +524,8 @@ fn slurmstepd_relay_across_nodes_is_dropped() {
         "n1 did not count the relay for globex: {before} -> {after}"
     );
     // Control: the same steering into acme's own job gets there, as acme.
-    let _ = steered(&acme1, a, "acme-own");
+    // (acme's step 0 is its listeners')
+    let _ = steered(&acme1, a, 1, "acme-own");
     let heard = heard_on_n1();
     let acme_n2 = mn.nodes[1].tenant_addr("acme");
     assert!(

@@ -304,12 +304,16 @@ fn port_rewrite_so() -> PathBuf {
 /// Shell: `drops TENANT` prints the node's drop counter of the tenant.
 const DROPS: &str = r#"drops() { nft list counter inet tenancy "drop_$1" | sed -n 's/.*packets \([0-9]*\).*/\1/p'; }
 steered() { u=$1; port=$2; shift 2; as "$u" env LD_PRELOAD=/tenancy-uml/bin/port_rewrite.so TENANCY_REWRITE_PORT=$port timeout 30 "$@" </dev/null; }
+# The step's slurmstepd has done all it tries (I/O, the launch response and its retries).
+step_done() { i=0; until grep -F "[$1]" /tmp/slurm/slurmd.log | grep -q "done with "; do i=$((i + 1)); [ $i -gt 240 ] && return; sleep 0.5; done; }
 "#;
 
 /// The pure v2 node's half of slurm_daemons.rs's test: globex's srun reporting acme's port
 /// (the LD_PRELOAD port rewrite) gets slurmstepd to connect there from globex's job folder,
 /// which the firewall judges as globex's: acme's job takes no connection, globex's drop counter
-/// moves. acme's own srun steered the same way reaches acme's port.
+/// moves and acme's does not (its listener's answers to a root:root connection of globex's
+/// slurmstepd used to be dropped as acme's). acme's own srun steered the same way reaches
+/// acme's port.
 #[test]
 fn srun_io_port_cannot_reach_another_tenant() {
     if !require_root("srun_io_port_cannot_reach_another_tenant (pure cgroup v2 node)") {
@@ -326,13 +330,14 @@ fn srun_io_port_cannot_reach_another_tenant() {
 a=$(as {a_user} sbatch --tenant=acme -o $J/a.out --wrap "$P collect $PORT $R"); a=${{a##* }}
 g=$(as {g_user} sbatch --tenant=globex -o $J/g.out --wrap "$P envwait $R"); g=${{g##* }}
 wait_line $J/a.out listening=; wait_line $J/g.out uid=
-d0=$(drops globex)
+d0=$(drops globex); a0=$(drops acme)
 steered {g_user} $PORT srun --jobid=$g --overlap -n1 -N1 echo globex-secret
-sleep 2
+step_done $g.0
 echo "attack_accepted=$(grep -c '^from=' $J/a.out)" >>$RES
 echo "globex_drops=$d0 $(drops globex)" >>$RES
+echo "acme_drops=$a0 $(drops acme)" >>$RES
 steered {a_user} $PORT srun --jobid=$a --overlap -n1 -N1 echo acme-own
-sleep 2
+step_done $a.0
 echo "control_accepted=$(grep -c '^from=' $J/a.out)" >>$RES
 touch $R; wait_done $a; wait_done $g
 "#
@@ -352,6 +357,13 @@ touch $R; wait_done $a; wait_done $g
     assert!(
         drops.len() == 2 && drops[1] > drops[0],
         "globex's drop counter did not move: {drops:?}\n{}",
+        run.log
+    );
+    let (a0, a1) = run.get("acme_drops").split_once(' ').unwrap_or_default();
+    assert_eq!(
+        a0, a1,
+        "acme's drop counter moved: part of the relay (slurmstepd's root:root launch response) \
+         was charged to the tenant it was aimed at\n{}",
         run.log
     );
     assert_ne!(

@@ -62,15 +62,25 @@ fn free_port() -> u16 {
 
 /// Waits until `path` holds a line starting with `prefix`; returns the whole file.
 fn wait_output(path: &Path, prefix: &str, timeout: Duration) -> String {
+    wait_output_with(path, |l| l.starts_with(prefix), timeout, prefix)
+}
+
+/// Waits until `path` holds a line `found` takes; returns the whole file.
+fn wait_output_with(
+    path: &Path,
+    found: impl Fn(&str) -> bool,
+    timeout: Duration,
+    what: &str,
+) -> String {
     let t = Instant::now();
     loop {
         let s = fs::read_to_string(path).unwrap_or_default();
-        if s.lines().any(|l| l.starts_with(prefix)) {
+        if s.lines().any(&found) {
             return s;
         }
         assert!(
             t.elapsed() < timeout,
-            "{} has no line {prefix:?} after {timeout:?}: {s:?}",
+            "{} has no line {what:?} after {timeout:?}",
             path.display()
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -149,6 +159,19 @@ impl Env {
         c
     }
 
+    /// Waits until slurmd's log (slurmstepd logs there too) has a line with every one of
+    /// `needles`: what a step's slurmstepd logs when it has given up on a connection, or ended.
+    fn wait_log(&self, needles: &[&str]) {
+        let log = self.cluster().path("log/slurmd.log");
+        let what = needles.join(" … ");
+        wait_output_with(
+            &log,
+            |l| needles.iter().all(|n| l.contains(n)),
+            Duration::from_secs(120),
+            &what,
+        );
+    }
+
     /// Releases jobs and waits for them to end.
     fn end(&self, release: &Path, jobs: &[u64]) {
         fs::write(release, "").unwrap();
@@ -201,12 +224,14 @@ fn srun_io_port_cannot_reach_another_tenant() {
     let _g = serial();
     let e = env();
     let (a, a_out, g, port, release) = e.collector_beside_target("io");
-    let before = e.drops("globex");
+    let (before, acme_before) = (e.drops("globex"), e.drops("acme"));
     let mut srun = e.steered(&e.t.globex1, "srun", port);
     srun.arg(format!("--jobid={g}"))
         .args(["--overlap", "-n1", "-N1", "echo", "globex-secret"]);
     let o: Output = e.cluster().run(srun).unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // Everything the step's slurmstepd tried (its I/O connection, the launch response with its
+    // retries) is over once it is done ("done with job", "done with step" from 24.11).
+    e.wait_log(&[&format!("[{g}.0]"), "done with "]);
     let report = fs::read_to_string(&a_out).unwrap_or_default();
     assert_eq!(
         Env::collected(&a_out),
@@ -220,12 +245,17 @@ fn srun_io_port_cannot_reach_another_tenant() {
         "globex's drop counter did not move ({before} -> {after}): the relay was not judged as \
          globex's"
     );
+    assert_eq!(
+        e.drops("acme"),
+        acme_before,
+        "acme's drop counter moved: part of the relay was charged to the tenant it was aimed at"
+    );
     // Control: the same steering into acme's own job is acme's flow, and gets there.
     let mut srun = e.steered(&e.t.acme1, "srun", port);
     srun.arg(format!("--jobid={a}"))
         .args(["--overlap", "-n1", "-N1", "echo", "acme-own"]);
     let _ = e.cluster().run(srun).unwrap();
-    wait_output(&a_out, "from=", Duration::from_secs(30));
+    wait_output(&a_out, "from=", Duration::from_secs(60));
     e.end(&release, &[a, g]);
 }
 
@@ -255,11 +285,12 @@ fn sattach_cannot_aim_slurmstepd_at_another_tenant() {
         (child, e.running_step(job))
     };
     let (mut g_step, g_id) = step_of(&e.t.globex1, g);
-    let before = e.drops("globex");
+    let (before, acme_before) = (e.drops("globex"), e.drops("acme"));
     let mut sattach = e.steered(&e.t.globex1, "sattach", port);
     sattach.arg(&g_id);
     let o = e.cluster().run(sattach).unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // slurmstepd's attach (`io_client_connect`) has given up: "connect io" in its log.
+    e.wait_log(&[&format!("[{g_id}]"), "error: connect io"]);
     let report = fs::read_to_string(&a_out).unwrap_or_default();
     assert_eq!(
         Env::collected(&a_out),
@@ -271,6 +302,11 @@ fn sattach_cannot_aim_slurmstepd_at_another_tenant() {
     assert!(
         after > before,
         "globex's drop counter did not move ({before} -> {after})"
+    );
+    assert_eq!(
+        e.drops("acme"),
+        acme_before,
+        "acme's drop counter moved: the attach was charged to the tenant it was aimed at"
     );
     // Control: acme's own sattach, steered into acme's own job.
     let (mut a_step, a_id) = step_of(&e.t.acme1, a);
