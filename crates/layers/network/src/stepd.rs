@@ -192,18 +192,6 @@ pub fn attached(root: &Path) -> Result<Option<u32>> {
         .map(|(id, _, _)| id))
 }
 
-/// Detaches every program of ours from `root` (the e2e harness, when it unloads the table);
-/// returns how many there were.
-pub fn detach(root: &Path) -> Result<usize> {
-    let cg = open_dir(root)?;
-    let old = ours(&cg, root)?;
-    for (_, _, fd) in &old {
-        sys::prog_detach_typed(cg.as_fd(), fd.as_fd(), sys::ATTACH_CGROUP_INET_SOCK_CREATE)
-            .map_err(|e| bpf_error("detach", root, e))?;
-    }
-    Ok(old.len())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

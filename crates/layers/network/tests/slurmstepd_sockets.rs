@@ -90,11 +90,15 @@ fn slurmstepd_sockets_are_judged_as_their_jobs() {
         let mut procs = procs;
         apply(&spec).unwrap();
         let root = spec.cgroup.v2_mount.clone();
-        assert!(
-            stepd::attached(&root).unwrap().is_some(),
-            "firewall apply attached no socket program on {}",
-            root.display()
-        );
+        let id = stepd::attached(&root).unwrap().unwrap_or_else(|| {
+            panic!(
+                "firewall apply attached no socket program on {}",
+                root.display()
+            )
+        });
+        // Applied again: the same program stays (no second one, no gap without the mark).
+        apply(&spec).unwrap();
+        assert_eq!(stepd::attach(&root).unwrap(), id);
         let a = add_job(&spec, "a", 31).unwrap().cgroup_path;
         let b = add_job(&spec, "b", 41).unwrap().cgroup_path;
         // srun on the node itself (outside every job), and a listener of tenant a's job.
