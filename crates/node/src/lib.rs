@@ -2,7 +2,9 @@
 //! journal, the spine that makes and undoes the isolation layers in order, and the layers'
 //! adapters.
 
-pub use tenancy_job::{adopt, config_cache, context, contract, intent_log, journal, task};
+pub use tenancy_job::{
+    abstract_sockets, adopt, config_cache, context, contract, intent_log, journal, task,
+};
 pub mod layer;
 pub mod layers;
 pub mod linkage;

@@ -1037,9 +1037,43 @@ fn firewall_rows(config: &Config, rows: &mut Vec<Row>) {
         Err(e) => rows.push(row("firewall.table", Severity::Error, e.0, None)),
     }
     if let Ok(spec) = tenancy_node::layers::network::firewall_spec(config) {
+        rows.push(stepd_row(
+            &spec.cgroup.v2_mount,
+            tenancy_network::stepd::attached(&spec.cgroup.v2_mount),
+        ));
         if spec.cross_node.is_some() {
             rows.push(cross_node_row(&spec));
         }
+    }
+}
+
+/// slurmstepd's socket program on the cgroup2 root: without it the firewall judges every
+/// connection slurmstepd makes for a job (I/O to srun, sattach, task exits, step completion) as
+/// the job's code, and steps fail to launch ("Slurmd could not connect IO").
+fn stepd_row(root: &Path, attached: tenancy_network::Result<Option<u32>>) -> Row {
+    let check = "firewall.slurmstepd";
+    match attached {
+        Ok(Some(id)) => row(
+            check,
+            Severity::Ok,
+            format!(
+                "slurmstepd's own sockets are marked (program {} id {id} on {}): its                  connections for a job are the job's, and reach the srun, sattach or salloc                  that asked without an egress entry",
+                tenancy_network::stepd::PROG_NAME,
+                root.display()
+            ),
+            None,
+        ),
+        Ok(None) => row(
+            check,
+            Severity::Error,
+            format!(
+                "no socket program {} of this build on {}: slurmstepd's connections for a job                  are judged as the job's code, and steps fail to connect their I/O",
+                tenancy_network::stepd::PROG_NAME,
+                root.display()
+            ),
+            Some("tenancyctl firewall apply".into()),
+        ),
+        Err(e) => row(check, Severity::Error, e.to_string(), None),
     }
 }
 
@@ -1233,6 +1267,42 @@ fn kernel_rows(rows: &mut Vec<Row>) {
     rows.push(ptrace_row(
         std::fs::read_to_string(YAMA_PTRACE_SCOPE).ok().as_deref(),
     ));
+    rows.push(abstract_sockets_row(
+        tenancy_node::abstract_sockets::kernel_abi(),
+    ));
+}
+
+/// Abstract UNIX sockets (a name, no file: outside file permissions, cgroups and nft) between
+/// jobs: closed where the kernel's Landlock scopes them (ABI 6, Linux 6.12), open otherwise.
+/// `abi`: the kernel's Landlock ABI, None without Landlock.
+fn abstract_sockets_row(abi: Option<i32>) -> Row {
+    let check = "containment.abstract_sockets";
+    let need = tenancy_node::abstract_sockets::SCOPING_ABI;
+    match abi {
+        Some(v) if v >= need => row(
+            check,
+            Severity::Ok,
+            format!(
+                "Landlock ABI {v} scopes abstract UNIX sockets: each step's processes reach only                  the abstract sockets their own step made (not another job's, another step's                  or the node's)"
+            ),
+            None,
+        ),
+        found => row(
+            check,
+            Severity::Warn,
+            format!(
+                "{}: a job can connect to an abstract UNIX socket another tenant's job listens                  on (README, Known gaps)",
+                match found {
+                    Some(v) => format!("Landlock ABI {v} cannot scope abstract UNIX sockets (ABI {need}, Linux 6.12, can)"),
+                    None => "the kernel has no Landlock (CONFIG_SECURITY_LANDLOCK, lsm=)".into(),
+                }
+            ),
+            Some(
+                "Linux 6.12 or later with Landlock enabled; or keep tenants on nodes of their                  own (share_node = false)"
+                    .into(),
+            ),
+        ),
+    }
 }
 
 /// Device classes, RDMA devices and the device controller.
@@ -1277,7 +1347,10 @@ fn device_rows(config: &Config, args: &DoctorArgs, rows: &mut Vec<Row>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{anchor_key_row, job_container_row, job_submit_row, ptrace_row};
+    use super::{
+        abstract_sockets_row, anchor_key_row, job_container_row, job_submit_row, ptrace_row,
+        stepd_row,
+    };
 
     #[test]
     fn anchors_without_a_usable_key_are_warned_or_failed() {
@@ -1370,6 +1443,29 @@ mod tests {
         let none = ptrace_row(None);
         assert_eq!(none.severity, "warn");
         assert!(none.message.contains("no Yama"), "{}", none.message);
+    }
+
+    /// Abstract UNIX sockets: closed with Landlock ABI 6 or later, the gap named otherwise.
+    #[test]
+    fn abstract_sockets_follow_the_kernels_landlock_abi() {
+        assert_eq!(abstract_sockets_row(Some(6)).severity, "ok");
+        assert_eq!(abstract_sockets_row(Some(7)).severity, "ok");
+        let old = abstract_sockets_row(Some(5));
+        assert_eq!(old.severity, "warn");
+        assert!(old.message.contains("Landlock ABI 5"), "{}", old.message);
+        let none = abstract_sockets_row(None);
+        assert_eq!(none.severity, "warn");
+        assert!(none.message.contains("no Landlock"), "{}", none.message);
+    }
+
+    /// Without slurmstepd's socket program its connections are the job code's: an error.
+    #[test]
+    fn a_node_without_slurmstepds_socket_program_fails() {
+        let root = std::path::Path::new("/sys/fs/cgroup");
+        assert_eq!(stepd_row(root, Ok(Some(7))).severity, "ok");
+        let none = stepd_row(root, Ok(None));
+        assert_eq!(none.severity, "error");
+        assert!(none.remedy.contains("firewall apply"), "{}", none.remedy);
     }
 }
 

@@ -51,6 +51,7 @@ pub mod scratch_fs;
 mod slurm_conf;
 pub mod sshd;
 pub mod stack;
+pub mod steer;
 pub mod uml_node;
 pub mod users;
 
