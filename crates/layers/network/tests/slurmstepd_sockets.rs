@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use tenancy_network::{add_job, apply, counters, stepd, FirewallSpec, TenantNet};
+use tenancy_network::{add_job, apply, stepd, FirewallSpec, TenantNet};
 
 /// Probe entry point: this binary re-executed with TNW_PROBE set acts as a listener/client.
 #[test]
@@ -28,15 +28,6 @@ type Case<'a> = (
     &'a str,
     Outcome,
 );
-
-fn drops(spec: &FirewallSpec, tenant: &str) -> u64 {
-    counters(spec)
-        .unwrap()
-        .into_iter()
-        .find(|c| c.tenant == tenant)
-        .unwrap()
-        .packets
-}
 
 #[test]
 fn slurmstepd_sockets_are_judged_as_their_jobs() {

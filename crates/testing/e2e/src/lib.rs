@@ -58,6 +58,7 @@ pub mod users;
 pub use accounting::Accounting;
 pub use client::Client;
 pub use cluster::{Cluster, ClusterOptions};
+pub use daemons::free_port;
 pub use multi_node::MultiNode;
 pub use release_root::SlurmRoot;
 pub use scenario::{

@@ -15,17 +15,8 @@ use std::time::{Duration, Instant};
 
 use tenancy_e2e::steer::{port_rewrite, without_infrastructure, LoginNs, REWRITE_PORT_ENV};
 use tenancy_e2e::{
-    probe_kv, scenario, submitted_id, text, wait_output, Cluster, Env, Options, TestUser,
+    free_port, probe_kv, scenario, submitted_id, text, wait_output, Cluster, Env, Options, TestUser,
 };
-
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Waits until `path` holds a line `found` takes; returns the whole file.
 fn wait_output_with(
@@ -76,7 +67,7 @@ struct Target {
 }
 
 fn collector_beside_target(e: &Env, name: &str) -> Target {
-    let port = free_port();
+    let port = free_port().unwrap();
     let release = e.stack.cluster.path(&format!("jobs/release-{name}"));
     let r = release.display();
     let collect = format!("collect {port} {r}");

@@ -263,6 +263,16 @@ pub fn client_in(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>) -> Ou
     outcome(st)
 }
 
+/// Packets the table of `spec` dropped for `tenant` (its `drop_<tenant>` counter).
+pub fn drops(spec: &tenancy_network::FirewallSpec, tenant: &str) -> u64 {
+    tenancy_network::counters(spec)
+        .unwrap()
+        .into_iter()
+        .find(|c| c.tenant == tenant)
+        .unwrap()
+        .packets
+}
+
 /// The command name a probe gives its thread before it makes a socket (slurmstepd's sockets
 /// are told by theirs: stepd.rs).
 pub const COMM_ENV: &str = "TNW_COMM";
