@@ -168,6 +168,12 @@ pub fn adopt(
         )));
     }
     let env = task::enter_journal(&journal, pid).map_err(refused)?;
+    // A session that enters itself (pam_tenancy) gets an abstract-socket domain of its own;
+    // `tenancyctl adopt` moves its parent, which only the parent could put in one.
+    if u32::try_from(pid) == Ok(std::process::id()) {
+        crate::abstract_sockets::scope_self()
+            .map_err(|e| refused(format!("job {job}: abstract sockets: {e}")))?;
+    }
     Ok(Adopted::Joined {
         job,
         tenant: journal.tenant,

@@ -4,6 +4,7 @@
 //! the task entry, and the audit append. No isolation layer and no NVML: the spine and the
 //! layers are in `tenancy-node`, which re-exports these modules.
 
+pub mod abstract_sockets;
 pub mod adopt;
 pub mod audit;
 pub mod config_cache;

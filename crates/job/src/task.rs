@@ -116,11 +116,13 @@ fn made_entries(journal: &Journal) -> Result<Vec<(&str, TaskEntry)>, String> {
 /// job's cgroups, so that everything slurmstepd starts for the job from then on (the user's and
 /// slurm.conf's task epilog, the extern step's X11 helpers, MPI/PMIx helpers, any step it
 /// forks) is born inside the job's isolation. Called from the SPANK plugin in slurmstepd: for
-/// the extern step from `slurm_spank_init`, before it forks anything, and for every other step
-/// from `slurm_spank_task_post_fork`, after the step's I/O connections to srun are made (so
-/// those keep their node cgroup) and after Slurm's proctrack and task plugins have attached the
-/// task (so no attach of Slurm's can move it back out afterwards). With `join_ipc` slurmstepd
-/// also enters the job's IPC namespace (once per slurmstepd). Fails when a layer is not set up
+/// every step from `slurm_spank_init`, before it opens the step's stdio files or connects to
+/// anything for it (its own connections are told from the job's code by the firewall:
+/// tenancy-network's stepd.rs), and again from `slurm_spank_task_post_fork` with the task,
+/// after Slurm's proctrack and task plugins have attached it (so no attach of Slurm's can move
+/// it back out afterwards). With `join_ipc` slurmstepd also enters the job's IPC namespace and
+/// scopes its abstract UNIX sockets ([`crate::abstract_sockets`]), once per slurmstepd, in the
+/// thread that forks the step's tasks. Fails when a layer is not set up
 /// or a cgroup cannot be joined: the step then fails, never runs unisolated. A job with no
 /// journal on the node (its prolog did not set it up here: a node without Prolog=) is
 /// `Ok(None)`: its tasks fail closed in their own hook, before user code, and Slurm ends the
@@ -160,6 +162,9 @@ pub fn contain_step(
         if let Some((cg, below)) = job_cgroup {
             join_job_ipc_of(cg, below).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
         }
+        // The step's abstract UNIX sockets: one Landlock domain for what this thread forks.
+        crate::abstract_sockets::scope_self()
+            .map_err(|e| format!("job {job_id}: abstract sockets: {e}"))?;
     }
     Ok(Some(cgroups))
 }

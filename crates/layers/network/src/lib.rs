@@ -4,7 +4,8 @@
 //! (see [`ruleset`] for the rule design) matches every socket created below a tenant's cgroup
 //! with `socket cgroupv2 level L "<tenant path>"`, so:
 //!
-//! * [`apply`] creates the tenant cgroups and installs the table in one `nft -f -` transaction;
+//! * [`apply`] creates the tenant cgroups, attaches the socket program that marks slurmstepd's
+//!   own sockets ([`stepd`]) and installs the table in one `nft -f -` transaction;
 //! * [`add_job`] / [`remove_job`] only create / remove the job's cgroup: the ruleset is never
 //!   touched per job, so their cost does not depend on the number of jobs;
 //! * [`counters`] reads the per-tenant drop counters.
@@ -14,6 +15,7 @@ mod layout;
 mod nft;
 mod nl;
 mod ruleset;
+pub mod stepd;
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -23,7 +25,8 @@ use serde::{Deserialize, Serialize};
 
 pub use cross::{address_label, CrossNode, Ipv4Net, NodeAddr};
 pub use layout::{CgroupLayout, NFT_CGROUP_BASE};
-pub use ruleset::{counter_name, replace_script, ruleset, LOG_RATE_PER_SEC};
+pub use ruleset::{counter_name, replace_script, ruleset, LOG_RATE_PER_SEC, STEPD_PROTOCOLS};
+pub use stepd::STEPD_MARK;
 pub use tenancy_cgroup::SlurmScope;
 /// Destinations are config values: the type is the config's.
 pub use tenancy_config::dest::{Dest, DestError, Proto};
@@ -289,9 +292,14 @@ fn ensure_dir(path: &Path) -> Result<()> {
 /// Across nodes ([`FirewallSpec::cross_node`]) the tenants' addresses of this node are added to
 /// its interface before the table is loaded, and addresses of tenants (or prefixes) no longer
 /// configured are removed after it.
+///
+/// slurmstepd's socket program ([`stepd::attach`]) goes on the cgroup2 root before the table
+/// is loaded, whose rules let its marked flows through: without it every connection Slurm
+/// makes for a job would be judged as the job's code (and fail), never let through unjudged.
 pub fn apply(spec: &FirewallSpec) -> Result<()> {
     let spec = &spec.for_this_node()?;
     let script = replace_script(spec)?;
+    stepd::attach(&spec.cgroup.v2_mount)?;
     let sub = spec.cgroup.subtree_dir();
     // Create each component of the subtree.
     let mut p = spec.cgroup.v2_mount.clone();

@@ -30,11 +30,18 @@
 //!   to `deny_<id>`. An established TCP connection is accepted there: its first packet was
 //!   judged, and later ones can meet a request or time-wait socket, whose cgroup the lookup
 //!   cannot read. Flows with ct mark 0 are accepted by policy.
-//! * TCP sockets of root:root (uid and gid 0) are accepted at output before the dispatch: they
-//!   are slurmstepd's, which sits in its job's cgroup so that everything it forks for the job is
-//!   born there (ARCHITECTURE.md, "Task and sessions"), and which talks to srun and slurmctld
-//!   for Slurm over TCP. A setuid-root program a job runs has uid 0 but the user's gid, and is
-//!   judged; so is every other protocol, whoever sends it.
+//! * slurmstepd's own sockets carry the mark [`crate::STEPD_MARK`] (stepd.rs: a socket program
+//!   on the cgroup2 root stamps the sockets of threads with real uid 0 named `slurmstepd`).
+//!   slurmstepd sits in its job's cgroup from `slurm_spank_init` on, so its sockets are the
+//!   job's like any other: `out_<id>` stamps their flows with the tenant's ct mark and judges
+//!   broadcast, protocol and source address as for the job's code; only then is a marked TCP or
+//!   UDP flow accepted to any destination (the srun, sattach or salloc that asked for the step,
+//!   wherever it runs; slurmctld; slurmd), where user code needs its egress list. On this node
+//!   `local_<id>` accepts it the same way (a node address or loopback: the mark is on the
+//!   packet), and another tenant's job receives it as the sender tenant's flow: dropped and
+//!   counted for the sender. Across nodes it leaves from the tenant's address like any flow of
+//!   the job. A marked flow with ct mark 0 (a slurmstepd that has not joined its job, or one of
+//!   a job without isolation here) is dropped before it reaches a job's socket.
 //! * `deny_<id>`: rate-limited `log prefix "tenancy drop <tenant>: "` and
 //!   `counter name "drop_<tenant>" drop`.
 //!
@@ -56,13 +63,17 @@
 
 use std::fmt::Write;
 
-use crate::{validate_spec, CrossNode, Error, FirewallSpec, Result, TenantNet};
+use crate::{validate_spec, CrossNode, Error, FirewallSpec, Result, TenantNet, STEPD_MARK};
 
 /// The only IP protocols a job may send, IPv4 and IPv6 alike: those whose receiving socket the
 /// input hook can find (TCP, UDP) and ICMP. The kernel's socket lookup does not cover UDP-Lite,
 /// SCTP, DCCP or raw IP, so no node, this one or another, could tell which tenant's job gets
 /// such a packet: they are dropped whatever the egress list says.
 pub const JUDGED: &str = "{ tcp, udp, icmp, ipv6-icmp }";
+
+/// What slurmstepd's own sockets may send besides what the job may: TCP (Slurm's protocol) and
+/// UDP (name lookups).
+pub const STEPD_PROTOCOLS: &str = "{ tcp, udp }";
 
 /// Log lines per second per tenant (burst twice that); drops beyond it are counted, not logged.
 pub const LOG_RATE_PER_SEC: u32 = 10;
@@ -162,6 +173,7 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
         if let Some((prefix, _)) = own {
             let _ = writeln!(w, "\t\tip daddr {prefix} accept");
         }
+        write_stepd(w);
         write_allowed(w, spec, t);
         let _ = writeln!(w, "\t\tgoto deny_{id}");
         let _ = writeln!(w, "\t}}\n");
@@ -169,11 +181,14 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
         let _ = writeln!(w, "\tchain local_{id} {{");
         let _ = writeln!(w, "\t\tmeta l4proto != {JUDGED} goto deny_{id}");
         let _ = writeln!(w, "\t\tmeta l4proto tcp ct state established accept");
+        write_stepd(w);
         write_allowed(w, spec, t);
         let _ = writeln!(w, "\t\tgoto deny_{id}");
         let _ = writeln!(w, "\t}}\n");
 
         let _ = writeln!(w, "\tchain in_{id} {{");
+        // A slurmstepd outside every job speaks for no tenant: none of its flows is a job's.
+        let _ = writeln!(w, "\t\tct mark 0 meta mark {STEPD_MARK:#x} drop");
         if let Some((prefix, _)) = own {
             let _ = writeln!(w, "\t\tct mark 0 ip saddr {prefix} ct mark set {id} accept");
             let _ = writeln!(w, "\t\tct mark 0 ip saddr vmap @tenant_of_source");
@@ -190,13 +205,6 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
             w,
             "\t\ttype filter hook {hook} priority filter; policy accept;"
         );
-        if hook == "output" && !spec.tenants.is_empty() {
-            // slurmstepd runs in its job's cgroup (so that what it forks for the job is born
-            // there) and sends Slurm's own messages (task exits to srun, step completion to
-            // slurmctld) over TCP as root:root; a setuid-root program a user runs keeps the
-            // user's gid, and no other protocol is let through for root.
-            let _ = writeln!(w, "\t\tmeta skuid 0 meta skgid 0 meta l4proto tcp accept");
-        }
         if !spec.tenants.is_empty() {
             let elems: Vec<String> = spec
                 .tenants
@@ -257,9 +265,9 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
             "\t\ttype nat hook postrouting priority srcnat; policy accept;"
         );
         let _ = writeln!(w, "\t\toifname \"lo\" return");
-        // A flow no job opened (slurmstepd connecting back to srun as the user before it joins
-        // the job, a process outside every job) leaves from the node's own address even where
-        // it bound, or the kernel chose, a tenant's: only a tenant's jobs speak as the tenant.
+        // A flow no job opened (a process outside every job, a slurmstepd that has not joined
+        // its job) leaves from the node's own address even where it bound, or the kernel
+        // chose, a tenant's: only a tenant's jobs speak as the tenant.
         let _ = writeln!(w, "\t\tct mark 0 ip saddr @tenant_space snat ip to {node}");
         let _ = writeln!(
             w,
@@ -318,6 +326,15 @@ fn write_cross_sets(w: &mut String, spec: &FirewallSpec, c: &CrossNode) {
             .iter()
             .map(|t| format!("{} : {}", t.id, c.address(&t.name).expect("validated")))
             .collect(),
+    );
+}
+
+/// slurmstepd's own flows (marked by stepd.rs's socket program), once judged as the job's: to
+/// any destination, for the srun, sattach or salloc that asked, wherever it listens.
+fn write_stepd(w: &mut String) {
+    let _ = writeln!(
+        w,
+        "\t\tmeta mark {STEPD_MARK:#x} meta l4proto {STEPD_PROTOCOLS} accept"
     );
 }
 

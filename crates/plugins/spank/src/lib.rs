@@ -13,9 +13,10 @@
 //!   This check is for the user's benefit; the Prolog decides again on the node (a user can
 //!   bypass client-side plugins), so nothing here is trusted by the node.
 //! * Job side (remote context, slurmstepd as root): slurmstepd itself enters the job's
-//!   isolation (cgroups, IPC namespace), so that what it forks for the job outside the task
-//!   hook (task epilogs, X11 and MPI helpers) is born inside: the extern step's in `init`,
-//!   every other step's in `task_post_fork`, which also moves the task again after Slurm's own
+//!   isolation (cgroups, IPC namespace, an abstract-socket Landlock domain) in `init`, for
+//!   every step, before it opens the step's stdio files or connects anywhere for it, so that
+//!   what it opens and forks for the job outside the task hook (stdio files, task epilogs, X11
+//!   and MPI helpers) is inside; `task_post_fork` moves the task again after Slurm's own
 //!   plugins placed it. In each task before exec, `task_init_privileged` moves the task into its
 //!   job's isolation and sets CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, TMPDIR,
 //!   TENANCY_SCRATCH, TENANCY_TENANT from the job's journal written by the Prolog. Any error
@@ -84,10 +85,6 @@ static STATE: Mutex<State> = Mutex::new(State {
     stepd_contained: false,
     stepd_pid: None,
 });
-
-/// Slurm's step id of a job's extern step (slurm.h `SLURM_EXTERN_CONT`; spank.h does not
-/// define it, and it has the same value in every release this plugin builds for).
-const SLURM_EXTERN_CONT: u32 = 0xffff_fffc;
 
 fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
@@ -219,11 +216,14 @@ pub unsafe extern "C" fn slurm_spank_init(
         if ctx == Ctx::Remote {
             // SAFETY: plain libc call; `init` runs in slurmstepd itself.
             state().stepd_pid = Some(unsafe { libc::getpid() });
-            // The extern step's slurmstepd forks its X11 helpers before any task hook: it
-            // enters the job's isolation now, before it forks anything.
-            if step_id(sp)? == SLURM_EXTERN_CONT {
-                contain_stepd(sp, None)?;
-            }
+            // slurmstepd enters the job's isolation before it does anything for the step:
+            // `spank_init` runs (mgr.c `job_manager`, `_spawn_job_container`) before the step's
+            // stdio files are opened and its first I/O connection made (`_fork_all_tasks` →
+            // `_setup_normal_io`), before the extern step's X11 set-up, and in the thread that
+            // later forks the tasks. The files are then opened under the job's device
+            // allowlist and every connection is the job's (the firewall tells slurmstepd's own
+            // from the job's code by the socket mark: tenancy-network's stepd.rs).
+            contain_stepd(sp, None)?;
         }
         for opt in options().iter_mut() {
             // SAFETY: `opt` is leaked, so it outlives the plugin.
@@ -323,10 +323,6 @@ fn item_u32(sp: sys::spank_t, item: sys::spank_item, what: &str) -> Result<u32, 
 
 fn job_id(sp: sys::spank_t) -> Result<u32, String> {
     item_u32(sp, sys::spank_item_S_JOB_ID, "job id")
-}
-
-fn step_id(sp: sys::spank_t) -> Result<u32, String> {
-    item_u32(sp, sys::spank_item_S_JOB_STEPID, "step id")
 }
 
 /// slurmstepd (this process) and `task` into the job's isolation; slurmstepd joins the job's

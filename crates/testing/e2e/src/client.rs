@@ -120,7 +120,12 @@ impl Client {
     /// A client command (sinfo, sbatch, scontrol ...) as root with this cluster's SLURM_CONF,
     /// where the cluster runs, cwd the cluster's folder.
     pub fn cmd(&self, program: impl AsRef<OsStr>) -> Command {
-        let mut c = Command::new(program);
+        self.client(Command::new(program))
+    }
+
+    /// [`Self::cmd`] of a command made elsewhere, whose own `pre_exec` steps (a namespace to
+    /// join, say) run before this cluster's.
+    pub fn client(&self, mut c: Command) -> Command {
         c.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
             .env("SLURM_CONF", &self.conf)
@@ -132,7 +137,12 @@ impl Client {
     /// [`Self::cmd`] run as `user` (its uid, primary gid and all its groups), HOME and cwd its
     /// job folder.
     pub fn cmd_as(&self, user: &TestUser, program: impl AsRef<OsStr>) -> Command {
-        let mut c = self.cmd(program);
+        self.as_user(Command::new(program), user)
+    }
+
+    /// [`Self::cmd_as`] of a command made elsewhere (its own `pre_exec` steps run first).
+    pub fn as_user(&self, c: Command, user: &TestUser) -> Command {
+        let mut c = self.client(c);
         let home = self.user_dir(user);
         c.env("HOME", &home)
             .env("USER", &user.name)

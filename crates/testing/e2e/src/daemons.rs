@@ -246,7 +246,8 @@ fn find_files(root: &Path, name: &str) -> Vec<PathBuf> {
     out
 }
 
-pub(crate) fn free_port() -> Result<u16> {
+/// A TCP port nothing listens on now (on every address).
+pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("0.0.0.0:0")?;
     Ok(l.local_addr()?.port())
 }

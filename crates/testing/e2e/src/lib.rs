@@ -52,12 +52,14 @@ pub mod scratch_fs;
 mod slurm_conf;
 pub mod sshd;
 pub mod stack;
+pub mod steer;
 pub mod uml_node;
 pub mod users;
 
 pub use accounting::Accounting;
 pub use client::Client;
 pub use cluster::{Cluster, ClusterOptions};
+pub use daemons::free_port;
 pub use multi_node::MultiNode;
 pub use release_root::SlurmRoot;
 pub use scenario::{

@@ -98,7 +98,7 @@ impl World for MultiNode {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-fn ip(args: &[&str]) -> Result<()> {
+pub(crate) fn ip(args: &[&str]) -> Result<()> {
     let o = Command::new("ip")
         .args(args)
         .output()

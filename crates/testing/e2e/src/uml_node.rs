@@ -14,7 +14,7 @@ use crate::daemons::machine_lock;
 use crate::release_root::{merge_users, SlurmRoot};
 use crate::slurm_conf::{cgroup_conf, SlurmConf};
 use crate::stack::{nvml_fixture, tenancy_toml, StackPaths, Tenants};
-use crate::{artifact, Options, Users, World};
+use crate::{artifact, ConfigEdit, Options, Users, World};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs;
@@ -121,15 +121,17 @@ fn slurm_conf(w: &str) -> String {
 }
 
 /// A pure cgroup v2 node with the product installed as on a real node (scripts/uml/
-/// product-setup.sh): Slurm 24.11's root, the UML kernel, tenants acme and globex.
+/// product-setup.sh): Slurm 24.11's root, the UML kernel, tenants acme and globex, the
+/// config with the options' changes.
 pub struct PureV2Node {
     pub tenants: Tenants,
     root: SlurmRoot,
     kernel: PathBuf,
+    config: Vec<ConfigEdit>,
 }
 
 impl World for PureV2Node {
-    fn start(_: &Options, users: &mut Users) -> Result<PureV2Node> {
+    fn start(options: &Options, users: &mut Users) -> Result<PureV2Node> {
         let tenants = Tenants::create(users)?;
         let root = SlurmRoot::make("24.11").context("Slurm 24.11 root")?;
         let kernel = kernel().context("UML kernel")?;
@@ -137,8 +139,21 @@ impl World for PureV2Node {
             tenants,
             root,
             kernel,
+            config: options.config.clone(),
         })
     }
+}
+
+/// The LD_PRELOAD port rewrite (src/port_rewrite.c), built once per test binary for the
+/// node's `$W/bin`.
+fn port_rewrite_so() -> Result<PathBuf> {
+    static SO: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    if let Some((_, so)) = SO.get() {
+        return Ok(so.clone());
+    }
+    let d = tempfile::tempdir()?;
+    let so = crate::steer::port_rewrite_in(d.path())?;
+    Ok(SO.get_or_init(|| (d, so)).1.clone())
 }
 
 impl PureV2Node {
@@ -161,7 +176,12 @@ impl PureV2Node {
         .map(bin)
         .collect();
         programs.push(("libspank_tenancy.so".into(), spank));
+        programs.push(("port_rewrite.so".into(), port_rewrite_so().unwrap()));
         let t = &self.tenants;
+        let mut config = tenancy_toml(&paths, t);
+        for edit in &self.config {
+            edit(&mut config);
+        }
         let dir = boot_dir();
         let files = [
             (
@@ -171,7 +191,7 @@ impl PureV2Node {
             ("slurm.conf", slurm_conf(&dir)),
             ("cgroup.conf", cgroup_conf("cgroup/v2")),
             ("fixture.toml", nvml_fixture(&paths)),
-            ("tenancy.toml", tenancy_toml(&paths, t).to_string()),
+            ("tenancy.toml", config.to_string()),
             (
                 "setup.sh",
                 include_str!("../scripts/uml/product-setup.sh").to_string(),

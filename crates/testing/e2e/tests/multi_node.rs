@@ -9,6 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tenancy_e2e::multi_node::{without_cross_node, NODE_NETWORK};
+use tenancy_e2e::steer::{port_rewrite, REWRITE_PORT_ENV};
 use tenancy_e2e::{probe_kv, scenario, MultiNode, Options, TenancyToml, TestUser, Users};
 
 const JOB: Duration = Duration::from_secs(120);
@@ -415,5 +416,83 @@ scenario!(
         );
             end_job(mn, &sdir, sid);
         }
+    }
+);
+
+// globex's user, on node n1 outside every job, runs a step of globex's job on n2 with srun
+// reporting acme's port as its own (the LD_PRELOAD port rewrite): slurmstepd on n2 connects
+// its I/O and launch response to n1's address at that port, where acme's job listens. The
+// flow is globex's job's: it leaves n2 from globex's address, and n1 drops it for globex;
+// acme's listener hears nothing. acme's own srun steered the same way reaches acme's
+// listener on n1, from acme's address on n2.
+scenario!(
+    slurmstepd_relay_across_nodes_is_dropped,
+    Options::default(),
+    |mn: &mut MultiNode| {
+        let (acme1, globex1) = (mn.tenants.acme1.clone(), mn.tenants.globex1.clone());
+        let port = 7320u16;
+        let a_dir = user_folder(mn, &acme1, "relay-serve");
+        let a = serve_job(mn, &acme1, "acme", port, &a_dir);
+        // globex's job on both nodes (its own listeners, on another port: step 0).
+        let g_dir = user_folder(mn, &globex1, "relay-target");
+        let g = serve_job(mn, &globex1, "globex", port + 1, &g_dir);
+        // Step 1 of `job` (step 0 is its listeners), on n2, from n1, its ports reported as
+        // acme's.
+        let steered = |user: &TestUser, job: u64, what: &str| {
+            let so = port_rewrite(&mn.user_dir(user), user).unwrap();
+            let mut c = mn.node_cmd_as(0, user, "timeout");
+            c.args([
+                "30",
+                "srun",
+                &format!("--jobid={job}"),
+                "--overlap",
+                "-N1",
+                "-n1",
+            ])
+            .args(["-w", "n2", "echo", what])
+            .env("LD_PRELOAD", so)
+            .env(REWRITE_PORT_ENV, port.to_string())
+            .current_dir(mn.user_dir(user));
+            let o = c.output().unwrap();
+            // Everything the step's slurmstepd on n2 tried is over once it is done.
+            let log = mn.path("log/slurmd-n2.log");
+            let done = format!("[{job}.1] done with job");
+            let t = std::time::Instant::now();
+            while !fs::read_to_string(&log).unwrap_or_default().contains(&done) {
+                assert!(t.elapsed() < JOB, "no {done:?} in {}", log.display());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            o
+        };
+        let heard_on_n1 = || -> Vec<String> {
+            sources(&a_dir)
+                .into_iter()
+                .filter(|s| s.starts_with("n1:tcp_from="))
+                .collect()
+        };
+        let before = mn.drops(0, "globex").unwrap();
+        let o = steered(&globex1, g, "globex-secret");
+        let heard = heard_on_n1();
+        assert!(
+            heard.is_empty(),
+            "slurmstepd of globex's step on n2 reached acme's listener on n1: {heard:?}; srun: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let after = mn.drops(0, "globex").unwrap();
+        assert!(
+            after > before,
+            "n1 did not count the relay for globex: {before} -> {after}"
+        );
+        // Control: the same steering into acme's own job gets there, as acme.
+        let _ = steered(&acme1, a, "acme-own");
+        let heard = heard_on_n1();
+        let acme_n2 = mn.nodes[1].tenant_addr("acme");
+        assert!(
+            heard.iter().any(|s| s.ends_with(&format!("={acme_n2}"))),
+            "control: acme's steered step on n2 did not reach acme's listener on n1 from \
+             {acme_n2}: {heard:?}"
+        );
+        end_job(mn, &g_dir, g);
+        end_job(mn, &a_dir, a);
     }
 );

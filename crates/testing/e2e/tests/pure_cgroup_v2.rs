@@ -122,3 +122,77 @@ scenario!(
         );
     }
 );
+
+// The pure v2 node's half of slurm_daemons.rs's test: globex's srun reporting acme's port
+// (the LD_PRELOAD port rewrite) gets slurmstepd to connect there from globex's job folder,
+// which the firewall judges as globex's: acme's job takes no connection, globex's drop counter
+// moves and acme's does not (its listener's answers to a root:root connection of globex's
+// slurmstepd used to be dropped as acme's). acme's own srun steered the same way reaches
+// acme's port.
+scenario!(
+    srun_io_port_cannot_reach_another_tenant,
+    Options::default(),
+    |node: &mut PureV2Node| {
+        let run = node.run(include_str!("../scripts/pure_v2/srun_io_port.sh"));
+        assert_eq!(
+            run.get("attack_accepted"),
+            "0",
+            "slurmstepd of globex's step reached acme's port\n{}",
+            run.log
+        );
+        let counts = |k: &str| -> Vec<u64> {
+            run.get(k)
+                .split(' ')
+                .map(|n| n.parse().unwrap_or(0))
+                .collect()
+        };
+        let g = counts("globex_drops");
+        assert!(
+            g.len() == 2 && g[1] > g[0],
+            "globex's drop counter did not move: {g:?}\n{}",
+            run.log
+        );
+        let a = counts("acme_drops");
+        assert!(
+            a.len() == 2 && a[0] == a[1],
+            "acme's drop counter moved ({a:?}): part of the relay was charged to the tenant it \
+             was aimed at\n{}",
+            run.log
+        );
+        assert_ne!(
+            run.get("control_accepted"),
+            "0",
+            "control: acme's own steered step did not reach acme's port (the rewrite did not \
+             work)\n{}",
+            run.log
+        );
+    }
+);
+
+// The pure v2 node's half of slurm_daemons.rs's test: with no infrastructure entry and no
+// egress entry, the owner's srun (stdin in, stdout out) and sattach (into a running step) work
+// from the node's shell (the node's name is its own address, not loopback) and from a login
+// host in a network namespace beside the node.
+scenario!(
+    srun_and_sattach_from_outside_the_job_still_work,
+    Options::default().config(tenancy_e2e::steer::without_infrastructure),
+    |node: &mut PureV2Node| {
+        let run = node.run(include_str!("../scripts/pure_v2/outside_srun_sattach.sh"));
+        assert_eq!(run.get("infrastructure"), "1", "{}", run.log);
+        for at in ["node", "login"] {
+            assert_eq!(
+                run.get(&format!("srun_{at}")),
+                format!("hello from the {at}"),
+                "srun from the {at}\n{}",
+                run.log
+            );
+            assert_ne!(
+                run.get(&format!("sattach_{at}")),
+                "0",
+                "sattach from the {at} got no echo of its input\n{}",
+                run.log
+            );
+        }
+        assert_eq!(run.get("a_state"), "COMPLETED", "{}", run.log);
+    }
+);

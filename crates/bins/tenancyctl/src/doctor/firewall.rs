@@ -35,9 +35,43 @@ pub(super) fn firewall_rows(config: &Config, rows: &mut Vec<Row>) {
         Err(e) => rows.push(row("firewall.table", Severity::Error, e.0, None)),
     }
     if let Ok(spec) = tenancy_node::layers::network::firewall_spec(config) {
+        rows.push(stepd_row(
+            &spec.cgroup.v2_mount,
+            tenancy_network::stepd::attached(&spec.cgroup.v2_mount),
+        ));
         if spec.cross_node.is_some() {
             rows.push(cross_node_row(&spec));
         }
+    }
+}
+
+/// slurmstepd's socket program on the cgroup2 root: without it the firewall judges every
+/// connection slurmstepd makes for a job (I/O to srun, sattach, task exits, step completion) as
+/// the job's code, and steps fail to launch ("Slurmd could not connect IO").
+fn stepd_row(root: &std::path::Path, attached: tenancy_network::Result<Option<u32>>) -> Row {
+    let check = "firewall.slurmstepd";
+    match attached {
+        Ok(Some(id)) => row(
+            check,
+            Severity::Ok,
+            format!(
+                "slurmstepd's own sockets are marked (program {} id {id} on {}): its connections for a job are the job's, and reach the srun, sattach or salloc that asked without an egress entry",
+                tenancy_network::stepd::PROG_NAME,
+                root.display()
+            ),
+            None,
+        ),
+        Ok(None) => row(
+            check,
+            Severity::Error,
+            format!(
+                "no socket program {} of this build on {}: slurmstepd's connections for a job are judged as the job's code, and steps fail to connect their I/O",
+                tenancy_network::stepd::PROG_NAME,
+                root.display()
+            ),
+            Some("tenancyctl firewall apply".into()),
+        ),
+        Err(e) => row(check, Severity::Error, e.to_string(), None),
     }
 }
 
@@ -78,5 +112,20 @@ fn cross_node_row(spec: &tenancy_network::FirewallSpec) -> Row {
             fix,
         ),
         Err(e) => row("firewall.cross_node", Severity::Error, e.to_string(), fix),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stepd_row;
+
+    /// Without slurmstepd's socket program its connections are the job code's: an error.
+    #[test]
+    fn a_node_without_slurmstepds_socket_program_fails() {
+        let root = std::path::Path::new("/sys/fs/cgroup");
+        assert_eq!(stepd_row(root, Ok(Some(7))).severity, "ok");
+        let none = stepd_row(root, Ok(None));
+        assert_eq!(none.severity, "error");
+        assert!(none.remedy.contains("firewall apply"), "{}", none.remedy);
     }
 }

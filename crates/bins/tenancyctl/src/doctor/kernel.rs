@@ -45,11 +45,47 @@ pub(super) fn kernel_rows(rows: &mut Vec<Row>) {
     rows.push(ptrace_row(
         std::fs::read_to_string(YAMA_PTRACE_SCOPE).ok().as_deref(),
     ));
+    rows.push(abstract_sockets_row(
+        tenancy_job::abstract_sockets::kernel_abi(),
+    ));
+}
+
+/// Abstract UNIX sockets (a name, no file: outside file permissions, cgroups and nft) between
+/// jobs: closed where the kernel's Landlock scopes them (ABI 6, Linux 6.12), open otherwise.
+/// `abi`: the kernel's Landlock ABI, None without Landlock.
+fn abstract_sockets_row(abi: Option<i32>) -> Row {
+    let check = "containment.abstract_sockets";
+    let need = tenancy_job::abstract_sockets::SCOPING_ABI;
+    match abi {
+        Some(v) if v >= need => row(
+            check,
+            Severity::Ok,
+            format!(
+                "Landlock ABI {v} scopes abstract UNIX sockets: each step's processes reach only the abstract sockets their own step made (not another job's, another step's or the node's)"
+            ),
+            None,
+        ),
+        found => row(
+            check,
+            Severity::Warn,
+            format!(
+                "{}: a job can connect to an abstract UNIX socket another tenant's job listens on (docs/known-gaps.md)",
+                match found {
+                    Some(v) => format!("Landlock ABI {v} cannot scope abstract UNIX sockets (ABI {need}, Linux 6.12, can)"),
+                    None => "the kernel has no Landlock (CONFIG_SECURITY_LANDLOCK, lsm=)".into(),
+                }
+            ),
+            Some(
+                "Linux 6.12 or later with Landlock enabled; or keep tenants on nodes of their own (share_node = false)"
+                    .into(),
+            ),
+        ),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::ptrace_row;
+    use super::{abstract_sockets_row, ptrace_row};
 
     #[test]
     fn a_node_without_yama_ptrace_restriction_is_warned_about() {
@@ -61,5 +97,18 @@ mod tests {
         let none = ptrace_row(None);
         assert_eq!(none.severity, "warn");
         assert!(none.message.contains("no Yama"), "{}", none.message);
+    }
+
+    /// Abstract UNIX sockets: closed with Landlock ABI 6 or later, the gap named otherwise.
+    #[test]
+    fn abstract_sockets_follow_the_kernels_landlock_abi() {
+        assert_eq!(abstract_sockets_row(Some(6)).severity, "ok");
+        assert_eq!(abstract_sockets_row(Some(7)).severity, "ok");
+        let old = abstract_sockets_row(Some(5));
+        assert_eq!(old.severity, "warn");
+        assert!(old.message.contains("Landlock ABI 5"), "{}", old.message);
+        let none = abstract_sockets_row(None);
+        assert_eq!(none.severity, "warn");
+        assert!(none.message.contains("no Landlock"), "{}", none.message);
     }
 }

@@ -23,6 +23,10 @@ const BPF_PROG_QUERY: libc::c_int = 16;
 pub const PROG_TYPE_CGROUP_DEVICE: u32 = 15;
 /// BPF_CGROUP_DEVICE attach type
 pub const ATTACH_CGROUP_DEVICE: u32 = 6;
+/// BPF_PROG_TYPE_CGROUP_SOCK (the firewall's socket program, tenancy-network)
+pub const PROG_TYPE_CGROUP_SOCK: u32 = 9;
+/// BPF_CGROUP_INET_SOCK_CREATE attach type
+pub const ATTACH_CGROUP_INET_SOCK_CREATE: u32 = 2;
 /// BPF_F_ALLOW_OVERRIDE
 pub const F_ALLOW_OVERRIDE: u32 = 1;
 /// BPF_F_ALLOW_MULTI
@@ -284,17 +288,35 @@ pub fn prog_load(insns: &[Insn]) -> Result<OwnedFd, (io::Error, String)> {
 
 /// [`prog_load`] under another name (at most 15 bytes).
 pub fn prog_load_named(insns: &[Insn], prog_name: &str) -> Result<OwnedFd, (io::Error, String)> {
-    let license = b"Apache-2.0\0";
+    prog_load_typed(
+        PROG_TYPE_CGROUP_DEVICE,
+        ATTACH_CGROUP_DEVICE,
+        insns,
+        prog_name,
+        b"Apache-2.0\0",
+    )
+}
+
+/// Load a program of `prog_type` for `attach_type` under `prog_name` (at most 15 bytes), with
+/// `license` (NUL-terminated; helpers such as `bpf_get_current_comm` need a GPL-compatible one).
+pub fn prog_load_typed(
+    prog_type: u32,
+    attach_type: u32,
+    insns: &[Insn],
+    prog_name: &str,
+    license: &[u8],
+) -> Result<OwnedFd, (io::Error, String)> {
+    assert_eq!(license.last(), Some(&0), "license must be NUL-terminated");
     let mut name = [0u8; 16];
     let n = prog_name.len().min(15);
     name[..n].copy_from_slice(&prog_name.as_bytes()[..n]);
     let mut attr = ProgLoad {
-        prog_type: PROG_TYPE_CGROUP_DEVICE,
+        prog_type,
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
         prog_name: name,
-        expected_attach_type: ATTACH_CGROUP_DEVICE,
+        expected_attach_type: attach_type,
         ..Default::default()
     };
     match bpf(BPF_PROG_LOAD, &mut attr) {
@@ -358,11 +380,24 @@ pub fn prog_get_fd_by_id(id: u32) -> io::Result<OwnedFd> {
 
 /// Attach `prog` to the cgroup directory `cg` as a device program.
 pub fn prog_attach(cg: BorrowedFd<'_>, prog: BorrowedFd<'_>, flags: u32) -> io::Result<()> {
+    prog_attach_typed(cg, prog, ATTACH_CGROUP_DEVICE, flags, None)
+}
+
+/// Attach `prog` to `cg` for `attach_type`; with `replace` (and [`F_REPLACE`] in `flags`) in
+/// place of that program, atomically.
+pub fn prog_attach_typed(
+    cg: BorrowedFd<'_>,
+    prog: BorrowedFd<'_>,
+    attach_type: u32,
+    flags: u32,
+    replace: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
     let mut attr = Attach {
         target_fd: cg.as_raw_fd() as u32,
         attach_bpf_fd: prog.as_raw_fd() as u32,
-        attach_type: ATTACH_CGROUP_DEVICE,
+        attach_type,
         attach_flags: flags,
+        replace_bpf_fd: replace.map_or(0, |r| r.as_raw_fd() as u32),
         ..Default::default()
     };
     bpf(BPF_PROG_ATTACH, &mut attr).map(|_| ())
@@ -370,10 +405,19 @@ pub fn prog_attach(cg: BorrowedFd<'_>, prog: BorrowedFd<'_>, flags: u32) -> io::
 
 /// Detach exactly `prog` from `cg`. ENOENT when it is not attached there.
 pub fn prog_detach(cg: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    prog_detach_typed(cg, prog, ATTACH_CGROUP_DEVICE)
+}
+
+/// [`prog_detach`] for `attach_type`.
+pub fn prog_detach_typed(
+    cg: BorrowedFd<'_>,
+    prog: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<()> {
     let mut attr = Attach {
         target_fd: cg.as_raw_fd() as u32,
         attach_bpf_fd: prog.as_raw_fd() as u32,
-        attach_type: ATTACH_CGROUP_DEVICE,
+        attach_type,
         ..Default::default()
     };
     bpf(BPF_PROG_DETACH, &mut attr).map(|_| ())
@@ -381,11 +425,16 @@ pub fn prog_detach(cg: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
 
 /// Ids of the device programs attached directly to `cg` and the cgroup's attach flags.
 pub fn prog_query(cg: BorrowedFd<'_>) -> io::Result<(Vec<u32>, u32)> {
+    prog_query_typed(cg, ATTACH_CGROUP_DEVICE)
+}
+
+/// Ids of the programs of `attach_type` attached directly to `cg`, and its attach flags.
+pub fn prog_query_typed(cg: BorrowedFd<'_>, attach_type: u32) -> io::Result<(Vec<u32>, u32)> {
     let mut ids = vec![0u32; 64];
     loop {
         let mut attr = Query {
             target_fd: cg.as_raw_fd() as u32,
-            attach_type: ATTACH_CGROUP_DEVICE,
+            attach_type,
             prog_ids: ids.as_mut_ptr() as u64,
             prog_cnt: ids.len() as u32,
             ..Default::default()

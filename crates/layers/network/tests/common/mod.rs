@@ -270,6 +270,20 @@ pub fn client_in(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>) -> Ou
     outcome(st)
 }
 
+/// The command name a probe gives its thread before it makes a socket (slurmstepd's sockets
+/// are told by theirs: stepd.rs).
+pub const COMM_ENV: &str = "TNW_COMM";
+
+/// [`client`] as `uid` (root: `None`) under the command name `comm`.
+pub fn client_named(args: &str, cgroup: Option<&Path>, uid: Option<u32>, comm: &str) -> Outcome {
+    let st = probe_cmd(args, cgroup, None, uid)
+        .env(COMM_ENV, comm)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    outcome(st)
+}
+
 /// Start a `dgram-recv` probe and return it once its socket is bound (READY); [`received`]
 /// then tells whether a datagram reached it.
 pub fn start_receiver(args: &str, cgroup: Option<&Path>, netns: Option<&Netns>) -> Child {
@@ -303,6 +317,12 @@ pub const LISTENER_LIFETIME: Duration = Duration::from_secs(120);
 
 /// Body of the probe process. Exit codes: 0 ok, 11 timeout, 12 refused, 13 other error.
 pub fn probe_main(spec: &str) -> ! {
+    if let Ok(comm) = std::env::var(COMM_ENV) {
+        let name = std::ffi::CString::new(comm).expect("command name");
+        // SAFETY: PR_SET_NAME with a NUL-terminated string; it names this thread only, the one
+        // that makes the probe's sockets.
+        unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    }
     let mut it = spec.split_whitespace();
     let mode = it.next().unwrap_or("");
     // Watchdog: no probe outlives a stuck test.

@@ -13,6 +13,11 @@
 //! tenancy-e2e-probe envwait UNTIL_FILE       # env, then wait
 //! tenancy-e2e-probe shm KEY [create]         # SysV shared memory segment KEY (made 0666 with
 //!                                            # create): shm=ok ID | shm=ERRNO
+//! tenancy-e2e-probe collect PORT UNTIL_FILE  # listen on 0.0.0.0:PORT, take every connection
+//!                                            # and what it sends: from=PEER BYTES per one,
+//!                                            # accepted=N at the end
+//! tenancy-e2e-probe userve NAME UNTIL_FILE   # listen on the abstract UNIX socket NAME
+//! tenancy-e2e-probe uconnect NAME            # uconnect=ok REPLY | uconnect=ERRNO
 //! ```
 //!
 //! Exit status is 0 whenever the attempt was made (the outcome is in the output), 2 on misuse.
@@ -112,6 +117,75 @@ fn serve(port: u16, until: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Takes every connection to 0.0.0.0:`port` until `until` exists and reports each one with the
+/// bytes it sent (a Slurm message, a step's output): what an attacker steers at this port.
+fn collect(port: u16, until: &Path) -> Result<(), String> {
+    let l = TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("bind {port}: {e}"))?;
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    println!("listening={port}");
+    let _ = std::io::stdout().flush();
+    let mut accepted = 0u32;
+    while !until.exists() {
+        match l.accept() {
+            Ok((mut s, peer)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_read_timeout(Some(Duration::from_millis(1500)));
+                let mut got = Vec::new();
+                let _ = s.read_to_end(&mut got);
+                accepted += 1;
+                println!("from={peer} {}", got.len());
+                let _ = std::io::stdout().flush();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    }
+    println!("accepted={accepted}");
+    Ok(())
+}
+
+/// Serves "hello" on the abstract UNIX socket `name` until `until` exists.
+fn userve(name: &str, until: &Path) -> Result<(), String> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+    let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string())?;
+    let l = UnixListener::bind_addr(&addr).map_err(|e| format!("bind @{name}: {e}"))?;
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    println!("ulistening={name}");
+    let _ = std::io::stdout().flush();
+    while !until.exists() {
+        match l.accept() {
+            Ok((mut s, _)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = s.write_all(b"hello from the abstract socket\n");
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    }
+    Ok(())
+}
+
+fn uconnect(name: &str) -> Result<(), String> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+    let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string())?;
+    match UnixStream::connect_addr(&addr) {
+        Ok(mut s) => {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = String::new();
+            let _ = s.read_to_string(&mut buf);
+            println!("uconnect=ok {}", buf.trim());
+        }
+        Err(e) => println!("uconnect={}", errno_name(&e)),
+    }
+    Ok(())
+}
+
 fn connect(target: &str, ms: u64) -> Result<(), String> {
     let addr: SocketAddr = target
         .to_socket_addrs()
@@ -177,6 +251,14 @@ fn run(args: &[String]) -> Result<(), String> {
                 .map_err(|_| "PORT must be a number".to_string())?,
             Path::new(a(2)?),
         )?,
+        "collect" => collect(
+            a(1)?
+                .parse()
+                .map_err(|_| "PORT must be a number".to_string())?,
+            Path::new(a(2)?),
+        )?,
+        "userve" => userve(a(1)?, Path::new(a(2)?))?,
+        "uconnect" => uconnect(a(1)?)?,
         "wait" => wait(
             Path::new(a(1)?),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(120),
