@@ -46,6 +46,7 @@ mod cluster;
 mod daemons;
 pub mod multi_node;
 pub mod release_root;
+pub mod root_overlay;
 mod scenario;
 pub mod scratch_fs;
 mod slurm_conf;

@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -99,6 +100,7 @@ pub fn kernel() -> Result<PathBuf> {
     Ok(path)
 }
 
+<<<<<<< HEAD
 /// slurm.conf of the node: Slurm's cgroup/v2 with memory accounted per core and job, its files
 /// on the node's tmpfs (/tmp/slurm), the product's prolog, epilog and plugstack.
 fn slurm_conf(w: &str) -> String {
@@ -118,6 +120,105 @@ fn slurm_conf(w: &str) -> String {
     c.line("NodeName=vm CPUs=4 RealMemory=500 State=UNKNOWN");
     c.line("PartitionName=debug Nodes=vm Default=YES MaxTime=INFINITE State=UP");
     c.render()
+=======
+/// The node's init (PID 1): file systems, a pure cgroup v2 tree with memory and pids for Slurm,
+/// an address for slurmd, munged, Slurm with cgroup/v2, then the scenario; then power off.
+/// `PrologFlags=Alloc,Contain` unless `slurm_conf_extra` has a `PrologFlags=` line of its own.
+fn init_script(slurm_conf_extra: &str) -> String {
+    let prolog_flags = if slurm_conf_extra.lines().any(|l| {
+        l.trim_start()
+            .to_ascii_lowercase()
+            .starts_with("prologflags=")
+    }) {
+        ""
+    } else {
+        "PrologFlags=Alloc,Contain"
+    };
+    // `setup.sh` runs after the configs are written and before the daemons start.
+    format!(
+        r#"#!/bin/sh
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+W=/{DIR}
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /tmp
+chmod 1777 /tmp
+exec >$W/out/init.log 2>&1
+echo "+cpu +memory +pids" >/sys/fs/cgroup/cgroup.subtree_control
+hostname vm
+ip link set lo up
+ip link add d0 type dummy && ip addr add 192.0.2.10/24 dev d0 && ip link set d0 up
+grep -q ' vm$' /etc/hosts || echo '192.0.2.10 vm' >>/etc/hosts
+mkdir -p /run/munge && chown munge:munge /run/munge
+# Logs and seed on tmpfs: hostfs shows files the node writes as the host's root, and munged
+# refuses a log it does not own.
+runuser -u munge -- munged --force --log-file=/run/munge/munged.log --seed-file=/run/munge/munged.seed
+S=/tmp/slurm
+mkdir -p $S/state $S/spool $S/jobs && chmod 1777 $S/jobs
+cat >$S/slurm.conf <<EOF
+ClusterName=uml
+SlurmctldHost=vm
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
+{prolog_flags}
+JobAcctGatherType=jobacct_gather/cgroup
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+SlurmdParameters=config_overrides
+DefMemPerCPU=100
+KillWait=5
+StateSaveLocation=$S/state
+SlurmdSpoolDir=$S/spool
+SlurmctldPidFile=$S/slurmctld.pid
+SlurmdPidFile=$S/slurmd.pid
+SlurmctldLogFile=$S/slurmctld.log
+SlurmdLogFile=$S/slurmd.log
+{slurm_conf_extra}
+NodeName=vm CPUs=4 RealMemory=500 State=UNKNOWN
+PartitionName=debug Nodes=vm Default=YES MaxTime=INFINITE State=UP
+EOF
+cat >$S/cgroup.conf <<EOF
+CgroupPlugin=cgroup/v2
+CgroupMountpoint=/sys/fs/cgroup
+IgnoreSystemd=yes
+ConstrainCores=no
+ConstrainDevices=yes
+ConstrainRAMSpace=yes
+EOF
+export SLURM_CONF=$S/slurm.conf
+sh $W/setup.sh >$W/out/setup.log 2>&1
+echo "setup_rc=$?" >>$W/out/results
+slurmctld -i
+slurmd
+# At most 90 s: a client without munge waits for its message timeout each time.
+end=$(($(date +%s) + 90))
+until timeout 5 sinfo -h -o %t 2>/dev/null | grep -q idle; do
+  [ "$(date +%s)" -gt $end ] && break; sleep 0.5
+done
+state=$(timeout 5 sinfo -h -o %t 2>&1)
+echo "node_state=$state" >>$W/out/results
+# A node that did not come up runs no scenario: its logs say why.
+if [ "$state" = idle ]; then
+  sh $W/scenario.sh >$W/out/scenario.log 2>&1
+  echo "scenario_rc=$?" >>$W/out/results
+fi
+cp $S/*.log $W/out/ 2>/dev/null
+sync
+echo o >/proc/sysrq-trigger
+"#
+    )
+>>>>>>> issue-40-v2
 }
 
 /// A pure cgroup v2 node with the product installed as on a real node (scripts/uml/
@@ -244,6 +345,7 @@ fn boot(
         .stdin(Stdio::null())
         .stdout(console.try_clone()?)
         .stderr(console)
+        .process_group(0)
         .spawn()
         .with_context(|| format!("start {}", kernel.display()))?;
     let status = loop {
@@ -251,7 +353,9 @@ fn boot(
             break Some(s);
         }
         if t.elapsed() > timeout {
-            let _ = child.kill();
+            // The kernel's helper processes are in its process group: all of them go.
+            // SAFETY: plain kill(2) of the group this test made for the kernel.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.wait();
             break None;
         }
