@@ -347,7 +347,7 @@ impl MultiNode {
             )
             .set("JobSubmitPlugins", "tenancy");
         for l in &options.slurm_conf {
-            conf.line(l.clone());
+            conf.extra(l);
         }
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())

@@ -1,7 +1,8 @@
 //! Other Slurm releases for the e2e tests: a Debian root per release (scripts/slurm-root: 24.11
-//! from trixie, 26.05 from sid, cached in /var/cache/slurm-tenancy/roots), the product's
-//! plugins built against that root's headers, and the cluster's daemons and clients run in it
-//! with chroot (cgroup/v1 on this hybrid host: the kernel, cgroups and nftables are the host's).
+//! from trixie, 26.05 from sid, cached in TENANCY_ROOTS_DIR, default
+//! /var/cache/slurm-tenancy/roots), the product's plugins built against that root's headers,
+//! and the cluster's daemons and clients run in it with chroot (cgroup/v1 on this hybrid host:
+//! the kernel, cgroups and nftables are the host's).
 //!
 //! Inside the root, /proc, /sys and /dev are the host's, and so is the temp folder, mounted at
 //! the same path: the cluster's and the stack's folders (configs, scratch, audit log, the
@@ -81,6 +82,18 @@ impl SlurmRoot {
             _overlay: std::sync::Arc::new(overlay),
             version_number,
             build_dir: repo_root().join(format!("target/slurm-{release}/debug")),
+        })
+    }
+
+    /// Another overlay of the same cached root, as scripts/slurm-root made it: for a machine
+    /// booted on it after another (each UML boot writes its own users, hosts and files).
+    pub fn fresh(&self) -> Result<SlurmRoot> {
+        let overlay =
+            crate::root_overlay::Overlay::mount(&self.cached, &format!("root-{}", self.release))?;
+        Ok(SlurmRoot {
+            dir: overlay.merged.clone(),
+            _overlay: std::sync::Arc::new(overlay),
+            ..self.clone()
         })
     }
 

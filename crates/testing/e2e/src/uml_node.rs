@@ -9,12 +9,17 @@
 //! product and the jobs write stays on the node's tmpfs (/tmp); the scenario hands its findings
 //! back as `key=value` lines in `out/results` of the node's folder in the root (hostfs), with
 //! its log beside them.
+//!
+//! Each boot is on an overlay of its own of the cached root ([`SlurmRoot::fresh`],
+//! crates/testing/e2e/src/root_overlay.rs): what it writes there (its users, /etc/hosts, the
+//! node's folder) is gone with the overlay, so no boot sees what another left, and boots of
+//! other checkouts on this machine do not take each other's files.
 
 use crate::daemons::machine_lock;
 use crate::release_root::{merge_users, SlurmRoot};
 use crate::slurm_conf::{cgroup_conf, SlurmConf};
 use crate::stack::{nvml_fixture, tenancy_toml, StackPaths, Tenants};
-use crate::{artifact, Options, Users, World};
+use crate::{artifact, ConfigEdit, Options, Users, World};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs;
@@ -22,20 +27,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The folder in the root that holds a boot's programs, scripts and results (`/<it>` inside the
-/// node): one per boot, so that boots of other checkouts on this machine on the same cached root
-/// do not take each other's files.
-fn boot_dir() -> String {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "tenancy-uml-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    )
-}
+/// node; the boot's overlay is its own).
+const BOOT_DIR: &str = "tenancy-uml";
 
 /// What a boot left: the scenario's `key=value` results, its log and the kernel's console.
 #[derive(Debug)]
@@ -100,10 +96,10 @@ pub fn kernel() -> Result<PathBuf> {
     Ok(path)
 }
 
-<<<<<<< HEAD
 /// slurm.conf of the node: Slurm's cgroup/v2 with memory accounted per core and job, its files
-/// on the node's tmpfs (/tmp/slurm), the product's prolog, epilog and plugstack.
-fn slurm_conf(w: &str) -> String {
+/// on the node's tmpfs (/tmp/slurm), the product's prolog, epilog and plugstack, then the
+/// scenario's own lines (`PrologFlags=Alloc`: a node without Contain).
+fn slurm_conf_text(w: &str, extra: &[String]) -> String {
     let mut c = SlurmConf::new("uml", "vm").files_in(Path::new("/tmp/slurm"), false);
     for (k, v) in [
         ("SelectTypeParameters", "CR_Core_Memory"),
@@ -117,120 +113,27 @@ fn slurm_conf(w: &str) -> String {
     ] {
         c.set(k, v);
     }
+    for l in extra {
+        c.extra(l);
+    }
     c.line("NodeName=vm CPUs=4 RealMemory=500 State=UNKNOWN");
     c.line("PartitionName=debug Nodes=vm Default=YES MaxTime=INFINITE State=UP");
     c.render()
-=======
-/// The node's init (PID 1): file systems, a pure cgroup v2 tree with memory and pids for Slurm,
-/// an address for slurmd, munged, Slurm with cgroup/v2, then the scenario; then power off.
-/// `PrologFlags=Alloc,Contain` unless `slurm_conf_extra` has a `PrologFlags=` line of its own.
-fn init_script(slurm_conf_extra: &str) -> String {
-    let prolog_flags = if slurm_conf_extra.lines().any(|l| {
-        l.trim_start()
-            .to_ascii_lowercase()
-            .starts_with("prologflags=")
-    }) {
-        ""
-    } else {
-        "PrologFlags=Alloc,Contain"
-    };
-    // `setup.sh` runs after the configs are written and before the daemons start.
-    format!(
-        r#"#!/bin/sh
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-W=/{DIR}
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t cgroup2 cgroup2 /sys/fs/cgroup
-mount -t devtmpfs devtmpfs /dev 2>/dev/null
-mount -t tmpfs tmpfs /run
-mount -t tmpfs tmpfs /tmp
-chmod 1777 /tmp
-exec >$W/out/init.log 2>&1
-echo "+cpu +memory +pids" >/sys/fs/cgroup/cgroup.subtree_control
-hostname vm
-ip link set lo up
-ip link add d0 type dummy && ip addr add 192.0.2.10/24 dev d0 && ip link set d0 up
-grep -q ' vm$' /etc/hosts || echo '192.0.2.10 vm' >>/etc/hosts
-mkdir -p /run/munge && chown munge:munge /run/munge
-# Logs and seed on tmpfs: hostfs shows files the node writes as the host's root, and munged
-# refuses a log it does not own.
-runuser -u munge -- munged --force --log-file=/run/munge/munged.log --seed-file=/run/munge/munged.seed
-S=/tmp/slurm
-mkdir -p $S/state $S/spool $S/jobs && chmod 1777 $S/jobs
-cat >$S/slurm.conf <<EOF
-ClusterName=uml
-SlurmctldHost=vm
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-ProctrackType=proctrack/cgroup
-TaskPlugin=task/cgroup
-{prolog_flags}
-JobAcctGatherType=jobacct_gather/cgroup
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-MailProg=/bin/true
-ReturnToService=2
-SlurmdParameters=config_overrides
-DefMemPerCPU=100
-KillWait=5
-StateSaveLocation=$S/state
-SlurmdSpoolDir=$S/spool
-SlurmctldPidFile=$S/slurmctld.pid
-SlurmdPidFile=$S/slurmd.pid
-SlurmctldLogFile=$S/slurmctld.log
-SlurmdLogFile=$S/slurmd.log
-{slurm_conf_extra}
-NodeName=vm CPUs=4 RealMemory=500 State=UNKNOWN
-PartitionName=debug Nodes=vm Default=YES MaxTime=INFINITE State=UP
-EOF
-cat >$S/cgroup.conf <<EOF
-CgroupPlugin=cgroup/v2
-CgroupMountpoint=/sys/fs/cgroup
-IgnoreSystemd=yes
-ConstrainCores=no
-ConstrainDevices=yes
-ConstrainRAMSpace=yes
-EOF
-export SLURM_CONF=$S/slurm.conf
-sh $W/setup.sh >$W/out/setup.log 2>&1
-echo "setup_rc=$?" >>$W/out/results
-slurmctld -i
-slurmd
-# At most 90 s: a client without munge waits for its message timeout each time.
-end=$(($(date +%s) + 90))
-until timeout 5 sinfo -h -o %t 2>/dev/null | grep -q idle; do
-  [ "$(date +%s)" -gt $end ] && break; sleep 0.5
-done
-state=$(timeout 5 sinfo -h -o %t 2>&1)
-echo "node_state=$state" >>$W/out/results
-# A node that did not come up runs no scenario: its logs say why.
-if [ "$state" = idle ]; then
-  sh $W/scenario.sh >$W/out/scenario.log 2>&1
-  echo "scenario_rc=$?" >>$W/out/results
-fi
-cp $S/*.log $W/out/ 2>/dev/null
-sync
-echo o >/proc/sysrq-trigger
-"#
-    )
->>>>>>> issue-40-v2
 }
 
 /// A pure cgroup v2 node with the product installed as on a real node (scripts/uml/
-/// product-setup.sh): Slurm 24.11's root, the UML kernel, tenants acme and globex.
+/// product-setup.sh): Slurm 24.11's root, the UML kernel, tenants acme and globex; the
+/// options' slurm.conf lines and config edits apply to every boot.
 pub struct PureV2Node {
     pub tenants: Tenants,
     root: SlurmRoot,
     kernel: PathBuf,
+    slurm_conf: Vec<String>,
+    config: Vec<ConfigEdit>,
 }
 
 impl World for PureV2Node {
-    fn start(_: &Options, users: &mut Users) -> Result<PureV2Node> {
+    fn start(options: &Options, users: &mut Users) -> Result<PureV2Node> {
         let tenants = Tenants::create(users)?;
         let root = SlurmRoot::make("24.11").context("Slurm 24.11 root")?;
         let kernel = kernel().context("UML kernel")?;
@@ -238,6 +141,8 @@ impl World for PureV2Node {
             tenants,
             root,
             kernel,
+            slurm_conf: options.slurm_conf.clone(),
+            config: options.config.clone(),
         })
     }
 }
@@ -246,6 +151,12 @@ impl PureV2Node {
     /// Boots the node and runs `scenario` (a script of scripts/pure_v2/, after
     /// scripts/uml/lib.sh); the node must have come up with the product set up.
     pub fn run(&self, scenario: &str) -> NodeRun {
+        self.run_with(&[], scenario)
+    }
+
+    /// [`PureV2Node::run`] with slurm.conf lines of this boot's own after the options' (a
+    /// second boot of a scenario on another configuration: `PrologFlags=Alloc`).
+    pub fn run_with(&self, slurm_conf: &[&str], scenario: &str) -> NodeRun {
         let paths = StackPaths::under(Path::new("/tmp/tenancy"));
         let bin = |name: &str| (name.to_string(), artifact(name).unwrap());
         let spank = self.root.plugin("libspank_tenancy.so").unwrap();
@@ -263,16 +174,21 @@ impl PureV2Node {
         .collect();
         programs.push(("libspank_tenancy.so".into(), spank));
         let t = &self.tenants;
-        let dir = boot_dir();
+        let mut conf_lines = self.slurm_conf.clone();
+        conf_lines.extend(slurm_conf.iter().map(|l| l.to_string()));
+        let mut config = tenancy_toml(&paths, t);
+        for edit in &self.config {
+            edit(&mut config);
+        }
         let files = [
             (
                 "init.sh",
                 include_str!("../scripts/uml/init.sh").to_string(),
             ),
-            ("slurm.conf", slurm_conf(&dir)),
+            ("slurm.conf", slurm_conf_text(BOOT_DIR, &conf_lines)),
             ("cgroup.conf", cgroup_conf("cgroup/v2")),
             ("fixture.toml", nvml_fixture(&paths)),
-            ("tenancy.toml", tenancy_toml(&paths, t).to_string()),
+            ("tenancy.toml", config.to_string()),
             (
                 "setup.sh",
                 include_str!("../scripts/uml/product-setup.sh").to_string(),
@@ -282,11 +198,16 @@ impl PureV2Node {
             ("a_user", t.acme1.name.clone()),
             ("g_user", t.globex1.name.clone()),
         ];
-        // The machine-wide e2e lock, as every cluster here (other checkouts boot on this root).
+        // A root no other boot has written (its own overlay of the cached one).
+        let root = self
+            .root
+            .fresh()
+            .unwrap_or_else(|e| panic!("UML node: an overlay of the 24.11 root: {e:#}"));
+        // The machine-wide e2e lock, as every cluster here.
         let lock = machine_lock().unwrap_or_else(|e| panic!("{e:#}"));
         let run = boot(
-            &self.root,
-            &dir,
+            &root,
+            BOOT_DIR,
             &self.kernel,
             &programs,
             &files,
@@ -301,9 +222,9 @@ impl PureV2Node {
     }
 }
 
-/// Boots the node on `root` with `kernel`: `programs` (name, host path) copied into `/DIR/bin`,
-/// `files` (name, text) into `/DIR` (init.sh is its PID 1); the folder goes afterwards (unless
-/// TENANCY_E2E_KEEP is set).
+/// Boots the node on `root` (an overlay of its own) with `kernel`: `programs` (name, host
+/// path) copied into `/DIR/bin`, `files` (name, text) into `/DIR` (init.sh is its PID 1); the
+/// folder goes with the overlay (TENANCY_E2E_KEEP: a copy stays in the temp folder).
 fn boot(
     root: &SlurmRoot,
     dir: &str,
@@ -375,10 +296,18 @@ fn boot(
         console: read("out/console.log"),
         boot_seconds,
     };
+    // The folder goes with the boot's overlay: kept, it is copied out first.
     if std::env::var_os("TENANCY_E2E_KEEP").is_some() {
-        eprintln!("tenancy-e2e: keeping {}", w.display());
-    } else {
-        let _ = fs::remove_dir_all(&w);
+        let keep = tempfile::Builder::new()
+            .prefix("tenancy-e2e-uml-")
+            .tempdir()?
+            .keep();
+        let o = Command::new("cp").arg("-a").arg(&w).arg(&keep).output()?;
+        eprintln!(
+            "tenancy-e2e: keeping {} ({})",
+            keep.join(dir).display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
     }
     if status.is_none() {
         bail!(
