@@ -210,7 +210,7 @@ fn release2_node_program(
 /// folder of no job is denied the NVIDIA nodes from then on.
 #[test]
 fn an_old_node_program_is_replaced_on_its_maps() {
-    if !need_root("an_old_node_program_is_replaced_on_its_maps") {
+    if !requires_root("an_old_node_program_is_replaced_on_its_maps") {
         return;
     }
     use std::os::fd::{AsFd, AsRawFd};
