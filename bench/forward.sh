@@ -11,7 +11,7 @@
 #     cgroups; each node signs its anchors (audit keygen) in both.
 # Run as root; it holds the e2e lock (/run/tenancy-e2e.lock), loads its firewall table in a
 # network namespace of its own, and stops rsyslogd and the forwarder by pid.
-#   cargo build --release -p tenancyctl -p tenancy-audit --example gen_chain; scripts/build-job-path
+#   cargo build --release -p tenancyctl -p tenancy-accounting --example gen_chain; scripts/build-job-path
 #   sudo bench/forward.sh
 # Env: JOB_PATH (target/job-path/release), BIN (target/release), BENCH_DIR (/tmp/tenancy-fbench),
 #   RECORDS (50000), JOBS (200), FLUSH_MB (64), BENCH_TENANT (fbench), BENCH_USER (fbench1),

@@ -2,7 +2,8 @@
 # slurm-tenancy demo: a local single-node Slurm cluster with the product installed from its
 # Debian packages (scripts/package, apt) and the NVML stand-in; jobs of two tenants side by
 # side, what each got, its DCGM job mapping files and metrics, what was refused, attacks of
-# one tenant's job on the other's that fail, the audit report and its verification; then
+# one tenant's job on the other's that fail, the audit report and its verification, a job
+# waiting on its tenant's quota and a node pool keeping another tenant out; then
 # everything is shut down and removed (the packages too, unless they were installed before).
 #
 # Run as root on a scratch Debian 12 machine or container, from a clone:  sudo ./demo/run.sh

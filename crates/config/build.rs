@@ -10,6 +10,8 @@ fn main() {
         "src/billing.rs",
         "src/dest.rs",
         "src/ipv4net.rs",
+        "src/hostlist.rs",
+        "src/scheduler.rs",
     ] {
         println!("cargo:rerun-if-changed={f}");
         h.update(f.as_bytes());

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark: `tenancyctl report --by tenant,profile` (the report_bench example calls run_report)
+# Benchmark: `tenancyctl report --by tenant,profile`
 # versus jq doing the same streaming reduction, on N generated records (default 5 million).
 # Prints records/s, peak RSS, the ratio, and whether both produced the same figures.
 set -euo pipefail
@@ -11,8 +11,9 @@ DATA=${DATA:-$CARGO_TARGET_DIR/bench-data-$N}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-cargo build -q --release -p tenancy-audit --example report_bench --example gen_logs
+cargo build -q --release -p tenancyctl -p tenancy-accounting --example gen_logs
 bin=$CARGO_TARGET_DIR/release/examples
+ctl=$CARGO_TARGET_DIR/release/tenancyctl
 if [ ! -f "$DATA/.complete" ]; then
   echo "generating $N records on $NODES nodes into $DATA ..."
   rm -rf "$DATA"
@@ -39,7 +40,7 @@ run() { # name cmd...
   echo "$cpu" > "$OUT/$name.secs"
 }
 
-run tenancy-report "$bin/report_bench" --by tenant,profile --format csv --no-progress "$DATA"
+run tenancy-report "$ctl" report --by tenant,profile --format csv --no-progress "$DATA"
 run jq jq -n -r -f "$here/report.jq" "$DATA"/*.jsonl
 printf 'ratio (cpu time; the machine is shared): tenancy-report is %.1fx faster than jq\n' \
   "$(echo "$(cat "$OUT/jq.secs") / $(cat "$OUT/tenancy-report.secs")" | bc -l)"

@@ -4,40 +4,32 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_test_support::audit_logs::record;
 
 fn rec() -> Record {
-    Record::new(
-        "c1",
-        "gpu001",
-        "alice",
-        2001,
-        Event::JobStart,
-        Outcome::Success,
-        "tenancy-prolog",
-    )
-    .job_id(123456)
-    .tenant("acme")
-    .tier("gold")
-    .profile("1g.18gb")
-    .compute_slices(1)
-    .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
-    .resource(Resource::new("mig", ResourceAction::Made, "gi-3").detail("ci", 0))
-    .resource(Resource::new(
-        "devices",
-        ResourceAction::Made,
-        "/sys/fs/cgroup/job_123456",
-    ))
-    .resource(Resource::new(
-        "scratch",
-        ResourceAction::Made,
-        "/scratch/acme/123456",
-    ))
-    .resource(Resource::new(
-        "network",
-        ResourceAction::Made,
-        "tenancy-123456",
-    ))
+    record(Event::JobStart, Outcome::Success, "tenancy-prolog", 123456)
+        .tenant("acme")
+        .tier("gold")
+        .profile("1g.18gb")
+        .compute_slices(1)
+        .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
+        .resource(Resource::new("mig", ResourceAction::Made, "gi-3").detail("ci", 0))
+        .resource(Resource::new(
+            "devices",
+            ResourceAction::Made,
+            "/sys/fs/cgroup/job_123456",
+        ))
+        .resource(Resource::new(
+            "scratch",
+            ResourceAction::Made,
+            "/scratch/acme/123456",
+        ))
+        .resource(Resource::new(
+            "network",
+            ResourceAction::Made,
+            "tenancy-123456",
+        ))
 }
 
 fn bench(c: &mut Criterion) {
@@ -57,7 +49,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(name, |b| b.iter(|| log.append(&mut rec()).unwrap()));
         // baseline: one prepared line, plain O_APPEND write (no lock, no head read, no hash)
         let mut r = rec();
-        let line = r.seal(1, tenancy_audit::GENESIS).unwrap();
+        let line = r.seal(1, tenancy_audit_log::GENESIS).unwrap();
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
@@ -96,18 +88,18 @@ fn anchor(c: &mut Criterion) {
     let hash = "a".repeat(64);
     let mut g = c.benchmark_group("anchor");
     g.bench_function("anchor_without_key", |b| {
-        b.iter(|| tenancy_audit::send_anchor_to(&sock, "gpu001", 7, &hash, Some(&file), None))
+        b.iter(|| tenancy_audit_log::send_anchor_to(&sock, "gpu001", 7, &hash, Some(&file), None))
     });
     g.bench_function("anchor_with_key", |b| {
         b.iter(|| {
-            let k = tenancy_audit::AnchorKey::load(&key).unwrap();
-            tenancy_audit::send_anchor_to(&sock, "gpu001", 7, &hash, Some(&file), Some(&k))
+            let k = tenancy_audit_log::AnchorKey::load(&key).unwrap();
+            tenancy_audit_log::send_anchor_to(&sock, "gpu001", 7, &hash, Some(&file), Some(&k))
         })
     });
     g.bench_function("key_load_and_mac", |b| {
         b.iter(|| {
-            let k = tenancy_audit::AnchorKey::load(&key).unwrap();
-            k.mac(&tenancy_audit::anchor_line("gpu001", 7, &hash))
+            let k = tenancy_audit_log::AnchorKey::load(&key).unwrap();
+            k.mac(&tenancy_audit_log::anchor_line("gpu001", 7, &hash))
         })
     });
     g.finish();

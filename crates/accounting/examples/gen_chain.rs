@@ -2,7 +2,7 @@
 //! MIG slice), without fsync: the forwarding benchmark's input (bench/forward.sh).
 //! `gen_chain LOG RECORDS [NODE]`.
 
-use tenancy_audit::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record, Resource, ResourceAction};
 
 fn main() -> anyhow::Result<()> {
     let a: Vec<String> = std::env::args().collect();

@@ -1,32 +1,30 @@
-//! tenancy-audit: the tamper-evident per-node audit log of slurm-tenancy.
+//! tenancy-accounting: what slurm-tenancy's audit logs say, for the admin and the auditor. The
+//! logs themselves (records, the hash chain, appends, anchors) are tenancy-audit-log's.
 //!
-//! * [`AuditLog::open`] / [`AuditLog::append`]: what `tenancy-prolog`/`tenancy-epilog` call for
-//!   every job (flock, chain head read from the tail, one `write(2)` in `O_APPEND`, fsync).
-//! * [`anchor_line`] / [`send_anchor`]: copy the chain head to syslog and an anchor file.
-//! * [`verify::run_verify`] (`tenancyctl audit verify`) and [`report::run_report`]
-//!   (`tenancyctl report`).
-//!
-//! The hash canonicalization is described in [`record`].
+//! * [`report`]: usage and incident figures (`tenancyctl report`);
+//! * [`statement`]: the priced monthly statement per tenant (`tenancyctl report --statement`);
+//! * [`sacct`]: the logs against Slurm's own accounting (`tenancyctl report --compare-sacct`);
+//! * [`verify`]: every node's hash chain checked against the anchors (`tenancyctl audit
+//!   verify`).
 
-pub use tenancy_audit_log::{anchor, clock, log, record, sign};
 pub mod report;
+pub mod sacct;
+pub mod statement;
 pub mod verify;
 
 use std::path::PathBuf;
 
-pub use anchor::{
-    anchor_line, anchor_mac, anchor_text, parse_anchor_line, send_anchor, send_anchor_auth,
-    send_anchor_to, Anchor, AnchorAuth, AnchorKey, AnchorSet, AnchorStatus, AnchorTrust,
-    NodeAnchors, NodeClock, Origin, ParsedAnchor, SyslogStatus,
-};
-pub use clock::{clock_sync, ClockSync};
-pub use log::{Appended, AuditError, AuditLog, Head, Rotated};
-pub use record::{Event, Outcome, Record, Resource, ResourceAction, GENESIS};
-pub use report::{run_report, ReportArgs, ReportFormat};
-pub use sign::{NodeKey, PublicKeys, SigCheck};
-pub use verify::{run_verify, verify_paths, Finding, FindingKind, VerifyArgs, VerifyReport};
+pub use verify::{verify_paths, Finding, FindingKind, VerifyReport};
 
-pub use tenancy_output::Format;
+/// How this crate's writers lay their rows out: an aligned table, CSV or JSON (tenancyctl's
+/// `--format` picks one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Render {
+    #[default]
+    Table,
+    Csv,
+    Json,
+}
 
 /// Expands folders into their regular, non-hidden files (sorted; symlinks inside folders and
 /// `*.lock` files skipped). Explicit file arguments are kept as given.

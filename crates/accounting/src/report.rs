@@ -16,19 +16,17 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use std::process::ExitCode;
-use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::record::ts;
-use crate::{expand_paths, Format};
+use crate::{expand_paths, Render};
+use tenancy_audit_log::record::ts;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GroupBy {
     Tenant,
@@ -41,6 +39,22 @@ pub enum GroupBy {
 }
 
 impl GroupBy {
+    /// Every grouping, in the order `--by` lists them.
+    pub const ALL: [GroupBy; 7] = [
+        GroupBy::Tenant,
+        GroupBy::Tier,
+        GroupBy::Profile,
+        GroupBy::User,
+        GroupBy::Node,
+        GroupBy::Day,
+        GroupBy::Month,
+    ];
+
+    /// The grouping named `name` (`tenant`, `tier`, ...), as [`GroupBy::name`] writes it.
+    pub fn from_name(name: &str) -> Option<GroupBy> {
+        GroupBy::ALL.into_iter().find(|g| g.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             GroupBy::Tenant => "tenant",
@@ -485,157 +499,6 @@ pub fn aggregate_paths(
     Ok(agg.finish())
 }
 
-/// `report --format`: the shared table/csv/json, and html (statements only: tenancyctl writes
-/// them, with prices from the config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum ReportFormat {
-    #[default]
-    Table,
-    Csv,
-    Json,
-    Html,
-}
-
-impl ReportFormat {
-    /// The shared format; `None` for html.
-    pub fn plain(self) -> Option<Format> {
-        match self {
-            ReportFormat::Table => Some(Format::Table),
-            ReportFormat::Csv => Some(Format::Csv),
-            ReportFormat::Json => Some(Format::Json),
-            ReportFormat::Html => None,
-        }
-    }
-}
-
-/// `tenancyctl report`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ReportArgs {
-    /// Start (inclusive): YYYY-MM-DD or RFC 3339.
-    #[arg(long)]
-    pub since: Option<String>,
-    /// End: YYYY-MM-DD (that whole day included) or RFC 3339 (exclusive).
-    #[arg(long)]
-    pub until: Option<String>,
-    /// Only these tenants (repeatable).
-    #[arg(long)]
-    pub tenant: Vec<String>,
-    /// Only these users (repeatable).
-    #[arg(long)]
-    pub user: Vec<String>,
-    /// Only these nodes (repeatable).
-    #[arg(long)]
-    pub node: Vec<String>,
-    /// Group by (repeatable or comma list).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub by: Vec<GroupBy>,
-    /// Monthly per-tenant chargeback statement for YYYY-MM (sets the window, groups by
-    /// tenant and profile).
-    #[arg(long, value_name = "MONTH", conflicts_with_all = ["since", "until", "by"])]
-    pub statement: Option<String>,
-    /// Output format (html: a statement's, with --statement).
-    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
-    pub format: ReportFormat,
-    /// Never show the progress indicator.
-    #[arg(long)]
-    pub no_progress: bool,
-    /// Audit log files or folders of them.
-    #[arg(required = true, value_name = "PATH")]
-    pub paths: Vec<PathBuf>,
-}
-
-/// Runs `tenancyctl report`.
-pub fn run_report(args: ReportArgs) -> anyhow::Result<ExitCode> {
-    let Some(format) = args.format.plain() else {
-        bail!("--format html is for statements: add --statement YYYY-MM");
-    };
-    let mut q = Query {
-        since: args
-            .since
-            .as_deref()
-            .map(|s| parse_bound(s, false))
-            .transpose()?,
-        until: args
-            .until
-            .as_deref()
-            .map(|s| parse_bound(s, true))
-            .transpose()?,
-        tenants: args.tenant.clone(),
-        users: args.user.clone(),
-        nodes: args.node.clone(),
-        by: Vec::new(),
-    };
-    for b in &args.by {
-        if !q.by.contains(b) {
-            q.by.push(*b);
-        }
-    }
-    if let (Some(s), Some(u)) = (q.since, q.until) {
-        if s >= u {
-            bail!("--since {s} is not before --until {u}");
-        }
-    }
-    let month = match &args.statement {
-        Some(m) => {
-            let (s, u) = parse_month(m)?;
-            q.since = Some(s);
-            q.until = Some(u);
-            q.by = vec![GroupBy::Tenant, GroupBy::Profile];
-            Some(m.clone())
-        }
-        None => None,
-    };
-    let show_progress = !args.no_progress && std::io::stderr().is_terminal();
-    let started = Instant::now();
-    let mut last = Instant::now();
-    let mut cb = |done: u64, total: u64| {
-        if last.elapsed().as_millis() >= 500 || done == total {
-            last = Instant::now();
-            let pct = (done * 100).checked_div(total).unwrap_or(100);
-            let secs = started.elapsed().as_secs_f64().max(0.001);
-            eprint!(
-                "\rreport: {} / {} MiB ({pct}%), {:.0} MiB/s   ",
-                done >> 20,
-                total >> 20,
-                (done as f64 / secs) / 1048576.0
-            );
-            if done == total {
-                eprintln!();
-            }
-        }
-    };
-    let agg = aggregate_paths(
-        &args.paths,
-        q,
-        if show_progress { Some(&mut cb) } else { None },
-    )?;
-    if agg.malformed > 0 {
-        eprintln!(
-            "report: warning: {} malformed line(s) skipped; run `tenancyctl audit verify`",
-            agg.malformed
-        );
-    }
-    if agg.unmatched_ends > 0 {
-        eprintln!(
-            "report: warning: {} job_end record(s) without a start time; their slice-hours are not counted",
-            agg.unmatched_ends
-        );
-    }
-    if agg.open_starts > 0 {
-        eprintln!(
-            "report: warning: {} job_start record(s) without an end (still running, or the end was not recorded); their slice-hours are not counted",
-            agg.open_starts
-        );
-    }
-    let mut out = std::io::stdout().lock();
-    match month {
-        Some(m) => write_statement(&mut out, &agg, &m, format)?,
-        None => write_report(&mut out, &agg, format)?,
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
-}
-
 const FIG_COLS: [&str; 8] = [
     "jobs",
     "job_ends",
@@ -712,11 +575,11 @@ fn write_table(
 }
 
 /// Writes a grouped report.
-pub fn write_report(out: &mut dyn Write, agg: &Aggregate, format: Format) -> anyhow::Result<()> {
+pub fn write_report(out: &mut dyn Write, agg: &Aggregate, format: Render) -> anyhow::Result<()> {
     let mut header: Vec<String> = agg.by.iter().map(|g| g.name().to_string()).collect();
     header.extend(FIG_COLS.iter().map(|s| s.to_string()));
     match format {
-        Format::Json => {
+        Render::Json => {
             let rows: Vec<serde_json::Value> = agg
                 .groups
                 .iter()
@@ -739,7 +602,7 @@ pub fn write_report(out: &mut dyn Write, agg: &Aggregate, format: Format) -> any
             serde_json::to_writer_pretty(&mut *out, &doc)?;
             writeln!(out)?;
         }
-        Format::Csv => {
+        Render::Csv => {
             let mut w = csv::Writer::from_writer(out);
             w.write_record(&header)?;
             for (k, f) in &agg.groups {
@@ -749,7 +612,7 @@ pub fn write_report(out: &mut dyn Write, agg: &Aggregate, format: Format) -> any
             }
             w.flush()?;
         }
-        Format::Table => {
+        Render::Table => {
             let mut rows: Vec<Vec<String>> = agg
                 .groups
                 .iter()
@@ -778,7 +641,7 @@ pub fn write_statement(
     out: &mut dyn Write,
     agg: &Aggregate,
     month: &str,
-    format: Format,
+    format: Render,
 ) -> anyhow::Result<()> {
     let mut tenants: BTreeMap<&str, Vec<(&str, &Figures)>> = BTreeMap::new();
     for (k, f) in &agg.groups {
@@ -792,7 +655,7 @@ pub fn write_statement(
         t
     };
     match format {
-        Format::Json => {
+        Render::Json => {
             let docs: Vec<serde_json::Value> = tenants
                 .iter()
                 .map(|(t, lines)| {
@@ -814,7 +677,7 @@ pub fn write_statement(
             serde_json::to_writer_pretty(&mut *out, &docs)?;
             writeln!(out)?;
         }
-        Format::Csv => {
+        Render::Csv => {
             let mut w = csv::Writer::from_writer(out);
             let mut h = vec!["month", "tenant", "profile"];
             h.extend(FIG_COLS);
@@ -831,7 +694,7 @@ pub fn write_statement(
             }
             w.flush()?;
         }
-        Format::Table => {
+        Render::Table => {
             if tenants.is_empty() {
                 writeln!(out, "Statement {month}: no usage recorded")?;
             }

@@ -1,59 +1,17 @@
 //! Append, hash chain, tampering detection, anchors, concurrency.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use tenancy_audit::record::{check_line_hash, LineHash};
-use tenancy_audit::{
-    anchor_line, send_anchor_to, verify_paths, AnchorSet, AuditError, AuditLog, Event, FindingKind,
-    Outcome, Record, Resource, ResourceAction, SyslogStatus, GENESIS,
+use tenancy_accounting::{verify_paths, FindingKind};
+use tenancy_audit_log::record::{check_line_hash, LineHash};
+use tenancy_audit_log::{
+    anchor_line, send_anchor_to, AnchorSet, AuditError, AuditLog, Event, Outcome, Record,
+    SyslogStatus, GENESIS,
 };
+use tenancy_test_support::audit_logs::{job_start as rec, lines, make_log, write_lines};
 
-fn rec(i: u64) -> Record {
-    Record::new(
-        "c1",
-        "gpu001",
-        "alice",
-        2001,
-        Event::JobStart,
-        Outcome::Success,
-        "tenancy-prolog",
-    )
-    .job_id(i)
-    .tenant("acme")
-    .tier("gold")
-    .profile("1g.18gb")
-    .compute_slices(1)
-    .gpu("GPU-3f1c2b9e-0000-4000-8000-00000000000a")
-    .resource(Resource::new("mig", ResourceAction::Made, format!("gi-{i}")).detail("ci", 0))
-    .reason("line\nbreak \"quoted\" ünïcode")
-}
-
-fn make_log(dir: &Path, n: u64) -> PathBuf {
-    let p = dir.join("gpu001.audit.jsonl");
-    let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
-    for i in 1..=n {
-        let a = log.append(&mut rec(i)).unwrap();
-        assert_eq!(a.seq, i);
-    }
-    p
-}
-
-fn lines(p: &Path) -> Vec<String> {
-    std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn write_lines(p: &Path, l: &[String]) {
-    let mut s = l.join("\n");
-    s.push('\n');
-    std::fs::write(p, s).unwrap();
-}
-
-fn verify(p: &Path, anchors: &AnchorSet) -> tenancy_audit::VerifyReport {
+fn verify(p: &Path, anchors: &AnchorSet) -> tenancy_accounting::VerifyReport {
     verify_paths(&[p.to_path_buf()], anchors, 100).unwrap()
 }
 
@@ -72,7 +30,7 @@ fn append_fills_chain_and_round_trips() {
         let cut = l.rfind(",\"hash\":\"").unwrap();
         let canonical = format!("{}}}", &l[..cut]);
         assert_eq!(
-            tenancy_audit::record::canonical_hash(canonical.as_bytes()),
+            tenancy_audit_log::record::canonical_hash(canonical.as_bytes()),
             r.hash
         );
         assert!(matches!(check_line_hash(l.as_bytes()), LineHash::Valid(_)));
@@ -466,39 +424,11 @@ fn syslog_anchor_reaches_a_datagram_socket() {
         "{msg}"
     );
     assert_eq!(
-        tenancy_audit::parse_anchor_line(msg),
+        tenancy_audit_log::parse_anchor_line(msg),
         Some(("gpu001".to_string(), 42, "b".repeat(64)))
     );
     let st = send_anchor_to(&sock_path, "bad node", 1, &"b".repeat(64), None, None);
     assert!(matches!(st.syslog, SyslogStatus::Rejected(_)));
-}
-
-#[test]
-fn run_verify_exit_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = make_log(dir.path(), 4);
-    let args = tenancy_audit::VerifyArgs {
-        anchors: vec![],
-        anchor_key: None,
-        public_keys: None,
-        require_clock_sync: false,
-        format: tenancy_audit::Format::Json,
-        max_findings: 10,
-        all_nodes: false,
-        paths: vec![dir.path().to_path_buf()],
-    };
-    assert_eq!(
-        tenancy_audit::run_verify(args.clone()).unwrap(),
-        std::process::ExitCode::SUCCESS
-    );
-    let mut ls = lines(&p);
-    ls.pop();
-    ls.remove(1);
-    write_lines(&p, &ls);
-    assert_eq!(
-        tenancy_audit::run_verify(args).unwrap(),
-        std::process::ExitCode::from(1)
-    );
 }
 
 const THREADS: usize = 32;
@@ -523,13 +453,12 @@ fn check_all_present(p: &Path, writers: &[String], per: usize) {
     }
 }
 
-#[test]
-fn concurrent_threads_each_with_own_handle() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("gpu001.audit.jsonl");
+/// THREADS threads, each with its own handle on `p` (opened once), append PER_THREAD records
+/// of origin `t<thread>` and job ids 0, 1...
+fn append_from_threads(p: &Path) {
     let hs: Vec<_> = (0..THREADS)
         .map(|t| {
-            let p = p.clone();
+            let p = p.to_path_buf();
             std::thread::spawn(move || {
                 let mut log = AuditLog::open(&p).unwrap();
                 for i in 0..PER_THREAD as u64 {
@@ -543,6 +472,13 @@ fn concurrent_threads_each_with_own_handle() {
     for h in hs {
         h.join().unwrap();
     }
+}
+
+#[test]
+fn concurrent_threads_each_with_own_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gpu001.audit.jsonl");
+    append_from_threads(&p);
     let names: Vec<String> = (0..THREADS).map(|t| format!("t{t}")).collect();
     check_all_present(&p, &names, PER_THREAD);
 }
@@ -594,7 +530,7 @@ fn concurrent_processes() {
 
 fn all_lines(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
-    for p in tenancy_audit::expand_paths(&[dir.to_path_buf()]).unwrap() {
+    for p in tenancy_accounting::expand_paths(&[dir.to_path_buf()]).unwrap() {
         out.extend(lines(&p));
     }
     out
@@ -762,23 +698,8 @@ fn appends_from_many_threads_through_repeated_rotations_lose_nothing() {
             n
         })
     };
-    let hs: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let p = p.clone();
-            std::thread::spawn(move || {
-                // One handle for all records: most appends hold a file rotated away since.
-                let mut log = AuditLog::open(&p).unwrap();
-                for i in 0..PER_THREAD as u64 {
-                    let mut r = rec(i).job_id(i);
-                    r.origin = format!("t{t}");
-                    log.append(&mut r).unwrap();
-                }
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
+    // One handle for all records: most appends hold a file rotated away since.
+    append_from_threads(&p);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let rotations = rotator.join().unwrap();
     assert!(rotations >= 2, "only {rotations} rotation(s) happened");

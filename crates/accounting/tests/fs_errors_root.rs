@@ -4,7 +4,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tenancy_audit::{verify_paths, AnchorSet, AuditError, AuditLog, Event, Outcome, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, AuditError, AuditLog, Event, Outcome, Record};
+use tenancy_test_support::audit_logs::record;
 
 macro_rules! need_root {
     () => {
@@ -38,17 +40,7 @@ fn mount_tmpfs(dir: &Path, size: &str) -> Mount {
 }
 
 fn rec() -> Record {
-    Record::new(
-        "c1",
-        "gpu001",
-        "alice",
-        2001,
-        Event::JobStart,
-        Outcome::Success,
-        "tenancy-prolog",
-    )
-    .job_id(7)
-    .reason("x".repeat(300))
+    record(Event::JobStart, Outcome::Success, "tenancy-prolog", 7).reason("x".repeat(300))
 }
 
 #[test]

@@ -1,39 +1,14 @@
 //! Report totals versus an independent computation from the generator's ground truth.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::PathBuf;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
-use tenancy_audit::report::{
+use tenancy_accounting::report::{
     aggregate_paths, parse_month, write_statement, Figures, GroupBy, Query,
 };
-use tenancy_audit::{AuditLog, Event, Format, Outcome, Record};
-use tenancy_test_support::audit_logs::{self as gen, generate, Truth};
-
-fn write_logs(dir: &std::path::Path, seed: u64, nodes: usize, per_node: usize) -> Vec<Truth> {
-    let mut files: Vec<std::io::BufWriter<std::fs::File>> = (0..nodes)
-        .map(|n| {
-            std::io::BufWriter::new(
-                std::fs::File::create(dir.join(format!("gpu{n:03}.audit.jsonl"))).unwrap(),
-            )
-        })
-        .collect();
-    let mut truths = Vec::new();
-    let base = Utc.with_ymd_and_hms(2026, 10, 25, 0, 0, 0).unwrap();
-    generate(
-        seed,
-        nodes,
-        per_node,
-        base,
-        |n, l| files[n].write_all(l).unwrap(),
-        |t| truths.push(t),
-    );
-    for f in &mut files {
-        f.flush().unwrap();
-    }
-    truths
-}
+use tenancy_accounting::Render;
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record};
+use tenancy_test_support::audit_logs::{self as gen, write_logs, Truth};
 
 /// Independent expectation: (tenant, profile) -> figures, within [since, until).
 fn expected_by_tenant_profile(
@@ -91,18 +66,23 @@ fn expected_by_tenant_profile(
     m
 }
 
+/// The query of `since` to `until`, grouped by tenant and profile.
+fn by_tenant_and_profile(since: DateTime<Utc>, until: DateTime<Utc>) -> Query {
+    Query {
+        since: Some(since),
+        until: Some(until),
+        by: vec![GroupBy::Tenant, GroupBy::Profile],
+        ..Default::default()
+    }
+}
+
 #[test]
 fn totals_match_independent_computation() {
     let dir = tempfile::tempdir().unwrap();
     let truths = write_logs(dir.path(), 0x5eed, 4, 3000);
     let since = Utc.with_ymd_and_hms(2026, 11, 1, 0, 0, 0).unwrap();
     let until = Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap();
-    let q = Query {
-        since: Some(since),
-        until: Some(until),
-        by: vec![GroupBy::Tenant, GroupBy::Profile],
-        ..Default::default()
-    };
+    let q = by_tenant_and_profile(since, until);
     let agg = aggregate_paths(&[dir.path().to_path_buf()], q, None).unwrap();
     assert_eq!(agg.malformed, 0);
     assert_eq!(agg.records, 4 * 3000);
@@ -203,15 +183,10 @@ fn statement_lists_each_tenant_with_totals() {
     let dir = tempfile::tempdir().unwrap();
     let truths = write_logs(dir.path(), 11, 2, 2000);
     let (since, until) = parse_month("2026-11").unwrap();
-    let q = Query {
-        since: Some(since),
-        until: Some(until),
-        by: vec![GroupBy::Tenant, GroupBy::Profile],
-        ..Default::default()
-    };
+    let q = by_tenant_and_profile(since, until);
     let agg = aggregate_paths(&[dir.path().to_path_buf()], q, None).unwrap();
     let mut out = Vec::new();
-    write_statement(&mut out, &agg, "2026-11", Format::Csv).unwrap();
+    write_statement(&mut out, &agg, "2026-11", Render::Csv).unwrap();
     let text = String::from_utf8(out).unwrap();
     let exp = expected_by_tenant_profile(&truths, since, until);
     for tenant in gen::TENANTS {
@@ -230,59 +205,6 @@ fn statement_lists_each_tenant_with_totals() {
     }
 }
 
-#[test]
-fn filters_and_cli_args() {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        a: tenancy_audit::ReportArgs,
-    }
-    let cli = Cli::try_parse_from([
-        "report",
-        "--by",
-        "tenant,profile",
-        "--by",
-        "day",
-        "--tenant",
-        "acme",
-        "--since",
-        "2026-11-01",
-        "--until",
-        "2026-11-30",
-        "--format",
-        "csv",
-        "x",
-    ])
-    .unwrap();
-    assert_eq!(
-        cli.a.by,
-        vec![GroupBy::Tenant, GroupBy::Profile, GroupBy::Day]
-    );
-    assert!(
-        Cli::try_parse_from(["report", "--statement", "2026-11", "--by", "tenant", "x"]).is_err()
-    );
-    assert_eq!(
-        tenancy_audit::report::parse_bound("2026-11-30", true).unwrap(),
-        Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap()
-    );
-
-    let dir = tempfile::tempdir().unwrap();
-    let truths = write_logs(dir.path(), 3, 2, 1000);
-    let q = Query {
-        tenants: vec!["acme".into()],
-        by: vec![GroupBy::Tenant],
-        ..Default::default()
-    };
-    let agg = aggregate_paths(&[PathBuf::from(dir.path())], q, None).unwrap();
-    assert_eq!(agg.groups.len(), 1);
-    let jobs = truths
-        .iter()
-        .filter(|t| matches!(t, Truth::Job { tenant, .. } if tenant == "acme"))
-        .count() as u64;
-    assert_eq!(agg.groups[&vec!["acme".to_string()]].jobs, jobs);
-}
-
 /// One record as the prolog/epilog write it: job `job` of alice, tenant acme.
 fn job_rec(job: u64, event: Event, outcome: Outcome, t: DateTime<Utc>) -> Record {
     Record::new(
@@ -299,7 +221,7 @@ fn job_rec(job: u64, event: Event, outcome: Outcome, t: DateTime<Utc>) -> Record
     .time(t)
 }
 
-fn aggregate_records(recs: Vec<Record>, q: Query) -> tenancy_audit::report::Aggregate {
+fn aggregate_records(recs: Vec<Record>, q: Query) -> tenancy_accounting::report::Aggregate {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("gpu001.audit.jsonl");
     let mut log = AuditLog::open(&p).unwrap().with_fsync(false);
@@ -409,19 +331,19 @@ fn group_values_may_hold_any_character() {
     assert_eq!(agg.groups[&key].denied, 1, "{:?}", agg.groups);
     let write = |format| {
         let mut out = Vec::new();
-        tenancy_audit::report::write_report(&mut out, &agg, format).unwrap();
+        tenancy_accounting::report::write_report(&mut out, &agg, format).unwrap();
         String::from_utf8(out).unwrap()
     };
-    let table = write(Format::Table);
+    let table = write(Render::Table);
     assert!(
         table
             .lines()
             .any(|l| l.starts_with("a\u{1f}b ") && l.contains(" 1g\u{1f}18gb ")),
         "{table}"
     );
-    let csv = write(Format::Csv);
+    let csv = write(Render::Csv);
     assert!(csv.contains("\na\u{1f}b,1g\u{1f}18gb,0,"), "{csv}");
-    let doc: serde_json::Value = serde_json::from_str(&write(Format::Json)).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&write(Render::Json)).unwrap();
     assert_eq!(doc["groups"][0]["user"], "a\u{1f}b");
     assert_eq!(doc["groups"][0]["profile"], "1g\u{1f}18gb");
 }

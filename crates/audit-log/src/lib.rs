@@ -3,7 +3,7 @@
 //! `write(2)` in `O_APPEND`, fsync), the records and their hash canonicalization ([`record`]),
 //! the anchors that copy the chain head to syslog and an anchor file ([`send_anchor`]), signed
 //! with the node's own Ed25519 key ([`sign`]) and carrying the clock's state ([`clock`]).
-//! Verification and reports are in `tenancy-audit`, which re-exports this crate.
+//! Verification and reports are in `tenancy-accounting`.
 
 pub mod anchor;
 pub mod clock;

@@ -66,93 +66,11 @@ impl Dest {
         if s.is_empty() {
             return Err(err("empty".into()));
         }
-        // Protocol suffix.
-        let (s, proto) = match s.rsplit_once('/') {
-            Some((rest, p)) if p.eq_ignore_ascii_case("tcp") => (rest, Proto::Tcp),
-            Some((rest, p)) if p.eq_ignore_ascii_case("udp") => (rest, Proto::Udp),
-            Some((rest, p)) if p.eq_ignore_ascii_case("any") => (rest, Proto::Any),
-            _ => (s, Proto::Any),
-        };
-        // Address part and port part.
-        let (addr_part, port_part) = if let Some(rest) = s.strip_prefix('[') {
-            let (inside, after) = rest
-                .split_once(']')
-                .ok_or_else(|| err("missing ']' after IPv6 address".into()))?;
-            let port = match after {
-                "" => None,
-                a => Some(
-                    a.strip_prefix(':')
-                        .ok_or_else(|| err(format!("unexpected {a:?} after ']'")))?,
-                ),
-            };
-            (inside, port)
-        } else {
-            if s.matches(':').count() > 1 {
-                return Err(err(
-                    "IPv6 addresses must be written in brackets: [fd00::/8]".into(),
-                ));
-            }
-            match s.split_once(':') {
-                Some((a, p)) => (a, Some(p)),
-                None => (s, None),
-            }
-        };
-        let (ip_str, prefix_str) = match addr_part.split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (addr_part, None),
-        };
-        let addr: IpAddr = if input.trim_start().starts_with('[') {
-            IpAddr::V6(
-                Ipv6Addr::from_str(ip_str)
-                    .map_err(|_| err(format!("{ip_str:?} is not an IPv6 address")))?,
-            )
-        } else {
-            IpAddr::V4(
-                Ipv4Addr::from_str(ip_str)
-                    .map_err(|_| err(format!("{ip_str:?} is not an IPv4 address")))?,
-            )
-        };
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix_str {
-            None => max,
-            Some(p) => {
-                let v: u8 = p
-                    .parse()
-                    .map_err(|_| err(format!("prefix length {p:?} is not a number")))?;
-                if v > max {
-                    return Err(err(format!("prefix length {v} is larger than {max}")));
-                }
-                v
-            }
-        };
-        if masked(addr, prefix) != addr {
-            return Err(err(format!(
-                "host bits are set below /{prefix}: write the network address {}/{prefix}",
-                masked(addr, prefix)
-            )));
-        }
-        let ports = match port_part {
-            None => None,
-            Some(p) => {
-                let parse_port = |t: &str| -> Result<u16, DestError> {
-                    match t.parse::<u16>() {
-                        Ok(0) | Err(_) => Err(err(format!("port {t:?} is not in 1..=65535"))),
-                        Ok(v) => Ok(v),
-                    }
-                };
-                let (lo, hi) = match p.split_once('-') {
-                    Some((a, b)) => (parse_port(a)?, parse_port(b)?),
-                    None => {
-                        let v = parse_port(p)?;
-                        (v, v)
-                    }
-                };
-                if lo > hi {
-                    return Err(err(format!("port range {lo}-{hi} is empty")));
-                }
-                Some((lo, hi))
-            }
-        };
+        let (s, proto) = split_proto(s);
+        let (addr_part, port_part) = split_port(s).map_err(err)?;
+        let (addr, prefix) =
+            parse_net(addr_part, input.trim_start().starts_with('[')).map_err(err)?;
+        let ports = port_part.map(parse_ports).transpose().map_err(err)?;
         Ok(Dest {
             addr,
             prefix,
@@ -196,6 +114,98 @@ impl Dest {
             (proto, Some(p)) => format!("{fam} daddr {addr} {proto} dport {p}"),
         }
     }
+}
+
+/// The protocol suffix (`/tcp`, `/udp`, `/any`; none: any) and what comes before it.
+fn split_proto(s: &str) -> (&str, Proto) {
+    match s.rsplit_once('/') {
+        Some((rest, p)) if p.eq_ignore_ascii_case("tcp") => (rest, Proto::Tcp),
+        Some((rest, p)) if p.eq_ignore_ascii_case("udp") => (rest, Proto::Udp),
+        Some((rest, p)) if p.eq_ignore_ascii_case("any") => (rest, Proto::Any),
+        _ => (s, Proto::Any),
+    }
+}
+
+/// The address part (`ADDR[/PREFIX]`, without an IPv6 address's brackets) and the port part.
+fn split_port(s: &str) -> Result<(&str, Option<&str>), String> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (inside, after) = rest
+            .split_once(']')
+            .ok_or_else(|| "missing ']' after IPv6 address".to_string())?;
+        let port = match after {
+            "" => None,
+            a => Some(
+                a.strip_prefix(':')
+                    .ok_or_else(|| format!("unexpected {a:?} after ']'"))?,
+            ),
+        };
+        return Ok((inside, port));
+    }
+    if s.matches(':').count() > 1 {
+        return Err("IPv6 addresses must be written in brackets: [fd00::/8]".into());
+    }
+    Ok(match s.split_once(':') {
+        Some((a, p)) => (a, Some(p)),
+        None => (s, None),
+    })
+}
+
+/// `ADDR[/PREFIX]` (IPv6 when it was `bracketed`): the network address and its prefix length.
+fn parse_net(addr_part: &str, bracketed: bool) -> Result<(IpAddr, u8), String> {
+    let (ip_str, prefix_str) = match addr_part.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (addr_part, None),
+    };
+    let addr: IpAddr = if bracketed {
+        IpAddr::V6(
+            Ipv6Addr::from_str(ip_str).map_err(|_| format!("{ip_str:?} is not an IPv6 address"))?,
+        )
+    } else {
+        IpAddr::V4(
+            Ipv4Addr::from_str(ip_str).map_err(|_| format!("{ip_str:?} is not an IPv4 address"))?,
+        )
+    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix_str {
+        None => max,
+        Some(p) => {
+            let v: u8 = p
+                .parse()
+                .map_err(|_| format!("prefix length {p:?} is not a number"))?;
+            if v > max {
+                return Err(format!("prefix length {v} is larger than {max}"));
+            }
+            v
+        }
+    };
+    if masked(addr, prefix) != addr {
+        return Err(format!(
+            "host bits are set below /{prefix}: write the network address {}/{prefix}",
+            masked(addr, prefix)
+        ));
+    }
+    Ok((addr, prefix))
+}
+
+/// `PORT` or `LOW-HIGH`, each in 1..=65535: an inclusive range.
+fn parse_ports(p: &str) -> Result<(u16, u16), String> {
+    let parse_port = |t: &str| -> Result<u16, String> {
+        match t.parse::<u16>() {
+            Ok(0) | Err(_) => Err(format!("port {t:?} is not in 1..=65535")),
+            Ok(v) => Ok(v),
+        }
+    };
+    let (lo, hi) = match p.split_once('-') {
+        Some((a, b)) => (parse_port(a)?, parse_port(b)?),
+        None => {
+            let v = parse_port(p)?;
+            (v, v)
+        }
+    };
+    if lo > hi {
+        return Err(format!("port range {lo}-{hi} is empty"));
+    }
+    Ok((lo, hi))
 }
 
 fn masked(addr: IpAddr, prefix: u8) -> IpAddr {

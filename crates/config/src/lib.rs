@@ -6,14 +6,19 @@
 
 mod billing;
 mod error;
+pub mod hostlist;
 pub mod request;
 mod resolve;
+mod scheduler;
+pub mod slurm_conf;
 
 pub use billing::{Billing, MAX_RATE_SCALE};
 pub use error::{ConfigError, Problem};
+pub use hostlist::Hostlist;
 pub use resolve::{group_gid, user_uid, Identity, Refusal, Resolved};
 /// The decimal type of prices and amounts (no binary floating point in money).
 pub use rust_decimal::Decimal;
+pub use scheduler::{Limits, Pool, PoolOwner};
 /// Network destinations (`10.20.0.0/16:443/tcp`): the firewall layer's own type and parser.
 pub mod dest;
 pub mod device_class;
@@ -251,6 +256,18 @@ pub struct Tier {
     /// retain_days` (6 years of a regulated tenant's documentation: 2190).
     #[serde(default)]
     pub audit_retain_days: Option<u32>,
+    /// The default quota of the tier's tenants (`[tiers.NAME.limits]`), enforced by Slurm
+    /// through `tenancyctl slurm sync` (docs/quotas-and-pools.md).
+    #[serde(default)]
+    pub limits: Limits,
+    /// Every tenant of the tier must have limits: the config refuses one without, and
+    /// `tenancyctl doctor` warns for one whose limits are not in slurmdbd.
+    #[serde(default)]
+    pub require_limits: bool,
+    /// The tier's node pool (`nodes = "gpu[01-04]"`): its tenants' jobs run there and nowhere
+    /// else, and no other tier's or tenant's job runs there.
+    #[serde(default)]
+    pub nodes: Option<Hostlist>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]
@@ -265,6 +282,13 @@ pub struct Tenant {
     /// the node's index), from which its jobs' traffic to other nodes leaves.
     #[serde(default)]
     pub address_prefix: Option<Ipv4Net>,
+    /// The tenant's quota: its own `[tenants.NAME.limits]` over its tier's, key by key (and
+    /// profile by profile for `mig_slices`).
+    #[serde(default)]
+    pub limits: Limits,
+    /// The tenant's own node pool, in place of its tier's.
+    #[serde(default)]
+    pub nodes: Option<Hostlist>,
 }
 
 /// A validated config.
@@ -368,6 +392,10 @@ struct RawTier {
     #[serde(default)]
     allow_get_user_env: bool,
     audit_retain_days: Option<u32>,
+    limits: Option<Spanned<scheduler::RawLimits>>,
+    #[serde(default)]
+    require_limits: bool,
+    nodes: Option<Spanned<String>>,
 }
 
 fn yes() -> bool {
@@ -379,7 +407,7 @@ fn wipe() -> ScratchOnExit {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawTenant {
+pub(crate) struct RawTenant {
     tier: Spanned<String>,
     #[serde(default)]
     groups: Vec<Spanned<String>>,
@@ -388,6 +416,8 @@ struct RawTenant {
     #[serde(default)]
     egress: Vec<Spanned<String>>,
     address_prefix: Option<Spanned<String>>,
+    limits: Option<Spanned<scheduler::RawLimits>>,
+    nodes: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -498,6 +528,16 @@ impl Config {
 
     /// Parses and validates `text`; `path` is used in error messages.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        Self::parse_for(text, path, None)
+    }
+
+    /// [`Self::parse`], and every node pool checked against the nodes of `slurm` (slurm.conf):
+    /// a pool naming a node Slurm does not have is a located problem like any other.
+    pub fn parse_for(
+        text: &str,
+        path: &Path,
+        slurm: Option<&slurm_conf::SlurmConf>,
+    ) -> Result<Config, ConfigError> {
         let raw: Raw = toml::from_str(text).map_err(|e| {
             let message = e.message().trim_end().to_string();
             ConfigError::Invalid(vec![Problem::at(path, text, e.span(), message)])
@@ -506,8 +546,21 @@ impl Config {
             path,
             text,
             problems: Vec::new(),
+            slurm,
         }
         .run(raw)
+    }
+
+    /// [`Self::from_file`] checked against slurm.conf's nodes ([`Self::parse_for`]).
+    pub fn from_file_for(
+        path: &Path,
+        slurm: Option<&slurm_conf::SlurmConf>,
+    ) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse_for(&text, path, slurm)
     }
 
     pub fn tenant(&self, name: &str) -> Option<&Tenant> {
@@ -529,10 +582,12 @@ impl Config {
     }
 }
 
-struct Validator<'a> {
+pub(crate) struct Validator<'a> {
     path: &'a Path,
     text: &'a str,
     problems: Vec<Problem>,
+    /// slurm.conf, when the pools are to be checked against its nodes.
+    slurm: Option<&'a slurm_conf::SlurmConf>,
 }
 
 impl Validator<'_> {
@@ -906,6 +961,7 @@ impl Validator<'_> {
                 }
                 classes.push(d.get_ref().clone());
             }
+            let pool = self.pool(&t.nodes, &format!("tier '{name}'"));
             tiers.insert(
                 name.clone(),
                 Tier {
@@ -921,8 +977,29 @@ impl Validator<'_> {
                     device_classes: classes,
                     allow_get_user_env: t.allow_get_user_env,
                     audit_retain_days: t.audit_retain_days,
+                    limits: Limits::default(),
+                    require_limits: t.require_limits,
+                    nodes: pool,
                 },
             );
+        }
+        // The tier defaults, once every tier's profiles are known.
+        for (name, t) in &raw.tiers {
+            if let Some(l) = &t.limits {
+                let offered = tiers
+                    .get(name.get_ref())
+                    .map(|t: &Tier| t.mig_profiles.clone())
+                    .unwrap_or_default();
+                let limits = self.limits(
+                    l,
+                    &format!("tier '{}'", name.get_ref()),
+                    name.get_ref(),
+                    &offered,
+                );
+                if let Some(t) = tiers.get_mut(name.get_ref()) {
+                    t.limits = limits;
+                }
+            }
         }
 
         let mut tenants = BTreeMap::new();
@@ -998,6 +1075,25 @@ impl Validator<'_> {
                 );
                 self.problem(&t.tier, msg);
             }
+            let tier = tiers.get(t.tier.get_ref());
+            let own = t.limits.as_ref().map(|l| {
+                let offered = tier.map(|t| t.mig_profiles.clone()).unwrap_or_default();
+                self.limits(l, &format!("tenant '{name}'"), t.tier.get_ref(), &offered)
+            });
+            let limits = tier
+                .map(|t| t.limits.clone())
+                .unwrap_or_default()
+                .overridden_by(own.as_ref());
+            if tier.is_some_and(|t| t.require_limits) && limits.is_empty() {
+                let msg = format!(
+                    "tenant '{name}' has no limits, and its tier '{}' has require_limits = true: \
+                     give it [tenants.{name}.limits] (or the tier [tiers.{}.limits]), e.g. gpus = 8",
+                    t.tier.get_ref(),
+                    t.tier.get_ref()
+                );
+                self.problem(&t.tier, msg);
+            }
+            let nodes = self.pool(&t.nodes, &format!("tenant '{name}'"));
             tenants.insert(
                 name.clone(),
                 Tenant {
@@ -1007,6 +1103,8 @@ impl Validator<'_> {
                     accounts: t.accounts.iter().map(|a| a.get_ref().clone()).collect(),
                     egress,
                     address_prefix,
+                    limits,
+                    nodes,
                 },
             );
         }
@@ -1034,6 +1132,7 @@ impl Validator<'_> {
 
         let billing = raw.billing.as_ref().map(|b| self.billing(b, &raw.tiers));
         let audit = self.audit(&raw.audit, &cluster, &raw.tiers);
+        self.limit_accounts(&raw.tenants, &tenants);
 
         if self.problems.is_empty() {
             Ok(Config {

@@ -263,6 +263,20 @@ impl Config {
         (false, first_gid)
     }
 
+    /// The first of the tenant's groups `who` is in (the tenant's MCS label under mcs/group).
+    pub fn member_group<'a>(&self, who: &Identity, tenant: &'a Tenant) -> Option<&'a str> {
+        tenant
+            .groups
+            .iter()
+            .find(|name| {
+                Group::from_name(name)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|g| who.in_group(&g))
+            })
+            .map(String::as_str)
+    }
+
     /// The tenant an account maps to.
     pub fn tenant_of_account(&self, account: &str) -> Option<&Tenant> {
         self.tenants

@@ -403,3 +403,143 @@ fn scratch_encryption_is_off_unless_required() {
     );
     assert!(parse(&text).is_err());
 }
+
+/// Quotas: a tier default, a tenant's own keys over it, the GrpTRES they make; and the bad
+/// inputs, each a located problem.
+#[test]
+fn limits_merge_over_the_tier_default_and_bad_ones_are_located() {
+    let text = sample_with(
+        "scratch_on_exit = \"retain\"",
+        "scratch_on_exit = \"retain\"\nrequire_limits = true\nlimits = { gpus = 4, running_jobs = 10 }",
+    )
+    .replace(
+        "accounts = [\"globex\", \"globex-audit\"]",
+        "accounts = [\"globex\", \"globex-audit\"]\nlimits = { gpus = 2, mig_slices = { \"3g.71gb\" = 2 } }",
+    );
+    let c = parse(&text).unwrap();
+    let l = &c.tenants["globex"].limits;
+    assert_eq!((l.gpus, l.running_jobs), (Some(2), Some(10)));
+    assert_eq!(
+        l.grp_tres().into_iter().collect::<Vec<_>>(),
+        [
+            ("gres/gpu".to_string(), 2),
+            ("gres/gpu:3g.71gb".to_string(), 2)
+        ]
+    );
+    assert!(c.tenants["acme"].limits.is_empty());
+    assert!(c.tiers["regulated"].require_limits);
+
+    // A profile the tenant's tier does not offer.
+    let bad = text.replace("\"3g.71gb\" = 2", "\"1g.18gb\" = 2");
+    let p = single_problem(&bad);
+    assert!(
+        p.message
+            .contains("names profile '1g.18gb', which tier 'regulated' does not offer"),
+        "{p}"
+    );
+    assert_eq!(p.line, line_of(&bad, "\"1g.18gb\" = 2"));
+    // A tier that requires limits, and a tenant of it without any.
+    let none = sample_with(
+        "scratch_on_exit = \"retain\"",
+        "scratch_on_exit = \"retain\"\nrequire_limits = true",
+    );
+    let p = single_problem(&none);
+    assert!(
+        p.message.contains("tenant 'globex' has no limits") && p.message.contains("require_limits"),
+        "{p}"
+    );
+    let p = single_problem(&sample_with(
+        "[tenants.acme]",
+        "[tenants.acme]\nlimits = { gpu = 1 }",
+    ));
+    assert!(p.message.contains("unknown field `gpu`"), "{p}");
+}
+
+/// The tests' builder writes the scheduler keys (limits, require_limits, nodes) as the config
+/// reads them.
+#[test]
+fn test_builder_limits_and_pools_parse() {
+    use tenancy_test_support::Limits as TomlLimits;
+    let mut c = TenancyToml::under("t", Path::new("/tmp"));
+    c.tier("internal")
+        .mig_profiles(["1g.18gb", "3g.71gb"])
+        .require_limits(true)
+        .limits(TomlLimits::default().gpus(4).running_jobs(10))
+        .nodes("gpu[01-04]");
+    c.tenant("acme")
+        .tier("internal")
+        .groups(["root"])
+        .nodes("gpu05")
+        .limits(TomlLimits::default().mig_slices("1g.18gb", 2).nodes(1));
+    let c = parse(&c.to_string()).unwrap();
+    assert!(c.tiers["internal"].require_limits);
+    let l = &c.tenants["acme"].limits;
+    assert_eq!(
+        (l.gpus, l.nodes, l.running_jobs),
+        (Some(4), Some(1), Some(10))
+    );
+    assert_eq!(l.mig_slices.get("1g.18gb"), Some(&2));
+    assert_eq!(c.node_refusal("acme", "gpu05"), None);
+    assert!(c.node_refusal("acme", "gpu01").is_some());
+}
+
+/// Node pools: a hostlist that does not parse, one naming nodes slurm.conf lacks, and which
+/// tenant may run where.
+#[test]
+fn node_pools_parse_are_checked_against_slurm_conf_and_keep_tenants_apart() {
+    let text = sample_with(
+        "scratch_on_exit = \"retain\"",
+        "scratch_on_exit = \"retain\"\nnodes = \"gpu[01-02]\"",
+    );
+    let c = parse(&text).unwrap();
+    assert_eq!(c.pools().len(), 1);
+    assert_eq!(c.node_refusal("globex", "gpu01"), None);
+    let out = c.node_refusal("globex", "cpu1").unwrap();
+    assert!(
+        out.contains("outside the node pool of tenant 'globex'"),
+        "{out}"
+    );
+    let theirs = c.node_refusal("acme", "gpu02").unwrap();
+    assert!(
+        theirs.contains(
+            "node pool of tier 'regulated' (gpu[01-02]), which tenant 'acme' may not use"
+        ),
+        "{theirs}"
+    );
+    assert_eq!(c.node_refusal("acme", "cpu1"), None);
+
+    let bad = text.replace("gpu[01-02]", "gpu[01-02");
+    let p = single_problem(&bad);
+    assert!(
+        p.message
+            .contains("tier 'regulated': nodes 'gpu[01-02' does not parse"),
+        "{p}"
+    );
+    assert_eq!(p.line, line_of(&bad, "nodes = "));
+
+    let slurm = slurm_conf::SlurmConf::parse(
+        "NodeName=gpu01 CPUs=2\nNodeName=cpu[1-4]\n",
+        Path::new("/etc/slurm/slurm.conf"),
+    )
+    .unwrap();
+    match Config::parse_for(&text, Path::new("/etc/slurm/tenancy.toml"), Some(&slurm)) {
+        Err(ConfigError::Invalid(p)) => {
+            assert_eq!(p.len(), 1, "{p:#?}");
+            assert!(
+                p[0].message
+                    .contains("names a node that /etc/slurm/slurm.conf does not have: gpu02"),
+                "{}",
+                p[0]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A tenant's own pool inside its tier's: the others of the tier stay out of it.
+    let nested = text.replace(
+        "accounts = [\"globex\", \"globex-audit\"]",
+        "accounts = [\"globex\", \"globex-audit\"]\nnodes = \"gpu02\"",
+    );
+    let c = parse(&nested).unwrap();
+    assert_eq!(c.node_refusal("globex", "gpu02"), None);
+    assert!(c.node_refusal("globex", "gpu01").is_some());
+}

@@ -15,7 +15,8 @@
 use std::io::Write;
 use std::process::ExitCode;
 use tenancy_config::Config;
-use tenancy_node::{layers, run, Boundary, JobContext, Spine};
+use tenancy_job::JobContext;
+use tenancy_node::{layers, run, Boundary, Spine};
 
 fn usage() -> ExitCode {
     eprintln!("usage: crash_prolog prolog [--crash-at N] | epilog | firewall-apply | driver-load");

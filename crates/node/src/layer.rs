@@ -5,13 +5,13 @@
 //! An intent must be self-contained: `undo` gets only the intent and (when the prolog got that
 //! far) the made value, possibly in another process, after a crash, under a changed config.
 
-use crate::contract::TaskEntry;
-use crate::journal::Journal;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use std::path::PathBuf;
 use tenancy_config::Tier;
+use tenancy_job::contract::TaskEntry;
+use tenancy_job::journal::Journal;
 
 /// What the prolog decided for the job; layers derive their intents from it.
 #[derive(Debug, Clone)]
@@ -29,7 +29,7 @@ pub struct JobPlan {
     /// Slots slurmctld allocated (GPU GRES indexes), when the node's GRES describe MIG slots.
     pub gres_gpus: Option<Vec<u32>>,
     /// The other jobs on the node (occupancy index, read under the node lock).
-    pub others: Vec<crate::journal::Occupant>,
+    pub others: Vec<tenancy_job::journal::Occupant>,
 }
 
 /// A layer's failure: the message names the value and what to do; the spine adds job and layer.
@@ -98,7 +98,7 @@ pub trait Layer {
     }
 
     /// What every task of the job joins and the environment it gets, from what the layer made;
-    /// the spine journals it beside the made value ([`crate::contract::Facing`]).
+    /// the spine journals it beside the made value ([`tenancy_job::contract::Facing`]).
     fn task_entry(&self, made: &Value) -> LayerResult<TaskEntry> {
         let _ = made;
         Ok(TaskEntry::default())
@@ -257,7 +257,7 @@ pub enum Claim {
 /// A layer with typed intents and results. Every `TypedLayer` is a [`Layer`]: the spine
 /// journals `Intent` and `Made` as JSON, and reads them back into these types (the journal's
 /// schema is theirs: fields may be added, with serde defaults; a rename or removal needs a new
-/// journal version and a reader of the old one, as [`crate::contract::release1`]). Journals
+/// journal version and a reader of the old one, as [`tenancy_job::contract::release1`]). Journals
 /// written by release 1 are read by this build (tests/release1_journals.rs).
 pub trait TypedLayer {
     type Intent: Serialize + DeserializeOwned;

@@ -1,16 +1,15 @@
-//! slurm-tenancy on the node: the job context Slurm gives the prolog and epilog, the per-job
-//! journal, the spine that makes and undoes the isolation layers in order, and the layers'
-//! adapters.
+//! slurm-tenancy on the node: the spine that makes and undoes a job's isolation layers in order
+//! for the prolog and epilog, the layer contract, and the layers' adapters.
+//!
+//! What also runs in Slurm's own processes (the job context, the journal, the intent log, the
+//! task entry, the layer contract's keys) is tenancy-job's: use it from there.
 
-pub use tenancy_job::{adopt, config_cache, context, contract, intent_log, journal, task};
 pub mod layer;
 pub mod layers;
 pub mod linkage;
 pub mod run;
 pub mod spine;
 
-pub use context::{EnvError, JobContext};
-pub use journal::{Journal, JournalDir, Occupant, Step, StepState};
 pub use layer::{
     AuditSummary, Claim, JobPlan, Layer, LayerError, LayerResult, Orphan, OrphanAction,
     OrphanScope, TypedLayer,

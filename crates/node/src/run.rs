@@ -3,11 +3,11 @@
 //! Slurm gives them no arguments and no PATH; what they print goes to slurmd's log, and a
 //! non-zero exit drains the node (prolog: the job is requeued and held).
 
-use crate::context::JobContext;
 use crate::layers;
 use crate::spine::{Ending, Handoff, Spine};
 use std::process::ExitCode;
 use tenancy_config::Config;
+use tenancy_job::context::JobContext;
 
 /// Drains this node with `message` as the reason before a failing prolog exits, so that
 /// `sinfo -R` names the product, the job and the cause instead of Slurm's bare "Prolog error"
@@ -84,7 +84,7 @@ fn finish(end: Ending) -> u8 {
 }
 
 fn load(origin: &str) -> Result<Config, Ending> {
-    crate::config_cache::load(None).map_err(|e| Ending {
+    tenancy_job::config_cache::load(None).map_err(|e| Ending {
         code: 1,
         message: format!("tenancy: {origin}: cannot load the config, failing closed: {e}"),
     })

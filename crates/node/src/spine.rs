@@ -2,16 +2,16 @@
 //! journaling each intent before it is made; a failure undoes what was made, in reverse, and
 //! fails closed. The epilog undoes in reverse from the journal. Both append audit records.
 
-use crate::context::{EnvError, JobContext};
-use crate::contract::Facing;
-use crate::intent_log::Flushing;
-use crate::journal::{Journal, JournalDir, NodeLock, Occupant, Step, StepState, VERSION};
 use crate::layer::{AuditSummary, JobPlan, Layer, LayerError};
 use crate::layers::network;
 use chrono::Utc;
 use serde_json::Value;
 use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{group_gid, Config, Identity, Refusal};
+use tenancy_job::context::{EnvError, JobContext};
+use tenancy_job::contract::Facing;
+use tenancy_job::intent_log::Flushing;
+use tenancy_job::journal::{Journal, JournalDir, NodeLock, Occupant, Step, StepState, VERSION};
 
 /// How a prolog or epilog run ended; the binary prints `message` and exits with `code`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -443,6 +443,13 @@ impl<'c> Spine<'c> {
             )
             .map_err(|r: Refusal| deny(r.to_string()))?;
         let tenant = &self.config.tenants[&resolved.tenant];
+        // Node pools: job_submit/tenancy keeps every job on the nodes its tenant may use;
+        // this is the last line (a pool changed while the job was pending).
+        if self.config.has_pools() {
+            if let Some(why) = self.config.node_refusal(&tenant.name, &ctx.node) {
+                return Err(deny(why));
+            }
+        }
         let tier = self.config.tier_of(tenant).clone();
         // Found while checking membership (a member's group exists); looked up again only if
         // it was not.
@@ -1034,7 +1041,7 @@ fn short_hostname() -> String {
     name.split('.').next().unwrap_or("localhost").to_string()
 }
 
-pub use tenancy_job::audit::{anchor, anchor_with, append_anchored};
+use tenancy_job::audit::append_anchored;
 
 /// Undoes every step of `journal` in reverse with `layers` (the epilog's and reconcile's
 /// teardown; the caller holds the node lock); returns what could not be undone, each naming
@@ -1050,7 +1057,7 @@ pub fn teardown(
     let mut failures = Vec::new();
     let earlier_boot = journal.from_earlier_boot();
     // No process of the job may outlive any of its layers.
-    if let Err(e) = crate::task::end_tasks(journal, crate::task::END_WAIT) {
+    if let Err(e) = tenancy_job::task::end_tasks(journal, tenancy_job::task::END_WAIT) {
         failures.push(e);
         if let Err(e) = journals.save(journal, true) {
             failures.push(format!(
@@ -1104,27 +1111,10 @@ pub fn teardown(
 #[cfg(test)]
 mod journal_tests {
     //! (Moved from the journal's tests: it needs the spine's teardown.)
-    use crate::journal::{Journal, JournalDir, Occupant, VERSION};
+    use tenancy_job::journal::{Journal, JournalDir, Occupant};
 
     fn sample(job_id: u64) -> Journal {
-        Journal {
-            version: VERSION,
-            job_id,
-            cluster: "c".into(),
-            node: "n".into(),
-            user: "u".into(),
-            uid: 1,
-            gid: 1,
-            tenant: "acme".into(),
-            tier: "internal".into(),
-            profile: None,
-            share_gpu: true,
-            share_node: true,
-            started: chrono::Utc::now(),
-            steps: Vec::new(),
-            intent_slot: None,
-            boot_id: None,
-        }
+        tenancy_test_support::journals::journal(job_id, "c", "u", 1)
     }
 
     #[test]

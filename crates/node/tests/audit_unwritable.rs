@@ -11,7 +11,7 @@ use common::{requires_root, text, World};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
-use tenancy_audit::Event;
+use tenancy_audit_log::Event;
 
 /// A tmpfs mounted for the test; unmounted on drop.
 struct Tmpfs {

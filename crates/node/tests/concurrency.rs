@@ -7,7 +7,7 @@ mod common;
 use common::{requires_root, text, World};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Barrier};
-use tenancy_audit::Event;
+use tenancy_audit_log::Event;
 
 const MIG_JOBS: u64 = 32;
 const PLAIN_JOBS: u64 = 8;

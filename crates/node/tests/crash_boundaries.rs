@@ -9,17 +9,11 @@ mod common;
 
 use common::{requires_root, text, World};
 use std::os::unix::process::ExitStatusExt;
-use tenancy_audit::Event;
+use tenancy_audit_log::Event;
 
 /// Boundaries a full prolog reports, in order (from a run without a crash).
 fn boundaries(w: &World, job: u64) -> Vec<String> {
-    let out = w.run(&["prolog"], &w.job_env(job, 0, Some("1g.18gb")));
-    assert!(out.status.success(), "{}", text(&out));
-    let seen: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("boundary "))
-        .map(|l| l.split_once(' ').unwrap().1.to_string())
-        .collect();
+    let seen = w.prolog_boundaries(job);
     // Every layer is intended (journaled) before it is made; the last boundary is all-made.
     assert_eq!(
         seen.last().map(String::as_str),
@@ -74,7 +68,7 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
         .filter(|r| r.0 == job)
         .collect();
     assert_eq!(logged.len(), 1, "crash at {want}: intent log");
-    let layers: Vec<(&str, tenancy_node::StepState)> = logged[0]
+    let layers: Vec<(&str, tenancy_job::StepState)> = logged[0]
         .1
         .steps
         .iter()
@@ -82,7 +76,7 @@ fn crash_at(w: &World, job: u64, n: usize, want: &str) {
         .collect();
     assert_eq!(
         layers,
-        ["mig", "devices", "network", "scratch"].map(|l| (l, tenancy_node::StepState::Intended)),
+        ["mig", "devices", "network", "scratch"].map(|l| (l, tenancy_job::StepState::Intended)),
         "crash at {want}"
     );
     // After "made X", X really exists (so the epilog below really removes something).
@@ -139,7 +133,7 @@ fn a_prolog_killed_at_any_boundary_leaves_nothing_after_the_epilog() {
     let recs = w.records();
     for (i, want) in seen.iter().enumerate() {
         let n = (i + 1) as u64;
-        let of = |job: u64| -> Vec<&tenancy_audit::Record> {
+        let of = |job: u64| -> Vec<&tenancy_audit_log::Record> {
             recs.iter().filter(|r| r.job_id == Some(job)).collect()
         };
         let crashed = of(200 + n);
@@ -235,14 +229,7 @@ fn an_epilog_with_no_recorded_slice_leaves_another_jobs_slice_at_its_placement()
     let out = w.run(&["prolog"], &w.job_env(402, 0, Some("1g.18gb")));
     assert!(out.status.success(), "{}", text(&out));
     let placement = |job: u64, field: &str| {
-        let j = w.journal(job);
-        let mig = j["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["layer"] == "mig")
-            .unwrap()
-            .clone();
+        let mig = w.journal_step(job, "mig").unwrap();
         mig["intent"][field].clone()
     };
     assert_eq!(

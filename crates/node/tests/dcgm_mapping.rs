@@ -16,6 +16,20 @@ fn with_mapping(w: &World) -> PathBuf {
     dir
 }
 
+/// As root, with the NVML stand-in built: a one-GPU world [`with_mapping`], and the mapping
+/// folder; None (skipped) otherwise.
+fn mapping_world() -> Option<(World, PathBuf)> {
+    if !requires_root("real cgroups and nftables under the prolog and epilog") {
+        return None;
+    }
+    let Some(w) = World::new(1, None) else {
+        eprintln!("SKIP: nvml-shim not built");
+        return None;
+    };
+    let dir = with_mapping(&w);
+    Some((w, dir))
+}
+
 /// (file name, its lines) of every mapping file, sorted.
 fn mapping(dir: &Path) -> Vec<(String, String)> {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -36,14 +50,9 @@ fn mapping(dir: &Path) -> Vec<(String, String)> {
 
 #[test]
 fn dcgm_mapping_follows_the_job() {
-    if !requires_root("real cgroups and nftables under the prolog and epilog") {
-        return;
-    }
-    let Some(w) = World::new(1, None) else {
-        eprintln!("SKIP: nvml-shim not built");
+    let Some((w, dir)) = mapping_world() else {
         return;
     };
-    let dir = with_mapping(&w);
     let base = 7_600_000 + u64::from(std::process::id() % 100_000) * 10;
     let (j1, j2) = (base, base + 1);
     let e1 = w.job_env(j1, 0, Some("1g.18gb"));
@@ -55,14 +64,7 @@ fn dcgm_mapping_follows_the_job() {
     assert!(out.status.success(), "prolog {j2}: {}", text(&out));
     // Each job in the file of its own GPU instance, named as DCGM exporter reads it.
     let gi_of = |job: u64| {
-        let j = w.journal(job);
-        let mig = j["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["layer"] == "mig")
-            .unwrap()["made"]
-            .clone();
+        let mig = w.journal_step(job, "mig").unwrap()["made"].clone();
         format!("{}.{}", mig["gpu_index"], mig["gi_id"])
     };
     let mut want = vec![
@@ -132,14 +134,9 @@ fn dcgm_mapping_follows_the_job() {
 /// folder (nothing read or written there) and the job runs without its label.
 #[test]
 fn dcgm_mapping_dir_owned_by_a_user_is_refused() {
-    if !requires_root("real cgroups and nftables under the prolog and epilog") {
-        return;
-    }
-    let Some(w) = World::new(1, None) else {
-        eprintln!("SKIP: nvml-shim not built");
+    let Some((w, dir)) = mapping_world() else {
         return;
     };
-    let dir = with_mapping(&w);
     std::fs::create_dir(&dir).unwrap();
     // nobody's folder, with what such a user leaves in every name a GPU instance could get.
     const NOBODY: u32 = 65534;

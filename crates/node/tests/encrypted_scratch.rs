@@ -29,14 +29,9 @@ fn marker(what: &str) -> String {
 
 /// The scratch step of the job's journal: (intent, made).
 fn scratch_step(w: &World, job: u64) -> (serde_json::Value, serde_json::Value) {
-    let j = w.journal(job);
-    let s = j["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["layer"] == "scratch")
-        .unwrap_or_else(|| panic!("job {job}: no scratch step: {j}"))
-        .clone();
+    let s = w
+        .journal_step(job, "scratch")
+        .unwrap_or_else(|| panic!("job {job}: no scratch step: {}", w.journal(job)));
     (s["intent"].clone(), s["made"].clone())
 }
 
@@ -280,7 +275,7 @@ fn wipe_is_crypto_erase() {
     let end = w
         .records()
         .into_iter()
-        .find(|r| r.job_id == Some(20) && r.event == tenancy_audit::Event::JobEnd)
+        .find(|r| r.job_id == Some(20) && r.event == tenancy_audit_log::Event::JobEnd)
         .expect("job_end");
     let res = end.resources.iter().find(|r| r.layer == "scratch").unwrap();
     assert_eq!(res.detail["key_removal"], "removed", "{res:?}");
@@ -318,7 +313,7 @@ fn wipe_is_crypto_erase() {
     let end = w
         .records()
         .into_iter()
-        .find(|r| r.job_id == Some(22) && r.event == tenancy_audit::Event::JobEnd)
+        .find(|r| r.job_id == Some(22) && r.event == tenancy_audit_log::Event::JobEnd)
         .expect("job_end");
     let res = end.resources.iter().find(|r| r.layer == "scratch").unwrap();
     assert_eq!(res.detail["key_removal"], "files_busy", "{res:?}");
@@ -459,7 +454,7 @@ fn retained_scratch_unlocks_until_expiry() {
     let kinds: Vec<String> = w
         .records()
         .iter()
-        .filter(|r| r.job_id == Some(30) && r.event == tenancy_audit::Event::Reconcile)
+        .filter(|r| r.job_id == Some(30) && r.event == tenancy_audit_log::Event::Reconcile)
         .map(|r| r.resources[0].layer.clone())
         .collect();
     assert_eq!(kinds, ["retained-key", "retained"], "{kinds:?}");
@@ -518,7 +513,7 @@ fn required_encryption_on_unsupported_fs_fails_closed() {
             .into_iter()
             .find(|r| r.job_id == Some(40))
             .expect("a record");
-        assert_eq!(rec.event, tenancy_audit::Event::Rollback, "{kind:?}");
+        assert_eq!(rec.event, tenancy_audit_log::Event::Rollback, "{kind:?}");
         assert!(
             rec.reason.as_deref().unwrap_or("").contains(fs_named),
             "{kind:?}: {rec:?}"
@@ -546,13 +541,7 @@ fn killed_prolog_leaves_no_unfound_key() {
         return;
     };
     // The boundaries of a whole prolog (as the crash tests number them).
-    let out = w.run(&["prolog"], &w.job_env(100, 0, Some("1g.18gb")));
-    assert!(out.status.success(), "{}", text(&out));
-    let seen: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("boundary "))
-        .map(|l| l.split_once(' ').unwrap().1.to_string())
-        .collect();
+    let seen = w.prolog_boundaries(100);
     epilog(&w, 100, 0, Some("1g.18gb"));
     let made_at = seen.iter().position(|s| s == "made scratch").unwrap();
     assert!(seen.iter().position(|s| s == "intended scratch").unwrap() + 1 == made_at);

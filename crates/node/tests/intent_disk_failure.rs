@@ -10,7 +10,7 @@ mod common;
 use common::{requires_root, text, World};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tenancy_audit::Event;
+use tenancy_audit_log::Event;
 
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap();
@@ -150,7 +150,7 @@ fn a_prolog_whose_intents_cannot_reach_the_disk_fails_closed_before_scratch() {
     assert!(out.status.success(), "{}", text(&out));
     w.assert_nothing_left("after a job on the healthy disk");
 
-    disk.fail_writes_to(&state.join(tenancy_node::intent_log::FILE));
+    disk.fail_writes_to(&state.join(tenancy_job::intent_log::FILE));
     let out = w.run(&["prolog"], &w.job_env(2, 0, None));
     assert!(!out.status.success(), "the prolog ran: {}", text(&out));
     let said = text(&out);

@@ -6,7 +6,7 @@ mod common;
 
 use common::{requires_root, text, World};
 use std::ffi::OsString;
-use tenancy_audit::Event;
+use tenancy_audit_log::Event;
 
 #[test]
 fn an_nvml_failure_and_a_planted_symlink_roll_the_job_back_completely() {

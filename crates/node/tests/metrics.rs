@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
-use tenancy_audit::{Event, Record};
+use tenancy_audit_log::{Event, Record};
 
 /// `tenancyctl metrics ARGS` in the world's network namespace (its firewall's counters).
 fn metrics(w: &World, args: &[&str]) -> Option<String> {

@@ -13,7 +13,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use tenancy_audit::{Event, Outcome};
+use tenancy_audit_log::{Event, Outcome};
 
 /// A root test's world of `gpus` H200s, with the real binaries; None: skip.
 fn world(gpus: usize) -> Option<World> {
@@ -44,6 +44,39 @@ fn prolog(w: &World, env: &[(OsString, OsString)]) -> Output {
 
 fn epilog(w: &World, env: &[(OsString, OsString)]) -> Output {
     run(w, "tenancy-epilog", env)
+}
+
+/// The prolog, which must succeed ("prolog: " and what it printed otherwise).
+fn prolog_ok(w: &World, env: &[(OsString, OsString)]) -> Output {
+    prolog_ok_as(w, env, "prolog")
+}
+
+/// Jobs 1 and 2's ids, and job 1 (tenant 0, GPU profile `profile`) started: its environment.
+fn first_job(w: &World, profile: &str) -> (u64, u64, Vec<(OsString, OsString)>) {
+    let (j1, j2) = (jobs(1), jobs(2));
+    let e1 = w.job_env(j1, 0, Some(profile));
+    prolog_ok(w, &e1);
+    (j1, j2, e1)
+}
+
+/// A run that must fail (`what` names it in the failure message): its stderr.
+fn refused(out: Output, what: &str) -> String {
+    assert!(!out.status.success(), "{what}: {}", text(&out));
+    stderr(&out)
+}
+
+/// The epilog, which must succeed.
+fn epilog_ok(w: &World, env: &[(OsString, OsString)]) -> Output {
+    let out = epilog(w, env);
+    assert!(out.status.success(), "epilog: {}", text(&out));
+    out
+}
+
+/// The prolog, which must succeed; `what` names it in the failure message.
+fn prolog_ok_as(w: &World, env: &[(OsString, OsString)], what: &str) -> Output {
+    let out = prolog(w, env);
+    assert!(out.status.success(), "{what}: {}", text(&out));
+    out
 }
 
 fn ctl_cmd(w: &World) -> Command {
@@ -90,30 +123,20 @@ fn edit_config(w: &World, from: &str, to: &str) {
 
 /// The made value of the job's MIG step.
 fn mig_made(w: &World, job: u64) -> Value {
-    let j = w.journal(job);
-    j["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["layer"] == "mig")
-        .unwrap_or_else(|| panic!("job {job} has no MIG step: {j}"))["made"]
+    w.journal_step(job, "mig")
+        .unwrap_or_else(|| panic!("job {job} has no MIG step: {}", w.journal(job)))["made"]
         .clone()
 }
 
 /// The MIG step's state in the job's journal ("intended", "made", "undone").
 fn mig_state(w: &World, job: u64) -> String {
-    let j = w.journal(job);
-    j["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["layer"] == "mig")
+    w.journal_step(job, "mig")
         .map(|s| s["state"].as_str().unwrap_or("?").to_string())
         .unwrap_or_default()
 }
 
 /// The job's records in the audit log.
-fn records_of(w: &World, job: u64) -> Vec<tenancy_audit::Record> {
+fn records_of(w: &World, job: u64) -> Vec<tenancy_audit_log::Record> {
     w.records()
         .into_iter()
         .filter(|r| r.job_id == Some(job))
@@ -246,12 +269,10 @@ fn destroy_in_use_is_retried_and_names_the_holder() {
     // Lets go after 600 ms, within the 2 s budget: retried, then destroyed.
     let job = jobs(1);
     let env = w.job_env(job, 0, Some("1g.18gb"));
-    let out = prolog(&w, &env);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    prolog_ok(&w, &env);
     let slice = mig_made(&w, job);
     let holder = Holder::start(&w, &slice, "dcgm-exporter", Some(600));
-    let out = epilog(&w, &env);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &env);
     drop(holder);
     let end = records_of(&w, job).pop().unwrap();
     assert_eq!((end.event, end.outcome), (Event::JobEnd, Outcome::Success));
@@ -267,8 +288,7 @@ fn destroy_in_use_is_retried_and_names_the_holder() {
     // Holds on: the epilog fails closed within its budget and names the holder.
     let job = jobs(2);
     let env = w.job_env(job, 1, Some("1g.18gb"));
-    let out = prolog(&w, &env);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    prolog_ok(&w, &env);
     let slice = mig_made(&w, job);
     let holder = Holder::start(&w, &slice, "dcgm-exporter", None);
     let started = Instant::now();
@@ -322,12 +342,10 @@ fn dcgm_mapping_removed_before_destroy() {
     let dir = with_dcgm_mapping(&w);
     let (j1, j2, j3) = (jobs(1), jobs(2), jobs(3));
     let e1 = w.job_env(j1, 0, Some("1g.18gb"));
-    let out = prolog(&w, &e1);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    prolog_ok(&w, &e1);
     assert_eq!(mapped_jobs(&dir), vec![j1.to_string()]);
     let gi = mig_made(&w, j1)["gi_id"].clone();
-    let out = epilog(&w, &e1);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &e1);
     assert_eq!(mapped_jobs(&dir), Vec::<String>::new());
     assert_eq!(
         stale_mappings(&w),
@@ -337,17 +355,14 @@ fn dcgm_mapping_removed_before_destroy() {
 
     // The next job gets the same GPU instance id: labelled with its own id only.
     let e2 = w.job_env(j2, 1, Some("1g.18gb"));
-    let out = prolog(&w, &e2);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    prolog_ok(&w, &e2);
     assert_eq!(mig_made(&w, j2)["gi_id"], gi);
     assert_eq!(mapped_jobs(&dir), vec![j2.to_string()]);
-    let out = epilog(&w, &e2);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &e2);
 
     // A destroy that stays in use: the mapping is gone all the same.
     let e3 = w.job_env(j3, 0, Some("1g.18gb"));
-    let out = prolog(&w, &e3);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    prolog_ok(&w, &e3);
     let holder = Holder::start(&w, &mig_made(&w, j3), "nv-hostengine", None);
     let out = epilog(&w, &e3);
     assert!(
@@ -362,8 +377,7 @@ fn dcgm_mapping_removed_before_destroy() {
         "but is no longer the job's"
     );
     drop(holder);
-    let out = epilog(&w, &e3);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &e3);
     assert_eq!(stale_mappings(&w), Vec::<String>::new());
     w.assert_nothing_left("after the epilogs");
 }
@@ -377,9 +391,7 @@ fn ci_create_failure_rolls_back_its_gi() {
     ctl(&w, &["arm", "ci-create", "INSUFFICIENT_RESOURCES"]);
     let job = jobs(1);
     let env = w.job_env(job, 0, Some("3g.71gb"));
-    let out = prolog(&w, &env);
-    assert!(!out.status.success(), "prolog: {}", text(&out));
-    let err = stderr(&out);
+    let err = refused(prolog(&w, &env), "prolog");
     assert!(
         err.contains("compute instance creation failed")
             && err.contains("destroyed again (nothing leaked)"),
@@ -393,10 +405,8 @@ fn ci_create_failure_rolls_back_its_gi() {
     );
     w.assert_nothing_left("after the rolled back prolog");
     // The fault was consumed: the same job runs when requeued.
-    let out = prolog(&w, &env);
-    assert!(out.status.success(), "requeued: {}", text(&out));
-    let out = epilog(&w, &env);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    prolog_ok_as(&w, &env, "requeued");
+    epilog_ok(&w, &env);
     w.assert_nothing_left("after the requeued job");
 }
 
@@ -446,27 +456,17 @@ fn full_gpu_instance_gets_the_right_ci_profile() {
 fn cc_mode_gpu_is_refused() {
     let Some(w) = world(2) else { return };
     ctl(&w, &["cc", "0", "on"]);
-    let (j1, j2) = (jobs(1), jobs(2));
-    let e1 = w.job_env(j1, 0, Some("1g.18gb"));
-    let out = prolog(&w, &e1);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    let (j1, j2, e1) = first_job(&w, "1g.18gb");
     assert_eq!(
         mig_made(&w, j1)["gpu_index"],
         1,
         "placed on the GPU not in CC mode"
     );
-    let out = epilog(&w, &e1);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &e1);
     // (A CC mode change resets the GPU: it is made on an idle one.)
     ctl(&w, &["cc", "1", "on"]);
     let e2 = w.job_env(j2, 1, Some("1g.18gb"));
-    let out = prolog(&w, &e2);
-    assert!(
-        !out.status.success(),
-        "prolog with no GPU left: {}",
-        text(&out)
-    );
-    let err = stderr(&out);
+    let err = refused(prolog(&w, &e2), "prolog with no GPU left");
     assert!(
         err.contains("GPU 0") && err.contains("GPU 1") && err.contains("confidential-computing"),
         "{err}"
@@ -488,22 +488,16 @@ fn cc_mode_gpu_is_refused() {
 fn reset_pending_gpu_is_refused() {
     let Some(w) = world(2) else { return };
     ctl(&w, &["mig", "0", "off", "--pending"]);
-    let (j1, j2) = (jobs(1), jobs(2));
-    let e1 = w.job_env(j1, 0, Some("3g.71gb"));
-    let out = prolog(&w, &e1);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    let (j1, j2, e1) = first_job(&w, "3g.71gb");
     assert_eq!(mig_made(&w, j1)["gpu_index"], 1);
     ctl(&w, &["mig", "1", "off", "--pending"]);
     let e2 = w.job_env(j2, 1, Some("1g.18gb"));
-    let out = prolog(&w, &e2);
-    assert!(!out.status.success(), "prolog: {}", text(&out));
-    let err = stderr(&out);
+    let err = refused(prolog(&w, &e2), "prolog");
     assert!(err.contains("pending a GPU reset"), "{err}");
     assert!(err.contains("nvidia-smi -r -i 0"), "says what to do: {err}");
     assert_eq!(w.gis().len(), 1);
     // The running job's slice is still removed (the GPU is still in MIG mode until the reset).
-    let out = epilog(&w, &e1);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &e1);
     w.assert_nothing_left("after the pending-reset refusals");
 }
 
@@ -513,19 +507,10 @@ fn reset_pending_gpu_is_refused() {
 #[test]
 fn lost_gpu_fails_closed() {
     let Some(w) = world(2) else { return };
-    let (j1, j2) = (jobs(1), jobs(2));
-    let e1 = w.job_env(j1, 0, Some("1g.18gb"));
-    let out = prolog(&w, &e1);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    let (j1, j2, e1) = first_job(&w, "1g.18gb");
     let gpu = mig_made(&w, j1)["gpu_index"].as_u64().unwrap();
     ctl(&w, &["arm", "lose-gpu", &gpu.to_string()]);
-    let out = epilog(&w, &e1);
-    assert!(
-        !out.status.success(),
-        "epilog on a lost GPU: {}",
-        text(&out)
-    );
-    let err = stderr(&out);
+    let err = refused(epilog(&w, &e1), "epilog on a lost GPU");
     assert!(
         err.contains("fell off the bus") && err.contains("GPU_IS_LOST"),
         "{err}"
@@ -542,8 +527,7 @@ fn lost_gpu_fails_closed() {
         text(&out)
     );
     assert_ne!(mig_made(&w, j2)["gpu_index"].as_u64().unwrap(), gpu);
-    let out = epilog(&w, &e2);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &e2);
     // Every GPU lost: refused, naming it.
     let other = 1 - gpu;
     ctl(&w, &["arm", "lose-gpu", &other.to_string()]);
@@ -671,8 +655,7 @@ fn prolog_makes_the_caps_nodes() {
     std::fs::write(caps.join(format!("nvidia-cap{gi_minor}")), "stale").unwrap();
     let job = jobs(1);
     let env = w.job_env(job, 0, Some("1g.18gb"));
-    let out = prolog(&w, &env);
-    assert!(out.status.success(), "prolog: {}", text(&out));
+    prolog_ok(&w, &env);
     let m = mig_made(&w, job);
     assert_eq!(
         (m["gi_id"].as_u64(), m["ci_id"].as_u64()),
@@ -703,8 +686,7 @@ fn prolog_makes_the_caps_nodes() {
         &caps.join(format!("nvidia-cap{ci_minor}")),
     );
     assert_eq!(opened, libc::ENXIO, "the job's own capability node");
-    let out = epilog(&w, &env);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &env);
     // The nodes stay, as nvidia-modprobe's do: the allowlist keeps other jobs out.
     assert!(caps.join(format!("nvidia-cap{ci_minor}")).exists());
     w.assert_nothing_left("after the job");
@@ -773,8 +755,7 @@ fn hung_nvml_call_fails_the_prolog_in_time() {
     );
     // The driver recovers; the epilog finds nothing made, or removes what was.
     ctl(&w, &["disarm"]);
-    let out = epilog(&w, &env);
-    assert!(out.status.success(), "epilog: {}", text(&out));
+    epilog_ok(&w, &env);
     w.assert_nothing_left("after the hung prolog's epilog");
     assert!(w.chain_is_valid());
 }

@@ -140,7 +140,7 @@ fn release1_journals_are_read_and_torn_down() {
     for (file, job, t, profile, crash) in CASES {
         prolog(&w, job, t, profile, crash);
         let body = fixture(&w, file);
-        let old: tenancy_node::Journal = serde_json::from_str(&body)
+        let old: tenancy_job::Journal = serde_json::from_str(&body)
             .unwrap_or_else(|e| panic!("{file}: release-1 journal unreadable: {e}"));
         // This build journals the same intents, and results with the same fields plus the
         // contract's (a BPF program's id differs from run to run).
@@ -168,15 +168,15 @@ fn release1_journals_are_read_and_torn_down() {
             );
         }
         std::fs::write(w.journal_path(job), &body).unwrap();
-        let journals = tenancy_node::JournalDir::at(&w.root.join("state"));
+        let journals = tenancy_job::JournalDir::at(&w.root.join("state"));
         let read = journals.load(job).unwrap().expect("journal");
         assert_eq!(read, old, "{file}");
 
         if crash.is_none() {
             // Task entry: the cgroups a task joins, the environment it gets.
-            let cgroups = tenancy_node::task::job_cgroups(&read).unwrap();
+            let cgroups = tenancy_job::task::job_cgroups(&read).unwrap();
             assert_eq!(cgroups, vec![w.cgroup(t, job)], "{file}: cgroups");
-            let env = tenancy_node::task::job_env(&read).unwrap();
+            let env = tenancy_job::task::job_env(&read).unwrap();
             let get = |k: &str| {
                 env.vars
                     .iter()
@@ -197,7 +197,7 @@ fn release1_journals_are_read_and_torn_down() {
             }
         }
         // The occupancy index, rebuilt from the journals, names the job's GPU.
-        let occupant = tenancy_node::Occupant::of(&read);
+        let occupant = tenancy_job::Occupant::of(&read);
         assert_eq!(occupant.gpu_uuid.is_some(), profile.is_some(), "{file}");
         // The epilog tears the release-1 journal down (each case was captured on an empty
         // node): nothing is left.
@@ -209,7 +209,7 @@ fn release1_journals_are_read_and_torn_down() {
         let recs = w.records();
         let end = recs
             .iter()
-            .rfind(|r| r.job_id == Some(job) && r.event == tenancy_audit::Event::JobEnd)
+            .rfind(|r| r.job_id == Some(job) && r.event == tenancy_audit_log::Event::JobEnd)
             .unwrap_or_else(|| panic!("{file}: no job_end"));
         let made_mig = profile.is_some() && crash.is_none();
         assert_eq!(end.gpu.is_some(), made_mig, "{file}: {end:?}");

@@ -5,9 +5,11 @@ use std::cell::RefCell;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use tenancy_audit::{verify_paths, AnchorSet, Event, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, Event, Record};
 use tenancy_config::Config;
-use tenancy_node::{JobContext, JobPlan, Journal, Layer, LayerResult, Spine, StepState};
+use tenancy_job::{JobContext, Journal, StepState};
+use tenancy_node::{JobPlan, Layer, LayerResult, Spine};
 use tenancy_test_support::TenancyToml;
 
 /// A layer that makes one file per job and logs every call.
@@ -190,7 +192,7 @@ fn job_env(job: &str) -> Vec<(OsString, OsString)> {
     ])
 }
 
-fn ctx(job: &str) -> Result<JobContext, tenancy_node::EnvError> {
+fn ctx(job: &str) -> Result<JobContext, tenancy_job::EnvError> {
     JobContext::from_vars(job_env(job))
 }
 
@@ -200,7 +202,7 @@ fn prolog_journals_then_epilog_tears_down_and_the_chain_verifies() {
     let end = w.spine(None, "tenancy-prolog").prolog(ctx("42"));
     assert_eq!(end.code, 0, "{}", end.message);
     assert_eq!(w.made_files(), ["first-42", "second-42", "third-42"]);
-    let journal = tenancy_node::JournalDir::open(&w.config.cluster.state_dir)
+    let journal = tenancy_job::JournalDir::open(&w.config.cluster.state_dir)
         .unwrap()
         .load(42)
         .unwrap()
@@ -340,7 +342,7 @@ fn layers_a_restart_removes_act_while_the_intents_reach_the_disk_the_others_afte
         ["intend mig", "intend devices", "make mig", "make devices"]
     );
     // Each job holds a slot of the intent log meanwhile, with all its intents.
-    let dir = tenancy_node::JournalDir::open(&w.config.cluster.state_dir).unwrap();
+    let dir = tenancy_job::JournalDir::open(&w.config.cluster.state_dir).unwrap();
     for job in [60, 61, 62] {
         let j = dir.load(job).unwrap().unwrap();
         assert!(j.intent_slot.is_some(), "job {job}: {j:?}");
@@ -478,7 +480,7 @@ fn epilog_after_a_crashed_prolog_undoes_intended_steps() {
     // The prolog died after journaling the second intent and making it, before recording it.
     let end = w.spine(None, "tenancy-prolog").prolog(ctx("9"));
     assert_eq!(end.code, 0);
-    let dir = tenancy_node::JournalDir::open(&w.config.cluster.state_dir).unwrap();
+    let dir = tenancy_job::JournalDir::open(&w.config.cluster.state_dir).unwrap();
     let mut j = dir.load(9).unwrap().unwrap();
     j.steps.truncate(2);
     j.steps[1].state = StepState::Intended;
@@ -500,11 +502,11 @@ fn epilog_of_a_journal_from_an_earlier_boot_undoes_only_what_outlives_a_restart(
     let w = World::new();
     let end = w.spine(None, "tenancy-prolog").prolog(ctx("9"));
     assert_eq!(end.code, 0);
-    let dir = tenancy_node::JournalDir::open(&w.config.cluster.state_dir).unwrap();
+    let dir = tenancy_job::JournalDir::open(&w.config.cluster.state_dir).unwrap();
     let mut j = dir.load(9).unwrap().unwrap();
     assert!(j.boot_id.is_some() && !j.from_earlier_boot());
     j.boot_id = Some("ee".repeat(16));
-    j.started = tenancy_node::intent_log::booted_at().unwrap() - chrono::Duration::minutes(5);
+    j.started = tenancy_job::intent_log::booted_at().unwrap() - chrono::Duration::minutes(5);
     assert!(j.from_earlier_boot());
     dir.save(&j, false).unwrap();
     w.calls.borrow_mut().clear();
@@ -556,7 +558,7 @@ fn unwritable_audit_log_fails_the_prolog_closed() {
 #[test]
 fn an_unreadable_earlier_journal_fails_the_prolog_instead_of_being_overwritten() {
     let w = World::new();
-    let dir = tenancy_node::JournalDir::open(&w.config.cluster.state_dir).unwrap();
+    let dir = tenancy_job::JournalDir::open(&w.config.cluster.state_dir).unwrap();
     std::fs::write(dir.journal_path(13), b"{torn").unwrap();
     let end = w.spine(None, "tenancy-prolog").prolog(ctx("13"));
     assert_eq!(end.code, 1);
@@ -651,18 +653,18 @@ fn anchors_carry_the_mac_of_the_configured_key() {
             .code,
         0
     );
-    let verify = |key: tenancy_audit::AnchorKey| {
+    let verify = |key: tenancy_audit_log::AnchorKey| {
         let mut set = AnchorSet::with_key(key);
         set.read_file(&w.root.join("anchors")).unwrap();
         verify_paths(&[w.root.join("audit.jsonl")], &set, 10).unwrap()
     };
-    let r = verify(tenancy_audit::AnchorKey::load(&key).unwrap());
+    let r = verify(tenancy_audit_log::AnchorKey::load(&key).unwrap());
     assert!(r.is_clean(), "{:?}", r.findings);
     assert_eq!(
         (r.nodes[0].anchor_seq, r.unauthenticated_anchors),
         (Some(2), 0)
     );
-    let r = verify(tenancy_audit::AnchorKey::from_bytes(
+    let r = verify(tenancy_audit_log::AnchorKey::from_bytes(
         b"another key, another cluster",
     ));
     assert_eq!(
@@ -703,7 +705,7 @@ fn a_prolog_overtaken_by_another_of_its_job_makes_nothing_and_leaves_the_others_
         end.message
     );
     assert_eq!(w.made_files(), ["first-77", "second-77", "third-77"]);
-    let journal = tenancy_node::JournalDir::open(&w.config.cluster.state_dir)
+    let journal = tenancy_job::JournalDir::open(&w.config.cluster.state_dir)
         .unwrap()
         .load(77)
         .unwrap()

@@ -9,7 +9,7 @@ mod common;
 
 use common::{fake_dynamic_build, install, static_world, text, World};
 use std::path::Path;
-use tenancy_audit::{Event, Outcome};
+use tenancy_audit_log::{Event, Outcome};
 
 fn epilog(
     w: &World,

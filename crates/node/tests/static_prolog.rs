@@ -12,7 +12,7 @@ use common::{fake_dynamic_build, install, static_world, text, World};
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Output;
-use tenancy_audit::{Event, Outcome};
+use tenancy_audit_log::{Event, Outcome};
 use tenancy_node::linkage::{files_speak_for_nss, NSSWITCH};
 
 fn prolog(w: &World, bin: &Path, env: &[(OsString, OsString)]) -> Output {

@@ -35,6 +35,15 @@ fn main() {
                 ("job_descriptor", "tres_per_node"),
                 ("job_descriptor", "tres_per_socket"),
                 ("job_descriptor", "tres_per_task"),
+                ("job_descriptor", "req_nodes"),
+                ("job_descriptor", "exc_nodes"),
+                ("job_descriptor", "mcs_label"),
+                ("job_descriptor", "bitflags"),
+                ("job_descriptor", "priority"),
+                ("job_descriptor", "comment"),
+                ("job_descriptor", "time_limit"),
+                ("job_descriptor", "time_min"),
+                ("job_descriptor", "deadline"),
             ];
             // The job id of an update: its own field up to 25.11, in `step_id` from 26.05
             // (`job_id()` in src/lib.rs, selected by the same version).

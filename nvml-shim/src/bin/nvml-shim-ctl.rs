@@ -321,55 +321,12 @@ fn run(cli: Cli) -> Result<()> {
             let st = store::read(&cfg, |s| s.clone()).map_err(|e| anyhow!("{e}"))?;
             println!("{}", serde_json::to_string_pretty(&st)?);
         }
-        Cmd::Config => {
-            let v = serde_json::json!({
-                "fixture": cfg.fixture,
-                "state": cfg.state_path,
-                "dev_dir": cfg.dev_dir,
-                "mig_minors": cfg.mig_minors,
-                "proc_devices": cfg.proc_devices,
-                "uvm_major": cfg.uvm_major,
-                "caps_major": cfg.caps_major,
-                "driver_version": cfg.driver_version,
-                "instance_caps": cfg.instance_caps,
-                "dcgm_job_mapping_dir": cfg.dcgm_mapping_dir,
-                "gpus": cfg.gpus.iter().map(|g| serde_json::json!({
-                    "model": g.model.key(), "uuid": g.uuid, "mig_mode": g.mig_mode,
-                    "mig_mode_pending": g.mig_pending, "lost": g.lost, "cc_mode": g.cc_mode,
-                    "reset_required": g.reset_required, "profile_names": g.renames,
-                })).collect::<Vec<_>>(),
-                "host_major_conflicts": layout::host_major_conflicts(&cfg),
-            });
-            println!("{}", serde_json::to_string_pretty(&v)?);
-        }
+        Cmd::Config => print_config(&cfg)?,
         Cmd::List { format } => {
             let st = store::read(&cfg, |s| s.clone()).map_err(|e| anyhow!("{e}"))?;
             print_list(&st, format);
         }
-        Cmd::Arm { fault } => modify(&cfg, |st| {
-            match &fault {
-                Fault::GiCreate { error, count } => {
-                    let c = code(error)?;
-                    st.faults
-                        .gi_create
-                        .extend(std::iter::repeat_n(c, *count as usize));
-                }
-                Fault::CiCreate { error, count } => {
-                    let c = code(error)?;
-                    st.faults
-                        .ci_create
-                        .extend(std::iter::repeat_n(c, *count as usize));
-                }
-                Fault::DestroyInUse { count } => st.faults.destroy_in_use += count,
-                Fault::LoseGpu { gpu } => {
-                    gpu_ok(st, *gpu)?;
-                    st.gpus[*gpu as usize].lost = true;
-                }
-                Fault::SlowCreate { ms } => st.faults.create_delay_ms = *ms,
-                Fault::SlowDestroy { ms } => st.faults.destroy_delay_ms = *ms,
-            }
-            Ok(())
-        })?,
+        Cmd::Arm { fault } => modify(&cfg, |st| arm(st, &fault))?,
         Cmd::Disarm => modify(&cfg, |st| {
             st.faults = Default::default();
             Ok(())
@@ -382,48 +339,11 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         })?,
-        Cmd::Mig { gpu, mode, pending } => modify(&cfg, |st| {
-            gpu_ok(st, gpu)?;
-            let on = mode == "on";
-            let g = &mut st.gpus[gpu as usize];
-            if pending {
-                g.pending_mig_mode = on;
-                return Ok(());
-            }
-            if !on && !g.gis.is_empty() {
-                bail!("GPU {gpu} still has {} GPU instance(s): destroy them first (NVML_ERROR_IN_USE)", g.gis.len());
-            }
-            if on && g.cc_mode {
-                bail!("GPU {gpu} is in confidential-computing mode: no MIG (NVML_ERROR_NOT_SUPPORTED)");
-            }
-            g.mig_mode = on;
-            g.pending_mig_mode = on;
-            Ok(())
-        })?,
-        Cmd::ResetGpu { gpu } => modify(&cfg, |st| {
-            gpu_ok(st, gpu)?;
-            if st.gpus[gpu as usize].lost {
-                bail!("GPU {gpu} is lost: it needs `restore-gpu` (a reboot on a real node)");
-            }
-            st.reset_gpu(gpu)
-                .map_err(|r| anyhow!("reset of GPU {gpu}: {r}"))
-        })?,
-        Cmd::Cc { gpu, mode } => modify(&cfg, |st| {
-            gpu_ok(st, gpu)?;
-            let g = &mut st.gpus[gpu as usize];
-            if !matches!(
-                g.model,
-                model::GpuModel::H100_80GB | model::GpuModel::H200_141GB
-            ) {
-                bail!("a {} has no confidential-computing mode", g.model);
-            }
-            let on = mode == "on";
-            if on && !g.gis.is_empty() {
-                bail!("GPU {gpu} has {} GPU instance(s): a CC mode change resets the GPU; destroy them first", g.gis.len());
-            }
-            g.cc_mode = on;
-            Ok(())
-        })?,
+        Cmd::Mig { gpu, mode, pending } => {
+            modify(&cfg, |st| set_mig(st, gpu, mode == "on", pending))?
+        }
+        Cmd::ResetGpu { gpu } => modify(&cfg, |st| reset_gpu(st, gpu))?,
+        Cmd::Cc { gpu, mode } => modify(&cfg, |st| set_cc(st, gpu, mode == "on"))?,
         Cmd::Hold {
             gpu,
             gi,
@@ -436,21 +356,125 @@ fn run(cli: Cli) -> Result<()> {
             st.gpus[gpu as usize].lost = false;
             Ok(())
         })?,
-        Cmd::Layout => {
-            if cfg.dev_dir.is_none() && cfg.mig_minors.is_none() && cfg.proc_devices.is_none() {
-                bail!(
-                    "the fixture names no dev_dir, mig_minors or proc_devices: nothing to lay out"
-                );
-            }
-            for w in layout::host_major_conflicts(&cfg) {
-                eprintln!("warning: {w}");
-            }
-            store::modify(&cfg, |st| (layout::layout(&cfg, st), true), |_| Ok(()))
-                .map_err(|e| anyhow!("{e}"))?
-                .map_err(|e| anyhow!("{e}"))
-                .context("layout")?;
-        }
+        Cmd::Layout => lay_out(&cfg)?,
     }
+    Ok(())
+}
+
+/// `config`: the resolved configuration as JSON.
+fn print_config(cfg: &Config) -> Result<()> {
+    let v = serde_json::json!({
+        "fixture": cfg.fixture,
+        "state": cfg.state_path,
+        "dev_dir": cfg.dev_dir,
+        "mig_minors": cfg.mig_minors,
+        "proc_devices": cfg.proc_devices,
+        "uvm_major": cfg.uvm_major,
+        "caps_major": cfg.caps_major,
+        "driver_version": cfg.driver_version,
+        "instance_caps": cfg.instance_caps,
+        "dcgm_job_mapping_dir": cfg.dcgm_mapping_dir,
+        "gpus": cfg.gpus.iter().map(|g| serde_json::json!({
+            "model": g.model.key(), "uuid": g.uuid, "mig_mode": g.mig_mode,
+            "mig_mode_pending": g.mig_pending, "lost": g.lost, "cc_mode": g.cc_mode,
+            "reset_required": g.reset_required, "profile_names": g.renames,
+        })).collect::<Vec<_>>(),
+        "host_major_conflicts": layout::host_major_conflicts(cfg),
+    });
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+/// `arm FAULT`: the fault waits in the state file for the call it fails.
+fn arm(st: &mut State, fault: &Fault) -> Result<()> {
+    match fault {
+        Fault::GiCreate { error, count } => {
+            let c = code(error)?;
+            st.faults
+                .gi_create
+                .extend(std::iter::repeat_n(c, *count as usize));
+        }
+        Fault::CiCreate { error, count } => {
+            let c = code(error)?;
+            st.faults
+                .ci_create
+                .extend(std::iter::repeat_n(c, *count as usize));
+        }
+        Fault::DestroyInUse { count } => st.faults.destroy_in_use += count,
+        Fault::LoseGpu { gpu } => {
+            gpu_ok(st, *gpu)?;
+            st.gpus[*gpu as usize].lost = true;
+        }
+        Fault::SlowCreate { ms } => st.faults.create_delay_ms = *ms,
+        Fault::SlowDestroy { ms } => st.faults.destroy_delay_ms = *ms,
+    }
+    Ok(())
+}
+
+/// `mig GPU on|off [--pending]`.
+fn set_mig(st: &mut State, gpu: u32, on: bool, pending: bool) -> Result<()> {
+    gpu_ok(st, gpu)?;
+    let g = &mut st.gpus[gpu as usize];
+    if pending {
+        g.pending_mig_mode = on;
+        return Ok(());
+    }
+    if !on && !g.gis.is_empty() {
+        bail!(
+            "GPU {gpu} still has {} GPU instance(s): destroy them first (NVML_ERROR_IN_USE)",
+            g.gis.len()
+        );
+    }
+    if on && g.cc_mode {
+        bail!("GPU {gpu} is in confidential-computing mode: no MIG (NVML_ERROR_NOT_SUPPORTED)");
+    }
+    g.mig_mode = on;
+    g.pending_mig_mode = on;
+    Ok(())
+}
+
+/// `reset-gpu GPU`: refused for a lost GPU.
+fn reset_gpu(st: &mut State, gpu: u32) -> Result<()> {
+    gpu_ok(st, gpu)?;
+    if st.gpus[gpu as usize].lost {
+        bail!("GPU {gpu} is lost: it needs `restore-gpu` (a reboot on a real node)");
+    }
+    st.reset_gpu(gpu)
+        .map_err(|r| anyhow!("reset of GPU {gpu}: {r}"))
+}
+
+/// `cc GPU on|off`: H100 and H200 only, and not under GPU instances.
+fn set_cc(st: &mut State, gpu: u32, on: bool) -> Result<()> {
+    gpu_ok(st, gpu)?;
+    let g = &mut st.gpus[gpu as usize];
+    if !matches!(
+        g.model,
+        model::GpuModel::H100_80GB | model::GpuModel::H200_141GB
+    ) {
+        bail!("a {} has no confidential-computing mode", g.model);
+    }
+    if on && !g.gis.is_empty() {
+        bail!(
+            "GPU {gpu} has {} GPU instance(s): a CC mode change resets the GPU; destroy them first",
+            g.gis.len()
+        );
+    }
+    g.cc_mode = on;
+    Ok(())
+}
+
+/// `layout`: the device nodes, mig-minors and proc-devices files the fixture names.
+fn lay_out(cfg: &Config) -> Result<()> {
+    if cfg.dev_dir.is_none() && cfg.mig_minors.is_none() && cfg.proc_devices.is_none() {
+        bail!("the fixture names no dev_dir, mig_minors or proc_devices: nothing to lay out");
+    }
+    for w in layout::host_major_conflicts(cfg) {
+        eprintln!("warning: {w}");
+    }
+    store::modify(cfg, |st| (layout::layout(cfg, st), true), |_| Ok(()))
+        .map_err(|e| anyhow!("{e}"))?
+        .map_err(|e| anyhow!("{e}"))
+        .context("layout")?;
     Ok(())
 }
 

@@ -28,25 +28,33 @@ N.nvmlLib = ctypes.CDLL(LIB)
 
 MiB = 1 << 20
 
-# (profile index, profile id, slices, instance count, memory MB, name) per model.
-H200_PROFILES = [
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 7, 16384, "MIG 1g.18gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, 1, 1, 16384, "MIG 1g.18gb+me"),
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, 1, 4, 33280, "MIG 1g.35gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, 2, 3, 33280, "MIG 2g.35gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, 3, 2, 71424, "MIG 3g.71gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, 4, 1, 71424, "MIG 4g.71gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, 7, 1, 143360, "MIG 7g.141gb"),
+# (profile index, profile id, slices, instance count): the same on each model with 7 slices.
+PROFILE_SHAPES = [
+    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 7),
+    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, 1, 1),
+    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, 1, 4),
+    (N.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, 2, 3),
+    (N.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, 3, 2),
+    (N.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, 4, 1),
+    (N.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, 7, 1),
 ]
-A100_40_PROFILES = [
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 7, 4864, "MIG 1g.5gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, 1, 1, 4864, "MIG 1g.5gb+me"),
-    (N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, 1, 4, 9856, "MIG 1g.10gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, 2, 3, 9856, "MIG 2g.10gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, 3, 2, 19968, "MIG 3g.20gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, 4, 1, 19968, "MIG 4g.20gb"),
-    (N.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, 7, 1, 40192, "MIG 7g.40gb"),
-]
+
+
+def mig_profiles(memory_mb, names):
+    """A model's profiles, in PROFILE_SHAPES' order, given each one's memory (MB) and name:
+    (profile index, profile id, slices, instance count, memory MB, name)."""
+    rows = zip(PROFILE_SHAPES, memory_mb, names, strict=True)
+    return [shape + (mb, f"MIG {name}") for shape, mb, name in rows]
+
+
+H200_PROFILES = mig_profiles(
+    [16384, 16384, 33280, 33280, 71424, 71424, 143360],
+    ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+)
+A100_40_PROFILES = mig_profiles(
+    [4864, 4864, 9856, 9856, 19968, 19968, 40192],
+    ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+)
 # profile id -> (placement starts, size) in memory slices (facts.md).
 PLACEMENTS = {
     19: ([0, 1, 2, 3, 4, 5, 6], 1),

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use tenancy_audit::{AuditLog, Event, Outcome, Record};
+use tenancy_audit_log::{AuditLog, Event, Outcome, Record};
 use tenancy_config::Config;
 
 /// The node name the audit records of this node carry: the log's own (the name the prolog
@@ -72,7 +72,7 @@ pub fn audited(config: &Config, result: anyhow::Result<ExitCode>) -> anyhow::Res
     let mut rec = record(config, Event::AdminAction, outcome)
         .command(command_line())
         .reason(reason);
-    match tenancy_node::spine::append_anchored(config, &mut rec) {
+    match tenancy_job::audit::append_anchored(config, &mut rec) {
         Ok(_) => result,
         Err(e) => {
             eprintln!("tenancyctl: this action is not in the audit trail: {e}");

@@ -1,5 +1,5 @@
 //! `tenancyctl adopt`: the PAM side of ssh sessions that pam_slurm_adopt puts into a job (see
-//! `tenancy_job::adopt`, re-exported as `tenancy_node::adopt`), for `pam_exec` in the session
+//! `tenancy_job::adopt`, re-exported as `tenancy_job::adopt`), for `pam_exec` in the session
 //! phase, after pam_slurm_adopt:
 //!
 //!     account  required  pam_slurm_adopt.so
@@ -22,7 +22,7 @@
 
 use std::process::ExitCode;
 use tenancy_config::Config;
-use tenancy_node::adopt::{session, Session};
+use tenancy_job::adopt::{session, Session};
 
 #[derive(clap::Args)]
 pub struct AdoptArgs {

@@ -28,7 +28,7 @@ pub struct LogFile {
 #[derive(Deserialize)]
 pub struct Head {
     pub seq: u64,
-    #[serde(default, with = "tenancy_audit::record::ts::opt")]
+    #[serde(default, with = "tenancy_audit_log::record::ts::opt")]
     pub time: Option<DateTime<Utc>>,
     #[serde(default)]
     pub node: Option<String>,

@@ -1,10 +1,10 @@
 //! `tenancyctl check`: validates the config and prints what each tenant and tier enforces.
 
+use crate::output::Format;
 use crate::output::Rows;
 use serde::Serialize;
 use std::process::ExitCode;
 use tenancy_config::{group_gid, Config, ScratchOnExit};
-use tenancy_output::Format;
 
 #[derive(Serialize)]
 struct TenantRow {
@@ -69,6 +69,26 @@ pub(crate) fn mig_name_report(config: &Config) -> Result<(String, Vec<String>), 
         driver.clone(),
         tenancy_mig::names::mismatches(&configured_mig_names(config), &names, &driver),
     ))
+}
+
+/// The config, its node pools checked against slurm.conf's nodes when slurm.conf can be read
+/// (a warning says so when it cannot and there are pools).
+pub fn load(
+    explicit: Option<&std::path::Path>,
+    slurm_conf: Option<std::path::PathBuf>,
+) -> Result<Config, tenancy_config::ConfigError> {
+    let path = Config::find(explicit)?;
+    let slurm_path = slurm_conf.unwrap_or_else(tenancy_config::slurm_conf::default_path);
+    match tenancy_config::slurm_conf::SlurmConf::load(&slurm_path) {
+        Ok(slurm) => Config::from_file_for(&path, Some(&slurm)),
+        Err(e) => {
+            let config = Config::from_file(&path)?;
+            if config.has_pools() {
+                eprintln!("warning: node pools not checked against slurm.conf's nodes: {e}");
+            }
+            Ok(config)
+        }
+    }
 }
 
 pub fn run(config: &Config, format: Format) -> anyhow::Result<ExitCode> {

@@ -3,9 +3,9 @@
 //! (ARCHITECTURE.md, "Task and sessions").
 
 use std::path::{Path, PathBuf};
+use tenancy_cgroup::layout::{CgroupLayout, LayoutKind};
 use tenancy_config::Config;
 use tenancy_devices::doctor::Severity;
-use tenancy_devices::layout::{CgroupLayout, LayoutKind};
 
 /// One finding: check, severity, message, remedy.
 pub type Finding = (&'static str, Severity, String, Option<String>);

@@ -3,12 +3,12 @@
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tenancy_cgroup::layout::MOUNTINFO;
 use tenancy_devices::cli::render;
 use tenancy_devices::doctor::{doctor, DoctorParams, Severity};
 use tenancy_devices::driver::{DriverPaths, MIG_MINORS, PROC_DEVICES};
-use tenancy_devices::layout::MOUNTINFO;
 
-pub use tenancy_output::Format;
+use crate::output::Format;
 
 /// Devices layer commands.
 #[derive(Debug, Args)]

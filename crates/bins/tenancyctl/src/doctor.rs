@@ -1,6 +1,7 @@
 //! `tenancyctl doctor`: is this node set up so that every layer can isolate every job?
 //! Checks the product's own prerequisites, then the device layer's view of cgroups and Slurm.
 
+use crate::output::Format;
 use crate::output::Rows;
 use serde::Serialize;
 use std::os::unix::fs::MetadataExt;
@@ -8,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tenancy_config::Config;
 use tenancy_devices::doctor::{doctor, DoctorParams, Severity};
-use tenancy_output::Format;
 
 #[derive(clap::Args)]
 pub struct DoctorArgs {
@@ -482,7 +482,7 @@ fn anchor_key_row(key: Option<&Path>) -> Row {
     let make = "head -c 32 /dev/urandom > /etc/slurm/tenancy-anchor.key && chmod 600 \
                 /etc/slurm/tenancy-anchor.key, the same file on every node and with the \
                 auditor, and cluster.audit_anchor_key = that path";
-    match key.map(tenancy_audit::AnchorKey::load) {
+    match key.map(tenancy_audit_log::AnchorKey::load) {
         None => row(
             "audit.anchor_key",
             Severity::Warn,
@@ -516,7 +516,7 @@ fn anchor_key_row(key: Option<&Path>) -> Row {
 fn signing_row(path: &Path, hmac: Option<&Path>) -> Row {
     let make = "tenancyctl audit keygen (and add the line it prints to the nodes' public keys \
                 file, audit.public_keys)";
-    match tenancy_audit::NodeKey::load(path) {
+    match tenancy_audit_log::NodeKey::load(path) {
         Ok(k) => row(
             "audit.signing",
             Severity::Ok,
@@ -558,7 +558,7 @@ fn signing_row(path: &Path, hmac: Option<&Path>) -> Row {
 
 /// The clock every record's time comes from (adjtimex): anchors say whether it was
 /// synchronised, and `audit verify` reports a node whose anchors say it was not.
-fn clock_row(c: Option<tenancy_audit::ClockSync>) -> Row {
+fn clock_row(c: Option<tenancy_audit_log::ClockSync>) -> Row {
     match c {
         Some(c) if c.synchronised => row(
             "audit.clock",
@@ -675,7 +675,7 @@ fn root_owned_dir(path: &Path, what: &str, out: &mut Vec<Row>) {
 /// The intent log: jobs whose intents were recorded before the last restart (a power loss may
 /// have taken their journal files) wait for `tenancyctl reconcile --apply`.
 fn intent_log_row(state_dir: &Path) -> Row {
-    use tenancy_node::intent_log::{boot_id, IntentLog, FILE};
+    use tenancy_job::intent_log::{boot_id, IntentLog, FILE};
     let path = state_dir.join(FILE);
     let records = match IntentLog::open_existing(state_dir) {
         Ok(None) => {
@@ -776,7 +776,7 @@ fn state_rows(config: &Config, rows: &mut Vec<Row>) {
     if let Some(dir) = config.cluster.audit_log.parent() {
         root_owned_dir(dir, "audit.dir", rows);
     }
-    let signing = tenancy_audit::NodeKey::load(&config.audit.signing_key).is_ok();
+    let signing = tenancy_audit_log::NodeKey::load(&config.audit.signing_key).is_ok();
     // With the node's own key, the shared HMAC key is only for verifiers of older logs.
     if !(signing && config.cluster.audit_anchor_key.is_none()) {
         rows.push(anchor_key_row(config.cluster.audit_anchor_key.as_deref()));
@@ -785,7 +785,7 @@ fn state_rows(config: &Config, rows: &mut Vec<Row>) {
         &config.audit.signing_key,
         config.cluster.audit_anchor_key.as_deref(),
     ));
-    rows.push(clock_row(tenancy_audit::clock_sync()));
+    rows.push(clock_row(tenancy_audit_log::clock_sync()));
     rows.push(forward_row(config));
     if let Some(dir) = &config.cluster.dcgm_job_mapping_dir {
         rows.push(dcgm_dir_row(dir));
@@ -1215,8 +1215,8 @@ fn slurm_rows(
         std::fs::read_to_string(&slurm_conf).ok().as_deref(),
         &config.cluster.scratch_root,
     ));
-    let layout = tenancy_devices::layout::CgroupLayout::detect()
-        .unwrap_or_else(|_| tenancy_devices::layout::CgroupLayout::parse(""));
+    let layout = tenancy_cgroup::layout::CgroupLayout::detect()
+        .unwrap_or_else(|_| tenancy_cgroup::layout::CgroupLayout::parse(""));
     for (check, severity, message, remedy) in crate::containment::findings(
         config,
         &slurm_conf,
@@ -1224,6 +1224,9 @@ fn slurm_rows(
         &layout,
         ssh_contained,
     ) {
+        rows.push(row(check, severity, message, remedy));
+    }
+    for (check, severity, message, remedy) in crate::scheduler::findings(config, &slurm_conf) {
         rows.push(row(check, severity, message, remedy));
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use tenancy_network::{apply, counters, ruleset, FirewallSpec};
 
-pub use tenancy_output::Format;
+use crate::output::Format;
 
 /// `tenancyctl firewall show`: per tenant its cgroup, egress and drop counters.
 #[derive(Args, Debug, Clone, Default)]

@@ -19,22 +19,22 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use chrono::{DateTime, Utc};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::{Deserialize, Serialize};
-use tenancy_audit::{Event, Outcome};
+use tenancy_audit_log::{Event, Outcome};
 use tenancy_config::{Collector, Config};
 
 use crate::chain::{ChainReader, Line, Position, Seek};
+
+mod tls;
+use tls::{alive, close_and_wait, connect, tls_config, Tls, CLOSE_WAIT};
 
 #[derive(Debug, clap::Args)]
 pub struct ForwardArgs {
@@ -86,7 +86,7 @@ pub struct Cursor {
     /// After the last record the collector confirmed.
     pub record: Position,
     /// The time of that record.
-    #[serde(default, with = "tenancy_audit::record::ts::opt")]
+    #[serde(default, with = "tenancy_audit_log::record::ts::opt")]
     pub record_time: Option<DateTime<Utc>>,
     /// After the last anchor line it confirmed in `cluster.audit_anchor`.
     #[serde(default)]
@@ -98,7 +98,7 @@ pub struct Cursor {
     pub last_error: Option<String>,
     #[serde(default)]
     pub connected: bool,
-    #[serde(default, with = "tenancy_audit::record::ts::opt")]
+    #[serde(default, with = "tenancy_audit_log::record::ts::opt")]
     pub updated: Option<DateTime<Utc>>,
 }
 
@@ -128,166 +128,19 @@ fn write_cursor(path: &Path, c: &Cursor) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// The TLS client of every collector: the CA file's certificates, and the node's client
-/// certificate when the config names one (its key root's alone).
-pub fn tls_config(config: &Config) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-    let Some(ca) = &config.audit.ca_file else {
-        bail!("audit.ca_file is not set: the collectors' certificates cannot be checked");
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    let certs: Vec<CertificateDer> = CertificateDer::pem_file_iter(ca)
-        .with_context(|| format!("audit.ca_file {}", ca.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("audit.ca_file {}: not PEM certificates", ca.display()))?;
-    if certs.is_empty() {
-        bail!("audit.ca_file {}: holds no certificate", ca.display());
-    }
-    for c in certs {
-        roots
-            .add(c)
-            .with_context(|| format!("audit.ca_file {}: a certificate it holds", ca.display()))?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS versions")?
-        .with_root_certificates(roots);
-    let cfg = match (&config.audit.cert_file, &config.audit.key_file) {
-        (Some(cert), Some(key)) => {
-            // The key file: root's alone, as every key of the product.
-            let pem = tenancy_audit::sign::read_root_only(key, "audit.key_file", 1, 1 << 20)
-                .map_err(anyhow::Error::msg)?;
-            let key_der = PrivateKeyDer::from_pem_slice(&pem)
-                .with_context(|| format!("audit.key_file {}: no PEM private key", key.display()))?;
-            let chain: Vec<CertificateDer> = CertificateDer::pem_file_iter(cert)
-                .with_context(|| format!("audit.cert_file {}", cert.display()))?
-                .collect::<Result<_, _>>()
-                .with_context(|| format!("audit.cert_file {}: not PEM", cert.display()))?;
-            builder
-                .with_client_auth_cert(chain, key_der)
-                .context("audit.cert_file and audit.key_file do not make a client certificate")?
-        }
-        _ => builder.with_no_client_auth(),
-    };
-    Ok(Arc::new(cfg))
-}
-
 /// One message of RFC 5424 in its RFC 5425 frame: `LEN SP <86>1 TIME HOST tenancy-audit -
 /// MSGID - MSG` (facility authpriv, severity info; MSGID `record` or `anchor`, so a collector
 /// can file them apart; MSG the line as the node holds it).
 pub fn frame(out: &mut Vec<u8>, time: &DateTime<Utc>, host: &str, msgid: &str, msg: &[u8]) {
     let head = format!(
         "<86>1 {} {} tenancy-audit - {msgid} - ",
-        tenancy_audit::record::ts::format(time),
+        tenancy_audit_log::record::ts::format(time),
         if host.is_empty() { "-" } else { host }
     );
     let len = head.len() + msg.len();
     out.extend_from_slice(format!("{len} ").as_bytes());
     out.extend_from_slice(head.as_bytes());
     out.extend_from_slice(msg);
-}
-
-/// Whether the collector still holds the session: what it sent (session tickets, an alert,
-/// close_notify) is read without waiting; end of stream, a reset or an alert mean it is gone.
-fn alive(tls: &mut Tls) -> bool {
-    if tls.sock.set_nonblocking(true).is_err() {
-        return false;
-    }
-    let up = loop {
-        match tls.conn.read_tls(&mut tls.sock) {
-            Ok(0) => break false,
-            Ok(_) => match tls.conn.process_new_packets() {
-                Ok(st) if st.peer_has_closed() => break false,
-                Ok(_) => continue,
-                Err(_) => break false,
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break true,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break false,
-        }
-    };
-    // Plaintext the collector sent (it never should) is dropped.
-    let mut sink = [0u8; 512];
-    while matches!(tls.conn.reader().read(&mut sink), Ok(n) if n > 0) {}
-    up && tls.sock.set_nonblocking(false).is_ok()
-}
-
-/// How long a collector has to close its end of a session after ours.
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
-
-/// Ends a session and waits for the collector's end: Ok once it closed after reading
-/// everything (end of stream, after its close_notify or without); a reset (it closed with our
-/// bytes unread), an error or no answer within [`CLOSE_WAIT`] is an Err.
-fn close_and_wait(tls: &mut Tls) -> Result<(), String> {
-    tls.conn.send_close_notify();
-    while tls.conn.wants_write() {
-        tls.conn
-            .write_tls(&mut tls.sock)
-            .map_err(|e| format!("sending close_notify: {e}"))?;
-    }
-    tls.sock
-        .shutdown(std::net::Shutdown::Write)
-        .map_err(|e| format!("closing our end: {e}"))?;
-    let deadline = Instant::now() + CLOSE_WAIT;
-    let _ = tls.sock.set_read_timeout(Some(CLOSE_WAIT));
-    loop {
-        match tls.conn.read_tls(&mut tls.sock) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {
-                let _ = tls.conn.process_new_packets();
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(format!(
-                    "no end of the session from it within {CLOSE_WAIT:?}"
-                ))
-            }
-            Err(e) => return Err(format!("the session ended with {e}")),
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "no end of the session from it within {CLOSE_WAIT:?}"
-            ));
-        }
-    }
-}
-
-type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
-
-/// Connects and completes the TLS handshake: nothing is sent to a collector whose certificate
-/// does not verify.
-fn connect(c: &Collector, tls: &Arc<rustls::ClientConfig>) -> Result<Tls, String> {
-    let addrs: Vec<_> = (c.host.as_str(), c.port)
-        .to_socket_addrs()
-        .map_err(|e| format!("collector {c}: cannot resolve {}: {e}", c.host))?
-        .collect();
-    let mut last = format!("collector {c}: no address");
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
-            Ok(sock) => {
-                let _ = sock.set_write_timeout(Some(Duration::from_secs(30)));
-                let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
-                let name = ServerName::try_from(c.host.clone())
-                    .map_err(|e| format!("collector {c}: {e}"))?;
-                let conn = rustls::ClientConnection::new(tls.clone(), name)
-                    .map_err(|e| format!("collector {c}: TLS: {e}"))?;
-                let mut s = rustls::StreamOwned::new(conn, sock);
-                while s.conn.is_handshaking() {
-                    if let Err(e) = s.conn.complete_io(&mut s.sock) {
-                        return Err(format!("collector {c}: TLS handshake with {a}: {e}"));
-                    }
-                }
-                return Ok(s);
-            }
-            Err(e) => last = format!("collector {c}: cannot connect to {a}: {e}"),
-        }
-    }
-    Err(last)
 }
 
 /// Reads the anchor file line by line from a position, never past an anchor whose record has
@@ -373,7 +226,7 @@ impl AnchorReader {
             let body = text
                 .find("node=")
                 .map_or(String::new(), |i| text[i..].to_string());
-            if let Some(p) = tenancy_audit::ParsedAnchor::parse(&body) {
+            if let Some(p) = tenancy_audit_log::ParsedAnchor::parse(&body) {
                 if p.seq > sent_seq {
                     break;
                 }
@@ -408,6 +261,14 @@ struct Sent {
     anchors: AnchorPosition,
 }
 
+/// Messages framed for one write, and what each of them is.
+struct Batch {
+    buf: Vec<u8>,
+    sent: Vec<Sent>,
+    /// After the last anchor framed so far.
+    anchor_pos: AnchorPosition,
+}
+
 /// Everything about forwarding to one collector.
 struct Stream {
     collector: Collector,
@@ -434,7 +295,7 @@ fn say(s: &str) {
 
 fn audit_record(config: &Config, event: Event, outcome: Outcome, reason: String) {
     let mut rec = crate::admin::record(config, event, outcome).reason(reason);
-    if let Err(e) = tenancy_node::spine::append_anchored(config, &mut rec) {
+    if let Err(e) = tenancy_job::audit::append_anchored(config, &mut rec) {
         say(&format!("cannot record {}: {e}", rec.event));
     }
 }
@@ -595,99 +456,107 @@ impl Stream {
         if self.conn.is_none() && Instant::now() < self.next_try {
             return Ok(0);
         }
+        let batch = self.next_batch(config)?;
+        if batch.sent.is_empty() {
+            return Ok(0);
+        }
+        self.ensure_connected(config)?;
+        let n = batch.sent.len();
+        self.send(batch)?;
+        Ok(n)
+    }
+
+    /// Frames the records the log holds past what was sent, each after the anchors of the
+    /// records before it.
+    fn next_batch(&mut self, config: &Config) -> Result<Batch, String> {
         let lines: Vec<Line> = self
             .reader
             .next(256 * 1024)
             .map_err(|e| format!("reading {}: {e}", config.cluster.audit_log.display()))?;
-        let mut buf = Vec::with_capacity(64 * 1024);
-        let mut batch: Vec<Sent> = Vec::new();
-        let mut anchor_pos = self.anchors.pos.clone();
-        let mut n = 0;
-        let push_anchors = |me: &mut Self,
-                            upto: u64,
-                            buf: &mut Vec<u8>,
-                            batch: &mut Vec<Sent>,
-                            anchor_pos: &mut AnchorPosition,
-                            n: &mut usize|
-         -> Result<(), String> {
-            for (body, pos) in me
-                .anchors
-                .next(upto)
-                .map_err(|e| format!("reading the anchor file: {e}"))?
-            {
-                let host = tenancy_audit::ParsedAnchor::parse(&body)
-                    .map(|p| p.node)
-                    .unwrap_or_default();
-                frame(buf, &Utc::now(), &host, "anchor", body.as_bytes());
-                *anchor_pos = pos.clone();
-                batch.push(Sent {
-                    record: None,
-                    anchors: pos,
-                });
-                *n += 1;
-            }
-            Ok(())
+        let mut batch = Batch {
+            buf: Vec::with_capacity(64 * 1024),
+            sent: Vec::new(),
+            anchor_pos: self.anchors.pos.clone(),
         };
-        push_anchors(
-            self,
-            self.sent_seq,
-            &mut buf,
-            &mut batch,
-            &mut anchor_pos,
-            &mut n,
-        )?;
+        self.frame_anchors(&mut batch)?;
         for l in lines {
             if l.seq <= self.sent_seq {
                 continue;
             }
             frame(
-                &mut buf,
+                &mut batch.buf,
                 &l.time.unwrap_or_else(Utc::now),
                 &l.node,
                 "record",
                 &l.bytes,
             );
             self.sent_seq = l.seq;
-            batch.push(Sent {
+            batch.sent.push(Sent {
                 record: Some((l.after.clone(), l.time)),
-                anchors: anchor_pos.clone(),
+                anchors: batch.anchor_pos.clone(),
             });
-            n += 1;
             // The anchors of the records up to here.
-            push_anchors(
-                self,
-                self.sent_seq,
-                &mut buf,
-                &mut batch,
-                &mut anchor_pos,
-                &mut n,
-            )?;
+            self.frame_anchors(&mut batch)?;
         }
-        if batch.is_empty() {
-            return Ok(0);
+        Ok(batch)
+    }
+
+    /// Frames the anchor lines of the records sent so far.
+    fn frame_anchors(&mut self, batch: &mut Batch) -> Result<(), String> {
+        for (body, pos) in self
+            .anchors
+            .next(self.sent_seq)
+            .map_err(|e| format!("reading the anchor file: {e}"))?
+        {
+            let host = tenancy_audit_log::ParsedAnchor::parse(&body)
+                .map(|p| p.node)
+                .unwrap_or_default();
+            frame(
+                &mut batch.buf,
+                &Utc::now(),
+                &host,
+                "anchor",
+                body.as_bytes(),
+            );
+            batch.anchor_pos = pos.clone();
+            batch.sent.push(Sent {
+                record: None,
+                anchors: pos,
+            });
         }
-        if self.conn.is_none() {
-            let tls = tls_config(config).map_err(|e| format!("{e:#}"))?;
-            let conn = connect(&self.collector, &tls)?;
-            if let Some(since) = self.failing_since.take() {
-                say(&format!(
-                    "collector {} reachable again after {:.1} s; sending from seq {}",
-                    self.collector,
-                    since.elapsed().as_secs_f64(),
-                    self.cursor.record.seq + 1
-                ));
-            }
-            self.backoff = Duration::from_millis(500);
-            self.conn = Some(conn);
-            self.session_started = Instant::now();
+        Ok(())
+    }
+
+    /// Opens a session when none is open (after an outage, says it is over).
+    fn ensure_connected(&mut self, config: &Config) -> Result<(), String> {
+        if self.conn.is_some() {
+            return Ok(());
         }
-        let conn = self.conn.as_mut().expect("connected above");
-        conn.write_all(&buf)
+        let tls = tls_config(config).map_err(|e| format!("{e:#}"))?;
+        let conn = connect(&self.collector, &tls)?;
+        if let Some(since) = self.failing_since.take() {
+            say(&format!(
+                "collector {} reachable again after {:.1} s; sending from seq {}",
+                self.collector,
+                since.elapsed().as_secs_f64(),
+                self.cursor.record.seq + 1
+            ));
+        }
+        self.backoff = Duration::from_millis(500);
+        self.conn = Some(conn);
+        self.session_started = Instant::now();
+        Ok(())
+    }
+
+    /// Writes a batch to the session; its messages wait for the session's end to be confirmed.
+    fn send(&mut self, batch: Batch) -> Result<(), String> {
+        let conn = self.conn.as_mut().expect("connected before");
+        conn.write_all(&batch.buf)
             .and_then(|()| conn.flush())
             .map_err(|e| format!("collector {}: sending: {e}", self.collector))?;
         // A record's position carries the anchors sent before it: fill them in order.
         let mut last_anchor = self.cursor.anchors.clone();
-        for mut s in batch {
+        for mut s in batch.sent {
             if s.record.is_none() {
                 last_anchor = s.anchors.clone();
             } else if s.anchors == AnchorPosition::default() {
@@ -695,7 +564,7 @@ impl Stream {
             }
             self.unconfirmed.push_back(s);
         }
-        Ok(n)
+        Ok(())
     }
 
     /// Everything there now was sent and confirmed.
@@ -734,8 +603,6 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
             list.join(", ")
         ),
     );
-    let confirm_after = Duration::from_millis(args.confirm_ms);
-    let poll = Duration::from_millis(args.poll_ms.max(1));
     let mut streams = Vec::new();
     for c in &config.audit.collectors {
         streams.push(Stream::new(config, c, args.resend_from)?);
@@ -744,8 +611,23 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     let target = crate::chain::log_files(&config.cluster.audit_log)?
         .last()
         .map_or(0, |f| f.last_seq);
+    let code = forward_until_stopped(config, args, &mut streams, &stop, target);
+    finish(config, args, &mut streams);
+    Ok(code)
+}
+
+/// Sends and confirms, stream by stream, until a signal comes or, with --once, every
+/// collector confirmed `target` (or the timeout passed: FAILURE).
+fn forward_until_stopped(
+    config: &Config,
+    args: &ForwardArgs,
+    streams: &mut [Stream],
+    stop: &AtomicBool,
+    target: u64,
+) -> ExitCode {
+    let confirm_after = Duration::from_millis(args.confirm_ms);
+    let poll = Duration::from_millis(args.poll_ms.max(1));
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    let mut code = ExitCode::SUCCESS;
     loop {
         let mut sent = 0;
         for s in streams.iter_mut() {
@@ -758,27 +640,29 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
             }
         }
         if stop.load(Ordering::Relaxed) {
-            break;
+            return ExitCode::SUCCESS;
         }
         if args.once {
             let done = streams
                 .iter()
                 .all(|s| s.caught_up() && s.cursor.record.seq >= target);
             if done {
-                break;
+                return ExitCode::SUCCESS;
             }
             if Instant::now() > deadline {
                 say("--once: not every collector caught up in time");
-                code = ExitCode::FAILURE;
-                break;
+                return ExitCode::FAILURE;
             }
         }
         if sent == 0 {
             std::thread::sleep(poll);
         }
     }
-    // Stopping: the stop is recorded and sent too, and what was sent gets its chance to be
-    // confirmed before the cursors are saved.
+}
+
+/// Stopping: the stop is recorded and sent too, and what was sent gets its chance to be
+/// confirmed before the cursors are saved.
+fn finish(config: &Config, args: &ForwardArgs, streams: &mut [Stream]) {
     audit_record(
         config,
         Event::ForwardStopped,
@@ -794,6 +678,7 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
     );
     // Each collector that is reachable gets the rest (the stop record too) and confirms it
     // now; one that is not keeps its cursor, and the next run sends again from there.
+    let confirm_after = Duration::from_millis(args.confirm_ms);
     let until = Instant::now() + CLOSE_WAIT + Duration::from_secs(2);
     for s in streams.iter_mut().filter(|s| s.failing_since.is_none()) {
         s.next_try = Instant::now();
@@ -813,7 +698,6 @@ pub fn run(config: &Config, args: &ForwardArgs) -> anyhow::Result<ExitCode> {
         }
         s.save();
     }
-    Ok(code)
 }
 
 #[cfg(test)]

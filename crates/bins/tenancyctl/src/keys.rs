@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use tenancy_audit::{Event, NodeKey, Outcome, Resource, ResourceAction};
+use tenancy_audit_log::{Event, NodeKey, Outcome, Resource, ResourceAction};
 use tenancy_config::Config;
 
 #[derive(Debug, clap::Args)]
@@ -88,7 +88,7 @@ pub fn run(config: &Config, args: &KeygenArgs) -> anyhow::Result<ExitCode> {
             .resource(key_resource(ResourceAction::Removed, o, &path))
             .resource(key_resource(ResourceAction::Made, &new, &path)),
     };
-    let appended = match tenancy_audit::AuditLog::open(&config.cluster.audit_log)
+    let appended = match tenancy_audit_log::AuditLog::open(&config.cluster.audit_log)
         .and_then(|mut l| l.append(&mut rec))
     {
         Ok(a) => a,
@@ -99,7 +99,7 @@ pub fn run(config: &Config, args: &KeygenArgs) -> anyhow::Result<ExitCode> {
     };
     // The old key vouches for the new one; then the new key signs the same head.
     if let Some(o) = &old {
-        tenancy_node::spine::anchor_with(config, &node, &appended, Some(o));
+        tenancy_job::audit::anchor_with(config, &node, &appended, Some(o));
     }
     std::fs::rename(&tmp, &path)
         .and_then(|()| match path.parent() {
@@ -107,7 +107,7 @@ pub fn run(config: &Config, args: &KeygenArgs) -> anyhow::Result<ExitCode> {
             None => Ok(()),
         })
         .with_context(|| format!("putting the new key in place at {}", path.display()))?;
-    tenancy_node::spine::anchor_with(config, &node, &appended, Some(&new));
+    tenancy_job::audit::anchor_with(config, &node, &appended, Some(&new));
     let line = new.public_line(&node);
     let pub_path = PathBuf::from(format!("{}.pub", path.display()));
     if let Err(e) = std::fs::write(&pub_path, format!("{line}\n")) {

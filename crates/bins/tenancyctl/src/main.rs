@@ -15,16 +15,19 @@ mod mig;
 mod output;
 mod prune;
 mod reconcile;
+mod report;
 mod rotate;
-mod sacct;
+mod scheduler;
 mod scratch;
-mod statement;
+mod slurm_sync;
+mod storage_audit;
+mod verify;
 
+use crate::output::Format;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tenancy_config::{group_gid, Config};
-use tenancy_output::Format;
 
 #[derive(Parser)]
 #[command(
@@ -46,12 +49,16 @@ enum Command {
     Check {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
+        /// slurm.conf whose nodes the node pools must name (default: SLURM_CONF, else
+        /// /etc/slurm/slurm.conf)
+        #[arg(long)]
+        slurm_conf: Option<PathBuf>,
     },
     /// Check that this node can isolate every job (exit 1 on any error)
     Doctor(doctor::DoctorArgs),
     /// Accounting report over one or many audit logs; priced statements (--statement);
     /// the cross-check with Slurm's accounting (--compare-sacct, exit 1 on a disagreement)
-    Report(ReportCmd),
+    Report(report::ReportCmd),
     /// Tear down journals of jobs Slurm no longer runs and find product resources no journal
     /// owns (dry run unless --apply; exit 1 when something is left)
     Reconcile(reconcile::ReconcileArgs),
@@ -72,126 +79,25 @@ enum Command {
     /// Retained encrypted scratch: unlock (its key added again) or lock a job's folder
     Scratch(scratch::ScratchArgs),
     /// Report files and folders another tenant could read, write or enter (exit 1 if any)
-    StorageAudit(tenancy_scratch::AuditArgs),
+    StorageAudit(storage_audit::AuditArgs),
     /// This node's jobs, MIG slices, firewall drops, refusals, rollbacks, job path durations
     /// and audit chain head as OpenMetrics text (node_exporter's textfile collector)
     Metrics(metrics::MetricsArgs),
+    /// Slurm's side of the tenants: their accounts, users and quotas in slurmdbd
+    Slurm {
+        #[command(subcommand)]
+        command: SlurmCommand,
+    },
     /// Move an ssh session pam_slurm_adopt put into a job into the job's isolation, or refuse
     /// it (for pam_exec in the session phase; exit 1 refuses; under pam_exec a config found
     /// through the environment must be root's alone)
     Adopt(adopt::AdoptArgs),
 }
 
-/// `report`: the audit crate's options, and what a statement and the cross-check add.
-#[derive(clap::Args)]
-struct ReportCmd {
-    #[command(flatten)]
-    base: tenancy_audit::ReportArgs,
-    /// Statement: anchor file(s) (syslog or cluster.audit_anchor) the integrity line checks
-    /// the chains against
-    #[arg(long = "anchor", value_name = "FILE")]
-    anchors: Vec<PathBuf>,
-    /// Statement: take only anchors with this key's MAC (default: the config's
-    /// audit_anchor_key, with --anchor)
-    #[arg(long, value_name = "FILE")]
-    anchor_key: Option<PathBuf>,
-    /// Statement: the nodes' public keys the anchors' signatures are checked with (default:
-    /// the config's audit.public_keys, with --anchor)
-    #[arg(long, value_name = "FILE")]
-    public_keys: Option<PathBuf>,
-    /// Statement: the paths hold every node's log (a node anchored without one does not verify)
-    #[arg(long)]
-    all_nodes: bool,
-    /// Statement with --format html: one file per tenant in this folder
-    /// (statement-YYYY-MM-TENANT.html); default: every tenant in one page on stdout
-    #[arg(long, value_name = "DIR")]
-    out: Option<PathBuf>,
-    /// Compare with Slurm's accounting (sacct) for the period (--statement, or --since and
-    /// --until): list every job where the books disagree; exit 1 if any
-    #[arg(long)]
-    compare_sacct: bool,
-    /// With --compare-sacct: read this file of `sacct --parsable2` output (with its header)
-    /// instead of running sacct
-    #[arg(long, value_name = "FILE", requires = "compare_sacct")]
-    sacct_file: Option<PathBuf>,
-    /// With --compare-sacct: slice-hours may differ from Slurm's TRES usage by this many
-    /// seconds per slice (prolog and epilog time)
-    #[arg(long, default_value_t = 60, requires = "compare_sacct")]
-    tolerance_seconds: u64,
-}
-
-fn run_report(config: Option<&std::path::Path>, cmd: ReportCmd) -> anyhow::Result<ExitCode> {
-    let ReportCmd { base, .. } = &cmd;
-    if cmd.compare_sacct {
-        let (since, until) = match (&base.statement, &base.since, &base.until) {
-            (Some(m), _, _) => tenancy_audit::report::parse_month(m)?,
-            (None, Some(s), Some(u)) => (
-                tenancy_audit::report::parse_bound(s, false)?,
-                tenancy_audit::report::parse_bound(u, true)?,
-            ),
-            _ => anyhow::bail!(
-                "--compare-sacct needs a period: --statement YYYY-MM, or --since and --until"
-            ),
-        };
-        let Some(format) = base.format.plain() else {
-            anyhow::bail!("--compare-sacct prints a table, csv or json, not html");
-        };
-        return sacct::run(
-            &base.paths,
-            since,
-            until,
-            cmd.sacct_file.as_deref(),
-            cmd.tolerance_seconds,
-            format,
-        );
-    }
-    let Some(month) = &base.statement else {
-        if cmd.out.is_some() || !cmd.anchors.is_empty() {
-            anyhow::bail!("--out and --anchor are for --statement");
-        }
-        return tenancy_audit::run_report(cmd.base);
-    };
-    // Prices come from the config; without one the statement shows quantities only. A config
-    // that is there but invalid is an error: a statement never guesses a price.
-    let config = match Config::load(config) {
-        Ok(c) => Some(c),
-        Err(tenancy_config::ConfigError::NotFound { .. }) => None,
-        Err(e) => anyhow::bail!("{e}"),
-    };
-    let inputs = statement::IntegrityInputs {
-        anchors: cmd.anchors.clone(),
-        anchor_key: cmd.anchor_key.clone().or_else(|| {
-            (!cmd.anchors.is_empty())
-                .then(|| config.as_ref()?.cluster.audit_anchor_key.clone())
-                .flatten()
-        }),
-        public_keys: cmd.public_keys.clone().or_else(|| {
-            (!cmd.anchors.is_empty())
-                .then(|| config.as_ref()?.audit.public_keys.clone())
-                .flatten()
-        }),
-        all_nodes: cmd.all_nodes,
-    };
-    statement::run(
-        config.as_ref(),
-        &base.paths,
-        month,
-        &tenancy_audit::report::Query {
-            tenants: base.tenant.clone(),
-            users: base.user.clone(),
-            nodes: base.node.clone(),
-            ..Default::default()
-        },
-        base.format,
-        cmd.out.as_deref(),
-        &inputs,
-    )
-}
-
 #[derive(Subcommand)]
 enum AuditCommand {
     /// Check every node's hash chain; report the first bad record with its line
-    Verify(tenancy_audit::VerifyArgs),
+    Verify(verify::VerifyArgs),
     /// Set this node's audit log aside under a dated name and go on with its chain in a new
     /// file (use this, not logrotate's create or copytruncate, which restart the chain)
     Rotate(rotate::RotateArgs),
@@ -204,6 +110,13 @@ enum AuditCommand {
     /// Remove rotated audit files older than [audit] retain_days (or their tiers') and
     /// already forwarded; say what is kept and why (the log itself is never removed)
     Prune(prune::PruneArgs),
+}
+
+#[derive(Subcommand)]
+enum SlurmCommand {
+    /// Show (or with --apply make) each tenant's account, its GrpTRES/GrpJobs limits and its
+    /// users in slurmdbd, through sacctmgr; idempotent, removes only what it made
+    Sync(slurm_sync::SyncArgs),
 }
 
 #[derive(Subcommand)]
@@ -247,7 +160,7 @@ fn load_for_adopt(explicit: Option<&std::path::Path>) -> anyhow::Result<Config> 
 /// uids, so a file a user of another tenant owns, or a `user:` ACL entry naming one, is seen
 /// for what it gives. A user in several tenants is mapped to none (the audit asks what one
 /// tenant's members get that the other's do not), and root to none (it gets everything).
-fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
+fn tenant_map(config: &Config) -> tenancy_storage_audit::TenantMap {
     let members = config.member_uids();
     let mut tenants_of = std::collections::HashMap::<u32, usize>::new();
     for uids in members.values() {
@@ -255,7 +168,7 @@ fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
             *tenants_of.entry(u).or_default() += 1;
         }
     }
-    let mut map = tenancy_scratch::TenantMap::new();
+    let mut map = tenancy_storage_audit::TenantMap::new();
     for t in config.tenants.values() {
         let gids: Vec<u32> = t.groups.iter().filter_map(|g| group_gid(g)).collect();
         let uids = members[&t.name]
@@ -277,7 +190,7 @@ fn tenant_map(config: &Config) -> tenancy_scratch::TenantMap {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = cli.config.as_deref();
     match cli.command {
-        Command::Check { format } => match Config::load(config) {
+        Command::Check { format, slurm_conf } => match check::load(config, slurm_conf) {
             Ok(config) => check::run(&config, format),
             Err(e) => {
                 eprintln!("{e}");
@@ -294,7 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 reconcile::run(&c, args)
             }
         }
-        Command::Report(cmd) => run_report(config, cmd),
+        Command::Report(cmd) => report::run(config, cmd),
         Command::Audit {
             command: AuditCommand::Verify(mut args),
         } => {
@@ -311,7 +224,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
-            tenancy_audit::run_verify(args)
+            verify::run_verify(args)
         }
         Command::Audit {
             command: AuditCommand::Rotate(args),
@@ -380,10 +293,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Devices(args) => devices::run(args),
         Command::StorageAudit(args) => {
-            tenancy_scratch::run_storage_audit(&args, &tenant_map(&load(config)?))
+            storage_audit::run_storage_audit(&args, &tenant_map(&load(config)?))
         }
         Command::Metrics(args) => metrics::run(&load(config)?, &args),
         Command::Scratch(args) => scratch::run(&load(config)?, &args),
+        Command::Slurm {
+            command: SlurmCommand::Sync(args),
+        } => slurm_sync::run(&load(config)?, &args),
         Command::Adopt(args) => adopt::run(&load_for_adopt(config)?, &args),
     }
 }

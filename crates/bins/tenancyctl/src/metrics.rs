@@ -14,9 +14,9 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tenancy_audit::{Event, Record};
+use tenancy_audit_log::{Event, Record};
 use tenancy_config::Config;
-use tenancy_node::{JournalDir, StepState};
+use tenancy_job::{JournalDir, StepState};
 
 #[derive(clap::Args)]
 pub struct MetricsArgs {
@@ -194,8 +194,15 @@ fn read_audit(path: &Path) -> anyhow::Result<FromAudit> {
     Ok(a)
 }
 
-/// The whole exposition, `# EOF` included.
-pub fn render(config: &Config) -> anyhow::Result<String> {
+/// What the journals say: running jobs per (tenant, tier), MIG slices per (GPU, profile),
+/// and the journals reconcile must finish.
+struct FromJournals {
+    running: BTreeMap<(String, String), u64>,
+    slices: BTreeMap<(String, String), u64>,
+    left: u64,
+}
+
+fn read_journals(config: &Config) -> anyhow::Result<FromJournals> {
     let journals = JournalDir::at(&config.cluster.state_dir);
     let ids = match journals.job_ids() {
         Ok(ids) => ids,
@@ -244,30 +251,55 @@ pub fn render(config: &Config) -> anyhow::Result<String> {
     if let Ok((lost, unreadable)) = journals.recover_intents(false) {
         left += (lost.len() + unreadable.len()) as u64;
     }
-    let audit = read_audit(&config.cluster.audit_log)?;
+    Ok(FromJournals {
+        running,
+        slices,
+        left,
+    })
+}
 
-    let mut families = Vec::new();
-    let mut f = Family::new(
+/// The whole exposition, `# EOF` included.
+pub fn render(config: &Config) -> anyhow::Result<String> {
+    let journals = read_journals(config)?;
+    let audit = read_audit(&config.cluster.audit_log)?;
+    let mut families = journal_families(&journals);
+    families.extend(firewall_families(config));
+    families.push(job_path_histogram(&audit));
+    families.extend(audit_counters(&audit));
+    families.extend(node_families(config, &journals, &audit));
+    families.extend(forward_families(config, &audit));
+
+    let mut out = String::new();
+    for f in &families {
+        f.write(&mut out);
+    }
+    out.push_str("# EOF\n");
+    Ok(out)
+}
+
+/// Running jobs and the MIG slices they hold.
+fn journal_families(journals: &FromJournals) -> Vec<Family> {
+    let mut running = Family::new(
         "slurm_tenancy_jobs_running",
         "gauge",
         "Jobs isolated on this node now, per tenant and tier (from the journals).",
     );
-    for ((tenant, tier), n) in &running {
-        f.add(vec![("tenant", tenant.clone()), ("tier", tier.clone())], n);
+    for ((tenant, tier), n) in &journals.running {
+        running.add(vec![("tenant", tenant.clone()), ("tier", tier.clone())], n);
     }
-    families.push(f);
-
-    let mut f = Family::new(
+    let mut slices = Family::new(
         "slurm_tenancy_mig_slices_in_use",
         "gauge",
         "MIG GPU instances jobs hold, per GPU index and profile.",
     );
-    for ((gpu, profile), n) in &slices {
-        f.add(vec![("gpu", gpu.clone()), ("profile", profile.clone())], n);
+    for ((gpu, profile), n) in &journals.slices {
+        slices.add(vec![("gpu", gpu.clone()), ("profile", profile.clone())], n);
     }
-    families.push(f);
+    vec![running, slices]
+}
 
-    // The firewall's drop counters: absent when the table is not loaded.
+/// Whether the firewall is loaded, and its drop counters per tenant (none when it is not).
+fn firewall_families(config: &Config) -> Vec<Family> {
     let counters = tenancy_node::layers::network::firewall_spec(config)
         .ok()
         .and_then(|spec| tenancy_network::counters(&spec).ok());
@@ -277,7 +309,6 @@ pub fn render(config: &Config) -> anyhow::Result<String> {
         "1 when the product's nft table is loaded (tenancyctl firewall apply), else 0.",
     );
     loaded.add(vec![], u8::from(counters.is_some()));
-    families.push(loaded);
     let mut packets = Family::new(
         "slurm_tenancy_firewall_dropped_packets",
         "counter",
@@ -292,9 +323,11 @@ pub fn render(config: &Config) -> anyhow::Result<String> {
         packets.add(vec![("tenant", c.tenant.clone())], c.packets);
         bytes.add(vec![("tenant", c.tenant.clone())], c.bytes);
     }
-    families.push(packets);
-    families.push(bytes);
+    vec![loaded, packets, bytes]
+}
 
+/// The prolog's and the epilog's durations, from the audit log's job_start and job_end.
+fn job_path_histogram(audit: &FromAudit) -> Family {
     let mut h = Family::new(
         "slurm_tenancy_job_path_seconds",
         "histogram",
@@ -326,9 +359,12 @@ pub fn render(config: &Config) -> anyhow::Result<String> {
             format!("{}", d.iter().sum::<f64>()),
         ));
     }
-    families.push(h);
+    h
+}
 
-    for (name, help, n) in [
+/// The audit log's records of each kind that counts.
+fn audit_counters(audit: &FromAudit) -> Vec<Family> {
+    [
         (
             "slurm_tenancy_job_starts",
             "job_start records in the current audit log file.",
@@ -355,28 +391,32 @@ pub fn render(config: &Config) -> anyhow::Result<String> {
              log file.",
             audit.teardown_failures,
         ),
-    ] {
+    ]
+    .into_iter()
+    .map(|(name, help, n)| {
         let mut f = Family::new(name, "counter", help);
         f.add(vec![], n);
-        families.push(f);
-    }
+        f
+    })
+    .collect()
+}
 
-    let mut f = Family::new(
+/// What reconcile has left to do and last did, and the head of the audit chain.
+fn node_families(config: &Config, journals: &FromJournals, audit: &FromAudit) -> Vec<Family> {
+    let mut left = Family::new(
         "slurm_tenancy_journals_left_for_reconcile",
         "gauge",
         "Journals tenancyctl reconcile --apply must finish: partly torn down, of an earlier \
          boot, unreadable, or only in the intent log.",
     );
-    f.add(vec![], left);
-    families.push(f);
-    let mut f = Family::new(
+    left.add(vec![], journals.left);
+    let mut head = Family::new(
         "slurm_tenancy_audit_chain_head_seq",
         "gauge",
         "Sequence number of the last record of this node's audit chain.",
     );
-    f.add(vec![], audit.head_seq);
-    families.push(f);
-    let mut f = Family::new(
+    head.add(vec![], audit.head_seq);
+    let mut last = Family::new(
         "slurm_tenancy_last_reconcile_timestamp_seconds",
         "gauge",
         "Time of the last tenancyctl reconcile --apply that left nothing (0: none yet).",
@@ -386,17 +426,8 @@ pub fn render(config: &Config) -> anyhow::Result<String> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0.0, |d| d.as_millis() as f64 / 1e3);
-    f.add(vec![], reconciled);
-    families.push(f);
-
-    families.extend(forward_families(config, &audit));
-
-    let mut out = String::new();
-    for f in &families {
-        f.write(&mut out);
-    }
-    out.push_str("# EOF\n");
-    Ok(out)
+    last.add(vec![], reconciled);
+    vec![left, head, last]
 }
 
 /// The forwarder's state per collector, from its cursor (`tenancyctl audit forward`): what

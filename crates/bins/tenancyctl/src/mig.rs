@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use tenancy_mig::plan::{plan_slots, slurm_lines, NodePlan, PlanGpu};
 use tenancy_mig::Mig;
 
-pub use tenancy_output::Format;
+use crate::output::Format;
 
 #[derive(Debug, Args)]
 pub struct MigArgs {

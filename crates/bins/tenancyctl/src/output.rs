@@ -1,7 +1,25 @@
 //! Printing rows as a table, CSV or JSON (`--format`), the same way for every command.
 
 use serde::Serialize;
-use tenancy_output::Format;
+
+/// `--format` of every command that prints results: an aligned table (the default), CSV or
+/// JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Format {
+    #[default]
+    Table,
+    Csv,
+    Json,
+}
+
+/// How tenancy-accounting's writers lay out what `--format` asks.
+pub fn render(format: Format) -> tenancy_accounting::Render {
+    match format {
+        Format::Table => tenancy_accounting::Render::Table,
+        Format::Csv => tenancy_accounting::Render::Csv,
+        Format::Json => tenancy_accounting::Render::Json,
+    }
+}
 
 /// Rows of one kind with their column headers.
 pub struct Rows<'a, T: Serialize> {

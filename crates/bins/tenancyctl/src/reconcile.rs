@@ -19,15 +19,16 @@
 //! Exit status: 0 when the node is clean (or everything found was removed), 1 when something is
 //! left (dry-run findings, failures, or a source that could not be checked).
 
+use crate::output::Format;
 use anyhow::Context;
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::{Config, Identity};
-use tenancy_node::{layers, Claim, Journal, JournalDir, Layer, OrphanAction, OrphanScope};
-use tenancy_output::Format;
+use tenancy_job::{Journal, JournalDir};
+use tenancy_node::{layers, Claim, Layer, OrphanAction, OrphanScope};
 
 use crate::output::Rows;
 
@@ -222,7 +223,7 @@ impl Ctx<'_> {
         if let Some(t) = &row.tenant {
             rec = rec.tenant(t.clone());
         }
-        let res = tenancy_node::spine::append_anchored(self.config, &mut rec);
+        let res = tenancy_job::audit::append_anchored(self.config, &mut rec);
         if let Err(e) = res {
             self.rows.push(
                 Row::new(
@@ -415,7 +416,7 @@ fn find_journals(
                 "journal",
                 journals
                     .path()
-                    .join(tenancy_node::intent_log::FILE)
+                    .join(tenancy_job::intent_log::FILE)
                     .display()
                     .to_string(),
                 why,

@@ -1,5 +1,5 @@
 //! `tenancyctl audit rotate`: sets the node's audit log aside under a dated name and starts the
-//! next file of its chain (tenancy_audit::AuditLog::rotate). logrotate's `create` or
+//! next file of its chain (tenancy_audit_log::AuditLog::rotate). logrotate's `create` or
 //! `copytruncate` would start a new chain at seq 1, which `audit verify` cannot tell from a
 //! log whose records were deleted, and whose anchors then contradict the new records.
 
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tenancy_audit::AuditLog;
+use tenancy_audit_log::AuditLog;
 use tenancy_config::Config;
 
 #[derive(Debug, clap::Args)]
@@ -42,8 +42,8 @@ pub fn run(config: anyhow::Result<Config>, args: &RotateArgs) -> anyhow::Result<
     // The new head is anchored as every record's (the log_rotated one is behind it), where
     // the config says; without a config, to syslog alone.
     let sent = match &config {
-        Ok(c) => tenancy_node::spine::anchor(c, &r.node, &r.head),
-        Err(_) => tenancy_audit::send_anchor(&r.node, r.head.seq, &r.head.hash, None, None),
+        Ok(c) => tenancy_job::audit::anchor(c, &r.node, &r.head),
+        Err(_) => tenancy_audit_log::send_anchor(&r.node, r.head.seq, &r.head.hash, None, None),
     };
     println!(
         "{}: kept as {} (its last record seq {}, log_rotated); the chain goes on at seq {} \
@@ -54,7 +54,7 @@ pub fn run(config: anyhow::Result<Config>, args: &RotateArgs) -> anyhow::Result<
         r.head.seq,
         path.display()
     );
-    if let tenancy_audit::SyslogStatus::Unavailable(why) = &sent.syslog {
+    if let tenancy_audit_log::SyslogStatus::Unavailable(why) = &sent.syslog {
         eprintln!("tenancyctl: the new head was not anchored to syslog: {why}");
     }
     if let Some(Err(why)) = &sent.file {

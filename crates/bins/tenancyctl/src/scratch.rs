@@ -7,12 +7,12 @@
 //! root's), `lock` removes it again. Each folder acted on is an audit record
 //! (`scratch_unlocked`, `scratch_locked`), refusals and failures too.
 
+use crate::output::Format;
 use anyhow::bail;
 use serde::Serialize;
 use std::process::ExitCode;
-use tenancy_audit::{Event, Outcome, Record, Resource, ResourceAction};
+use tenancy_audit_log::{Event, Outcome, Record, Resource, ResourceAction};
 use tenancy_config::Config;
-use tenancy_output::Format;
 use tenancy_scratch::{KeyStore, RetainedFolder};
 
 use crate::output::Rows;
@@ -113,7 +113,7 @@ pub fn run(config: &Config, args: &ScratchArgs) -> anyhow::Result<ExitCode> {
         };
         let mut rec = record(config, &node, &user, uid, event.clone(), outcome, f, unlock);
         rec = rec.reason(format!("{} {}: {result}", f.path.display(), verb));
-        if let Err(e) = tenancy_node::spine::append_anchored(config, &mut rec) {
+        if let Err(e) = tenancy_job::audit::append_anchored(config, &mut rec) {
             failed = true;
             rows.push(row(
                 f,

@@ -7,7 +7,7 @@ mod common;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
-use tenancy_node::{Journal, JournalDir, Step, StepState};
+use tenancy_job::{Journal, JournalDir, Step, StepState};
 use tenancy_test_support::{output_text, requires_root};
 
 fn cgroup2_root() -> PathBuf {
@@ -161,27 +161,13 @@ impl JobFixture {
         };
         tree.mkdir(&product);
         let journal = Journal {
-            version: tenancy_node::journal::VERSION,
-            job_id: job,
-            cluster: "t".into(),
-            node: "n".into(),
-            user: "root".into(),
-            uid: 0,
-            gid: 0,
-            tenant: "acme".into(),
-            tier: "internal".into(),
-            profile: None,
-            share_gpu: true,
-            share_node: true,
-            started: chrono::Utc::now(),
             steps: vec![Step {
                 layer: "devices".into(),
                 state: StepState::Made,
                 intent: json!({ "job_id": job }),
                 made: Some(json!({ "join_cgroups": [product] })),
             }],
-            intent_slot: None,
-            boot_id: None,
+            ..tenancy_test_support::journals::journal(job, "t", "root", 0)
         };
         JournalDir::open(&r.join("state"))
             .unwrap()

@@ -10,7 +10,7 @@ use common::{tenancyctl, text};
 use chrono::{Duration, Utc};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tenancy_audit::{Event, Outcome, Record, GENESIS};
+use tenancy_audit_log::{Event, Outcome, Record, GENESIS};
 
 fn records(log: &Path) -> Vec<Record> {
     std::fs::read_to_string(log)
@@ -59,17 +59,8 @@ fn admin_actions_are_audited() {
     std::fs::create_dir_all(root.join("state")).unwrap();
     std::fs::create_dir_all(root.join("scratch")).unwrap();
     let log = root.join("audit.jsonl");
-    let mut l = tenancy_audit::AuditLog::open(&log).unwrap();
-    let mut r = Record::new(
-        "t",
-        "n1",
-        "alice",
-        1001,
-        Event::JobEnd,
-        Outcome::Success,
-        "tenancy-epilog",
-    )
-    .job_id(1);
+    let mut l = tenancy_audit_log::AuditLog::open(&log).unwrap();
+    let mut r = common::job_end("n1", 1);
     l.append(&mut r).unwrap();
     drop(l);
     let me = rustix::process::geteuid().as_raw();
@@ -100,42 +91,23 @@ fn admin_actions_are_audited() {
     if rustix::process::geteuid().is_root() {
         // The node's firewall and reconcile, in a network namespace of the test's.
         let netns = format!("adm{}", std::process::id());
-        common::sh("ip", &["netns", "add", &netns]);
-        struct Cleanup(String, String);
-        impl Drop for Cleanup {
-            fn drop(&mut self) {
-                let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-                for d in ["unified", "freezer"] {
-                    let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{d}/tenancy/{}", self.1));
-                }
-            }
-        }
-        let _c = Cleanup(netns.clone(), tenant.clone());
+        let _c = common::TestNetns::add(&netns, &tenant);
         let none = root.join("no-jobs");
         std::fs::write(&none, "").unwrap();
+        let on_n1 = [
+            "--node",
+            "n1",
+            "--running-jobs-from",
+            none.to_str().unwrap(),
+        ];
+        let reconcile = [&["reconcile"][..], &on_n1, &["--tenant", &tenant]].concat();
+        let apply = [&["reconcile", "--apply"][..], &reconcile[1..]].concat();
         for args in [
             vec!["firewall", "apply"],
-            vec![
-                "reconcile",
-                "--apply",
-                "--node",
-                "n1",
-                "--running-jobs-from",
-                none.to_str().unwrap(),
-                "--tenant",
-                &tenant,
-            ],
+            apply,
             // Dry runs are not actions.
             vec!["firewall", "apply", "--dry-run"],
-            vec![
-                "reconcile",
-                "--node",
-                "n1",
-                "--running-jobs-from",
-                none.to_str().unwrap(),
-                "--tenant",
-                &tenant,
-            ],
+            reconcile,
         ] {
             let o = Command::new("/usr/bin/nsenter")
                 .arg(format!("--net=/run/netns/{netns}"))
@@ -244,17 +216,7 @@ fn chain(dir: &Path, files: &[(&str, i64, Option<&str>, usize)]) {
             );
         }
         for j in 0..*count {
-            let mut r = Record::new(
-                "t",
-                "n1",
-                "alice",
-                1001,
-                Event::JobEnd,
-                Outcome::Success,
-                "tenancy-epilog",
-            )
-            .job_id(100 + j as u64)
-            .time(t + Duration::seconds(j as i64));
+            let mut r = common::job_end("n1", 100 + j as u64).time(t + Duration::seconds(j as i64));
             if let Some(tier) = tier {
                 r = r.tier(*tier);
             }

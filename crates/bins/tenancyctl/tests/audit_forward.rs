@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use tenancy_audit::{Event, Outcome, Record};
+use tenancy_audit_log::{Event, Record};
 use tenancy_config::Config;
 
 const NODE: &str = "n1";
@@ -51,19 +51,11 @@ fn config(root: &Path, collector: &str, ca: &Path, client: Option<(&Path, &Path)
 /// A job's start and end as the prolog and epilog record them.
 fn job(config: &Config, id: u64) {
     for event in [Event::JobStart, Event::JobEnd] {
-        let mut r = Record::new(
-            "t",
-            NODE,
-            "alice",
-            1001,
-            event,
-            Outcome::Success,
-            "tenancy-epilog",
-        )
-        .job_id(id)
-        .tenant("acme")
-        .tier("internal");
-        tenancy_node::spine::append_anchored(config, &mut r).unwrap();
+        let mut r = common::alice_record(NODE, event, "tenancy-epilog")
+            .job_id(id)
+            .tenant("acme")
+            .tier("internal");
+        tenancy_job::audit::append_anchored(config, &mut r).unwrap();
     }
 }
 

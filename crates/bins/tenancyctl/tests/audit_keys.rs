@@ -1,14 +1,14 @@
 //! Signed anchors: each node's Ed25519 key (`tenancyctl audit keygen`) signs its anchors, and
 //! `audit verify --public-keys` and `report --statement` check them with the nodes' public
 //! keys and no secret. Records and anchors are made as the prolog and epilog make them
-//! (`tenancy_node::spine::append_anchored`), the anchors into `cluster.audit_anchor`.
+//! (`tenancy_job::audit::append_anchored`), the anchors into `cluster.audit_anchor`.
 
 mod common;
 
 use common::{tenancyctl, text};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tenancy_audit::{AnchorAuth, ClockSync, Event, NodeKey, Outcome, Record};
+use tenancy_audit_log::{AnchorAuth, ClockSync, Event, NodeKey, Record};
 use tenancy_config::Config;
 
 /// A node's config under `root/<node>`; `hmac`: the cluster's shared anchor key file.
@@ -36,34 +36,17 @@ fn node_config(root: &Path, node: &str, hmac: Option<&Path>) -> (PathBuf, Config
 /// A job's start and end on `node`, as the prolog and epilog record them.
 fn job(config: &Config, node: &str, id: u64) {
     let t = chrono::Utc::now() - chrono::Duration::minutes(10);
-    let mut r = Record::new(
-        "t",
-        node,
-        "alice",
-        1001,
-        Event::JobStart,
-        Outcome::Success,
-        "tenancy-prolog",
-    )
-    .job_id(id)
-    .tenant("acme")
-    .tier("internal")
-    .time(t);
-    tenancy_node::spine::append_anchored(config, &mut r).unwrap();
-    let mut r = Record::new(
-        "t",
-        node,
-        "alice",
-        1001,
-        Event::JobEnd,
-        Outcome::Success,
-        "tenancy-epilog",
-    )
-    .job_id(id)
-    .tenant("acme")
-    .tier("internal")
-    .started(t);
-    tenancy_node::spine::append_anchored(config, &mut r).unwrap();
+    let mut r = common::alice_record(node, Event::JobStart, "tenancy-prolog")
+        .job_id(id)
+        .tenant("acme")
+        .tier("internal")
+        .time(t);
+    tenancy_job::audit::append_anchored(config, &mut r).unwrap();
+    let mut r = common::job_end(node, id)
+        .tenant("acme")
+        .tier("internal")
+        .started(t);
+    tenancy_job::audit::append_anchored(config, &mut r).unwrap();
 }
 
 fn keygen(config: &Path, extra: &[&str]) -> String {
@@ -79,6 +62,38 @@ fn verify(config: &Path, args: &[&str]) -> (bool, String) {
     a.extend_from_slice(args);
     let o = tenancyctl(config, &a);
     (o.status.success(), text(&o))
+}
+
+/// `audit verify` of `log` with `opts` (what to check the anchors with) and the `anchors` files.
+fn verify_anchors(config: &Path, opts: &[&str], anchors: &[&Path], log: &Path) -> (bool, String) {
+    let mut a = opts.to_vec();
+    for p in anchors {
+        a.extend(["--anchor", s(p)]);
+    }
+    a.push(s(log));
+    verify(config, &a)
+}
+
+/// An anchor line for n1's record `seq` of `hash`, signed by `key` alone.
+fn signed_anchor(key: &NodeKey, seq: u64, hash: &str, clock: Option<ClockSync>) -> String {
+    let auth = AnchorAuth {
+        mac: None,
+        node_key: Some(key),
+    };
+    tenancy_audit_log::anchor_text("n1", seq, hash, &chrono::Utc::now(), clock, &auth)
+}
+
+/// doctor's row for `check` (`doctor --format json`).
+fn doctor_row(config: &Path, check: &str) -> serde_json::Value {
+    let o = tenancyctl(config, &["doctor", "--format", "json"]);
+    let rows: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == check);
+    row.unwrap_or_else(|| panic!("{rows}")).clone()
 }
 
 fn s(p: &Path) -> &str {
@@ -100,22 +115,14 @@ fn anchors_verify_with_public_keys_only() {
     }
     let keys = dir.path().join("nodes.pub");
     std::fs::write(&keys, format!("# the nodes' public keys\n{line}\n")).unwrap();
+    let signed = ["--public-keys", s(&keys)];
     // The key's generation is itself a record.
     let log = std::fs::read_to_string(&c.cluster.audit_log).unwrap();
     assert!(log.contains("\"event\":\"key_generated\""), "{log}");
     // The auditor holds no secret: the node's private key is not even there.
     std::fs::rename(&c.audit.signing_key, dir.path().join("elsewhere.key")).unwrap();
     let anchors = c.cluster.audit_anchor.clone().unwrap();
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&anchors),
-            s(&c.cluster.audit_log),
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &signed, &[&anchors], &c.cluster.audit_log);
     assert!(ok, "{out}");
     // Every anchor since the key was made: its own record's, the keygen's admin action's and
     // three job ends'; the one from before the key is not taken.
@@ -138,40 +145,17 @@ fn anchors_verify_with_public_keys_only() {
         ),
     )
     .unwrap();
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&anchors),
-            "--anchor",
-            s(&forged),
-            s(&c.cluster.audit_log),
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &signed, &[&anchors, &forged], &c.cluster.audit_log);
     assert!(ok && out.contains("signature does not hold"), "{out}");
     // Without the public keys the same forged line is taken, and verify cries wolf.
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--anchor",
-            s(&anchors),
-            "--anchor",
-            s(&forged),
-            s(&c.cluster.audit_log),
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &[], &[&anchors, &forged], &c.cluster.audit_log);
     assert!(!ok && out.contains("tail cut off"), "{out}");
     // A cut tail shows against the signed anchors.
     let whole = std::fs::read_to_string(&c.cluster.audit_log).unwrap();
     let cut = dir.path().join("cut.jsonl");
     let lines: Vec<&str> = whole.lines().collect();
     std::fs::write(&cut, lines[..lines.len() - 2].join("\n") + "\n").unwrap();
-    let (ok, out) = verify(
-        &cfg,
-        &["--public-keys", s(&keys), "--anchor", s(&anchors), s(&cut)],
-    );
+    let (ok, out) = verify_anchors(&cfg, &signed, &[&anchors], &cut);
     assert!(!ok && out.contains("tail cut off"), "{out}");
 
     // Rotation: a record, whose anchor the old key signs; the old key's line keeps verifying
@@ -183,29 +167,11 @@ fn anchors_verify_with_public_keys_only() {
     let log = std::fs::read_to_string(&c.cluster.audit_log).unwrap();
     assert!(log.contains("\"event\":\"key_rotated\""), "{log}");
     std::fs::write(&keys, format!("{line}\n{new_line}\n")).unwrap();
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&anchors),
-            s(&c.cluster.audit_log),
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &signed, &[&anchors], &c.cluster.audit_log);
     assert!(ok && !out.contains("does not hold"), "{out}");
     // Without the old key's line its anchors are not taken (and say so).
     std::fs::write(&keys, format!("{new_line}\n")).unwrap();
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&anchors),
-            s(&c.cluster.audit_log),
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &signed, &[&anchors], &c.cluster.audit_log);
     assert!(
         ok && out.contains("by a key in no line of the public keys file"),
         "{out}"
@@ -253,17 +219,7 @@ fn one_nodes_key_cannot_sign_for_another() {
     // Root on n2 holds n2's key and signs an anchor for n1, past n1's end: a "cut tail" that
     // would make n1's log look tampered with.
     let k2 = NodeKey::load(&c2.audit.signing_key).unwrap();
-    let forged = tenancy_audit::anchor_text(
-        "n1",
-        999,
-        &"ab".repeat(32),
-        &chrono::Utc::now(),
-        tenancy_audit::clock_sync(),
-        &AnchorAuth {
-            mac: None,
-            node_key: Some(&k2),
-        },
-    );
+    let forged = signed_anchor(&k2, 999, &"ab".repeat(32), tenancy_audit_log::clock_sync());
     let syslog = dir.path().join("syslog");
     std::fs::write(
         &syslog,
@@ -294,17 +250,7 @@ fn one_nodes_key_cannot_sign_for_another() {
     );
     // Signed by n1's own key, the same claim is taken, and the cut shows: the check is real.
     let k1 = NodeKey::load(&c1.audit.signing_key).unwrap();
-    let own = tenancy_audit::anchor_text(
-        "n1",
-        999,
-        &"ab".repeat(32),
-        &chrono::Utc::now(),
-        None,
-        &AnchorAuth {
-            mac: None,
-            node_key: Some(&k1),
-        },
-    );
+    let own = signed_anchor(&k1, 999, &"ab".repeat(32), None);
     std::fs::write(&syslog, format!("{own}\n")).unwrap();
     let (ok, out) = verify(&cfg1, &args);
     assert!(!ok && out.contains("tail cut off"), "{out}");
@@ -344,32 +290,20 @@ fn old_hmac_anchors_still_verify() {
     }
     let keys = dir.path().join("nodes.pub");
     std::fs::write(&keys, format!("{line}\n")).unwrap();
-    let log = s(&c.cluster.audit_log);
+    let log = c.cluster.audit_log.as_path();
+    let mac = ["--anchor-key", s(&hmac)];
+    let both = ["--anchor-key", s(&hmac), "--public-keys", s(&keys)];
     // With the HMAC key alone, as before.
-    let (ok, out) = verify(
-        &cfg,
-        &["--anchor-key", s(&hmac), "--anchor", s(&anchors), log],
-    );
+    let (ok, out) = verify_anchors(&cfg, &mac, &[&anchors], log);
     assert!(ok, "{out}");
     // With both: the old anchors by their MAC, the new ones by their signature.
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--anchor-key",
-            s(&hmac),
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&anchors),
-            log,
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &both, &[&anchors], log);
     assert!(ok, "{out}");
     assert!(out.contains("signed, 3 by their MAC alone"), "{out}");
     // Root on any node holds the HMAC key: after the node signed, a MAC alone proves nothing
     // and is left out (with the HMAC key alone it would pass for a cut tail).
-    let key = tenancy_audit::AnchorKey::load(&hmac).unwrap();
-    let forged = tenancy_audit::anchor_text(
+    let key = tenancy_audit_log::AnchorKey::load(&hmac).unwrap();
+    let forged = tenancy_audit_log::anchor_text(
         "n1",
         999,
         &"cd".repeat(32),
@@ -382,61 +316,22 @@ fn old_hmac_anchors_still_verify() {
     );
     let syslog = dir.path().join("syslog");
     std::fs::write(&syslog, format!("{forged}\n")).unwrap();
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--anchor-key",
-            s(&hmac),
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&anchors),
-            "--anchor",
-            s(&syslog),
-            log,
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &both, &[&anchors, &syslog], log);
     assert!(
         ok && out.contains("MAC alone, at or after their node's first signed anchor"),
         "{out}"
     );
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--anchor-key",
-            s(&hmac),
-            "--anchor",
-            s(&anchors),
-            "--anchor",
-            s(&syslog),
-            log,
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &mac, &[&anchors, &syslog], log);
     assert!(!ok && out.contains("tail cut off"), "{out}");
     // doctor says which the node uses.
-    let o = tenancyctl(&cfg, &["doctor", "--format", "json"]);
-    let rows: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
-    let signing = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["check"] == "audit.signing")
-        .unwrap_or_else(|| panic!("{rows}"));
+    let signing = doctor_row(&cfg, "audit.signing");
     assert_eq!(signing["severity"], "ok", "{signing}");
     assert!(
         signing["message"].as_str().unwrap().contains("Ed25519 key"),
         "{signing}"
     );
     std::fs::remove_file(&c.audit.signing_key).unwrap();
-    let o = tenancyctl(&cfg, &["doctor", "--format", "json"]);
-    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let signing = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["check"] == "audit.signing")
-        .unwrap();
+    let signing = doctor_row(&cfg, "audit.signing");
     assert_eq!(signing["severity"], "warn", "{signing}");
     assert!(
         signing["message"]
@@ -471,6 +366,7 @@ fn unsynchronised_clock_is_reported() {
     let anchors = c.cluster.audit_anchor.clone().unwrap();
     let keys = dir.path().join("nodes.pub");
     std::fs::write(&keys, format!("{line}\n")).unwrap();
+    let signed = ["--public-keys", s(&keys)];
     // Every anchor carries the clock's state as the kernel gives it.
     let synced = kernel_synchronised();
     let want = if synced {
@@ -484,16 +380,7 @@ fn unsynchronised_clock_is_reported() {
             .all(|l| l.contains(want) && l.contains("esterror_us=")),
         "{want}: {a}"
     );
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&anchors),
-            s(&c.cluster.audit_log),
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &signed, &[&anchors], &c.cluster.audit_log);
     assert!(ok, "{out}");
     assert_eq!(
         out.contains("WARNING node n1: its clock was not synchronised"),
@@ -501,14 +388,7 @@ fn unsynchronised_clock_is_reported() {
         "{out}"
     );
     // doctor warns on such a node.
-    let o = tenancyctl(&cfg, &["doctor", "--format", "json"]);
-    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let clock = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["check"] == "audit.clock")
-        .unwrap();
+    let clock = doctor_row(&cfg, "audit.clock");
     assert_eq!(
         clock["severity"],
         if synced { "ok" } else { "warn" },
@@ -528,32 +408,13 @@ fn unsynchronised_clock_is_reported() {
             esterror_us: if r.seq < 5 { 800 } else { 250_000 },
             maxerror_us: 500_000,
         };
-        let t = tenancy_audit::anchor_text(
-            "n1",
-            r.seq,
-            &r.hash_of_line(l),
-            &chrono::Utc::now(),
-            Some(clock),
-            &AnchorAuth {
-                mac: None,
-                node_key: Some(&k),
-            },
-        );
+        let t = signed_anchor(&k, r.seq, &r.hash_of_line(l), Some(clock));
         out_lines.push_str(&t);
         out_lines.push('\n');
     }
     std::fs::write(&made, out_lines).unwrap();
     let last = log.lines().count();
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&made),
-            s(&c.cluster.audit_log),
-        ],
-    );
+    let (ok, out) = verify_anchors(&cfg, &signed, &[&made], &c.cluster.audit_log);
     assert!(ok, "{out}");
     let want = format!(
         "WARNING node n1: its clock was not synchronised: {} anchor(s) from seq 5 to {last}",
@@ -564,17 +425,8 @@ fn unsynchronised_clock_is_reported() {
         "{want}\n{out}"
     );
     // An assessor who requires it gets a finding.
-    let (ok, out) = verify(
-        &cfg,
-        &[
-            "--require-clock-sync",
-            "--public-keys",
-            s(&keys),
-            "--anchor",
-            s(&made),
-            s(&c.cluster.audit_log),
-        ],
-    );
+    let required = ["--require-clock-sync", "--public-keys", s(&keys)];
+    let (ok, out) = verify_anchors(&cfg, &required, &[&made], &c.cluster.audit_log);
     assert!(!ok && out.contains("clock not synchronised"), "{out}");
 }
 

@@ -4,19 +4,12 @@
 
 mod common;
 
+use common::{printed as text, tenancyctl};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-use tenancy_audit::{send_anchor_to, AnchorKey, AuditLog, Event, Outcome, Record};
-
-fn tenancyctl(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .output()
-        .unwrap()
-}
+use tenancy_audit_log::{send_anchor_to, AnchorKey, AuditLog};
 
 /// `tenancyctl audit verify` with `config`, each of `anchors` as `--anchor`, `extra`, and `logs`.
 fn verify(config: &Path, anchors: &[&Path], extra: &[&str], logs: &Path) -> Output {
@@ -28,14 +21,6 @@ fn verify(config: &Path, anchors: &[&Path], extra: &[&str], logs: &Path) -> Outp
     args.extend(extra.iter().map(|e| e.to_string()));
     args.push(logs.display().to_string());
     tenancyctl(config, &args.iter().map(String::as_str).collect::<Vec<_>>())
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// A config whose audit log lies in `root/logs` and whose anchors go to `root/anchors`.
@@ -65,16 +50,7 @@ fn job(log: &mut AuditLog, anchors: &Path, key: Option<&AnchorKey>, id: u64) -> 
 
 /// [`job`] on node `node`.
 fn job_on(node: &str, log: &mut AuditLog, anchors: &Path, key: Option<&AnchorKey>, id: u64) -> u64 {
-    let mut r = Record::new(
-        "t",
-        node,
-        "alice",
-        1001,
-        Event::JobEnd,
-        Outcome::Success,
-        "tenancy-epilog",
-    )
-    .job_id(id);
+    let mut r = common::job_end(node, id);
     let a = log.append(&mut r).unwrap();
     send_anchor_to(
         Path::new("/nonexistent/log"),
@@ -195,7 +171,7 @@ fn anchors_without_the_keys_mac_are_left_out_and_a_cut_tail_still_shows() {
     // What `logger -t tenancy-audit "node=n1 seq=99 hash=..."` leaves in syslog, and a copy
     // of a genuine anchor's MAC on another head.
     let syslog = dir.path().join("syslog");
-    let genuine_mac = tenancy_audit::anchor_mac(&rotated_anchor)
+    let genuine_mac = tenancy_audit_log::anchor_mac(&rotated_anchor)
         .unwrap()
         .to_string();
     std::fs::write(

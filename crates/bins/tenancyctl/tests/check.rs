@@ -49,17 +49,17 @@ fn rejects_each_kind_of_bad_config_with_file_line_column() {
         (
             "tier = \"internal\"",
             "tier = \"gold\"",
-            "FILE:25:8: tenant 'acme' has unknown tier 'gold'",
+            "FILE:{L}:8: tenant 'acme' has unknown tier 'gold'",
         ),
         (
             "scratch_on_exit = \"wipe\"",
             "scratch_on_exit = \"wipe\"\nflavour = 1",
-            "FILE:16:1: unknown field `flavour`",
+            "FILE:{L+1}:1: unknown field `flavour`",
         ),
         (
             "10.20.0.0/16:443/tcp",
             "10.20.0.0/40:443/tcp",
-            "FILE:28:11: invalid destination \"10.20.0.0/40:443/tcp\"",
+            "FILE:{L}:11: invalid destination \"10.20.0.0/40:443/tcp\"",
         ),
         (
             "10.20.0.0/16:443/tcp",
@@ -69,7 +69,7 @@ fn rejects_each_kind_of_bad_config_with_file_line_column() {
         (
             "[tenants.acme]",
             "[tenants.\"Acme Corp\"]",
-            "FILE:24:10: bad tenant name 'Acme Corp'",
+            "FILE:{L}:10: bad tenant name 'Acme Corp'",
         ),
         (
             "groups = [\"globex\"]",
@@ -79,13 +79,19 @@ fn rejects_each_kind_of_bad_config_with_file_line_column() {
         (
             "\"/scratch\"",
             "\"./scratch\"",
-            "FILE:8:16: cluster.scratch_root must be an absolute path",
+            "FILE:{L}:16: cluster.scratch_root must be an absolute path",
         ),
     ];
     for (from, to, want) in cases {
+        // Lines counted in the sample itself, so comments added to it move no case: {L} is
+        // the line `from` is on, {L+1} the next.
+        let line = 1 + SAMPLE.lines().position(|l| l.contains(from)).unwrap();
+        let want = want
+            .replace("{L+1}", &(line + 1).to_string())
+            .replace("{L}", &line.to_string());
         let (code, _, err) = check(&SAMPLE.replacen(from, to, 1), "table");
         assert_eq!(code, 1, "{to}");
-        assert!(err.contains(want), "for {to}:\n{err}\nwant: {want}");
+        assert!(err.contains(&want), "for {to}:\n{err}\nwant: {want}");
         assert!(err.contains('^'), "{err}");
     }
 }

@@ -298,7 +298,7 @@ fn the_doctor_wants_the_dynamic_build_beside_the_prolog_and_epilog_slurm_runs() 
 /// are fine.
 #[test]
 fn the_doctor_names_jobs_whose_intents_predate_a_restart() {
-    use tenancy_node::intent_log::{boot_id, IntentLog};
+    use tenancy_job::intent_log::{boot_id, IntentLog};
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let config = common::minimal_config(root);

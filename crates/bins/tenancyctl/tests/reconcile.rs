@@ -18,10 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
-use tenancy_audit::{verify_paths, AnchorSet, Event, Outcome, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, Event, Outcome, Record};
 use tenancy_config::Config;
-use tenancy_node::intent_log::IntentLog;
-use tenancy_node::{layers, JobContext, Spine};
+use tenancy_job::intent_log::IntentLog;
+use tenancy_job::JobContext;
+use tenancy_node::{layers, Spine};
 use tenancy_test_support::{
     nvml_fixture, nvml_stand_in, requires_root, Immutable, ScratchOnExit, TenancyToml,
 };
@@ -37,6 +39,15 @@ fn nvml_env() -> std::sync::MutexGuard<'static, ()> {
 
 fn need_root() -> bool {
     requires_root("reconcile with real cgroups, users, nft")
+}
+
+/// The NVML stand-in and the lock on the NVML variables, as root; None (skipped) otherwise.
+fn root_and_stand_in() -> Option<(PathBuf, std::sync::MutexGuard<'static, ()>)> {
+    if !need_root() {
+        return None;
+    }
+    let shim = nvml_stand_in()?;
+    Some((shim, nvml_env()))
 }
 
 struct Guard {
@@ -152,11 +163,9 @@ fn gis(root: &Path) -> usize {
 
 #[test]
 fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
-    if !need_root() {
+    let Some((shim, _env)) = root_and_stand_in() else {
         return;
-    }
-    let Some(shim) = nvml_stand_in() else { return };
-    let _env = nvml_env();
+    };
     // This thread (and what it spawns) gets a network namespace of its own.
     // SAFETY: only the network namespace of this thread changes; no file descriptor table,
     // filesystem or memory state is unshared.
@@ -294,14 +303,14 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
     // 14: a journal of an earlier boot (intents only) whose slice sat where live job 12's sits
     // now: a copy of 12's with its own scratch folder. Its MIG, device and network steps died
     // with the restart; undoing them would destroy job 12's slice and cgroup.
-    let journals = tenancy_node::JournalDir::open(&state).unwrap();
+    let journals = tenancy_job::JournalDir::open(&state).unwrap();
     let mut old = journals.load(12).unwrap().unwrap();
     old.job_id = 14;
     old.boot_id = Some("ee".repeat(16));
-    old.started = tenancy_node::intent_log::booted_at().unwrap() - chrono::Duration::hours(2);
+    old.started = tenancy_job::intent_log::booted_at().unwrap() - chrono::Duration::hours(2);
     old.intent_slot = None;
     for step in &mut old.steps {
-        step.state = tenancy_node::StepState::Intended;
+        step.state = tenancy_job::StepState::Intended;
         step.made = None;
         if step.layer == "scratch" {
             step.intent["spec"]["job_id"] = 14.into();
@@ -314,6 +323,13 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
     let running = root.join("running");
     std::fs::write(&running, "12\n").unwrap();
     let running_arg = running.to_str().unwrap();
+    let apply = [
+        "--apply",
+        "--format",
+        "json",
+        "--running-jobs-from",
+        running_arg,
+    ];
     let only = |args: &[&str]| -> Vec<String> {
         let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         for t in &tenants {
@@ -387,13 +403,7 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
     );
 
     // Apply.
-    let out = run(&[
-        "--apply",
-        "--format",
-        "json",
-        "--running-jobs-from",
-        running_arg,
-    ]);
+    let out = run(&apply);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -457,7 +467,7 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
     assert_eq!(held, [12]);
     assert!(root.join("state/job_12.json").exists());
     // The occupancy index placement reads lists only the live job.
-    let index = tenancy_node::JournalDir::open(&config.cluster.state_dir)
+    let index = tenancy_job::JournalDir::open(&config.cluster.state_dir)
         .unwrap()
         .occupants(0)
         .unwrap();
@@ -526,13 +536,7 @@ fn reconcile_removes_what_no_running_job_owns_and_keeps_the_rest() {
     assert_eq!(rec.cgroup_dir, busy);
     let mut sleeper = Command::new("/bin/sleep").arg("60").spawn().unwrap();
     std::fs::write(busy.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
-    let out = run(&[
-        "--apply",
-        "--format",
-        "json",
-        "--running-jobs-from",
-        running_arg,
-    ]);
+    let out = run(&apply);
     assert_eq!(out.status.code(), Some(1));
     let r = rows(&out);
     assert_eq!(r.len(), 1, "{r:?}");
@@ -612,14 +616,17 @@ fn small_config(root: &Path, tenant: &str, cluster: impl FnOnce(&mut TenancyToml
     path
 }
 
-/// A tenant named `prefix` and this process's id, a temp folder with its [`small_config`] and
-/// an empty state folder.
-fn small_node(prefix: &str) -> (String, tempfile::TempDir, PathBuf) {
+/// As root (None, skipped, otherwise): a tenant named `prefix` and this process's id, a temp
+/// folder with its [`small_config`] and an empty state folder.
+fn small_node(prefix: &str) -> Option<(String, tempfile::TempDir, PathBuf)> {
+    if !need_root() {
+        return None;
+    }
     let tenant = format!("{prefix}{}", std::process::id());
     let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
     let cfg = small_config(tmp.path(), &tenant, |_| {});
     std::fs::create_dir(tmp.path().join("state")).unwrap();
-    (tenant, tmp, cfg)
+    Some((tenant, tmp, cfg))
 }
 
 /// Scratch of job `job` of `tenant` (group root; the job runs as nobody) under `root/scratch`.
@@ -738,11 +745,9 @@ impl Drop for CgroupGuard {
 
 #[test]
 fn reconcile_keeps_what_an_unreadable_journal_may_own() {
-    if !need_root() {
+    let Some((shim, _env)) = root_and_stand_in() else {
         return;
-    }
-    let Some(shim) = nvml_stand_in() else { return };
-    let _env = nvml_env();
+    };
     let tenant = format!("ru{}", std::process::id());
     let tmp = tempfile::Builder::new().prefix(&tenant).tempdir().unwrap();
     let root = tmp.path();
@@ -829,10 +834,9 @@ fn reconcile_keeps_what_an_unreadable_journal_may_own() {
 /// Slurm no longer has its job anywhere, and touches none when Slurm cannot be asked.
 #[test]
 fn reconcile_leaves_the_scratch_of_jobs_running_on_other_nodes() {
-    if !need_root() {
+    let Some((tenant, tmp, cfg)) = small_node("rs") else {
         return;
-    }
-    let (tenant, tmp, cfg) = small_node("rs");
+    };
     let root = tmp.path();
     // No journal here for either: job 41 runs on another node, job 42 has ended.
     for job in [41, 42] {
@@ -892,12 +896,11 @@ fn reconcile_leaves_the_scratch_of_jobs_running_on_other_nodes() {
 /// journal names its job: the job's scratch folder and cgroup are kept, not judged orphans.
 #[test]
 fn reconcile_keeps_what_an_unreadable_intent_record_may_own() {
-    if !need_root() {
+    let Some((tenant, tmp, cfg)) = small_node("ri") else {
         return;
-    }
-    let (tenant, tmp, cfg) = small_node("ri");
+    };
     let root = tmp.path();
-    let mut log = tenancy_node::intent_log::IntentLog::open(&root.join("state")).unwrap();
+    let mut log = tenancy_job::intent_log::IntentLog::open(&root.join("state")).unwrap();
     let slot = log.claim(|_| false).unwrap().unwrap();
     log.write(slot, 23, &[0xee; 16], b"{\"format\": 99")
         .unwrap();
@@ -925,14 +928,13 @@ fn reconcile_keeps_what_an_unreadable_intent_record_may_own() {
 /// the node until the index is rebuilt: `--apply` rebuilds it from the journals.
 #[test]
 fn reconcile_rebuilds_an_occupancy_index_that_lists_a_job_without_a_journal() {
-    if !need_root() {
+    let Some((tenant, tmp, cfg)) = small_node("ro") else {
         return;
-    }
-    let (tenant, tmp, cfg) = small_node("ro");
+    };
     let root = tmp.path();
     let index = root.join("state/occupancy");
     std::fs::write(&index, "+ 31 globex internal 1 0 -\n").unwrap();
-    let dir = tenancy_node::JournalDir::open(&root.join("state")).unwrap();
+    let dir = tenancy_job::JournalDir::open(&root.join("state")).unwrap();
     assert_eq!(dir.occupants(0).unwrap().len(), 1);
 
     // A dry run changes nothing.

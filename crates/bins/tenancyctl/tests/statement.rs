@@ -2,30 +2,16 @@
 //! loaded by a real headless Chromium), its integrity line from `audit verify`, and
 //! `report --compare-sacct` against a file of `sacct` output.
 
+mod common;
+
+use common::{printed as text, tenancyctl};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
-use tenancy_audit::{send_anchor_to, AuditLog, Event, Outcome, Record};
+use tenancy_audit_log::{send_anchor_to, AuditLog, Event, Outcome, Record};
 use tenancy_test_support::TenancyToml;
-
-fn tenancyctl(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tenancyctl"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn t(d: u32, h: u32, m: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 1, d, h, m, 0).unwrap()
@@ -299,31 +285,37 @@ fn bad_rates_are_config_errors() {
     let base = |rates: &str, extra: &str| {
         format!("[billing]\ncurrency = \"EUR\"\njob_hour_without_mig = 0.1\n{extra}[billing.rates]\n{rates}")
     };
-    check(
-        &base("\"1g.18gb\" = -0.85\n\"3g.71gb\" = 1\n", ""),
-        &["cannot be negative"],
-    );
-    check(
-        &base("\"1g.18gb\" = \"cheap\"\n\"3g.71gb\" = 1\n", ""),
-        &["not a decimal price"],
-    );
-    check(
-        &base("\"1g.18gb\" = 0.1234567\n\"3g.71gb\" = 1\n", ""),
-        &["at most 6 decimal places"],
-    );
-    check(
-        &base("\"1g.18gb\" = true\n\"3g.71gb\" = 1\n", ""),
-        &["must be a price"],
-    );
-    check(
-        &base("\"1g.18gb\" = 1\n\"3g.71gb\" = 1\n\"9g.1gb\" = 1\n", ""),
-        &["'9g.1gb' is not a MIG profile"],
-    );
-    // A profile a tier offers without a price would be free by omission.
-    check(
-        &base("\"1g.18gb\" = 1\n", ""),
-        &["no price for profile '3g.71gb'", "tier 'gpu'"],
-    );
+    // Each rate written wrong, and the words its error must hold.
+    let bad_rates: [(&str, &[&str]); 6] = [
+        (
+            "\"1g.18gb\" = -0.85\n\"3g.71gb\" = 1\n",
+            &["cannot be negative"],
+        ),
+        (
+            "\"1g.18gb\" = \"cheap\"\n\"3g.71gb\" = 1\n",
+            &["not a decimal price"],
+        ),
+        (
+            "\"1g.18gb\" = 0.1234567\n\"3g.71gb\" = 1\n",
+            &["at most 6 decimal places"],
+        ),
+        (
+            "\"1g.18gb\" = true\n\"3g.71gb\" = 1\n",
+            &["must be a price"],
+        ),
+        (
+            "\"1g.18gb\" = 1\n\"3g.71gb\" = 1\n\"9g.1gb\" = 1\n",
+            &["'9g.1gb' is not a MIG profile"],
+        ),
+        // A profile a tier offers without a price would be free by omission.
+        (
+            "\"1g.18gb\" = 1\n",
+            &["no price for profile '3g.71gb'", "tier 'gpu'"],
+        ),
+    ];
+    for (rates, want) in bad_rates {
+        check(&base(rates, ""), want);
+    }
     check(
         "[billing]\ncurrency = \"euro\"\njob_hour_without_mig = 0\n[billing.rates]\n\"1g.18gb\" = 1\n\"3g.71gb\" = 1\n",
         &["billing.currency 'euro'"],
@@ -332,10 +324,8 @@ fn bad_rates_are_config_errors() {
         "[billing]\ncurrency = \"EUR\"\n[billing.rates]\n\"1g.18gb\" = 1\n\"3g.71gb\" = 1\n",
         &["no job_hour_without_mig"],
     );
-    check(
-        &base("\"1g.18gb\" = 1\n\"3g.71gb\" = 1\n", "discount = 5\n"),
-        &["unknown field `discount`"],
-    );
+    let extra = base("\"1g.18gb\" = 1\n\"3g.71gb\" = 1\n", "discount = 5\n");
+    check(&extra, &["unknown field `discount`"]);
     // The same prices written well are accepted.
     let c = config(root, BILLING);
     let o = tenancyctl(&c, &["check"]);
@@ -424,6 +414,24 @@ fn statement_says_when_the_logs_do_not_verify() {
     );
 }
 
+/// `report --statement 2026-01 --format html --out OUT_DIR EXTRA... LOGS`, which must succeed.
+fn html_statements(config: &Path, out_dir: &Path, extra: &[&str], logs: &Path) -> Output {
+    let mut args = vec![
+        "report",
+        "--statement",
+        "2026-01",
+        "--format",
+        "html",
+        "--out",
+    ];
+    args.push(out_dir.to_str().unwrap());
+    args.extend_from_slice(extra);
+    args.push(logs.to_str().unwrap());
+    let o = tenancyctl(config, &args);
+    assert!(o.status.success(), "{}", text(&o));
+    o
+}
+
 /// Headless Chromium from Debian's `chromium` package, if installed.
 fn chromium() -> Option<PathBuf> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
@@ -469,22 +477,8 @@ fn html_statement_renders_in_a_browser() {
     let c = config(root, BILLING);
     let l = january(root);
     let out_dir = root.join("statements");
-    let o = tenancyctl(
-        &c,
-        &[
-            "report",
-            "--statement",
-            "2026-01",
-            "--format",
-            "html",
-            "--out",
-            out_dir.to_str().unwrap(),
-            "--anchor",
-            l.anchors.to_str().unwrap(),
-            root.join("logs").to_str().unwrap(),
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o));
+    let anchors = ["--anchor", l.anchors.to_str().unwrap()];
+    let o = html_statements(&c, &out_dir, &anchors, &root.join("logs"));
     let page = out_dir.join("statement-2026-01-acme.html");
     assert!(
         String::from_utf8_lossy(&o.stdout).contains(page.to_str().unwrap()),
@@ -609,20 +603,7 @@ fn chart_ticks(chrome: &Path, root: &Path, jobs: impl FnOnce(&mut Log)) -> (Stri
     let mut l = Log::new(root);
     jobs(&mut l);
     let out_dir = root.join("statements");
-    let o = tenancyctl(
-        &c,
-        &[
-            "report",
-            "--statement",
-            "2026-01",
-            "--format",
-            "html",
-            "--out",
-            out_dir.to_str().unwrap(),
-            root.join("logs").to_str().unwrap(),
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o));
+    html_statements(&c, &out_dir, &[], &root.join("logs"));
     let url = format!(
         "file://{}",
         out_dir.join("statement-2026-01-acme.html").display()

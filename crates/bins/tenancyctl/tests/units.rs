@@ -152,17 +152,7 @@ fn units_verify() {
     std::fs::write(&config, toml.to_string()).unwrap();
     std::fs::create_dir(dir.path().join("scratch")).unwrap();
     let netns = format!("units{}", std::process::id());
-    common::sh("ip", &["netns", "add", &netns]);
-    struct Cleanup(String, String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-            for d in ["unified", "freezer"] {
-                let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{d}/tenancy/{}", self.1));
-            }
-        }
-    }
-    let _cleanup = Cleanup(netns.clone(), tenant.clone());
+    let _cleanup = common::TestNetns::add(&netns, &tenant);
     let run = |words: &[String], extra: &[&str]| -> Output {
         Command::new("/usr/bin/nsenter")
             .arg(format!("--net=/run/netns/{netns}"))
@@ -226,17 +216,8 @@ fn units_verify() {
     );
     assert!(m.contains("slurm_tenancy_firewall_loaded 1"), "{m}");
     // tenancy-audit-rotate.service: the log (one job's end) set aside, its chain going on.
-    let mut log = tenancy_audit::AuditLog::open(dir.path().join("audit.jsonl")).unwrap();
-    let mut rec = tenancy_audit::Record::new(
-        "t",
-        "n1",
-        "alice",
-        1001,
-        tenancy_audit::Event::JobEnd,
-        tenancy_audit::Outcome::Success,
-        "tenancy-epilog",
-    )
-    .job_id(1);
+    let mut log = tenancy_audit_log::AuditLog::open(dir.path().join("audit.jsonl")).unwrap();
+    let mut rec = common::job_end("n1", 1);
     log.append(&mut rec).unwrap();
     drop(log);
     let out = run(&exec_start("tenancy-audit-rotate.service"), &[]);

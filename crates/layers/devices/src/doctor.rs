@@ -4,10 +4,10 @@
 use crate::bpf;
 use crate::driver::{DriverInfo, DriverPaths};
 use crate::job::{Backend, Target};
-use crate::layout::{CgroupLayout, LayoutKind, MOUNTINFO};
 use crate::policy::{Access, DevType, DeviceClass, DevicePolicy, SliceRef};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use tenancy_cgroup::layout::{CgroupLayout, LayoutKind, MOUNTINFO};
 
 /// Severity of a finding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -8,13 +8,13 @@
 use crate::anchored::{self, AnchoredAttached};
 use crate::driver::{DriverInfo, DriverPaths};
 use crate::error::{Error, Result};
-use crate::layout::CgroupLayout;
 use crate::policy::{DeviceClass, DevicePolicy, SliceRef};
 use crate::v1::{self, V1Applied};
 use crate::v2::{self, Detached, V2Attached};
 use serde::{Deserialize, Serialize};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use tenancy_cgroup::layout::CgroupLayout;
 
 pub use tenancy_cgroup::slurm::KEEPER;
 pub use tenancy_cgroup::{SlurmScope, PRODUCT_DIR};

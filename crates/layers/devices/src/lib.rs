@@ -22,10 +22,6 @@ pub mod driver;
 pub mod error;
 pub mod holders;
 pub mod job;
-/// The cgroup layout of the node, detected by the one owner of job cgroups.
-pub mod layout {
-    pub use tenancy_cgroup::layout::*;
-}
 pub mod policy;
 pub mod v1;
 pub mod v2;
@@ -33,5 +29,6 @@ pub mod v2;
 pub use driver::{DriverInfo, DriverPaths};
 pub use error::{Error, Result};
 pub use job::{setup, teardown, Backend, DevicesRecord, JobDeviceParams, Target};
-pub use layout::{CgroupLayout, LayoutKind};
 pub use policy::{Access, DevType, DeviceClass, DevicePolicy, SliceRef, Verdict};
+/// The cgroup layout of the node, detected by the one owner of job cgroups.
+pub use tenancy_cgroup::layout::{CgroupLayout, LayoutKind};

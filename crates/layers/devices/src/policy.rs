@@ -57,22 +57,7 @@ impl DevicePolicy {
     /// majors a slice needs, is an error; an extra class that would open every NVIDIA device
     /// (`c *:*`) is refused.
     pub fn for_job(drv: &DriverInfo, slices: &[SliceRef], extra: &[DeviceClass]) -> Result<Self> {
-        let mut deny_majors: Vec<u32> = drv.majors.all.iter().map(|(_, m)| *m).collect();
-        for m in [drv.majors.nvidia, drv.majors.uvm, drv.majors.caps]
-            .into_iter()
-            .flatten()
-        {
-            if !deny_majors.contains(&m) {
-                deny_majors.push(m);
-            }
-        }
-        deny_majors.sort_unstable();
-        let mut allow = Vec::new();
-        let mut push = |class: DeviceClass, why: String| {
-            if !allow.iter().any(|r: &AllowRule| r.class == class) {
-                allow.push(AllowRule { class, why });
-            }
-        };
+        let mut allow = Allows::default();
         if !slices.is_empty() {
             let need = |m: Option<u32>, name: &str| {
                 m.ok_or_else(|| {
@@ -83,82 +68,21 @@ impl DevicePolicy {
             };
             let nv = need(drv.majors.nvidia, "nvidia-frontend/nvidia")?;
             let caps = need(drv.majors.caps, "nvidia-caps")?;
-            push(
-                DeviceClass::char(nv, NVIDIACTL_MINOR, Access::RW),
-                "nvidiactl".into(),
-            );
-            // nvidia-uvm is loaded on first use on some nodes: not registered yet, it is in no
-            // deny list either, so the job reaches it once it is (it separates no tenants).
-            if let Some(uvm) = drv.majors.uvm {
-                push(
-                    DeviceClass::char(uvm, UVM_MINOR, Access::RW),
-                    "nvidia-uvm".into(),
-                );
-                push(
-                    DeviceClass::char(uvm, UVM_TOOLS_MINOR, Access::RW),
-                    "nvidia-uvm-tools".into(),
-                );
-            }
+            allow.control_devices(drv, nv);
             for s in slices {
-                if s.gpu_minor >= NVIDIA_MODESET_MINOR {
-                    return Err(Error::Policy(format!(
-                        "slice {s:?}: GPU minor {} is not a GPU (254 is nvidia-modeset, 255 nvidiactl)",
-                        s.gpu_minor
-                    )));
-                }
-                push(
-                    DeviceClass::char(nv, s.gpu_minor, Access::RW),
-                    format!("/dev/nvidia{} (parent GPU)", s.gpu_minor),
-                );
-                let gi = drv.mig.lookup(s.gpu_minor, s.gi_id, None).ok_or_else(|| {
-                    Error::Policy(format!(
-                        "slice {s:?}: no gpu{}/gi{}/access in mig-minors: is MIG enabled and the GPU instance created?",
-                        s.gpu_minor, s.gi_id
-                    ))
-                })?;
-                let ci = drv
-                    .mig
-                    .lookup(s.gpu_minor, s.gi_id, Some(s.ci_id))
-                    .ok_or_else(|| {
-                        Error::Policy(format!(
-                            "slice {s:?}: no gpu{}/gi{}/ci{}/access in mig-minors",
-                            s.gpu_minor, s.gi_id, s.ci_id
-                        ))
-                    })?;
-                for (minor, what) in [(gi, "GI"), (ci, "CI")] {
-                    if Some(minor) == drv.mig.config || Some(minor) == drv.mig.monitor {
-                        return Err(Error::Policy(format!(
-                            "slice {s:?}: {what} access minor {minor} equals the config/monitor capability minor: corrupt mig-minors"
-                        )));
-                    }
-                }
-                push(
-                    DeviceClass::char(caps, gi, Access::RW),
-                    format!("gpu{}/gi{}/access", s.gpu_minor, s.gi_id),
-                );
-                push(
-                    DeviceClass::char(caps, ci, Access::RW),
-                    format!("gpu{}/gi{}/ci{}/access", s.gpu_minor, s.gi_id, s.ci_id),
-                );
+                allow.slice(drv, nv, caps, s)?;
             }
         }
         for x in extra {
             if let Some(why) = x.refusal_as_extra() {
                 return Err(Error::Policy(why));
             }
-            push(*x, "extra (tier config)".into());
+            allow.push(*x, "extra (tier config)".into());
         }
-        let mut deny_devices: Vec<DeviceClass> = drv
-            .rdma
-            .iter()
-            .map(|d| DeviceClass::char(d.major, d.minor, Access::RWM))
-            .collect();
-        deny_devices.sort_by_key(|d| (d.major, d.minor));
-        deny_devices.dedup();
         Ok(DevicePolicy {
-            allow,
-            deny_majors,
-            deny_devices,
+            allow: allow.0,
+            deny_majors: deny_majors(drv),
+            deny_devices: rdma_devices(drv),
         })
     }
 
@@ -196,6 +120,111 @@ impl DevicePolicy {
                         || self.deny_devices.iter().any(|d| d.major == Some(m))
                 })
         })
+    }
+}
+
+/// Every NVIDIA character major the driver registers, sorted.
+fn deny_majors(drv: &DriverInfo) -> Vec<u32> {
+    let mut deny_majors: Vec<u32> = drv.majors.all.iter().map(|(_, m)| *m).collect();
+    for m in [drv.majors.nvidia, drv.majors.uvm, drv.majors.caps]
+        .into_iter()
+        .flatten()
+    {
+        if !deny_majors.contains(&m) {
+            deny_majors.push(m);
+        }
+    }
+    deny_majors.sort_unstable();
+    deny_majors
+}
+
+/// The node's RDMA devices, sorted, each once.
+fn rdma_devices(drv: &DriverInfo) -> Vec<DeviceClass> {
+    let mut deny_devices: Vec<DeviceClass> = drv
+        .rdma
+        .iter()
+        .map(|d| DeviceClass::char(d.major, d.minor, Access::RWM))
+        .collect();
+    deny_devices.sort_by_key(|d| (d.major, d.minor));
+    deny_devices.dedup();
+    deny_devices
+}
+
+/// A job's allow rules in the order they were added, each class once (its first reason).
+#[derive(Default)]
+struct Allows(Vec<AllowRule>);
+
+impl Allows {
+    fn push(&mut self, class: DeviceClass, why: String) {
+        if !self.0.iter().any(|r| r.class == class) {
+            self.0.push(AllowRule { class, why });
+        }
+    }
+
+    /// What every CUDA process of a MIG job opens: nvidiactl, and nvidia-uvm once registered.
+    fn control_devices(&mut self, drv: &DriverInfo, nv: u32) {
+        self.push(
+            DeviceClass::char(nv, NVIDIACTL_MINOR, Access::RW),
+            "nvidiactl".into(),
+        );
+        // nvidia-uvm is loaded on first use on some nodes: not registered yet, it is in no
+        // deny list either, so the job reaches it once it is (it separates no tenants).
+        if let Some(uvm) = drv.majors.uvm {
+            self.push(
+                DeviceClass::char(uvm, UVM_MINOR, Access::RW),
+                "nvidia-uvm".into(),
+            );
+            self.push(
+                DeviceClass::char(uvm, UVM_TOOLS_MINOR, Access::RW),
+                "nvidia-uvm-tools".into(),
+            );
+        }
+    }
+
+    /// One MIG slice: its parent GPU and the access capabilities of its GI and CI, whose
+    /// minors mig-minors must name (and not as the config/monitor capabilities).
+    fn slice(&mut self, drv: &DriverInfo, nv: u32, caps: u32, s: &SliceRef) -> Result<()> {
+        if s.gpu_minor >= NVIDIA_MODESET_MINOR {
+            return Err(Error::Policy(format!(
+                "slice {s:?}: GPU minor {} is not a GPU (254 is nvidia-modeset, 255 nvidiactl)",
+                s.gpu_minor
+            )));
+        }
+        self.push(
+            DeviceClass::char(nv, s.gpu_minor, Access::RW),
+            format!("/dev/nvidia{} (parent GPU)", s.gpu_minor),
+        );
+        let gi = drv.mig.lookup(s.gpu_minor, s.gi_id, None).ok_or_else(|| {
+            Error::Policy(format!(
+                "slice {s:?}: no gpu{}/gi{}/access in mig-minors: is MIG enabled and the GPU instance created?",
+                s.gpu_minor, s.gi_id
+            ))
+        })?;
+        let ci = drv
+            .mig
+            .lookup(s.gpu_minor, s.gi_id, Some(s.ci_id))
+            .ok_or_else(|| {
+                Error::Policy(format!(
+                    "slice {s:?}: no gpu{}/gi{}/ci{}/access in mig-minors",
+                    s.gpu_minor, s.gi_id, s.ci_id
+                ))
+            })?;
+        for (minor, what) in [(gi, "GI"), (ci, "CI")] {
+            if Some(minor) == drv.mig.config || Some(minor) == drv.mig.monitor {
+                return Err(Error::Policy(format!(
+                    "slice {s:?}: {what} access minor {minor} equals the config/monitor capability minor: corrupt mig-minors"
+                )));
+            }
+        }
+        self.push(
+            DeviceClass::char(caps, gi, Access::RW),
+            format!("gpu{}/gi{}/access", s.gpu_minor, s.gi_id),
+        );
+        self.push(
+            DeviceClass::char(caps, ci, Access::RW),
+            format!("gpu{}/gi{}/ci{}/access", s.gpu_minor, s.gi_id, s.ci_id),
+        );
+        Ok(())
     }
 }
 

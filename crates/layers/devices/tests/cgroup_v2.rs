@@ -335,10 +335,17 @@ fn v2_jobs_with_one_allowlist_share_its_program() {
     for gone in [first, id(&b), id(&a)] {
         assert!(!kept.contains(&gone), "{gone} still kept");
     }
-    assert_eq!(
-        sys::prog_get_fd_by_id(first).unwrap_err().raw_os_error(),
-        Some(libc::ENOENT)
-    );
+    // A removed cgroup's programs are released by a kernel worker after an RCU grace period,
+    // not by the rmdir itself: wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let gone = loop {
+        match sys::prog_get_fd_by_id(first) {
+            Err(e) => break e.raw_os_error(),
+            Ok(_) if std::time::Instant::now() > deadline => break None,
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    };
+    assert_eq!(gone, Some(libc::ENOENT), "program {first} was never freed");
 }
 
 /// A process still in the job's cgroup at teardown (EBUSY) keeps its device program: the

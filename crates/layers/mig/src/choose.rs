@@ -140,165 +140,222 @@ pub fn choose_in(
         });
     }
     if let Some(si) = req.slot {
-        let slots = plan.ok_or_else(|| MigError::Refused {
-            reason: format!("slot {si} requested but the node has no MIG plan configured"),
-        })?;
-        let slot = slots.iter().find(|s| s.index == si).ok_or_else(|| MigError::Refused {
-            reason: format!(
-                "slot {si} is not in the node's MIG plan ({} slots); gres.conf and the plan disagree: regenerate gres.conf with `tenancyctl mig slurm-lines`",
-                slots.len()
-            ),
-        })?;
-        let gpu = gpus
-            .iter()
-            .find(|g| g.index == slot.gpu)
-            .ok_or_else(|| MigError::Refused {
-                reason: format!("slot {si} is on GPU {}, which NVML does not show", slot.gpu),
-            })?;
-        let model = usable(gpu).map_err(|reason| MigError::Refused { reason })?;
-        if model != slot.model {
-            return Err(MigError::Refused {
-                reason: format!(
-                    "slot {si} was planned for a {} but GPU {} is a {model}; regenerate the plan",
-                    slot.model, gpu.index
-                ),
-            });
-        }
-        let p = lookup_profile(model, &slot.profile)?;
-        if let Some(want) = &req.profile {
-            let w = lookup_profile(model, want)?;
-            if w.name != p.name {
-                return Err(MigError::Refused {
-                    reason: format!(
-                        "job asks for profile {} but Slurm allocated slot {si} of profile {}",
-                        w.name, p.name
-                    ),
-                });
-            }
-        }
-        if let Some(reason) = tier_block(gpu, req, occupants) {
-            return Err(MigError::Refused { reason });
-        }
-        if let Some(gi) = gpu.occupied_by(slot.start, slot.size) {
-            return Err(MigError::Occupied {
-                at: crate::error::At {
-                    gpu: Some(gpu.index),
-                    uuid: Some(gpu.uuid.clone()),
-                    profile: Some(p.name.to_string()),
-                    placement: Some((slot.start, slot.size)),
-                    ..Default::default()
-                },
-                start: gi.start,
-                size: gi.size,
-                gi: gi.gi_id,
-                profile_id: gi.profile_id,
-            });
-        }
-        return Ok(intent(gpu, p, slot.start, Some(si)));
+        return take_slot(gpus, plan, si, req, occupants);
     }
-
     let want = req.profile.as_deref().ok_or_else(|| MigError::Refused {
         reason: "request names neither a profile nor a slot".into(),
     })?;
-    let mut reasons: Vec<String> = Vec::new();
-    // The reasons that are a GPU's state (lost, CC mode, pending reset, MIG off), not room.
-    let mut unusable: Vec<String> = Vec::new();
-    let mut known_anywhere = false;
-    match plan {
-        Some(slots) => {
-            let mut taken = false;
-            for slot in slots.iter().rev() {
-                let Some(gpu) = gpus.iter().find(|g| g.index == slot.gpu) else {
-                    continue;
-                };
-                let Some(p) = gpu.model.and_then(|m| m.profile(want)) else {
-                    continue;
-                };
-                known_anywhere = true;
-                if p.name != slot.profile {
-                    continue;
-                }
-                if let Err(r) = usable(gpu) {
-                    // Another slot of the profile, on another GPU, may do.
-                    if !reasons.contains(&r) {
-                        unusable.push(r.clone());
-                        reasons.push(r);
-                    }
-                    continue;
-                }
-                if let Some(r) = tier_block(gpu, req, occupants) {
-                    reasons.push(r);
-                    continue;
-                }
-                if gpu.occupied_by(slot.start, slot.size).is_some() {
-                    taken = true;
-                    continue;
-                }
-                return Ok(intent(gpu, p, slot.start, Some(slot.index)));
-            }
-            if reasons.is_empty() {
-                reasons.push(format!("every plan slot of profile {want} is taken"));
-            } else if taken {
-                reasons.push(format!("the other plan slots of profile {want} are taken"));
-            }
-        }
-        None => {
-            for gpu in gpus {
-                if gpu.model.and_then(|m| m.profile(want)).is_some() {
-                    known_anywhere = true;
-                }
-                let model = match usable(gpu) {
-                    Ok(m) => m,
-                    Err(r) => {
-                        unusable.push(r.clone());
-                        reasons.push(r);
-                        continue;
-                    }
-                };
-                let Some(p) = model.profile(want) else {
-                    reasons.push(format!("GPU {} ({model}) has no profile {want}", gpu.index));
-                    continue;
-                };
-                known_anywhere = true;
-                if let Some(r) = tier_block(gpu, req, occupants) {
-                    reasons.push(r);
-                    continue;
-                }
-                let same = gpu
-                    .instances
-                    .iter()
-                    .filter(|g| g.profile_id == p.gi_profile_id)
-                    .count() as u32;
-                if same >= p.max_instances {
-                    reasons.push(format!(
-                        "GPU {} holds the most {} instances it can",
-                        gpu.index, p.name
-                    ));
-                    continue;
-                }
-                match p
-                    .starts
-                    .iter()
-                    .find(|&&s| gpu.occupied_by(s, p.memory_slices).is_none())
-                {
-                    Some(&s) => return Ok(intent(gpu, p, s, None)),
-                    None => reasons.push(format!(
-                        "GPU {} has no free {} placement",
-                        gpu.index, p.name
-                    )),
-                }
-            }
+    let mut misses = Misses::default();
+    let found = match plan {
+        Some(slots) => free_plan_slot(gpus, slots, want, req, occupants, &mut misses),
+        None => first_free_placement(gpus, want, req, occupants, &mut misses),
+    };
+    match found {
+        Some(intent) => Ok(intent),
+        None => Err(refusal(gpus, want, req, misses)),
+    }
+}
+
+/// The plan slot Slurm allocated, taken exactly or refused.
+fn take_slot(
+    gpus: &[GpuView],
+    plan: Option<&[Slot]>,
+    si: u32,
+    req: &Request,
+    occupants: &[Occupant],
+) -> Result<MigIntent> {
+    let slots = plan.ok_or_else(|| MigError::Refused {
+        reason: format!("slot {si} requested but the node has no MIG plan configured"),
+    })?;
+    let slot = slots.iter().find(|s| s.index == si).ok_or_else(|| MigError::Refused {
+        reason: format!(
+            "slot {si} is not in the node's MIG plan ({} slots); gres.conf and the plan disagree: regenerate gres.conf with `tenancyctl mig slurm-lines`",
+            slots.len()
+        ),
+    })?;
+    let gpu = gpus
+        .iter()
+        .find(|g| g.index == slot.gpu)
+        .ok_or_else(|| MigError::Refused {
+            reason: format!("slot {si} is on GPU {}, which NVML does not show", slot.gpu),
+        })?;
+    let model = usable(gpu).map_err(|reason| MigError::Refused { reason })?;
+    if model != slot.model {
+        return Err(MigError::Refused {
+            reason: format!(
+                "slot {si} was planned for a {} but GPU {} is a {model}; regenerate the plan",
+                slot.model, gpu.index
+            ),
+        });
+    }
+    let p = lookup_profile(model, &slot.profile)?;
+    if let Some(want) = &req.profile {
+        let w = lookup_profile(model, want)?;
+        if w.name != p.name {
+            return Err(MigError::Refused {
+                reason: format!(
+                    "job asks for profile {} but Slurm allocated slot {si} of profile {}",
+                    w.name, p.name
+                ),
+            });
         }
     }
+    if let Some(reason) = tier_block(gpu, req, occupants) {
+        return Err(MigError::Refused { reason });
+    }
+    if let Some(gi) = gpu.occupied_by(slot.start, slot.size) {
+        return Err(MigError::Occupied {
+            at: crate::error::At {
+                gpu: Some(gpu.index),
+                uuid: Some(gpu.uuid.clone()),
+                profile: Some(p.name.to_string()),
+                placement: Some((slot.start, slot.size)),
+                ..Default::default()
+            },
+            start: gi.start,
+            size: gi.size,
+            gi: gi.gi_id,
+            profile_id: gi.profile_id,
+        });
+    }
+    Ok(intent(gpu, p, slot.start, Some(si)))
+}
+
+/// Why a search for a profile placed nothing, gathered GPU by GPU.
+#[derive(Default)]
+struct Misses {
+    reasons: Vec<String>,
+    /// The reasons that are a GPU's state (lost, CC mode, pending reset, MIG off), not room.
+    unusable: Vec<String>,
+    /// Some GPU's model has the profile.
+    known_anywhere: bool,
+}
+
+/// A free plan slot of profile `want`, from the highest index down.
+fn free_plan_slot(
+    gpus: &[GpuView],
+    slots: &[Slot],
+    want: &str,
+    req: &Request,
+    occupants: &[Occupant],
+    misses: &mut Misses,
+) -> Option<MigIntent> {
+    let mut taken = false;
+    for slot in slots.iter().rev() {
+        let Some(gpu) = gpus.iter().find(|g| g.index == slot.gpu) else {
+            continue;
+        };
+        let Some(p) = gpu.model.and_then(|m| m.profile(want)) else {
+            continue;
+        };
+        misses.known_anywhere = true;
+        if p.name != slot.profile {
+            continue;
+        }
+        if let Err(r) = usable(gpu) {
+            // Another slot of the profile, on another GPU, may do.
+            if !misses.reasons.contains(&r) {
+                misses.unusable.push(r.clone());
+                misses.reasons.push(r);
+            }
+            continue;
+        }
+        if let Some(r) = tier_block(gpu, req, occupants) {
+            misses.reasons.push(r);
+            continue;
+        }
+        if gpu.occupied_by(slot.start, slot.size).is_some() {
+            taken = true;
+            continue;
+        }
+        return Some(intent(gpu, p, slot.start, Some(slot.index)));
+    }
+    if misses.reasons.is_empty() {
+        misses
+            .reasons
+            .push(format!("every plan slot of profile {want} is taken"));
+    } else if taken {
+        misses
+            .reasons
+            .push(format!("the other plan slots of profile {want} are taken"));
+    }
+    None
+}
+
+/// Without a plan: the first free placement of profile `want` on any usable GPU.
+fn first_free_placement(
+    gpus: &[GpuView],
+    want: &str,
+    req: &Request,
+    occupants: &[Occupant],
+    misses: &mut Misses,
+) -> Option<MigIntent> {
+    for gpu in gpus {
+        if gpu.model.and_then(|m| m.profile(want)).is_some() {
+            misses.known_anywhere = true;
+        }
+        let model = match usable(gpu) {
+            Ok(m) => m,
+            Err(r) => {
+                misses.unusable.push(r.clone());
+                misses.reasons.push(r);
+                continue;
+            }
+        };
+        let Some(p) = model.profile(want) else {
+            misses
+                .reasons
+                .push(format!("GPU {} ({model}) has no profile {want}", gpu.index));
+            continue;
+        };
+        misses.known_anywhere = true;
+        if let Some(r) = tier_block(gpu, req, occupants) {
+            misses.reasons.push(r);
+            continue;
+        }
+        let same = gpu
+            .instances
+            .iter()
+            .filter(|g| g.profile_id == p.gi_profile_id)
+            .count() as u32;
+        if same >= p.max_instances {
+            misses.reasons.push(format!(
+                "GPU {} holds the most {} instances it can",
+                gpu.index, p.name
+            ));
+            continue;
+        }
+        match p
+            .starts
+            .iter()
+            .find(|&&s| gpu.occupied_by(s, p.memory_slices).is_none())
+        {
+            Some(&s) => return Some(intent(gpu, p, s, None)),
+            None => misses.reasons.push(format!(
+                "GPU {} has no free {} placement",
+                gpu.index, p.name
+            )),
+        }
+    }
+    None
+}
+
+/// The error of a search for profile `want` that placed nothing.
+fn refusal(gpus: &[GpuView], want: &str, req: &Request, misses: Misses) -> MigError {
+    let Misses {
+        reasons,
+        unusable,
+        known_anywhere,
+    } = misses;
     if !known_anywhere && !unusable.is_empty() && gpus.iter().all(|g| g.model.is_none()) {
         // No GPU's model could be read (all lost): their state is the reason, not the name.
-        return Err(MigError::Refused {
+        return MigError::Refused {
             reason: unusable.join("; "),
-        });
+        };
     }
     if !known_anywhere {
         let model = gpus.iter().find_map(|g| g.model);
-        return Err(MigError::UnknownProfile {
+        return MigError::UnknownProfile {
             profile: want.to_string(),
             model: model
                 .map(|m| m.to_string())
@@ -312,23 +369,23 @@ pub fn choose_in(
                         .join(", ")
                 })
                 .unwrap_or_default(),
-        });
+        };
     }
     // A refusal by tier rule, or because no GPU that has the profile may be sliced now, is
     // named as such.
     if !reasons.is_empty() && reasons.iter().all(|r| unusable.contains(r)) {
-        return Err(MigError::Refused {
+        return MigError::Refused {
             reason: reasons.join("; "),
-        });
+        };
     }
     if reasons.iter().all(|r| r.contains("forbids sharing")) {
-        return Err(MigError::Refused {
+        return MigError::Refused {
             reason: reasons.join("; "),
-        });
+        };
     }
-    Err(MigError::NoPlacement {
+    MigError::NoPlacement {
         profile: want.to_string(),
         tenant: req.tenant.clone(),
         detail: reasons.join("; "),
-    })
+    }
 }

@@ -12,14 +12,17 @@ fn carving(items: &[(&str, u32)]) -> Carving {
     items.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
 
+/// An H200 at `index`, /dev/nvidia`minor`.
+fn h200(index: u32, minor: u32) -> PlanGpu {
+    PlanGpu {
+        index,
+        minor,
+        model: GpuModel::H200_141GB,
+    }
+}
+
 fn h200s(n: u32) -> Vec<PlanGpu> {
-    (0..n)
-        .map(|i| PlanGpu {
-            index: i,
-            minor: i,
-            model: GpuModel::H200_141GB,
-        })
-        .collect()
+    (0..n).map(|i| h200(i, i)).collect()
 }
 
 fn model_plan(model: &str, c: Carving) -> NodePlan {
@@ -27,6 +30,11 @@ fn model_plan(model: &str, c: Carving) -> NodePlan {
         models: BTreeMap::from([(model.to_string(), c)]),
         gpus: BTreeMap::new(),
     }
+}
+
+/// The plan slots of `n` H200s, each carved as `items` says.
+fn h200_slots(items: &[(&str, u32)], n: u32) -> Vec<Slot> {
+    plan_slots(&model_plan("H200-141GB", carving(items)), &h200s(n)).unwrap()
 }
 
 fn no_overlap(slots: &[Slot]) {
@@ -47,11 +55,7 @@ fn no_overlap(slots: &[Slot]) {
 
 #[test]
 fn plan_seven_1g() {
-    let slots = plan_slots(
-        &model_plan("H200-141GB", carving(&[("1g.18gb", 7)])),
-        &h200s(2),
-    )
-    .unwrap();
+    let slots = h200_slots(&[("1g.18gb", 7)], 2);
     assert_eq!(slots.len(), 14);
     no_overlap(&slots);
     assert_eq!(
@@ -190,18 +194,7 @@ fn plan_rejects_type_with_two_geometries() {
 #[test]
 fn slurm_lines_match_slots() {
     let c = carving(&[("3g.71gb", 1), ("2g.35gb", 1), ("1g.18gb", 2)]);
-    let gpus = vec![
-        PlanGpu {
-            index: 0,
-            minor: 0,
-            model: GpuModel::H200_141GB,
-        },
-        PlanGpu {
-            index: 1,
-            minor: 3,
-            model: GpuModel::H200_141GB,
-        },
-    ];
+    let gpus = vec![h200(0, 0), h200(1, 3)];
     let slots = plan_slots(&model_plan("H200-141GB", c), &gpus).unwrap();
     let (gres, lines) = slurm_lines("gpu-n01", &slots).unwrap();
     assert_eq!(gres, "Gres=gpu:3g.71gb:2,gpu:2g.35gb:2,gpu:1g.18gb:4");
@@ -271,7 +264,7 @@ fn an_unusable_gpu_is_passed_over_where_the_plan_allows_and_refused_where_not() 
     let why = "GPU 0 (GPU-0) is in confidential-computing mode";
     let gpus = vec![unusable_view(0, why), view(1, vec![])];
     // No plan: the other GPU.
-    let i = choose_in(&gpus, None, &req(Some("3g.71gb"), None, "acme", true), &[]).unwrap();
+    let i = choose(&gpus, None, "3g.71gb", ("acme", true), &[]).unwrap();
     assert_eq!(i.gpu_index, 1);
     // A plan without a slot from Slurm: another slot of the profile.
     let plan = plan_slots(
@@ -283,27 +276,10 @@ fn an_unusable_gpu_is_passed_over_where_the_plan_allows_and_refused_where_not() 
             .into(),
             gpus: Default::default(),
         },
-        &[
-            PlanGpu {
-                index: 0,
-                minor: 0,
-                model: GpuModel::H200_141GB,
-            },
-            PlanGpu {
-                index: 1,
-                minor: 1,
-                model: GpuModel::H200_141GB,
-            },
-        ],
+        &[h200(0, 0), h200(1, 1)],
     )
     .unwrap();
-    let i = choose_in(
-        &gpus,
-        Some(&plan),
-        &req(Some("3g.71gb"), None, "acme", true),
-        &[],
-    )
-    .unwrap();
+    let i = choose(&gpus, Some(&plan), "3g.71gb", ("acme", true), &[]).unwrap();
     assert_eq!(i.gpu_index, 1);
     // The slot Slurm allocated is on that GPU: refused with NVML's reason (another slot would
     // be one Slurm counts as free).
@@ -319,13 +295,7 @@ fn an_unusable_gpu_is_passed_over_where_the_plan_allows_and_refused_where_not() 
         unusable_view(0, why),
         view(1, vec![gi(1, 9, 0, 4), gi(2, 9, 4, 4)]),
     ];
-    let e = choose_in(
-        &full,
-        Some(&plan),
-        &req(Some("3g.71gb"), None, "acme", true),
-        &[],
-    )
-    .unwrap_err();
+    let e = choose(&full, Some(&plan), "3g.71gb", ("acme", true), &[]).unwrap_err();
     let s = e.to_string();
     assert!(matches!(e, MigError::NoPlacement { .. }), "{s}");
     assert!(s.contains(why) && s.contains("are taken"), "{s}");
@@ -334,7 +304,7 @@ fn an_unusable_gpu_is_passed_over_where_the_plan_allows_and_refused_where_not() 
         model: None,
         ..unusable_view(0, "GPU 0 fell off the bus")
     }];
-    let e = choose_in(&lost, None, &req(Some("3g.71gb"), None, "acme", true), &[]).unwrap_err();
+    let e = choose(&lost, None, "3g.71gb", ("acme", true), &[]).unwrap_err();
     assert!(e.to_string().contains("fell off the bus"), "{e}");
     // Every GPU unusable: refused with every reason, not "no free placement".
     let all = vec![
@@ -342,7 +312,7 @@ fn an_unusable_gpu_is_passed_over_where_the_plan_allows_and_refused_where_not() 
         unusable_view(1, "GPU 1 fell off the bus"),
     ];
     for plan in [None, Some(plan.as_slice())] {
-        let e = choose_in(&all, plan, &req(Some("3g.71gb"), None, "acme", true), &[]).unwrap_err();
+        let e = choose(&all, plan, "3g.71gb", ("acme", true), &[]).unwrap_err();
         let s = e.to_string();
         assert!(matches!(e, MigError::Refused { .. }), "{s}");
         assert!(
@@ -362,14 +332,26 @@ fn gi(id: u32, profile_id: u32, start: u32, size: u32) -> GiView {
     }
 }
 
-fn req(profile: Option<&str>, slot: Option<u32>, tenant: &str, share: bool) -> Request {
-    Request {
-        profile: profile.map(Into::into),
-        slot,
-        tenant: tenant.into(),
-        share_gpu: share,
-    }
+/// [`choose_in`] of `profile` for `tenant` (true: its tier shares GPUs), no plan slot asked.
+fn choose(
+    gpus: &[GpuView],
+    plan: Option<&[Slot]>,
+    profile: &str,
+    (tenant, share): (&str, bool),
+    occupants: &[Occupant],
+) -> crate::Result<MigIntent> {
+    choose_in(
+        gpus,
+        plan,
+        &req(Some(profile), None, tenant, share),
+        occupants,
+    )
 }
+
+// The integration tests' request helper, one copy for both.
+#[path = "../tests/common/request.rs"]
+mod request;
+use request::req;
 
 fn occ(gpu: u32, tenant: &str, share: bool) -> Occupant {
     Occupant {
@@ -439,50 +421,28 @@ fn choose_slot_hint_is_exact() {
 fn choose_without_hint_respects_occupied_placements() {
     // No plan: first free placement from NVML state.
     let gpus = vec![view(0, vec![gi(1, 9, 0, 4)]), view(1, vec![])];
-    let i = choose_in(
-        &gpus,
-        None,
-        &req(Some("3g.71gb"), None, "a", true),
-        &[occ(0, "a", true)],
-    )
-    .unwrap();
+    let i = choose(&gpus, None, "3g.71gb", ("a", true), &[occ(0, "a", true)]).unwrap();
     assert_eq!((i.gpu_index, i.placement_start, i.slot), (0, 4, None));
     let gpus = vec![
         view(0, vec![gi(1, 9, 0, 4), gi(2, 9, 4, 4)]),
         view(1, vec![]),
     ];
-    let i = choose_in(&gpus, None, &req(Some("1g.18gb"), None, "a", true), &[]).unwrap();
+    let i = choose(&gpus, None, "1g.18gb", ("a", true), &[]).unwrap();
     assert_eq!((i.gpu_index, i.placement_start), (1, 0));
     // Everything full.
     let full = vec![view(0, vec![gi(1, 0, 0, 8)])];
-    let e = choose_in(&full, None, &req(Some("1g.18gb"), None, "a", true), &[]).unwrap_err();
+    let e = choose(&full, None, "1g.18gb", ("a", true), &[]).unwrap_err();
     assert!(matches!(e, MigError::NoPlacement { .. }), "{e}");
     // Unknown profile.
-    let e = choose_in(&full, None, &req(Some("1g.5gb"), None, "a", true), &[]).unwrap_err();
+    let e = choose(&full, None, "1g.5gb", ("a", true), &[]).unwrap_err();
     assert!(matches!(e, MigError::UnknownProfile { .. }), "{e}");
     // With a plan: only plan slots, highest index first, skipping occupied ones.
-    let slots = plan_slots(
-        &model_plan("H200-141GB", carving(&[("1g.18gb", 7)])),
-        &h200s(1),
-    )
-    .unwrap();
+    let slots = h200_slots(&[("1g.18gb", 7)], 1);
     let gpus = vec![view(0, vec![gi(5, 19, 6, 1)])];
-    let i = choose_in(
-        &gpus,
-        Some(&slots),
-        &req(Some("1g.18gb"), None, "a", true),
-        &[],
-    )
-    .unwrap();
+    let i = choose(&gpus, Some(&slots), "1g.18gb", ("a", true), &[]).unwrap();
     assert_eq!((i.placement_start, i.slot), (5, Some(5)));
     // A profile the plan does not offer: no placement, even though NVML could make one.
-    let e = choose_in(
-        &gpus,
-        Some(&slots),
-        &req(Some("2g.35gb"), None, "a", true),
-        &[],
-    )
-    .unwrap_err();
+    let e = choose(&gpus, Some(&slots), "2g.35gb", ("a", true), &[]).unwrap_err();
     assert!(matches!(e, MigError::NoPlacement { .. }), "{e}");
 }
 
@@ -490,13 +450,7 @@ fn choose_without_hint_respects_occupied_placements() {
 fn choose_tier_rule() {
     let gpus = vec![view(0, vec![gi(1, 19, 0, 1)]), view(1, vec![])];
     // Non-sharing tenant b avoids GPU 0 where tenant a sits.
-    let i = choose_in(
-        &gpus,
-        None,
-        &req(Some("1g.18gb"), None, "b", false),
-        &[occ(0, "a", true)],
-    )
-    .unwrap();
+    let i = choose(&gpus, None, "1g.18gb", ("b", false), &[occ(0, "a", true)]).unwrap();
     assert_eq!(i.gpu_index, 1);
     // Sharing tenant c avoids GPU 1 once non-sharing b sits there; goes to 0 next to a.
     let gpus2 = vec![
@@ -504,13 +458,13 @@ fn choose_tier_rule() {
         view(1, vec![gi(1, 19, 0, 1)]),
     ];
     let occs = [occ(0, "a", true), occ(1, "b", false)];
-    let i = choose_in(&gpus2, None, &req(Some("1g.18gb"), None, "c", true), &occs).unwrap();
+    let i = choose(&gpus2, None, "1g.18gb", ("c", true), &occs).unwrap();
     assert_eq!(i.gpu_index, 0);
     // b itself may add a second slice on its own GPU.
-    let i = choose_in(&gpus2, None, &req(Some("1g.18gb"), None, "b", false), &occs).unwrap();
+    let i = choose(&gpus2, None, "1g.18gb", ("b", false), &occs).unwrap();
     assert_eq!(i.gpu_index, 1);
     // Non-sharing d: both GPUs hold other tenants -> refused, naming who holds what.
-    let e = choose_in(&gpus2, None, &req(Some("1g.18gb"), None, "d", false), &occs).unwrap_err();
+    let e = choose(&gpus2, None, "1g.18gb", ("d", false), &occs).unwrap_err();
     let s = e.to_string();
     assert!(matches!(e, MigError::Refused { .. }), "{s}");
     assert!(
@@ -518,11 +472,7 @@ fn choose_tier_rule() {
         "{s}"
     );
     // Slot hint onto a GPU held by a non-sharing tenant: refused (fail closed).
-    let slots = plan_slots(
-        &model_plan("H200-141GB", carving(&[("1g.18gb", 7)])),
-        &h200s(2),
-    )
-    .unwrap();
+    let slots = h200_slots(&[("1g.18gb", 7)], 2);
     let s1 = slots.iter().find(|s| s.gpu == 1 && s.start == 3).unwrap();
     let e = choose_in(
         &gpus2,
@@ -534,7 +484,7 @@ fn choose_tier_rule() {
     assert!(e.to_string().contains("held by tenant \"b\""), "{e}");
     // Unaccounted GIs keep a non-sharing tenant away.
     let gpus3 = vec![view(0, vec![gi(4, 19, 2, 1)])];
-    let e = choose_in(&gpus3, None, &req(Some("1g.18gb"), None, "b", false), &[]).unwrap_err();
+    let e = choose(&gpus3, None, "1g.18gb", ("b", false), &[]).unwrap_err();
     assert!(e.to_string().contains("no tenancy job accounts for"), "{e}");
     // One occupant entry may stand for several jobs of the tenant (the node groups them):
     // two GIs held by two of b's jobs are accounted for, a third is not.
@@ -784,20 +734,10 @@ fn proptest_plans_are_often_feasible() {
 /// Mixing GRES-pinned jobs with first-fit jobs can fail: the reason jobs must carry GRES.
 #[test]
 fn mixed_gres_and_first_fit_can_collide() {
-    let slots = plan_slots(
-        &model_plan("H200-141GB", carving(&[("1g.18gb", 2)])),
-        &h200s(1),
-    )
-    .unwrap();
+    let slots = h200_slots(&[("1g.18gb", 2)], 1);
     let mut sim = Sim::new(1);
     // A job without GRES first-fits: takes the highest slot.
-    let a = choose_in(
-        &sim.gpus,
-        Some(&slots),
-        &req(Some("1g.18gb"), None, "t", true),
-        &[],
-    )
-    .unwrap();
+    let a = choose(&sim.gpus, Some(&slots), "1g.18gb", ("t", true), &[]).unwrap();
     sim.create(&a).unwrap();
     assert_eq!(a.slot, Some(1));
     // slurmctld never saw it and hands slot 1 to a GRES job: placement occupied.

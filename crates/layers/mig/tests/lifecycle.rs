@@ -1,17 +1,9 @@
 //! Create / destroy through the real NVML code path (nvml-shim).
 
 mod common;
+use common::request::req;
 use common::{Scenario, TWO_H200};
 use tenancy_mig::*;
-
-fn req(profile: Option<&str>, slot: Option<u32>, tenant: &str, share: bool) -> Request {
-    Request {
-        profile: profile.map(Into::into),
-        slot,
-        tenant: tenant.into(),
-        share_gpu: share,
-    }
-}
 
 #[test]
 fn gpus_are_listed() {

@@ -8,9 +8,9 @@ mod common;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use common::{requires_root, CgroupTree, Netns};
+use common::{requires_root, two_tenants, CgroupTree, Netns};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use tenancy_network::{add_job, apply, remove_job, Dest, FirewallSpec, TenantNet};
+use tenancy_network::{add_job, apply, remove_job, Dest, FirewallSpec};
 
 fn bench(c: &mut Criterion) {
     if !requires_root("job_path benchmark") {
@@ -21,24 +21,10 @@ fn bench(c: &mut Criterion) {
     // SAFETY: valid fd; the bench's main thread (and the nft it spawns) move into the netns.
     assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
     let tree = CgroupTree::new("tnw-bench-");
+    let a = vec![Dest::parse("10.77.1.0/24").unwrap()];
     let spec = FirewallSpec {
-        table_name: "tenancy".into(),
-        cgroup: tree.layout.clone(),
-        tenants: vec![
-            TenantNet {
-                name: "a".into(),
-                id: 1,
-                egress: vec![Dest::parse("10.77.1.0/24").unwrap()],
-            },
-            TenantNet {
-                name: "b".into(),
-                id: 2,
-                egress: vec![],
-            },
-        ],
         infrastructure: vec![Dest::parse("10.77.3.0/24:53").unwrap()],
-        slurm: None,
-        cross_node: None,
+        ..two_tenants(&tree, a, vec![])
     };
     apply(&spec).unwrap();
     let mut g = c.benchmark_group("job_add_remove");

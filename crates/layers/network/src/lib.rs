@@ -29,7 +29,7 @@ pub use ruleset::{
 };
 pub use tenancy_cgroup::SlurmScope;
 /// Destinations are config values: the type is the config's.
-pub use tenancy_config::dest::{self, Dest, DestError, Proto};
+pub use tenancy_config::dest::{Dest, DestError, Proto};
 
 /// Extended attribute set on each tenant cgroup after a successful [`apply`]; its value is the
 /// table name. A tenant directory without it was created (or re-created) after the table was

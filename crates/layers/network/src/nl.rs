@@ -193,6 +193,26 @@ pub(crate) fn cgroup_elems(table: &str, changes: &[(&str, u64, ElemOp<'_>)]) -> 
         rustix::net::sockopt::Timeout::Recv,
         Some(std::time::Duration::from_secs(5)),
     )?;
+    send(&fd, &elem_batch(table, changes)?, SendFlags::empty())?;
+    let Some(missing) = acks(&fd, changes)? else {
+        return Ok(());
+    };
+    // A missing element aborts the transaction: retry without it.
+    let rest: Vec<(&str, u64, ElemOp<'_>)> = changes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| 2 + *i as u32 != missing)
+        .map(|(_, c)| *c)
+        .collect();
+    if rest.is_empty() {
+        Ok(())
+    } else {
+        cgroup_elems(table, &rest)
+    }
+}
+
+/// The transaction: batch begin (seq 1), one message per change (seq 2, 3, ...), batch end.
+fn elem_batch(table: &str, changes: &[(&str, u64, ElemOp<'_>)]) -> io::Result<Vec<u8>> {
     let mut msg = Vec::with_capacity(256);
     message(
         &mut msg,
@@ -203,28 +223,7 @@ pub(crate) fn cgroup_elems(table: &str, changes: &[(&str, u64, ElemOp<'_>)]) -> 
         &[],
     );
     for (i, (set, id, op)) in changes.iter().enumerate() {
-        let mut body = Vec::with_capacity(96);
-        attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &cstr(table)?);
-        attr(&mut body, NFTA_SET_ELEM_LIST_SET, &cstr(set)?);
-        let chain = match op {
-            ElemOp::AddGoto(c) => Some(cstr(c)?),
-            ElemOp::Delete => None,
-        };
-        nested(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
-            nested(b, NFTA_LIST_ELEM, |b| {
-                nested(b, NFTA_SET_ELEM_KEY, |b| {
-                    attr(b, NFTA_DATA_VALUE, &id.to_ne_bytes());
-                });
-                if let Some(chain) = &chain {
-                    nested(b, NFTA_SET_ELEM_DATA, |b| {
-                        nested(b, NFTA_DATA_VERDICT, |b| {
-                            attr(b, NFTA_VERDICT_CODE, &NFT_GOTO.to_be_bytes());
-                            attr(b, NFTA_VERDICT_CHAIN, chain);
-                        });
-                    });
-                }
-            });
-        });
+        let body = elem_body(table, set, *id, *op)?;
         let (kind, flags) = match op {
             ElemOp::AddGoto(_) => (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE),
             ElemOp::Delete => (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK),
@@ -247,12 +246,44 @@ pub(crate) fn cgroup_elems(table: &str, changes: &[(&str, u64, ElemOp<'_>)]) -> 
         NFNL_SUBSYS_NFTABLES,
         &[],
     );
-    send(&fd, &msg, SendFlags::empty())?;
-    // One ack per change; the first error aborts the whole transaction.
+    Ok(msg)
+}
+
+/// The attributes of one change: element `id` of map `set`, with its `goto` verdict when
+/// it is added.
+fn elem_body(table: &str, set: &str, id: u64, op: ElemOp<'_>) -> io::Result<Vec<u8>> {
+    let mut body = Vec::with_capacity(96);
+    attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &cstr(table)?);
+    attr(&mut body, NFTA_SET_ELEM_LIST_SET, &cstr(set)?);
+    let chain = match op {
+        ElemOp::AddGoto(c) => Some(cstr(c)?),
+        ElemOp::Delete => None,
+    };
+    nested(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS, |b| {
+        nested(b, NFTA_LIST_ELEM, |b| {
+            nested(b, NFTA_SET_ELEM_KEY, |b| {
+                attr(b, NFTA_DATA_VALUE, &id.to_ne_bytes());
+            });
+            if let Some(chain) = &chain {
+                nested(b, NFTA_SET_ELEM_DATA, |b| {
+                    nested(b, NFTA_DATA_VERDICT, |b| {
+                        attr(b, NFTA_VERDICT_CODE, &NFT_GOTO.to_be_bytes());
+                        attr(b, NFTA_VERDICT_CHAIN, chain);
+                    });
+                });
+            }
+        });
+    });
+    Ok(body)
+}
+
+/// Reads one ack per change; the first error aborts the whole transaction. `Ok(Some(seq))`:
+/// it was aborted because change `seq` deletes an element that is not there.
+fn acks(fd: &std::os::fd::OwnedFd, changes: &[(&str, u64, ElemOp<'_>)]) -> io::Result<Option<u32>> {
     let mut acked = 0;
     let mut buf = vec![0u8; 8192];
     while acked < changes.len() {
-        let (n, _) = recv(&fd, &mut buf, RecvFlags::empty())?;
+        let (n, _) = recv(fd, &mut buf, RecvFlags::empty())?;
         let mut at = 0;
         while at + 20 <= n {
             let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
@@ -273,18 +304,7 @@ pub(crate) fn cgroup_elems(table: &str, changes: &[(&str, u64, ElemOp<'_>)]) -> 
                 match errno {
                     0 => {}
                     e if delete && e == rustix::io::Errno::NOENT.raw_os_error() => {
-                        // A missing element aborts the transaction: retry without it.
-                        let rest: Vec<(&str, u64, ElemOp<'_>)> = changes
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, _)| 2 + *i as u32 != seq)
-                            .map(|(_, c)| *c)
-                            .collect();
-                        return if rest.is_empty() {
-                            Ok(())
-                        } else {
-                            cgroup_elems(table, &rest)
-                        };
+                        return Ok(Some(seq))
                     }
                     e => return Err(io::Error::from_raw_os_error(e)),
                 }
@@ -293,7 +313,7 @@ pub(crate) fn cgroup_elems(table: &str, changes: &[(&str, u64, ElemOp<'_>)]) -> 
             at += (len + 3) & !3;
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 #[cfg(test)]

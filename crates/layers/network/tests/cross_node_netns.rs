@@ -6,9 +6,7 @@
 mod common;
 
 use common::*;
-use tenancy_network::{
-    add_job, apply, counters, CrossNode, Dest, FirewallSpec, Ipv4Net, TenantNet,
-};
+use tenancy_network::{add_job, apply, CrossNode, Dest, FirewallSpec, Ipv4Net};
 
 #[test]
 fn zz_probe_helper() {
@@ -21,22 +19,6 @@ fn spec(tree: &CgroupTree) -> FirewallSpec {
     // Both tenants may reach the node network: the cross-node rules tell them apart.
     let egress = vec![Dest::parse("10.78.0.0/24").unwrap()];
     FirewallSpec {
-        table_name: "tenancy".into(),
-        cgroup: tree.layout.clone(),
-        tenants: vec![
-            TenantNet {
-                name: "a".into(),
-                id: 1,
-                egress: egress.clone(),
-            },
-            TenantNet {
-                name: "b".into(),
-                id: 2,
-                egress,
-            },
-        ],
-        infrastructure: vec![],
-        slurm: None,
         cross_node: Some(CrossNode {
             node_network: Ipv4Net::parse("10.78.0.0/24").unwrap(),
             prefixes: vec![
@@ -45,19 +27,14 @@ fn spec(tree: &CgroupTree) -> FirewallSpec {
             ],
             node: None,
         }),
+        ..two_tenants(tree, egress.clone(), egress)
     }
 }
 
-fn drops(ns: &Netns, spec: &FirewallSpec, tenant: &'static str) -> u64 {
+/// [`drops`] of `tenant` in node `ns`.
+fn drops_in(ns: &Netns, spec: &FirewallSpec, tenant: &'static str) -> u64 {
     let spec = spec.clone();
-    in_netns(ns, move || {
-        counters(&spec)
-            .unwrap()
-            .into_iter()
-            .find(|c| c.tenant == tenant)
-            .unwrap()
-            .packets
-    })
+    in_netns(ns, move || drops(&spec, tenant))
 }
 
 #[test]
@@ -67,10 +44,7 @@ fn tenants_are_told_apart_across_nodes() {
     }
     let n1 = Netns::new("tnxa");
     let n2 = Netns::new("tnxb");
-    let (v0, v1) = (unique("tx"), unique("tx"));
-    n1.ip(&[
-        "link", "add", &v0, "type", "veth", "peer", "name", &v1, "netns", &n2.name,
-    ]);
+    let (v0, v1) = n1.veth_to(&n2, "tx");
     n1.ip(&["addr", "add", "10.78.0.1/24", "dev", &v0]);
     n2.ip(&["addr", "add", "10.78.0.2/24", "dev", &v1]);
     n1.ip(&["link", "set", &v0, "up"]);
@@ -121,8 +95,8 @@ fn tenants_are_told_apart_across_nodes() {
         drop(procs);
     });
     ready_rx.recv().unwrap();
-    let b_drops_n2 = drops(&n2, &spec, "b");
-    let b_drops_n1 = drops(&n1, &spec, "b");
+    let b_drops_n2 = drops_in(&n2, &spec, "b");
+    let b_drops_n1 = drops_in(&n1, &spec, "b");
     use Outcome::*;
     let cases: Vec<(&str, Option<&std::path::Path>, &str, Outcome)> = vec![
         (
@@ -198,8 +172,8 @@ fn tenants_are_told_apart_across_nodes() {
     );
     // b's attempts by node address were refused by n2 (the receiver, on b's counter), the one
     // from a's address by n1 (the sender).
-    assert!(drops(&n2, &spec, "b") > b_drops_n2);
-    assert!(drops(&n1, &spec, "b") > b_drops_n1);
+    assert!(drops_in(&n2, &spec, "b") > b_drops_n2);
+    assert!(drops_in(&n1, &spec, "b") > b_drops_n1);
     end_tx.send(()).unwrap();
     listeners.join().unwrap();
 

@@ -9,7 +9,7 @@ use std::process::Command;
 use tenancy_test_support::output_with_stdin;
 
 use common::*;
-use tenancy_network::{add_job, apply, counters, remove_job, Dest, Error, FirewallSpec, TenantNet};
+use tenancy_network::{add_job, apply, remove_job, Dest, Error, FirewallSpec};
 
 /// Probe entry point: this binary re-executed with TNW_PROBE set acts as a listener/client.
 #[test]
@@ -20,24 +20,10 @@ fn zz_probe_helper() {
 }
 
 fn spec(tree: &CgroupTree) -> FirewallSpec {
+    let a = vec![Dest::parse("10.77.1.0/24:7001/tcp").unwrap()];
     FirewallSpec {
-        table_name: "tenancy".into(),
-        cgroup: tree.layout.clone(),
-        tenants: vec![
-            TenantNet {
-                name: "a".into(),
-                id: 1,
-                egress: vec![Dest::parse("10.77.1.0/24:7001/tcp").unwrap()],
-            },
-            TenantNet {
-                name: "b".into(),
-                id: 2,
-                egress: vec![],
-            },
-        ],
         infrastructure: vec![Dest::parse("10.77.3.0/24").unwrap()],
-        slurm: None,
-        cross_node: None,
+        ..two_tenants(tree, a, vec![])
     }
 }
 
@@ -47,19 +33,7 @@ fn spec(tree: &CgroupTree) -> FirewallSpec {
 fn topology(node_prefix: &str, remote_prefix: &str) -> (Netns, Netns) {
     let node = Netns::new(node_prefix);
     let remote = Netns::new(remote_prefix);
-    let (v0, v1) = (unique("tv"), unique("tv"));
-    node.ip(&[
-        "link",
-        "add",
-        &v0,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &v1,
-        "netns",
-        &remote.name,
-    ]);
+    let (v0, v1) = node.veth_to(&remote, "tv");
     node.ip(&["addr", "add", "10.77.0.1/24", "brd", "+", "dev", &v0]);
     node.ip(&["link", "set", &v0, "up"]);
     node.ip(&["route", "add", "10.77.0.0/16", "dev", &v0]);
@@ -96,6 +70,28 @@ fn isolated_node(node: &str, remote: &str) -> Option<(Netns, Netns, CgroupTree, 
     Some((node, remote, tree, spec))
 }
 
+impl<'a> Dgram<'a> {
+    /// A case whose receiver runs in the job cgroup `recv_cg` of the node's namespace.
+    fn to_job(
+        recv_cg: Option<&'a std::path::Path>,
+        name: &'a str,
+        recv: &'a str,
+        send: &'a str,
+        send_cg: Option<&'a std::path::Path>,
+        want: (Outcome, Outcome),
+    ) -> Dgram<'a> {
+        Dgram {
+            name,
+            recv,
+            recv_cg,
+            recv_ns: None,
+            send,
+            send_cg,
+            want,
+        }
+    }
+}
+
 fn run_dgram_cases(cases: &[Dgram]) -> Vec<String> {
     let mut failures = Vec::new();
     for c in cases {
@@ -110,15 +106,6 @@ fn run_dgram_cases(cases: &[Dgram]) -> Vec<String> {
         }
     }
     failures
-}
-
-fn drops(spec: &FirewallSpec, tenant: &str) -> u64 {
-    counters(spec)
-        .unwrap()
-        .into_iter()
-        .find(|c| c.tenant == tenant)
-        .unwrap()
-        .packets
 }
 
 #[test]
@@ -162,7 +149,8 @@ fn tenants_are_isolated_and_egress_is_filtered() {
         let a = Some(a2p.as_path());
         let b = Some(b1p.as_path());
         use Outcome::*;
-        let cases: Vec<(&str, Option<&std::path::Path>, &str, Outcome)> = vec![
+        let before_b = drops(&spec, "b");
+        let failures = client_failures(&[
             // same tenant, other job: allowed over loopback, node address, UDP and IPv6
             ("a->a lo tcp", a, "tcp 127.0.0.1:5001", Ok),
             ("a->a node addr tcp", a, "tcp 10.77.0.1:5001", Ok),
@@ -187,15 +175,7 @@ fn tenants_are_isolated_and_egress_is_filtered() {
             ("root->a", None, "tcp 127.0.0.1:5001", Ok),
             ("root->b", None, "tcp 10.77.0.1:6001", Ok),
             ("root->other host", None, "tcp 10.77.2.2:7001", Ok),
-        ];
-        let mut failures = Vec::new();
-        let before_b = drops(&spec, "b");
-        for (name, cg, args, want) in &cases {
-            let got = client(args, *cg);
-            if got != *want {
-                failures.push(format!("{name}: {args}: got {got:?}, want {want:?}"));
-            }
-        }
+        ]);
         assert!(
             failures.is_empty(),
             "policy violations:\n{}",
@@ -295,15 +275,8 @@ fn udplite_to_local_addresses_follows_the_egress_list() {
         let b1 = add_job(&spec, "b", 33).unwrap().cgroup_path;
         let (a, a2, b) = (Some(a1.as_path()), Some(a2.as_path()), Some(b1.as_path()));
         use Outcome::*;
-        let case = |name, recv, send, send_cg, want| Dgram {
-            name,
-            recv,
-            recv_cg: a,
-            recv_ns: None,
-            send,
-            send_cg,
-            want,
-        };
+        let case =
+            |name, recv, send, send_cg, want| Dgram::to_job(a, name, recv, send, send_cg, want);
         let before = drops(&spec, "b");
         let failures = run_dgram_cases(&[
             case(
@@ -374,15 +347,8 @@ fn broadcast_and_multicast_from_a_job_are_denied() {
         let b1 = add_job(&spec, "b", 42).unwrap().cgroup_path;
         let (a, b) = (Some(a1.as_path()), Some(b1.as_path()));
         use Outcome::*;
-        let case = |name, recv, send, send_cg, want| Dgram {
-            name,
-            recv,
-            recv_cg: a,
-            recv_ns: None,
-            send,
-            send_cg,
-            want,
-        };
+        let case =
+            |name, recv, send, send_cg, want| Dgram::to_job(a, name, recv, send, send_cg, want);
         let failures = run_dgram_cases(&[
             case(
                 "b->a subnet broadcast, b bound to the port",
@@ -444,7 +410,8 @@ fn node_local_services_are_reached_only_through_the_egress_list() {
         start_listener(&mut procs, "tcp-listen 0.0.0.0:5301", Some(&a1), None);
         let (a, b) = (Some(a2.as_path()), Some(b1.as_path()));
         use Outcome::*;
-        let cases: Vec<(&str, Option<&std::path::Path>, &str, Outcome)> = vec![
+        let before = drops(&spec, "a");
+        let mut failures = client_failures(&[
             ("a->daemon lo", a, "tcp 127.0.0.1:7001", Timeout),
             ("a->daemon node addr", a, "tcp 10.77.0.1:7001", Timeout),
             ("a->daemon ::1", a, "tcp [::1]:7001", Timeout),
@@ -464,15 +431,7 @@ fn node_local_services_are_reached_only_through_the_egress_list() {
             ("a->a node addr", a, "tcp 10.77.0.1:5301", Ok),
             ("root->daemon lo", None, "tcp 127.0.0.1:7001", Ok),
             ("root->a lo", None, "tcp 127.0.0.1:5301", Ok),
-        ];
-        let before = drops(&spec, "a");
-        let mut failures = Vec::new();
-        for (name, cg, args, want) in &cases {
-            let got = client(args, *cg);
-            if got != *want {
-                failures.push(format!("{name}: {args}: got {got:?}, want {want:?}"));
-            }
-        }
+        ]);
         // A remote host opens a connection to a job's listener (its handshake's last ACK
         // meets a request socket, whose cgroup the lookup cannot read).
         let got = client_in("tcp 10.77.0.1:5301", None, Some(&remote));
@@ -587,25 +546,15 @@ fn anchored_jobs_are_keyed_by_slurms_job_folder() {
         start_listener(&mut procs, "tcp-listen 0.0.0.0:5101", Some(&a0), None);
         start_listener(&mut procs, "udp-listen 0.0.0.0:5102", Some(&a0), None);
         use Outcome::*;
-        let cases: Vec<(&str, &std::path::Path, &str, Outcome)> = vec![
-            ("a->a tcp", &a1, "tcp 127.0.0.1:5101", Ok),
-            ("a->a udp", &a1, "udp 127.0.0.1:5102", Ok),
-            ("b->a tcp", &b0, "tcp 127.0.0.1:5101", Timeout),
-            ("b->a udp", &b0, "udp 127.0.0.1:5102", Timeout),
+        let (in_a1, in_b0) = (Some(a1.as_path()), Some(b0.as_path()));
+        let cases = [
+            ("a->a tcp", in_a1, "tcp 127.0.0.1:5101", Ok),
+            ("a->a udp", in_a1, "udp 127.0.0.1:5102", Ok),
+            ("b->a tcp", in_b0, "tcp 127.0.0.1:5101", Timeout),
+            ("b->a udp", in_b0, "udp 127.0.0.1:5102", Timeout),
         ];
-        let run_cases = |when: &str| {
-            let mut failures = Vec::new();
-            for (name, cg, args, want) in &cases {
-                let got = client(args, Some(cg));
-                if got != *want {
-                    failures.push(format!(
-                        "{when}: {name}: {args}: got {got:?}, want {want:?}"
-                    ));
-                }
-            }
-            assert!(failures.is_empty(), "{}", failures.join("\n"));
-        };
-        run_cases("jobs added");
+        let failures = client_failures(&cases);
+        assert!(failures.is_empty(), "jobs added: {}", failures.join("\n"));
         // `firewall apply` while the jobs run: the new table holds their elements.
         let running: Vec<_> = [&a, &b]
             .into_iter()
@@ -615,7 +564,12 @@ fn anchored_jobs_are_keyed_by_slurms_job_folder() {
             tenancy_network::apply_keeping(&spec, &running).unwrap(),
             vec![5, 6]
         );
-        run_cases("after firewall apply");
+        let failures = client_failures(&cases);
+        assert!(
+            failures.is_empty(),
+            "after firewall apply: {}",
+            failures.join("\n")
+        );
         drop(procs);
         // Slurm ends the job and removes its step folders; the job folder stays (its keeper),
         // and the epilog deletes the elements by id, then the keeper and the folder, twice.

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use tenancy_network::{add_job, apply, counters, Dest, FirewallSpec, TenantNet};
+use tenancy_network::{add_job, apply, Dest, FirewallSpec};
 
 /// Probe entry point: this binary re-executed with TNW_PROBE set acts as a listener/client.
 #[test]
@@ -25,19 +25,7 @@ fn node_with_wide_egress(prefix: &str) -> Option<(Netns, Netns, CgroupTree, Fire
     }
     let node = Netns::new(&format!("{prefix}n"));
     let remote = Netns::new(&format!("{prefix}r"));
-    let (v0, v1) = (unique("tv"), unique("tv"));
-    node.ip(&[
-        "link",
-        "add",
-        &v0,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &v1,
-        "netns",
-        &remote.name,
-    ]);
+    let (v0, v1) = node.veth_to(&remote, "tv");
     node.ip(&["addr", "add", "10.77.0.1/24", "dev", &v0]);
     node.ip(&["-6", "addr", "add", "fd77::1/64", "dev", &v0, "nodad"]);
     node.ip(&["link", "set", &v0, "up"]);
@@ -45,35 +33,9 @@ fn node_with_wide_egress(prefix: &str) -> Option<(Netns, Netns, CgroupTree, Fire
     remote.ip(&["link", "set", &v1, "up"]);
     let tree = CgroupTree::new("tnw-proto-");
     let wide = ["127.0.0.0/8", "10.77.0.0/24", "[::1]", "[fd77::/64]"];
-    let spec = FirewallSpec {
-        table_name: "tenancy".into(),
-        cgroup: tree.layout.clone(),
-        tenants: vec![
-            TenantNet {
-                name: "a".into(),
-                id: 1,
-                egress: vec![],
-            },
-            TenantNet {
-                name: "b".into(),
-                id: 2,
-                egress: wide.iter().map(|d| Dest::parse(d).unwrap()).collect(),
-            },
-        ],
-        infrastructure: vec![],
-        slurm: None,
-        cross_node: None,
-    };
+    let b = wide.iter().map(|d| Dest::parse(d).unwrap()).collect();
+    let spec = two_tenants(&tree, vec![], b);
     Some((node, remote, tree, spec))
-}
-
-fn drops(spec: &FirewallSpec, tenant: &str) -> u64 {
-    counters(spec)
-        .unwrap()
-        .into_iter()
-        .find(|c| c.tenant == tenant)
-        .unwrap()
-        .packets
 }
 
 /// One datagram case: name, receiver probe, sender probe, the receiver's and the sender's job
@@ -202,19 +164,13 @@ fn ipv6_does_not_cross_tenants() {
         let mut procs = Procs::default();
         start_listener(&mut procs, "tcp-listen [::]:5301", a, None);
         use Outcome::*;
-        let mut failures = Vec::new();
-        for (name, cg, args, want) in [
+        let mut failures = client_failures(&[
             ("a->a tcp ::1", a2, "tcp [::1]:5301", Ok),
             ("a->a tcp node v6 addr", a2, "tcp [fd77::1]:5301", Ok),
             ("b->a tcp ::1", b, "tcp [::1]:5301", Timeout),
             ("b->a tcp node v6 addr", b, "tcp [fd77::1]:5301", Timeout),
             ("root->a tcp node v6 addr", None, "tcp [fd77::1]:5301", Ok),
-        ] {
-            let got = client(args, cg);
-            if got != want {
-                failures.push(format!("{name}: {args}: got {got:?}, want {want:?}"));
-            }
-        }
+        ]);
         failures.extend(run(&[
             (
                 "b->a udp v6 (dropped at input)",

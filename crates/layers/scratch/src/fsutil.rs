@@ -1,4 +1,5 @@
-//! Symlink-safe directory helpers on file descriptors.
+//! Symlink-safe directory helpers on file descriptors (the scratch layer's, and storage-audit's
+//! walk).
 
 use crate::{io_err, unsafe_path, Result};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -8,7 +9,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub(crate) const DIR_FLAGS: OFlags = OFlags::RDONLY
+/// How a folder below a root is opened: read-only, a folder, never through a symlink.
+pub const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
     .union(OFlags::NOFOLLOW)
     .union(OFlags::CLOEXEC);
@@ -26,10 +28,7 @@ pub(crate) fn open_beneath(dir: &OwnedFd, name: &str) -> std::result::Result<Own
 /// [`open_beneath`] that also stays on `dir`'s mount (the storage audit's walk): EXDEV when a
 /// component is a mount point. Without `openat2` the check is each component's file system
 /// (st_dev) against `dir`'s, as the walk itself checks the entries it descends into.
-pub(crate) fn open_beneath_same_fs(
-    dir: &OwnedFd,
-    name: &Path,
-) -> std::result::Result<OwnedFd, Errno> {
+pub fn open_beneath_same_fs(dir: &OwnedFd, name: &Path) -> std::result::Result<OwnedFd, Errno> {
     open_beneath_on(dir, name, true)
 }
 
@@ -283,22 +282,10 @@ mod tests {
         if !requires_root("mount") {
             return;
         }
-        struct Mounted(std::path::PathBuf);
-        impl Drop for Mounted {
-            fn drop(&mut self) {
-                let _ = std::process::Command::new("umount").arg(&self.0).status();
-            }
-        }
+        use tenancy_test_support::loopfs::{Kind, LoopFs};
         let tmp = tempfile::tempdir().unwrap();
         let m = tmp.path().join("m");
-        std::fs::create_dir(&m).unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m", "tenancy-test"])
-            .arg(&m)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "mount a tmpfs on {}", m.display());
-        let _mounted = Mounted(m.clone());
+        let _mounted = LoopFs::new(Kind::Tmpfs, &m, 1);
         std::fs::create_dir(m.join("inner")).unwrap();
         let root = rfs::open(tmp.path(), DIR_FLAGS, Mode::empty()).unwrap();
         for name in ["m", "m/inner"] {

@@ -1,4 +1,4 @@
-//! tenancy-scratch: tenant-scoped scratch directories and a storage permission audit.
+//! tenancy-scratch: tenant-scoped scratch directories.
 //!
 //! Layout under an admin-chosen `scratch_root` (owned by root, not group/world writable):
 //!
@@ -15,16 +15,13 @@
 //! through file descriptors (`mkdirat`, `fchown`, `fchmod`, `unlinkat`, `renameat`), so a
 //! symlink planted anywhere under the root is never followed.
 
-pub mod audit;
+pub mod acl;
 pub mod fscrypt;
-mod fsutil;
+pub mod fsutil;
 pub mod keys;
+mod mounts;
 pub mod quota;
 pub mod trash;
-pub use audit::{
-    audit_paths, run_storage_audit, AuditArgs, Finding, Format, Report, Rule, TenantIds, TenantMap,
-};
-mod mounts;
 mod wipe;
 
 pub use fscrypt::{JobKey, KeyId, Removal};
@@ -411,7 +408,7 @@ fn open_or_make_tenant_owned(
 /// The access ACL of a tenant folder whose tenant has groups besides its first (`gid`, the
 /// folder's group): what mode 0750 says, plus `group:<g>:r-x` for each of `groups`.
 fn tenant_acl(gid: u32, groups: &[u32]) -> Vec<u8> {
-    use audit::acl::{ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER_OBJ};
+    use acl::{ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER_OBJ};
     const UNDEFINED: u32 = u32::MAX;
     let mut named: Vec<u32> = groups.iter().copied().filter(|g| *g != gid).collect();
     named.sort_unstable();
@@ -422,7 +419,7 @@ fn tenant_acl(gid: u32, groups: &[u32]) -> Vec<u8> {
     ];
     entries.extend(named.into_iter().map(|g| (ACL_GROUP, 5, g)));
     entries.extend([(ACL_MASK, 5, UNDEFINED), (ACL_OTHER, 0, UNDEFINED)]);
-    let mut out = audit::acl::ACL_XATTR_VERSION.to_le_bytes().to_vec();
+    let mut out = acl::ACL_XATTR_VERSION.to_le_bytes().to_vec();
     for (tag, perm, id) in entries {
         out.extend(tag.to_le_bytes());
         out.extend(perm.to_le_bytes());

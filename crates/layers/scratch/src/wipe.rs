@@ -3,19 +3,19 @@
 //! Every directory is opened with `openat(parent_fd, name, O_DIRECTORY|O_NOFOLLOW)`, entries are
 //! removed with `unlinkat` on that fd, so a symlink anywhere in the tree is removed as a link and
 //! never followed, and a directory swapped for a symlink mid-walk is caught by `O_NOFOLLOW`.
-//! Subdirectories are cleared in parallel (rayon). Trees deeper than [`MAX_DEPTH`] are flattened by
+//! Subdirectories are cleared in parallel (threads of [`share_out`]). Trees deeper than [`MAX_DEPTH`] are flattened by
 //! renaming the deep folder up to the top of the tree being removed, so neither the stack nor the
 //! number of open fds grows with depth. Folders a user left without permissions (mode 000) are
 //! chmodded to 0700 before descending (only needed when not running with CAP_DAC_OVERRIDE).
 
 use crate::{io_err, unsafe_path, Result, ScratchError};
-use rayon::prelude::*;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use crate::fsutil::DIR_FLAGS;
 
@@ -211,14 +211,74 @@ fn clear_dir(ctx: &Ctx, dir: &OwnedFd, depth: usize) -> Result<u64> {
             )),
         }
     };
-    // The thread pool starts (a thread per CPU, cgroup quota lookups) only when there is more
-    // than one folder to share out; most jobs' scratch is shallow.
-    if dirs.len() > 1 {
-        dirs.par_iter().try_for_each(clear_sub)?;
-    } else {
-        dirs.iter().try_for_each(clear_sub)?;
-    }
+    share_out(&dirs, clear_sub)?;
     Ok(seen)
+}
+
+/// Threads a wipe may start besides the epilog's own: one per CPU the process may use
+/// (affinity and the cgroup's CPU quota), less one. A slot is taken for the life of a thread.
+fn free_threads() -> &'static AtomicUsize {
+    static FREE: OnceLock<AtomicUsize> = OnceLock::new();
+    FREE.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        AtomicUsize::new(cpus - 1)
+    })
+}
+
+/// Runs `f` on every folder of `dirs`, sharing them out with as many more threads as there are
+/// free slots (at most one per folder but the first), each taking the next folder when done
+/// with one; the first error stops them all taking more, and is returned. Most jobs' scratch
+/// is shallow: a folder of one subfolder or none starts no thread, and the folders below a
+/// thread's share out again with the slots left free, so a deep tree uses every CPU too.
+fn share_out(dirs: &[CString], f: impl Fn(&CString) -> Result<()> + Sync) -> Result<()> {
+    if dirs.len() < 2 {
+        // Not even the CPU count is looked up (affinity, the cgroup's quota): the epilog's
+        // usual case.
+        return dirs.iter().try_for_each(f);
+    }
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let work = || -> Result<()> {
+        while !failed.load(Ordering::Relaxed) {
+            let Some(name) = dirs.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                break;
+            };
+            if let Err(e) = f(name) {
+                failed.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        Ok(())
+    };
+    let free = free_threads();
+    let take = || {
+        free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    };
+    std::thread::scope(|s| {
+        let mut helpers = Vec::new();
+        while helpers.len() + 1 < dirs.len() && take() {
+            let spawned = std::thread::Builder::new().spawn_scoped(s, || {
+                let r = work();
+                free.fetch_add(1, Ordering::AcqRel);
+                r
+            });
+            match spawned {
+                Ok(h) => helpers.push(h),
+                // No thread to be had (a pids limit): this one does the work alone.
+                Err(_) => {
+                    free.fetch_add(1, Ordering::AcqRel);
+                    break;
+                }
+            }
+        }
+        let mine = work();
+        let theirs = helpers.into_iter().map(|h| match h.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        });
+        theirs.fold(mine, |first, r| first.and(r))
+    })
 }
 
 #[cfg(test)]
@@ -242,5 +302,36 @@ mod tests {
         unlink_file(&ctx, &top, &CString::new("f").unwrap()).unwrap();
         assert_eq!(ctx.removed.load(Ordering::Relaxed), 0);
         assert!(t.path().join("f").is_dir());
+    }
+
+    /// Every folder is cleared once, whichever thread takes it; an error comes back, and every
+    /// thread slot is free again after.
+    #[test]
+    fn share_out_clears_each_folder_once_and_returns_an_error() {
+        let dirs: Vec<CString> = (0..200)
+            .map(|i| CString::new(format!("d{i}")).unwrap())
+            .collect();
+        let seen = std::sync::Mutex::new(Vec::new());
+        share_out(&dirs, |d| {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            seen.lock().unwrap().push(d.clone());
+            Ok(())
+        })
+        .unwrap();
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        let mut want = dirs.clone();
+        want.sort();
+        assert_eq!(seen, want);
+        let failed = share_out(&dirs, |d| match d.to_bytes() {
+            b"d7" => Err(unsafe_path(Path::new("/scratch/t/job_1/d7"), "planted")),
+            _ => Ok(()),
+        });
+        assert!(
+            matches!(&failed, Err(ScratchError::Unsafe { path, .. }) if path.ends_with("d7")),
+            "{failed:?}"
+        );
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(free_threads().load(Ordering::Acquire), cpus - 1);
     }
 }

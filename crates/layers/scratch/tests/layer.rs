@@ -2,7 +2,7 @@
 mod common;
 use common::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 use tenancy_scratch::*;
 
@@ -18,6 +18,18 @@ fn spec(root: &Path, tenant: &str, tgid: u32, job: u64, u: &User) -> ScratchSpec
         quota: None,
         tenant_groups: Vec::new(),
     }
+}
+
+/// As root (None, skipped, otherwise): a group `a`, its user `ua`, a tree and its scratch root.
+fn tenant_a() -> Option<(Group, User, Tree, PathBuf)> {
+    if !requires_root("chown") {
+        return None;
+    }
+    let ga = Group::new("a");
+    let ua = User::new("ua", &ga);
+    let t = Tree::new();
+    let root = t.scratch_root();
+    Some((ga, ua, t, root))
 }
 
 fn denied(out: &std::process::Output) -> bool {
@@ -184,13 +196,9 @@ fn refuses_symlinks_and_unsafe_tenant_folders_writing_nothing() {
 
 #[test]
 fn wipe_never_follows_symlinks_and_removes_mode_000_and_deep_trees() {
-    if !requires_root("chown") {
+    let Some((ga, ua, t, root)) = tenant_a() else {
         return;
-    }
-    let ga = Group::new("a");
-    let ua = User::new("ua", &ga);
-    let t = Tree::new();
-    let root = t.scratch_root();
+    };
     let victim = t.path().join("victim");
     std::fs::create_dir_all(victim.join("inner")).unwrap();
     std::fs::write(victim.join("inner/keep"), "x").unwrap();
@@ -260,13 +268,9 @@ fn wipe_never_follows_symlinks_and_removes_mode_000_and_deep_trees() {
 
 #[test]
 fn retain_then_purge_after_retention() {
-    if !requires_root("chown") {
+    let Some((ga, ua, t, root)) = tenant_a() else {
         return;
-    }
-    let ga = Group::new("a");
-    let ua = User::new("ua", &ga);
-    let t = Tree::new();
-    let root = t.scratch_root();
+    };
     let s = spec(&root, "ta", ga.gid, 42, &ua);
     let c = create(&s).unwrap();
     std::fs::write(c.path.join("result"), "x").unwrap();
@@ -387,13 +391,9 @@ fn purge_goes_on_past_a_folder_it_cannot_remove() {
 
 #[test]
 fn project_quota_reports_unsupported_plainly() {
-    if !requires_root("chown") {
+    let Some((ga, ua, _t, root)) = tenant_a() else {
         return;
-    }
-    let ga = Group::new("a");
-    let ua = User::new("ua", &ga);
-    let t = Tree::new();
-    let root = t.scratch_root();
+    };
     let mut s = spec(&root, "ta", ga.gid, 5, &ua);
     s.quota = Some(QuotaSpec {
         project_id: 7000 + std::process::id() % 1000,

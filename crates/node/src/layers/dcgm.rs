@@ -13,12 +13,12 @@
 //! one), the prolog says why on its standard error (slurmd's log), and `tenancyctl doctor`
 //! reports it (`dcgm.mapping_dir`).
 
-use crate::journal::Journal;
 use crate::layer::{JobPlan, LayerError, LayerResult, TypedLayer};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use tenancy_job::journal::Journal;
 
 pub struct DcgmMapping {
     /// `cluster.dcgm_job_mapping_dir`; unset: the layer does nothing (no file touched).

@@ -2,14 +2,14 @@
 //! allows); every other NVIDIA device is denied. The rules live in a product-owned cgroup per
 //! job (v2 BPF program on cgroup2, else v1 devices rules) that every task joins.
 
-use crate::contract::TaskEntry;
-use crate::journal::Journal;
 use crate::layer::{
     Claim, JobPlan, LayerError, LayerResult, Orphan, OrphanScope, TypedLayer, KEPT_UNREADABLE,
 };
 use tenancy_devices::{
     DeviceClass, DevicePolicy, DevicesRecord, DriverPaths, JobDeviceParams, SliceRef, Target,
 };
+use tenancy_job::contract::TaskEntry;
+use tenancy_job::journal::Journal;
 
 pub struct Devices {
     pub driver: DriverPaths,

@@ -9,14 +9,14 @@
 // context (GPU, profile, placement, code, hint) and is the rare path (as in tenancy-mig).
 #![allow(clippy::result_large_err)]
 
-use crate::contract::TaskEntry;
-use crate::journal::{Journal, JournalDir};
 use crate::layer::{
     AuditSummary, Claim, JobPlan, LayerError, LayerResult, Orphan, OrphanScope, TypedLayer,
 };
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
+use tenancy_job::contract::TaskEntry;
+use tenancy_job::journal::{Journal, JournalDir};
 use tenancy_mig::{Mig, MigError, MigIntent, MigSlice, NodePlan, Occupant, Request};
 
 /// The MIG layer's journaled result: the slice, with its profile and compute slices (the

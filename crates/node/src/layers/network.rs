@@ -2,11 +2,11 @@
 //! `tenancy/<tenant>/job_<id>`; the per-tenant nftables rules are static (loaded by
 //! `tenancyctl firewall apply`), so starting a job is one mkdir and never touches the ruleset.
 
-use crate::contract::TaskEntry;
-use crate::journal::{Journal, JournalDir, StepState};
 use crate::layer::{AuditSummary, Claim, JobPlan, LayerError, LayerResult, TypedLayer};
 use serde::{Deserialize, Serialize};
 use tenancy_config::Config;
+use tenancy_job::contract::TaskEntry;
+use tenancy_job::journal::{Journal, JournalDir, StepState};
 use tenancy_network::{CgroupLayout, CrossNode, FirewallSpec, JobNet, SlurmScope, TenantNet};
 
 /// The node's firewall as the config describes it.

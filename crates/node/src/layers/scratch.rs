@@ -4,8 +4,6 @@
 //! identifier journaled with the intent before the key is added; at the end the key is removed
 //! first (the erase), then the folder goes to the trash (wipe) or is retained locked.
 
-use crate::contract::TaskEntry;
-use crate::journal::Journal;
 use crate::layer::{
     Claim, JobPlan, LayerResult, Orphan, OrphanAction, OrphanScope, TypedLayer, KEPT_UNREADABLE,
 };
@@ -14,6 +12,8 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::time::SystemTime;
 use tenancy_config::{ScratchEncryption, ScratchOnExit};
+use tenancy_job::contract::TaskEntry;
+use tenancy_job::journal::Journal;
 use tenancy_scratch::{Created, Erased, JobKey, KeyId, KeyStore, Retained, ScratchSpec, Wiped};
 
 pub struct Scratch<'a> {

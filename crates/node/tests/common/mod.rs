@@ -8,10 +8,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
-use tenancy_audit::{verify_paths, AnchorSet, Record};
+use tenancy_accounting::verify_paths;
+use tenancy_audit_log::{AnchorSet, Record};
 
-#[path = "../../../layers/scratch/tests/common/loopfs.rs"]
-pub mod loopfs;
+pub use tenancy_test_support::loopfs;
 
 /// What a command did, for a failure message.
 pub use tenancy_test_support::output_text as text;
@@ -223,6 +223,18 @@ impl World {
         self.command(args, env).output().unwrap()
     }
 
+    /// A whole prolog of `job` (tenant 0, a 1g.18gb slice), which must succeed: the boundaries
+    /// it reports, in order.
+    pub fn prolog_boundaries(&self, job: u64) -> Vec<String> {
+        let out = self.run(&["prolog"], &self.job_env(job, 0, Some("1g.18gb")));
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("boundary "))
+            .map(|l| l.split_once(' ').unwrap().1.to_string())
+            .collect()
+    }
+
     /// The driver as a command (nsenter execs it: the child's pid is the driver's).
     pub fn command(&self, args: &[&str], env: &[(OsString, OsString)]) -> Command {
         self.command_of(&driver(), args, env)
@@ -253,17 +265,24 @@ impl World {
     /// The job's journal as the product reads it (the last snapshot of the file), as JSON.
     #[allow(dead_code)]
     pub fn journal(&self, job: u64) -> serde_json::Value {
-        let j = tenancy_node::JournalDir::at(&self.root.join("state"))
+        let j = tenancy_job::JournalDir::at(&self.root.join("state"))
             .load(job)
             .unwrap()
             .unwrap_or_else(|| panic!("job {job} has no journal"));
         serde_json::to_value(j).unwrap()
     }
 
+    /// The `layer` step of the job's journal, if it has one.
+    pub fn journal_step(&self, job: u64, layer: &str) -> Option<Value> {
+        let j = self.journal(job);
+        let steps = j["steps"].as_array().unwrap();
+        steps.iter().find(|s| s["layer"] == layer).cloned()
+    }
+
     /// The journals the node's intent log holds on disk (job id, journal), in slot order.
-    pub fn intent_records(&self) -> Vec<(u64, tenancy_node::Journal)> {
+    pub fn intent_records(&self) -> Vec<(u64, tenancy_job::Journal)> {
         let Some(log) =
-            tenancy_node::intent_log::IntentLog::open_existing(&self.root.join("state")).unwrap()
+            tenancy_job::intent_log::IntentLog::open_existing(&self.root.join("state")).unwrap()
         else {
             return vec![];
         };

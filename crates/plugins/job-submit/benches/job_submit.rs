@@ -15,9 +15,8 @@ fn submission(tenant: &str) -> Submission {
         account: Some("acme".into()),
         tenant: Some(tenant.into()),
         mig: Some("1g.18gb".into()),
-        shared: job_submit_tenancy::NO_VAL16,
-        get_user_env: false,
         gpus: job_submit_tenancy::gres::gpu_requests("gres/gpu:1g.18gb:1"),
+        ..Submission::default()
     }
 }
 

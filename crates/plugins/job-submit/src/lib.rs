@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex};
 use tenancy_config::{request, Config, GpuPlacement, Identity, Resolved};
 
 pub mod gres;
+pub mod scheduler;
+pub use scheduler::{Placement, CRON_JOB, JOB_SHARED_MCS};
 
 #[allow(
     non_camel_case_types,
@@ -56,6 +58,11 @@ pub static plugin_version: c_uint = sys::SLURM_VERSION_NUMBER;
 /// The SPANK job environment variables the prolog reads (set by the SPANK plugin in sbatch).
 pub const TENANT_VAR: &str = "SPANK_TENANCY_TENANT";
 pub const MIG_VAR: &str = "SPANK_TENANCY_MIG";
+/// The job environment variables a submission path without the SPANK plugin (slurmrestd,
+/// libslurm) names the tenant and MIG profile with; the plugin hands them on to the prolog as
+/// the SPANK plugin would (`TENANCY_TENANT` in the SPANK job environment).
+pub const ENV_TENANT: &str = "TENANCY_TENANT";
+pub const ENV_MIG: &str = "TENANCY_MIG";
 /// The job environment entry that makes slurmd run `su - <user>` before a batch job.
 pub const GET_USER_ENV: &str = "SLURM_GET_USER_ENV=1";
 #[cfg(test)]
@@ -70,10 +77,21 @@ pub const USER_VAR: &str = "SLURM_JOB_USER";
 pub const JOB_SHARED_NONE: u16 = 0;
 pub const JOB_SHARED_OK: u16 = 1;
 pub const NO_VAL16: u16 = 0xfffe;
+pub const NO_VAL: u32 = 0xfffffffe;
 
 /// What slurmctld received for one job, as the prolog will see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submission {
+    /// The tenant and profile came from the job's environment (`TENANCY_TENANT`,
+    /// `TENANCY_MIG`), not the SPANK job environment: they are to be handed on to the prolog.
+    pub from_job_env: bool,
+    /// `--nodelist` and `--exclude` as given.
+    pub req_nodes: Option<String>,
+    pub exc_nodes: Option<String>,
+    /// `--mcs-label` as given.
+    pub mcs_label: Option<String>,
+    /// Submitted through scrontab (`CRON_JOB` in the job's flags).
+    pub cron: bool,
     pub uid: u32,
     /// Lowercased, as slurmctld stores it right after the job_submit plugins ran.
     pub account: Option<String>,
@@ -88,12 +106,18 @@ pub struct Submission {
     pub gpus: Vec<gres::GpuRequest>,
 }
 
-/// What the plugin changes in an accepted job so that the prolog's tier rules cannot refuse
-/// it on the node: `shared` = JOB_SHARED_NONE (a node of its own) when set.
+/// What the plugin changes in an accepted job so that slurmctld places it by its tenant's rules
+/// and the prolog's cannot refuse it on the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
     pub resolved: Resolved,
+    /// `shared` = JOB_SHARED_NONE (a node of its own): `share_node = false` without MCS, or
+    /// `share_gpu = false` with a MIG slice.
     pub exclusive: bool,
+    /// MCS label, node exclusions and the rest ([`Placement`]).
+    pub placement: Placement,
+    /// `NAME=value` entries for the SPANK job environment (the prolog reads them).
+    pub spank_env: Vec<(String, String)>,
 }
 
 /// The tier rules that depend only on the request, decided where slurmctld can still place the
@@ -128,6 +152,25 @@ pub fn placement(config: &Config, resolved: &Resolved, shared: u16) -> Result<bo
         ));
     }
     Ok(shared != JOB_SHARED_NONE)
+}
+
+impl Default for Submission {
+    fn default() -> Self {
+        Submission {
+            from_job_env: false,
+            req_nodes: None,
+            exc_nodes: None,
+            mcs_label: None,
+            cron: false,
+            uid: u32::MAX,
+            account: None,
+            tenant: None,
+            mig: None,
+            shared: NO_VAL16,
+            get_user_env: false,
+            gpus: Vec::new(),
+        }
+    }
 }
 
 impl Submission {
@@ -179,9 +222,7 @@ impl Submission {
             account,
             tenant: var(TENANT_VAR)?,
             mig: var(MIG_VAR)?,
-            shared: NO_VAL16,
-            get_user_env: false,
-            gpus: Vec::new(),
+            ..Submission::default()
         })
     }
 
@@ -191,6 +232,41 @@ impl Submission {
     pub fn with_job_environment(mut self, env: &[&[u8]]) -> Self {
         self.get_user_env = env.iter().any(|e| *e == GET_USER_ENV.as_bytes());
         self
+    }
+
+    /// A job that reached slurmctld without the SPANK plugin's job environment (slurmrestd,
+    /// a program on libslurm) names its tenant and MIG profile in its own environment,
+    /// `TENANCY_TENANT` and `TENANCY_MIG`: taken (and checked the same way) only when the SPANK
+    /// job environment names neither, so `sbatch --tenant` always wins over a variable the
+    /// user's shell exports.
+    pub fn with_request_from_environment(mut self, env: &[&[u8]]) -> Result<Self, String> {
+        if self.tenant.is_some() || self.mig.is_some() {
+            return Ok(self);
+        }
+        let var = |name: &str| -> Result<Option<String>, String> {
+            let mut found: Option<&[u8]> = None;
+            for entry in env {
+                let Some(value) = entry
+                    .strip_prefix(name.as_bytes())
+                    .and_then(|r| r.strip_prefix(b"="))
+                else {
+                    continue;
+                };
+                match found {
+                    Some(earlier) if earlier != value => {
+                        return Err(format!("{name} is given twice, with different values"))
+                    }
+                    _ => found = Some(value),
+                }
+            }
+            found
+                .map_or(Ok(None), request::env_text)
+                .map_err(|problem| format!("{name} {problem}"))
+        };
+        self.tenant = var(ENV_TENANT)?;
+        self.mig = var(ENV_MIG)?;
+        self.from_job_env = self.tenant.is_some() || self.mig.is_some();
+        Ok(self)
     }
 
     /// The prolog's decision, taken here: the error is the one line the user sees.
@@ -213,6 +289,16 @@ impl Submission {
                 .tiers
                 .get(&resolved.tier)
                 .is_some_and(|t| t.allow_get_user_env);
+            if !allowed && self.cron {
+                return Err(format!(
+                    "scrontab jobs ask for your login environment (scrontab sets \
+                     {GET_USER_ENV} in every one): slurmd would run your login shell as root \
+                     outside every job's isolation, and tier '{}' of tenant '{}' does not \
+                     allow it; run the job with sbatch --begin from a job of your own, or ask \
+                     your admin for allow_get_user_env",
+                    resolved.tier, resolved.tenant
+                ));
+            }
             if !allowed {
                 return Err(format!(
                     "the job asks for your login environment (--get-user-env, or \
@@ -260,17 +346,84 @@ pub fn current_config() -> Result<Arc<Config>, String> {
 /// The whole check of one submission: the job is accepted with `Ok`.
 pub fn decide(submission: Result<Submission, String>) -> Result<Accepted, String> {
     let submission = submission?;
-    decide_with(&submission, &*current_config()?)
+    let config = current_config()?;
+    let slurm = if scheduler::needs_slurm_conf(&config) {
+        match scheduler::current_slurm_conf() {
+            Ok(s) => Some(s),
+            // Pools cannot be kept without it (refused in decide_in); share_node = false
+            // falls back to a node of its own.
+            Err(e) => {
+                log(true, &format!("slurm.conf: {e}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    decide_in(&submission, &config, slurm.as_deref())
 }
 
-/// [`decide`] with a config at hand.
+/// [`decide`] with a config at hand and no slurm.conf: no node pools, no MCS.
 pub fn decide_with(submission: &Submission, config: &Config) -> Result<Accepted, String> {
+    decide_in(submission, config, None)
+}
+
+/// The whole decision, with slurm.conf when the config needs it (node pools, MCS labels).
+pub fn decide_in(
+    submission: &Submission,
+    config: &Config,
+    slurm: Option<&tenancy_config::slurm_conf::SlurmConf>,
+) -> Result<Accepted, String> {
     let resolved = submission.check(config)?;
     gres::check(config, resolved.profile.as_deref(), &submission.gpus)?;
-    let exclusive = placement(config, &resolved, submission.shared)?;
+    let who = Identity::from_uid(submission.uid)?;
+    let mcs = scheduler::mcs_placement(
+        config,
+        &resolved,
+        &who,
+        submission.account.as_deref(),
+        submission.mcs_label.as_deref(),
+        slurm,
+    )?;
+    let tier = &config.tiers[&resolved.tier];
+    // share_node = false packs a tenant's jobs by MCS label where slurm.conf has it; without
+    // it, a node of its own (share_gpu = false with a MIG slice always takes one).
+    let by_mcs = mcs.as_ref().is_some_and(|p| p.mcs_label.is_some());
+    let mut exclusive = placement(config, &resolved, submission.shared)?;
+    if by_mcs && !tier.share_node {
+        // No other tenant on the node at all: no GPU of it is shared either.
+        exclusive = false;
+    }
+    let mut placement = mcs.unwrap_or_default();
+    placement.exclusive = exclusive;
+    if config.has_pools() {
+        let slurm = slurm.ok_or_else(|| {
+            "the tenancy config has node pools and slurm.conf cannot be read on the \
+             controller; ask your admin"
+                .to_string()
+        })?;
+        placement.exc_nodes = scheduler::pool_placement(
+            config,
+            &resolved.tenant,
+            slurm,
+            submission.req_nodes.as_deref(),
+            submission.exc_nodes.as_deref(),
+        )?;
+    }
+    let mut spank_env = Vec::new();
+    if submission.from_job_env {
+        if let Some(t) = &submission.tenant {
+            spank_env.push(("TENANCY_TENANT".to_string(), t.clone()));
+        }
+        if let Some(m) = &submission.mig {
+            spank_env.push(("TENANCY_MIG".to_string(), m.clone()));
+        }
+    }
     Ok(Accepted {
         resolved,
         exclusive,
+        placement,
+        spank_env,
     })
 }
 
@@ -384,15 +537,102 @@ unsafe fn submission(desc: &sys::job_desc_msg_t) -> Result<Submission, String> {
             }
         }
     }
-    Submission::from_parts(desc.user_id, bytes(desc.account), &env).map(|mut s| {
-        s.shared = desc.shared;
-        s.gpus = tres_per(desc)
-            .into_iter()
-            .flatten()
-            .flat_map(gres::gpu_requests)
-            .collect();
-        s.with_job_environment(&job_env)
-    })
+    let text = |p: *const c_char| bytes(p).map(|b| String::from_utf8_lossy(b).into_owned());
+    Submission::from_parts(desc.user_id, bytes(desc.account), &env)
+        .and_then(|s| s.with_request_from_environment(&job_env))
+        .map(|mut s| {
+            s.shared = desc.shared;
+            s.req_nodes = text(desc.req_nodes);
+            s.exc_nodes = text(desc.exc_nodes);
+            s.mcs_label = text(desc.mcs_label);
+            s.cron = desc.bitflags & CRON_JOB != 0;
+            s.gpus = tres_per(desc)
+                .into_iter()
+                .flatten()
+                .flat_map(gres::gpu_requests)
+                .collect();
+            s.with_job_environment(&job_env)
+        })
+}
+
+/// Replaces a string field of the job description with a copy made by Slurm's `xstrdup` (the
+/// old one freed by `xfree`, as slurmctld frees the field later).
+///
+/// # Safety
+/// `field` points to a `char *` of a job description that is null or Slurm-allocated.
+unsafe fn set_field(field: *mut *mut c_char, value: &str) -> Result<(), String> {
+    let xstrdup = symbol(c"slurm_xstrdup");
+    let xfree = symbol(c"slurm_xfree");
+    if xstrdup.is_null() || xfree.is_null() {
+        return Err("Slurm's xstrdup/xfree not found in this process".into());
+    }
+    let v = CString::new(value).map_err(|_| "a NUL byte in a value".to_string())?;
+    let xstrdup: unsafe extern "C" fn(*const c_char) -> *mut c_char = std::mem::transmute(xstrdup);
+    let xfree: unsafe extern "C" fn(*mut *mut c_void) = std::mem::transmute(xfree);
+    if !(*field).is_null() {
+        let mut p = (*field).cast::<c_void>();
+        xfree(&mut p);
+    }
+    *field = xstrdup(v.as_ptr());
+    Ok(())
+}
+
+/// Sets `NAME=value` in the job's SPANK environment (Slurm's `env_array_overwrite`, so
+/// slurmctld owns and frees it), keeping `spank_job_env_size` right.
+///
+/// # Safety
+/// `desc` is a job description from slurmctld.
+unsafe fn set_spank_env(
+    desc: *mut sys::job_desc_msg_t,
+    name: &str,
+    value: &str,
+) -> Result<(), String> {
+    let f = symbol(c"slurm_env_array_overwrite");
+    if f.is_null() {
+        return Err("Slurm's env_array_overwrite not found in this process".into());
+    }
+    let f: unsafe extern "C" fn(*mut *mut *mut c_char, *const c_char, *const c_char) -> c_int =
+        std::mem::transmute(f);
+    let (n, v) = (
+        CString::new(name).map_err(|_| "a NUL byte in a name".to_string())?,
+        CString::new(value).map_err(|_| "a NUL byte in a value".to_string())?,
+    );
+    if f(&mut (*desc).spank_job_env, n.as_ptr(), v.as_ptr()) == 0 {
+        return Err(format!("cannot set {name} in the job's SPANK environment"));
+    }
+    let mut count = 0usize;
+    while !(*(*desc).spank_job_env.add(count)).is_null() {
+        count += 1;
+    }
+    (*desc).spank_job_env_size = count as u32;
+    Ok(())
+}
+
+/// Makes the accepted job what the decision says.
+///
+/// # Safety
+/// `desc` is a job description from slurmctld.
+unsafe fn apply(desc: *mut sys::job_desc_msg_t, accepted: &Accepted) -> Result<(), String> {
+    let p = &accepted.placement;
+    if accepted.exclusive {
+        // As `--exclusive` would: slurmctld copies it into the job's record after this.
+        (*desc).shared = JOB_SHARED_NONE;
+    } else if p.shared_mcs {
+        (*desc).shared = JOB_SHARED_MCS;
+    }
+    if let Some(l) = &p.mcs_label {
+        set_field(&mut (*desc).mcs_label, l)?;
+    }
+    if let Some(a) = &p.account {
+        set_field(&mut (*desc).account, a)?;
+    }
+    if let Some(e) = &p.exc_nodes {
+        set_field(&mut (*desc).exc_nodes, e)?;
+    }
+    for (n, v) in &accepted.spank_env {
+        set_spank_env(desc, n, v)?;
+    }
+    Ok(())
 }
 
 /// The four fields every GPU request of a job lands in (module [`gres`]).
@@ -438,20 +678,40 @@ pub unsafe extern "C" fn job_submit(
     if job_desc.is_null() {
         return REFUSED;
     }
-    let verdict = catch_unwind(AssertUnwindSafe(|| decide(submission(&*job_desc))))
-        .unwrap_or_else(|_| Err("internal error in the tenancy check; ask your admin".into()));
+    let mut from_job_env = false;
+    let verdict = catch_unwind(AssertUnwindSafe(|| {
+        let s = submission(&*job_desc);
+        from_job_env = s.as_ref().is_ok_and(|s| s.from_job_env);
+        decide(s)
+    }))
+    .unwrap_or_else(|_| Err("internal error in the tenancy check; ask your admin".into()));
     match verdict {
         Ok(accepted) => {
-            if accepted.exclusive {
-                // As `--exclusive` would: slurmctld copies it into the job's record after this.
-                (*job_desc).shared = JOB_SHARED_NONE;
+            if let Err(e) = apply(job_desc, &accepted) {
+                let why =
+                    format!("cannot place the job by its tenant's rules ({e}); ask your admin");
+                log(true, &why);
+                set_err_msg(err_msg, &format!("tenancy: {why}"));
+                return REFUSED;
+            }
+            let p = &accepted.placement;
+            if accepted.exclusive || p.mcs_label.is_some() || p.exc_nodes.is_some() {
                 log(
                     false,
                     &format!(
-                        "job of uid {} for tenant '{}' (tier {}) made exclusive",
+                        "job of uid {} for tenant '{}' (tier {}):{}{}{}",
                         (*job_desc).user_id,
                         accepted.resolved.tenant,
-                        accepted.resolved.tier
+                        accepted.resolved.tier,
+                        if accepted.exclusive { " exclusive" } else { "" },
+                        p.mcs_label
+                            .as_ref()
+                            .map(|l| format!(" mcs_label={l}"))
+                            .unwrap_or_default(),
+                        p.exc_nodes
+                            .as_ref()
+                            .map(|e| format!(" exc_nodes={e}"))
+                            .unwrap_or_default(),
                     ),
                 );
             }
@@ -463,10 +723,43 @@ pub unsafe extern "C" fn job_submit(
                 false,
                 &format!("refused a job of uid {uid} (submitted by uid {submit_uid}): {why}"),
             );
+            if from_job_env && hold_refused(job_desc, &why).is_ok() {
+                set_err_msg(err_msg, &format!("tenancy: {why} {HELD_NOTE}"));
+                return SUCCESS;
+            }
             set_err_msg(err_msg, &format!("tenancy: {why}"));
             REFUSED
         }
     }
+}
+
+/// What a refused request named in `TENANCY_TENANT`/`TENANCY_MIG` is told besides the reason.
+pub const HELD_NOTE: &str = "(refused: the job is held and never runs; scancel it)";
+
+/// A refused job whose tenant came from its environment (slurmrestd, libslurm): slurmctld
+/// hands a refusal's message to libslurm, which logs it and drops it, so a REST client would
+/// see only "Access/permission denied". Such a job is accepted held instead (priority 0), its
+/// comment and the submit response's message (`job_submit_user_msg`) carrying the one-line
+/// reason, with a deadline it cannot meet: a minute of time limit and a deadline 61 seconds
+/// away. Slurm cancels a job past its deadline before it would start it (`deadline_ok`), so
+/// a release of the hold ends it (state DEADLINE) and it never reaches a node.
+///
+/// # Safety
+/// `desc` is a job description from slurmctld.
+unsafe fn hold_refused(desc: *mut sys::job_desc_msg_t, why: &str) -> Result<(), String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as libc::time_t)
+        .unwrap_or(0);
+    (*desc).priority = 0;
+    (*desc).time_limit = 1;
+    (*desc).time_min = NO_VAL;
+    (*desc).deadline = now + 61;
+    let comment: String = format!("tenancy: refused: {why}")
+        .chars()
+        .take(1000)
+        .collect();
+    set_field(&mut (*desc).comment, &comment)
 }
 
 /// The job an update's `job_desc` names. Slurm 26.05 moved it into `step_id` (beside the
@@ -536,8 +829,31 @@ unsafe fn modify(
             return Err(format!("job {job}: {ACCOUNT_VAR} {problem}"));
         }
         let shares = (*job_desc).shared == JOB_SHARED_OK;
+        let text = |p: *const c_char| bytes(p).map(|b| String::from_utf8_lossy(b).into_owned());
+        let nodes = text((*job_desc).req_nodes).is_some() || text((*job_desc).exc_nodes).is_some();
+        let label = text((*job_desc).mcs_label).is_some();
         let gpus = gres::update_touches_gpus(&tres_per(&*job_desc));
-        if (account.is_none() && !shares && gpus.is_none()) || super_user(submit_uid) {
+        if (account.is_none() && !shares && !nodes && !label && gpus.is_none())
+            || super_user(submit_uid)
+        {
+            return Ok(());
+        }
+        // The node lists carry the tenant's pool rules and the MCS label its tenant: set at
+        // submission, changed by administrators alone.
+        if label {
+            return Err(format!(
+                "job {job}: only an administrator may change a job's MCS label: it keeps the \
+                 tenant's nodes its own"
+            ));
+        }
+        if nodes && current_config()?.has_pools() {
+            return Err(format!(
+                "job {job}: only an administrator may change a job's node lists (NodeList, \
+                 ExcNodeList): they keep the job on the nodes its tenant may use; cancel the \
+                 job and submit it again with --nodelist or --exclude"
+            ));
+        }
+        if account.is_none() && !shares && gpus.is_none() {
             return Ok(());
         }
         // The job's tier is not known here: a tier that shares no node would land beside
@@ -845,6 +1161,177 @@ mod tests {
             p(&r("d", "gpu-packed", Some("1g.18gb")), NO_VAL16),
             Ok(false)
         );
+    }
+
+    /// slurmrestd and libslurm jobs name the tenant in their own environment: taken only
+    /// when the SPANK job environment names none, checked the same way, and handed on to the
+    /// prolog in the SPANK job environment.
+    #[test]
+    fn a_job_without_the_spank_environment_names_its_tenant_in_its_environment() {
+        let (_dir, _path, config) = config();
+        let job = |spank: &[&str], env: &[&str]| {
+            let env: Vec<&[u8]> = env.iter().map(|e| e.as_bytes()).collect();
+            submission(spank, None).and_then(|s| s.with_request_from_environment(&env))
+        };
+        let rest = job(
+            &[],
+            &["PATH=/bin", "TENANCY_TENANT=mine", "TENANCY_MIG=1g.18gb"],
+        )
+        .unwrap();
+        assert!(rest.from_job_env);
+        let a = decide_with(&rest, &config).unwrap();
+        assert_eq!(
+            a.spank_env,
+            [
+                ("TENANCY_TENANT".to_string(), "mine".to_string()),
+                ("TENANCY_MIG".to_string(), "1g.18gb".to_string())
+            ]
+        );
+        // The same refusal, in the same words, as through sbatch.
+        let refused =
+            decide_with(&job(&[], &["TENANCY_TENANT=other"]).unwrap(), &config).unwrap_err();
+        let via_sbatch = decide_with(
+            &submission(&["SPANK_TENANCY_TENANT=other"], None).unwrap(),
+            &config,
+        )
+        .unwrap_err();
+        assert_eq!(refused, via_sbatch);
+        // sbatch --tenant wins over a variable the user's shell exports.
+        let both = job(&["SPANK_TENANCY_TENANT=mine"], &["TENANCY_TENANT=other"]).unwrap();
+        assert!(!both.from_job_env);
+        assert!(decide_with(&both, &config).unwrap().spank_env.is_empty());
+        let twice = job(&[], &["TENANCY_TENANT=mine", "TENANCY_TENANT=other"]).unwrap_err();
+        assert!(twice.contains("TENANCY_TENANT is given twice"), "{twice}");
+        let bad = job(&[], &["TENANCY_TENANT=a\u{7}"]).unwrap_err();
+        assert!(bad.contains("control characters"), "{bad}");
+    }
+
+    /// A scrontab job (always `SLURM_GET_USER_ENV=1`) is refused with a reason that names
+    /// scrontab unless the tier allows a login environment.
+    #[test]
+    fn a_scrontab_job_is_refused_with_its_reason() {
+        let (_dir, _path, config) = config();
+        let mut s = submission(&[], None)
+            .unwrap()
+            .with_job_environment(&[b"SLURM_GET_USER_ENV=1"]);
+        s.cron = true;
+        let why = decide_with(&s, &config).unwrap_err();
+        assert!(
+            why.starts_with("scrontab jobs ask for your login environment"),
+            "{why}"
+        );
+    }
+
+    const SLURM_CONF: &str = "ClusterName=t\nNodeName=n[1-4] CPUs=2\nMCSPlugin=mcs/label\n\
+                              MCSParameters=ondemand,select\n";
+
+    fn pooled(extra: &str) -> (tenancy_config::slurm_conf::SlurmConf, Config) {
+        let me = Identity::from_uid(rustix_uid()).unwrap();
+        let text = format!(
+            "[cluster]\nname = \"t\"\nstate_dir = \"/s\"\naudit_log = \"/a.jsonl\"\n\
+             scratch_root = \"/scratch\"\n[tiers.open]\n[tiers.own]\nnodes = \"n[3-4]\"\n\
+             share_node = false\n{extra}\n[tenants.mine]\ntier = \"own\"\ngroups = [\"{}\"]\n\
+             accounts = [\"mine-acct\"]\n[tenants.other]\ntier = \"open\"\n\
+             groups = [\"tenancy-no-such-group\"]\n",
+            nix_group_name(me.gid)
+        );
+        let slurm = tenancy_config::slurm_conf::SlurmConf::parse(
+            SLURM_CONF,
+            std::path::Path::new("/etc/slurm/slurm.conf"),
+        )
+        .unwrap();
+        (
+            slurm,
+            Config::parse(&text, std::path::Path::new("/t.toml")).unwrap(),
+        )
+    }
+
+    /// Node pools: a pool tenant's job excludes every node outside its pool (with the user's
+    /// own exclusions kept), another tenant's every pool node; a --nodelist against the rules
+    /// is refused.
+    #[test]
+    fn pools_become_excluded_nodes_and_contrary_nodelists_are_refused() {
+        let (slurm, config) = pooled("");
+        let mine = submission(&["SPANK_TENANCY_TENANT=mine"], None).unwrap();
+        let a = decide_in(&mine, &config, Some(&slurm)).unwrap();
+        assert_eq!(a.placement.exc_nodes.as_deref(), Some("n[1-2]"));
+        let mut user = mine.clone();
+        user.exc_nodes = Some("n4".into());
+        let a = decide_in(&user, &config, Some(&slurm)).unwrap();
+        assert_eq!(a.placement.exc_nodes.as_deref(), Some("n4,n[1-2]"));
+        let mut wrong = mine.clone();
+        wrong.req_nodes = Some("n[1,3]".into());
+        let e = decide_in(&wrong, &config, Some(&slurm)).unwrap_err();
+        assert!(
+            e.contains("--nodelist names n1: node n1 is outside the node pool of tenant 'mine'"),
+            "{e}"
+        );
+        // The other tenant's rules, decided for a resolved job of it (its group is unknown).
+        assert_eq!(
+            scheduler::pool_placement(&config, "other", &slurm, None, None)
+                .unwrap()
+                .as_deref(),
+            Some("n[3-4]")
+        );
+        let e = scheduler::pool_placement(&config, "other", &slurm, Some("n4"), None).unwrap_err();
+        assert!(
+            e.contains("node n4 is in the node pool of tier 'own'"),
+            "{e}"
+        );
+        // Pools and no slurm.conf: refused, not guessed.
+        assert!(decide_in(&mine, &config, None)
+            .unwrap_err()
+            .contains("slurm.conf cannot be read"));
+    }
+
+    /// share_node = false on MCS: the tenant's label, not a node of its own; a label the user
+    /// chose is refused; without MCS the old exclusivity.
+    #[test]
+    fn share_node_false_is_an_mcs_label_where_slurm_has_mcs() {
+        let (slurm, config) = pooled("");
+        let mine = submission(&["SPANK_TENANCY_TENANT=mine"], None).unwrap();
+        let a = decide_in(&mine, &config, Some(&slurm)).unwrap();
+        assert!(!a.exclusive);
+        assert_eq!(a.placement.mcs_label.as_deref(), Some("mine"));
+        assert!(!a.placement.shared_mcs);
+        let mut asked = mine.clone();
+        asked.mcs_label = Some("other".into());
+        let e = decide_in(&asked, &config, Some(&slurm)).unwrap_err();
+        assert!(e.starts_with("--mcs-label=other"), "{e}");
+        // ondemandselect filters only --exclusive=mcs jobs: the plugin asks for it.
+        let ondemand = tenancy_config::slurm_conf::SlurmConf::parse(
+            &SLURM_CONF.replace("ondemand,select", "ondemand,ondemandselect"),
+            std::path::Path::new("/s.conf"),
+        )
+        .unwrap();
+        assert!(
+            decide_in(&mine, &config, Some(&ondemand))
+                .unwrap()
+                .placement
+                .shared_mcs
+        );
+        // mcs/account: the label is the job's account, one of the tenant's.
+        let account = tenancy_config::slurm_conf::SlurmConf::parse(
+            &SLURM_CONF.replace("mcs/label", "mcs/account"),
+            std::path::Path::new("/s.conf"),
+        )
+        .unwrap();
+        let a = decide_in(&mine, &config, Some(&account)).unwrap();
+        assert_eq!(
+            (
+                a.placement.mcs_label.as_deref(),
+                a.placement.account.as_deref()
+            ),
+            (Some("mine-acct"), Some("mine-acct"))
+        );
+        // No MCS: a node of its own, as before.
+        let none = tenancy_config::slurm_conf::SlurmConf::parse(
+            "NodeName=n[1-4]\n",
+            std::path::Path::new("/s.conf"),
+        )
+        .unwrap();
+        let a = decide_in(&mine, &config, Some(&none)).unwrap();
+        assert!(a.exclusive && a.placement.mcs_label.is_none());
     }
 
     #[test]

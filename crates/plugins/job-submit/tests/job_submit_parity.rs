@@ -16,7 +16,8 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 use std::time::Instant;
 use tenancy_config::{Config, Identity};
-use tenancy_node::{JobContext, Spine};
+use tenancy_job::JobContext;
+use tenancy_node::Spine;
 use tenancy_test_support::{fuzz_cases, TenancyToml};
 
 /// Tenants the test's users do and do not belong to: root is in acme (group root), daemon in

@@ -162,6 +162,21 @@ impl Client {
         p
     }
 
+    /// `sbatch ARGS --no-requeue -o /dev/null sleep.sh SECS` as `user`: a job that holds what
+    /// it was given for `secs` seconds and does nothing else (scripts/jobs/sleep.sh), for a
+    /// test of where and when jobs run; sbatch's output as it came.
+    pub fn sbatch_sleep(&self, user: &TestUser, args: &[&str], secs: u32) -> Result<Output> {
+        let script = self.user_dir(user).join("sleep.sh");
+        fs::write(&script, include_str!("../scripts/jobs/sleep.sh"))
+            .with_context(|| format!("write {}", script.display()))?;
+        let mut c = self.cmd_as(user, "sbatch");
+        c.args(args)
+            .args(["--no-requeue", "-o", "/dev/null"])
+            .arg(&script)
+            .arg(secs.to_string());
+        self.run(c)
+    }
+
     /// `scontrol show job -o ID` as key=value pairs.
     pub fn job_info(&self, id: u64) -> Result<BTreeMap<String, String>> {
         let mut c = self.cmd("scontrol");

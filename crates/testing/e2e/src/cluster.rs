@@ -56,6 +56,9 @@ pub struct ClusterOptions {
     /// release_root.rs) instead of the host's Slurm. The cluster's folder must then be in the
     /// temp folder, which the root shares.
     pub slurm_root: Option<SlurmRoot>,
+    /// CPUs the node declares (default this machine's; more adds
+    /// `SlurmdParameters=config_overrides`).
+    pub cpus: Option<usize>,
 }
 
 /// A running single-node cluster; its [`Client`] is what a test talks to it with.
@@ -86,6 +89,7 @@ impl World for Cluster {
             folder_in: options.folder_in.clone(),
             accounting: options.accounting.clone(),
             slurm_root: options.slurm.root()?,
+            cpus: options.cpus,
             ..ClusterOptions::default()
         })
     }
@@ -241,9 +245,7 @@ impl Cluster {
         for (name, text) in &opts.extra_files {
             write_file(&d.join("etc").join(name), text, 0o644)?;
         }
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        let cpus = conf.node_cpus(opts.cpus);
         let gres = opts
             .accounting
             .as_ref()

@@ -89,7 +89,8 @@ pub(crate) fn spawn_daemon(name: &str, cmd: &mut Command, log: &Path) -> Result<
         .with_context(|| format!("start {name}"))
 }
 
-fn stop_child(child: &mut Child) -> Result<()> {
+/// Stops `child` by pid: SIGTERM, SIGKILL after 10 s. Idempotent.
+pub(crate) fn stop_child(child: &mut Child) -> Result<()> {
     if child.try_wait()?.is_some() {
         return Ok(());
     }

@@ -46,6 +46,7 @@ mod cluster;
 mod daemons;
 pub mod multi_node;
 pub mod release_root;
+pub mod rest;
 pub mod root_overlay;
 mod scenario;
 pub mod scratch_fs;
@@ -64,7 +65,7 @@ pub use scenario::{
     scenario, wait_output, ConfigEdit, Env, Held, Job, Options, Slurm, World, RELEASE_ENV,
 };
 pub use stack::{Stack, Tenants};
-pub use tenancy_test_support::{requires_root, skip, target_dir, TenancyToml};
+pub use tenancy_test_support::{requires_root, skip, target_dir, Limits, TenancyToml};
 pub use uml_node::PureV2Node;
 pub use users::{TestUser, Users};
 

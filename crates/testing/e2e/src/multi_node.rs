@@ -27,7 +27,7 @@ use crate::daemons::{
     cluster_folder, ensure_munge, hostname_short, kill_leftover_jobs, machine_lock, slurm_cgroups,
     write_file, Daemons,
 };
-use crate::slurm_conf::{cgroup_conf, SlurmConf};
+use crate::slurm_conf::{cgroup_conf, with_tenant_groups, SlurmConf};
 use crate::stack::Tenants;
 use crate::{artifact, slurm_plugin_dir, Options, Slurm, TestUser, Users, World};
 use anyhow::{anyhow, bail, Context, Result};
@@ -347,11 +347,9 @@ impl MultiNode {
             )
             .set("JobSubmitPlugins", "tenancy");
         for l in &options.slurm_conf {
-            conf.extra(l);
+            conf.extra(&with_tenant_groups(l, &self.tenants));
         }
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        let cpus = conf.node_cpus(options.cpus);
         for n in &self.nodes {
             conf.line(format!(
                 "NodeName={} NodeAddr={} CPUs={cpus} RealMemory=1000 State=UNKNOWN",

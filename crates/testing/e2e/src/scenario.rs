@@ -59,7 +59,8 @@ pub type ConfigEdit = Arc<dyn Fn(&mut TenancyToml) + Send + Sync>;
 pub struct Options {
     /// The Slurm release (one node only; the other worlds run what they run).
     pub slurm: Slurm,
-    /// Extra slurm.conf lines (`TaskEpilog=...`).
+    /// Extra slurm.conf lines (`TaskEpilog=...`); `{acme_group}` and `{globex_group}` in them
+    /// become the groups of the run's tenants (one node and several).
     pub slurm_conf: Vec<String>,
     /// Extra files next to slurm.conf (name, text), e.g. job_container.conf.
     pub files: Vec<(String, String)>,
@@ -70,6 +71,9 @@ pub struct Options {
     pub accounting: Option<Accounting>,
     /// Changes to the product's tenancy.toml, in order.
     pub config: Vec<ConfigEdit>,
+    /// CPUs each node declares (default this machine's; more adds
+    /// `SlurmdParameters=config_overrides`).
+    pub cpus: Option<usize>,
 }
 
 impl Options {
@@ -111,6 +115,12 @@ impl Options {
 
     pub fn config(mut self, edit: impl Fn(&mut TenancyToml) + Send + Sync + 'static) -> Options {
         self.config.push(Arc::new(edit));
+        self
+    }
+
+    /// Each node declares `n` CPUs (jobs of one CPU each: `n` fit on a node).
+    pub fn cpus(mut self, n: usize) -> Options {
+        self.cpus = Some(n);
         self
     }
 }

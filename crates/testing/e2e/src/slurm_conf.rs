@@ -1,6 +1,7 @@
 //! The one slurm.conf and cgroup.conf writer of the test clusters: the single node on the host
 //! or in a release root, the multi-node cluster, and the pure cgroup v2 (UML) node.
 
+use crate::Tenants;
 use std::path::Path;
 
 /// A slurm.conf: `Key=Value` lines in order; [`SlurmConf::set`] replaces a key where it stands.
@@ -87,12 +88,31 @@ impl SlurmConf {
         self
     }
 
+    /// The CPUs each node declares: `want`, else this machine's. More than the machine has
+    /// needs `SlurmdParameters=config_overrides` (slurmd refuses to register otherwise), which
+    /// is set then.
+    pub fn node_cpus(&mut self, want: Option<usize>) -> usize {
+        let host = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let cpus = want.unwrap_or(host);
+        if cpus > host {
+            self.set("SlurmdParameters", "config_overrides");
+        }
+        cpus
+    }
+
     /// A test's own line (`Options::slurm_conf`): `Key=Value` replaces the key where it stands
     /// when the conf has it (`PrologFlags=Alloc`: a cluster without Contain), else goes at the
-    /// end.
+    /// end. Lines that may come several times (`NodeName=`, `PartitionName=`, `NodeSet=`) always
+    /// go at the end.
     pub fn extra(&mut self, line: &str) -> &mut SlurmConf {
+        const REPEATED: [&str; 3] = ["NodeName", "PartitionName", "NodeSet"];
         match line.split_once('=') {
-            Some((k, v)) if self.lines.iter().any(|l| l.starts_with(&format!("{k}="))) => {
+            Some((k, v))
+                if !REPEATED.iter().any(|r| r.eq_ignore_ascii_case(k))
+                    && self.lines.iter().any(|l| l.starts_with(&format!("{k}="))) =>
+            {
                 self.set(k, v)
             }
             _ => self.line(line),
@@ -110,6 +130,14 @@ impl SlurmConf {
     }
 }
 
+/// A test's own slurm.conf line ([`crate::Options::slurm_conf`]) with `{acme_group}` and
+/// `{globex_group}` made the groups of this run's tenants (made by name when the world starts,
+/// so unknown when the options are written: `MCSParameters=ondemand,select:{acme_group}`).
+pub(crate) fn with_tenant_groups(line: &str, t: &Tenants) -> String {
+    line.replace("{acme_group}", &t.acme_group)
+        .replace("{globex_group}", &t.globex_group)
+}
+
 /// cgroup.conf: `plugin` with nothing constrained (the hybrid host: the product's layers
 /// confine the jobs), or, on a pure v2 node, Slurm's cgroup/v2 owning the jobs' tree with
 /// devices and memory constrained.
@@ -122,5 +150,24 @@ pub(crate) fn cgroup_conf(plugin: &str) -> String {
         format!(
             "CgroupPlugin={plugin}\nConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_cpus_than_the_machine_has_are_declared_with_config_overrides() {
+        let host = std::thread::available_parallelism().unwrap().get();
+        let mut c = SlurmConf::new("t", "h");
+        assert_eq!(c.node_cpus(None), host);
+        assert_eq!(c.node_cpus(Some(host)), host);
+        assert!(!c.render().contains("SlurmdParameters"));
+        assert_eq!(c.node_cpus(Some(host + 2)), host + 2);
+        assert!(c
+            .render()
+            .lines()
+            .any(|l| l == "SlurmdParameters=config_overrides"));
     }
 }

@@ -66,50 +66,10 @@ impl Sshd {
         }
         let port = free_port()?;
         let dir = cluster.path(&format!("sshd-{port}"));
-        fs::create_dir_all(dir.join("keys"))?;
-        let keygen = |file: &Path| -> Result<()> {
-            let o = std::process::Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-C", "tenancy-e2e", "-f"])
-                .arg(file)
-                .output()
-                .context("run ssh-keygen")?;
-            if !o.status.success() {
-                bail!("ssh-keygen: {}", String::from_utf8_lossy(&o.stderr));
-            }
-            Ok(())
-        };
-        keygen(&dir.join("host_ed25519"))?;
-        keygen(&dir.join("client_ed25519"))?;
-        let public = fs::read_to_string(dir.join("client_ed25519.pub"))?;
-        for u in users {
-            write_file(&dir.join("keys").join(&u.name), &public, 0o644)?;
-        }
+        write_keys(&dir, users)?;
         let service = format!("tenancy-e2e-sshd-{}", std::process::id());
         let pam_service = Path::new("/etc/pam.d").join(&service);
-        let session = match hook {
-            SessionHook::Exec(argv) => format!(
-                "pam_exec.so log={} {}",
-                dir.join("pam_exec.log").display(),
-                argv.join(" ")
-            ),
-            SessionHook::Module(module, args) => {
-                format!("{} {}", module.display(), args.join(" "))
-            }
-        };
-        // Public key logins only: sshd asks PAM for the account and the session, not auth.
-        write_file(
-            &pam_service,
-            &format!(
-                "# slurm-tenancy e2e test (removed when the test's sshd stops)\n\
-                 auth     required pam_deny.so\n\
-                 account  required {} action_no_jobs=deny action_unknown=deny \
-                 action_adopt_failure=deny action_generic_failure=deny service={service}\n\
-                 password required pam_deny.so\n\
-                 session  required {session}\n",
-                adopt_module.display(),
-            ),
-            0o644,
-        )?;
+        write_pam_service(&pam_service, &service, &adopt_module, hook, &dir)?;
         let mut sshd = Sshd {
             dir: dir.clone(),
             port,
@@ -123,21 +83,7 @@ impl Sshd {
             fs::create_dir_all(privsep)?;
             sshd.made_privsep_dir = true;
         }
-        let config = dir.join("sshd_config");
-        write_file(
-            &config,
-            &format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nPidFile {pid}\n\
-                 UsePAM yes\nPubkeyAuthentication yes\nPasswordAuthentication no\n\
-                 KbdInteractiveAuthentication no\nAuthorizedKeysFile {keys}/%u\nStrictModes no\n\
-                 PermitRootLogin no\nUseDNS no\nPrintMotd no\nPrintLastLog no\n\
-                 AllowTcpForwarding no\nX11Forwarding no\nLogLevel VERBOSE\n",
-                host = dir.join("host_ed25519").display(),
-                pid = dir.join("sshd.pid").display(),
-                keys = dir.join("keys").display(),
-            ),
-            0o600,
-        )?;
+        let config = write_config(&dir, port)?;
         let program = dir.join(&service);
         std::os::unix::fs::symlink(SSHD, &program)?;
         let mut cmd = cluster.cmd(&program);
@@ -192,6 +138,83 @@ impl Sshd {
             read("pam_exec.log")
         )
     }
+}
+
+/// The host key, the client key, and the client key authorized for each of `users`.
+fn write_keys(dir: &Path, users: &[&TestUser]) -> Result<()> {
+    fs::create_dir_all(dir.join("keys"))?;
+    let keygen = |file: &Path| -> Result<()> {
+        let o = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", "tenancy-e2e", "-f"])
+            .arg(file)
+            .output()
+            .context("run ssh-keygen")?;
+        if !o.status.success() {
+            bail!("ssh-keygen: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        Ok(())
+    };
+    keygen(&dir.join("host_ed25519"))?;
+    keygen(&dir.join("client_ed25519"))?;
+    let public = fs::read_to_string(dir.join("client_ed25519.pub"))?;
+    for u in users {
+        write_file(&dir.join("keys").join(&u.name), &public, 0o644)?;
+    }
+    Ok(())
+}
+
+/// The PAM service `service`: pam_slurm_adopt in the account phase, `hook` in the session.
+fn write_pam_service(
+    path: &Path,
+    service: &str,
+    adopt_module: &Path,
+    hook: &SessionHook,
+    dir: &Path,
+) -> Result<()> {
+    let session = match hook {
+        SessionHook::Exec(argv) => format!(
+            "pam_exec.so log={} {}",
+            dir.join("pam_exec.log").display(),
+            argv.join(" ")
+        ),
+        SessionHook::Module(module, args) => {
+            format!("{} {}", module.display(), args.join(" "))
+        }
+    };
+    // Public key logins only: sshd asks PAM for the account and the session, not auth.
+    write_file(
+        path,
+        &format!(
+            "# slurm-tenancy e2e test (removed when the test's sshd stops)\n\
+             auth     required pam_deny.so\n\
+             account  required {} action_no_jobs=deny action_unknown=deny \
+             action_adopt_failure=deny action_generic_failure=deny service={service}\n\
+             password required pam_deny.so\n\
+             session  required {session}\n",
+            adopt_module.display(),
+        ),
+        0o644,
+    )
+}
+
+/// sshd_config: port `port` of 127.0.0.1, the folder's keys, public key logins through PAM.
+fn write_config(dir: &Path, port: u16) -> Result<PathBuf> {
+    let config = dir.join("sshd_config");
+    write_file(
+        &config,
+        &format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nPidFile {pid}\n\
+             UsePAM yes\nPubkeyAuthentication yes\nPasswordAuthentication no\n\
+             KbdInteractiveAuthentication no\nAuthorizedKeysFile {keys}/%u\nStrictModes no\n\
+             PermitRootLogin no\nUseDNS no\nPrintMotd no\nPrintLastLog no\n\
+             AllowTcpForwarding no\nX11Forwarding no\nLogLevel VERBOSE\n",
+            host = dir.join("host_ed25519").display(),
+            pid = dir.join("sshd.pid").display(),
+            keys = dir.join("keys").display(),
+        ),
+        0o600,
+    )?;
+    Ok(config)
 }
 
 fn missing(what: &str) -> Result<Option<Sshd>> {

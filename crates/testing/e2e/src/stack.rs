@@ -2,6 +2,7 @@
 //! Prolog/Epilog, the NVML stand-in as the node's libnvidia-ml.so.1, two tenants with their
 //! groups and users. Shared by the e2e tests and the demo.
 
+use crate::slurm_conf::with_tenant_groups;
 use crate::{artifact, Cluster, ClusterOptions, Options, TestUser, Users};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -182,6 +183,8 @@ pub struct Stack {
     pub paths: StackPaths,
     /// The config file the cluster uses (next to slurm.conf).
     pub config: PathBuf,
+    /// What that file was written from ([`Stack::reconfigure`]).
+    toml: TenancyToml,
     /// Whether this build has the per-tenant firewall and the stack loaded it.
     pub firewall: bool,
     tenant_names: Vec<String>,
@@ -239,17 +242,23 @@ impl Stack {
             spank_plugin: Some(plugin("libspank_tenancy.so")?),
             job_submit_plugin: Some(plugin("libjob_submit_tenancy.so")?),
             tenancy_toml: Some(config.to_string()),
-            extra_conf: options.slurm_conf.clone(),
+            extra_conf: options
+                .slurm_conf
+                .iter()
+                .map(|l| with_tenant_groups(l, tenants))
+                .collect(),
             extra_files: options.files.clone(),
             folder_in: root.parent().map(Path::to_path_buf),
             accounting: options.accounting.clone(),
             slurm_root: slurm,
+            cpus: options.cpus,
         })?;
-        let config = cluster.path("etc/tenancy.toml");
+        let path = cluster.path("etc/tenancy.toml");
         let mut stack = Stack {
             cluster,
             paths: p,
-            config,
+            config: path,
+            toml: config,
             firewall: false,
             tenant_names: vec!["acme".into(), "globex".into()],
             stopped: false,
@@ -278,6 +287,15 @@ impl Stack {
             stack.firewall = true;
         }
         Ok(stack)
+    }
+
+    /// Changes the config while the cluster runs, through the builder it was written with
+    /// (job_submit/tenancy, the prolog and tenancyctl read the file again on each use). The
+    /// file is written anew: a text edit made to it since is gone.
+    pub fn reconfigure(&mut self, edit: impl FnOnce(&mut TenancyToml)) -> Result<()> {
+        edit(&mut self.toml);
+        fs::write(&self.config, self.toml.to_string())
+            .with_context(|| format!("write {}", self.config.display()))
     }
 
     /// A built binary installed for the jobs (readable and executable by every user).

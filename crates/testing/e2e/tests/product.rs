@@ -963,7 +963,7 @@ fn tmp_and_dev_shm_are_the_jobs(e: &Env) {
 }
 
 // SysV IPC belongs to a namespace, and each job has its own (the SPANK plugin puts its tasks
-// in it, `tenancy_node::task::join_job_ipc`): a shared memory segment acme's job makes with
+// in it, `tenancy_job::task::join_job_ipc`): a shared memory segment acme's job makes with
 // mode 0666 is there for its other steps, not for globex's job nor for the node. (Without the
 // job's namespace, globex finds it: the test fails.)
 scenario!(

@@ -4,7 +4,8 @@
 //! Sections come out in the order they were first asked for, keys in the order they were set
 //! (setting a key again replaces its value where it stands), one `key = value` a line and no
 //! blank lines: `[cluster]`, `[node]`, `[network]`, `[mig.plan.<model>]`, `[tiers.<name>]`,
-//! `[tenants.<name>]`, `[billing]` and `[billing.rates]`.
+//! `[tenants.<name>]`, `[billing]` and `[billing.rates]`. A tier's or tenant's `limits` is an
+//! inline table ([`Limits`]).
 
 use std::fmt;
 use std::path::Path;
@@ -21,6 +22,44 @@ pub enum ScratchOnExit {
 pub enum GpuPlacement {
     Node,
     Gpu,
+}
+
+/// A tier's or tenant's `limits` (docs/quotas-and-pools.md): what all of a tenant's jobs may
+/// hold at once, rendered as an inline table in the config's key order,
+/// `{ gpus = 2, mig_slices = { "1g.18gb" = 1 }, nodes = 1, running_jobs = 4 }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    gpus: Option<u32>,
+    mig_slices: Vec<(String, u32)>,
+    nodes: Option<u32>,
+    running_jobs: Option<u32>,
+}
+
+impl Limits {
+    /// GPUs of any kind (a MIG slice counts as one).
+    pub fn gpus(mut self, n: u32) -> Limits {
+        self.gpus = Some(n);
+        self
+    }
+
+    /// MIG slices of `profile` (set again, it replaces that profile's).
+    pub fn mig_slices(mut self, profile: &str, n: u32) -> Limits {
+        match self.mig_slices.iter_mut().find(|(p, _)| p == profile) {
+            Some((_, v)) => *v = n,
+            None => self.mig_slices.push((profile.to_string(), n)),
+        }
+        self
+    }
+
+    pub fn nodes(mut self, n: u32) -> Limits {
+        self.nodes = Some(n);
+        self
+    }
+
+    pub fn running_jobs(mut self, n: u32) -> Limits {
+        self.running_jobs = Some(n);
+        self
+    }
 }
 
 /// The text of a tenancy.toml; [`fmt::Display`] renders it.
@@ -233,6 +272,32 @@ fn number(n: u32) -> String {
     n.to_string()
 }
 
+fn inline_limits(l: Limits) -> String {
+    let mut keys = Vec::new();
+    if let Some(n) = l.gpus {
+        keys.push(format!("gpus = {n}"));
+    }
+    if !l.mig_slices.is_empty() {
+        let slices: Vec<String> = l
+            .mig_slices
+            .iter()
+            .map(|(p, n)| format!("{} = {n}", string(p)))
+            .collect();
+        keys.push(format!("mig_slices = {{ {} }}", slices.join(", ")));
+    }
+    if let Some(n) = l.nodes {
+        keys.push(format!("nodes = {n}"));
+    }
+    if let Some(n) = l.running_jobs {
+        keys.push(format!("running_jobs = {n}"));
+    }
+    if keys.is_empty() {
+        "{}".to_string()
+    } else {
+        format!("{{ {} }}", keys.join(", "))
+    }
+}
+
 fn placement(p: GpuPlacement) -> String {
     string(match p {
         GpuPlacement::Node => "node",
@@ -318,6 +383,12 @@ keys!(Tier {
     allow_get_user_env: bool => boolean;
     /// `"required"` or `"off"`.
     scratch_encryption: &str => string;
+    /// The default quota of the tier's tenants.
+    limits: Limits => inline_limits;
+    /// Every tenant of the tier must have limits.
+    require_limits: bool => boolean;
+    /// The tier's node pool, in Slurm's hostlist syntax (`gpu[01-04]`).
+    nodes: &str => string;
 });
 
 /// `[tenants.<name>]`.
@@ -329,6 +400,10 @@ keys!(Tenant {
     /// Destinations (`10.20.0.0/16:443/tcp`).
     egress: impl IntoIterator<Item = impl AsRef<str>> => list;
     address_prefix: &str => string;
+    /// The tenant's quota, over its tier's key by key.
+    limits: Limits => inline_limits;
+    /// The tenant's own node pool, in place of its tier's (`gpu05`).
+    nodes: &str => string;
 });
 
 /// `[mig.plan.<model>]`.
@@ -393,6 +468,31 @@ mod tests {
              groups = [\"root\", \"x\\\"y\"]\n[billing]\ncurrency = \"EUR\"\n\
              job_hour_without_mig = 0.10\n[billing.rates]\n\"1g.18gb\" = 0.85\n\
              [mig.plan.H200-141GB]\n\"1g.18gb\" = 4\n"
+        );
+    }
+
+    #[test]
+    fn limits_are_an_inline_table_in_the_configs_key_order() {
+        let mut c = TenancyToml::new("t");
+        c.tier("regulated")
+            .require_limits(true)
+            .limits(Limits::default().running_jobs(20).gpus(8))
+            .nodes("gpu[01-04]");
+        c.tenant("globex").nodes("gpu05").limits(
+            Limits::default()
+                .mig_slices("3g.71gb", 1)
+                .nodes(2)
+                .mig_slices("7g.141gb", 1)
+                .mig_slices("3g.71gb", 2),
+        );
+        c.tenant("acme").limits(Limits::default());
+        assert_eq!(
+            c.to_string(),
+            "[cluster]\nname = \"t\"\n[tiers.regulated]\nrequire_limits = true\n\
+             limits = { gpus = 8, running_jobs = 20 }\nnodes = \"gpu[01-04]\"\n\
+             [tenants.globex]\nnodes = \"gpu05\"\n\
+             limits = { mig_slices = { \"3g.71gb\" = 2, \"7g.141gb\" = 1 }, nodes = 2 }\n\
+             [tenants.acme]\nlimits = {}\n"
         );
     }
 

@@ -8,8 +8,9 @@
 //!   library ([`nvml_stand_in`]);
 //! * tenancy.toml text from a typed builder over the config's keys ([`TenancyToml`]);
 //! * fixtures more than one crate's tests use: a seccomp filter that takes `openat2` away
-//!   ([`seccomp`]), a file even root cannot remove ([`Immutable`]), and seeded audit logs
-//!   (`audit_logs`, feature `audit-logs`).
+//!   ([`seccomp`]), a file even root cannot remove ([`Immutable`]), real users and groups and a
+//!   scratch tree ([`users`]), a file system of a test's own on a loop device ([`loopfs`]), and
+//!   seeded audit logs (`audit_logs`, feature `audit-logs`).
 //!
 //! ```
 //! use tenancy_test_support::{requires_root, TenancyToml};
@@ -30,9 +31,13 @@
 pub mod audit_logs;
 mod config;
 mod immutable;
+#[cfg(feature = "journals")]
+pub mod journals;
+pub mod loopfs;
 pub mod seccomp;
+pub mod users;
 
-pub use config::{GpuPlacement, ScratchOnExit, TenancyToml};
+pub use config::{GpuPlacement, Limits, ScratchOnExit, TenancyToml};
 pub use immutable::Immutable;
 
 use std::os::unix::process::CommandExt;
@@ -72,6 +77,15 @@ pub fn output_text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
         o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// What a command printed: its stdout, then its stderr.
+pub fn printed(o: &Output) -> String {
+    format!(
+        "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )

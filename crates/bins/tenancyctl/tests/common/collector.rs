@@ -42,22 +42,29 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// `openssl req` with a new P-256 key `key` (unencrypted) and its request (or with `-x509` its
+/// certificate) `out`; `extra`: the other options.
+fn new_ec_req(dir: &Path, key: &str, out: &str, extra: &[&str]) {
+    let mut args = vec![
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+    ];
+    args.extend(["-nodes", "-keyout", key, "-out", out]);
+    args.extend_from_slice(extra);
+    openssl(dir, &args);
+}
+
 /// A CA (`<name>-ca.pem`, `<name>-ca.key`) in `dir`.
 pub fn make_ca(dir: &Path, name: &str) -> PathBuf {
-    openssl(
+    new_ec_req(
         dir,
+        &format!("{name}-ca.key"),
+        &format!("{name}-ca.pem"),
         &[
-            "req",
             "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}-ca.key"),
-            "-out",
-            &format!("{name}-ca.pem"),
             "-days",
             "2",
             "-subj",
@@ -73,22 +80,12 @@ pub fn make_ca(dir: &Path, name: &str) -> PathBuf {
 
 /// A certificate `<name>.pem` with key `<name>.key` signed by the CA `ca`, for 127.0.0.1.
 pub fn make_cert(dir: &Path, ca: &str, name: &str, usage: &str) -> (PathBuf, PathBuf) {
-    openssl(
+    let subject = format!("/CN={name}");
+    new_ec_req(
         dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ],
+        &format!("{name}.key"),
+        &format!("{name}.csr"),
+        &["-subj", &subject],
     );
     let ext = dir.join(format!("{name}.ext"));
     std::fs::write(

@@ -7,16 +7,14 @@ pub mod collector;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
+use tenancy_audit_log::{Event, Outcome, Record};
 use tenancy_test_support::TenancyToml;
+
+pub use tenancy_test_support::printed;
 
 /// A command's status and everything it printed, for assertion messages.
 pub fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    format!("status {:?}\n{}", o.status.code(), printed(o))
 }
 
 /// `tenancyctl --config CONFIG ARGS...` (TENANCY_CONFIG unset), run to its end.
@@ -58,4 +56,42 @@ pub fn minimal_config(root: &Path) -> PathBuf {
     let config = root.join("tenancy.toml");
     std::fs::write(&config, TenancyToml::minimal("t", root).to_string()).unwrap();
     config
+}
+
+/// A successful record of alice (uid 1001) on `node` of cluster `t`, made by `program`.
+pub fn alice_record(node: &str, event: Event, program: &str) -> Record {
+    Record::new("t", node, "alice", 1001, event, Outcome::Success, program)
+}
+
+/// Job `id`'s end on `node`, as the epilog records it.
+pub fn job_end(node: &str, id: u64) -> Record {
+    alice_record(node, Event::JobEnd, "tenancy-epilog").job_id(id)
+}
+
+/// A network namespace of the test's (`ip netns add`); on drop it is deleted, and so are the
+/// tenant's cgroup folders that reconcile made.
+pub struct TestNetns {
+    name: String,
+    tenant: String,
+}
+
+impl TestNetns {
+    pub fn add(name: &str, tenant: &str) -> Self {
+        sh("ip", &["netns", "add", name]);
+        TestNetns {
+            name: name.to_string(),
+            tenant: tenant.to_string(),
+        }
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+        for d in ["unified", "freezer"] {
+            let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{d}/tenancy/{}", self.tenant));
+        }
+    }
 }

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
-use tenancy_mig::Mig;
+use tenancy_mig::{Mig, Request};
+
+pub mod request;
 
 static LOCK: Mutex<()> = Mutex::new(());
 

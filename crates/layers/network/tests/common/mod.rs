@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tenancy_network::CgroupLayout;
+use tenancy_network::{counters, CgroupLayout, Dest, FirewallSpec, TenantNet};
 
 pub use tenancy_test_support::requires_root;
 
@@ -56,6 +56,13 @@ impl Netns {
         // SAFETY: valid fd; CLONE_NEWNET setns affects only the calling thread.
         let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
         assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+    }
+    /// A veth pair named `prefix` and a unique suffix: its first end here, its peer in `peer`.
+    pub fn veth_to(&self, peer: &Netns, prefix: &str) -> (String, String) {
+        let (v0, v1) = (unique(prefix), unique(prefix));
+        let link = ["link", "add", &v0, "type", "veth", "peer", "name", &v1];
+        self.ip(&[&link[..], &["netns", &peer.name]].concat());
+        (v0, v1)
     }
     pub fn ip(&self, args: &[&str]) {
         let mut a = vec!["-n", self.name.as_str()];
@@ -521,4 +528,45 @@ pub fn nft(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// The table `tenancy` over `tree` for tenants a (id 1) and b (id 2) with these egress lists;
+/// no infrastructure, Slurm or cross-node rules.
+pub fn two_tenants(tree: &CgroupTree, a: Vec<Dest>, b: Vec<Dest>) -> FirewallSpec {
+    let tenant = |name: &str, id, egress| TenantNet {
+        name: name.into(),
+        id,
+        egress,
+    };
+    FirewallSpec {
+        table_name: "tenancy".into(),
+        cgroup: tree.layout.clone(),
+        tenants: vec![tenant("a", 1, a), tenant("b", 2, b)],
+        infrastructure: vec![],
+        slurm: None,
+        cross_node: None,
+    }
+}
+
+/// The packets dropped so far for `tenant` (its counter).
+pub fn drops(spec: &FirewallSpec, tenant: &str) -> u64 {
+    counters(spec)
+        .unwrap()
+        .into_iter()
+        .find(|c| c.tenant == tenant)
+        .unwrap()
+        .packets
+}
+
+/// Runs each case's client (name, job cgroup or None, probe arguments, the outcome wanted):
+/// one line for each that got another outcome.
+pub fn client_failures(cases: &[(&str, Option<&Path>, &str, Outcome)]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (name, cg, args, want) in cases {
+        let got = client(args, *cg);
+        if got != *want {
+            failures.push(format!("{name}: {args}: got {got:?}, want {want:?}"));
+        }
+    }
+    failures
 }

@@ -2,7 +2,9 @@
 //! slurm-tenancy installed, jobs of two tenants side by side, what each job got, what was
 //! refused, attacks of one tenant's job (and of an ssh session adopted into it) on the other's
 //! that fail, `tenancyctl report` and
-//! `tenancyctl audit verify`, then everything shut down.
+//! `tenancyctl audit verify`, a job waiting on its tenant's quota (Slurm's `AssocGrpGRES`, the
+//! limits made by `tenancyctl slurm sync`) and a node pool keeping another tenant out, then
+//! everything shut down.
 
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
 use tenancy_e2e::{probe_kv, submitted_id, TestUser, Users};
-use tenancy_e2e::{Options, Stack, Tenants};
+use tenancy_e2e::{Limits, Options, Stack, Tenants};
 
 fn say(s: &str) {
     println!("\n=== {s}");
@@ -232,7 +234,9 @@ fn run() -> Result<u32> {
     // DCGM exporter's job mapping: the prolog names each job in its MIG instance's file.
     let dcgm = root.path().join("dcgm-job-mapping");
     let mapping = dcgm.clone();
+    // slurmctld enforces the tenants' quotas (association limits in slurmdbd).
     let options = Options::default()
+        .slurm_conf("AccountingStorageEnforce=associations,limits")
         .accounting(tenancy_e2e::Accounting {
             gpu_types: vec![
                 ("1g.18gb".into(), 7),
@@ -243,11 +247,15 @@ fn run() -> Result<u32> {
         })
         .config(move |c| {
             c.cluster().dcgm_job_mapping_dir(&mapping);
+            // acme's quota: one 1g.18gb slice at a time (Slurm holds the tenant's jobs to it).
+            c.tenant("acme")
+                .limits(Limits::default().mig_slices("1g.18gb", 1));
         });
     let stack = Stack::start(root.path(), &t, &options)?;
     println!("slurm.conf:   {}", stack.cluster.conf.display());
     println!("tenancy.toml: {}", stack.config.display());
     println!("DCGM_HPC_JOB_MAPPING_DIR: {}", dcgm.display());
+    sync_tenants(&stack, &t)?;
     // The regulated tenant's scratch encrypted with a key per job (docs/encrypted-scratch.md):
     // the scratch root on an ext4 made with `mkfs.ext4 -O encrypt` on a loop device, unmounted
     // and removed at the end (after the cluster stopped: it is dropped after `demo`). Where no
@@ -561,6 +569,7 @@ fn run() -> Result<u32> {
 
     broken += statement_and_cross_check(s, &[a, g])?;
     broken += verify_at_collector(s, &collector, forwarder, &public_keys)?;
+    broken += quota_and_pool(&demo)?;
 
     say("Shutting the cluster down");
     drop(demo);
@@ -855,4 +864,144 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("0.0.0.0:0")?
         .local_addr()?
         .port())
+}
+
+/// The tenants' accounts, users and limits in slurmdbd (`tenancyctl slurm sync --apply`),
+/// then a wait until slurmctld has the users' associations (it refuses jobs without one).
+fn sync_tenants(s: &Stack, t: &Tenants) -> Result<()> {
+    say("tenancyctl slurm sync --apply: the tenants' accounts, users and quotas in slurmdbd");
+    let mut c = s.tenancyctl();
+    c.args(["slurm", "sync", "--apply"]);
+    let o = s.cluster.run(c)?;
+    show(&o);
+    if !o.status.success() {
+        bail!("tenancyctl slurm sync --apply failed (above)");
+    }
+    let t0 = Instant::now();
+    loop {
+        let mut q = s.cluster.cmd("scontrol");
+        q.args(["show", "assoc_mgr", "flags=users"]);
+        let out = text(&s.cluster.run(q)?.stdout);
+        if [&t.acme1, &t.globex1, &t.both]
+            .iter()
+            .all(|u| out.contains(&format!("UserName={}(", u.name)))
+        {
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("slurmctld does not have the tenants' users after 60 s: {out}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A job over its tenant's quota waits with Slurm's reason; a node pool keeps other tenants
+/// out. Returns the number of checks that did not hold.
+fn quota_and_pool(d: &Demo) -> Result<u32> {
+    let s = &d.stack;
+    let mut broken = 0;
+    say("Quotas: acme may hold one 1g.18gb slice at a time; its second job waits in the queue");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let args = [
+            "--tenant=acme",
+            "--mig=1g.18gb",
+            "--gres=gpu:1g.18gb:1",
+            "--no-requeue",
+        ];
+        println!(
+            "{} $ sbatch {} --wrap 'sleep 120'",
+            d.t.acme1.name,
+            args.join(" ")
+        );
+        let mut c = s.cluster.cmd_as(&d.t.acme1, "sbatch");
+        c.args(args)
+            .args(["-o", "/dev/null", "--wrap", "sleep 120"]);
+        let o = s.cluster.run(c)?;
+        show(&o);
+        if o.status.success() {
+            ids.push(submitted_id(&o)?);
+        }
+    }
+    if let [first, second] = ids[..] {
+        let _ = s
+            .cluster
+            .wait_job(first, &["RUNNING"], Duration::from_secs(60));
+        let t0 = Instant::now();
+        let mut reason = String::new();
+        while t0.elapsed() < Duration::from_secs(60) {
+            reason = s
+                .cluster
+                .job_info(second)?
+                .get("Reason")
+                .cloned()
+                .unwrap_or_default();
+            if reason == "AssocGrpGRES" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let mut q = s.cluster.cmd("squeue");
+        q.args([
+            "-o",
+            "%.6i %.8u %.9a %.8T %r",
+            "-j",
+            &format!("{first},{second}"),
+        ]);
+        show(&s.cluster.run(q)?);
+        if reason == "AssocGrpGRES" {
+            println!(
+                "job {second} waits for acme's quota (Slurm's reason AssocGrpGRES); node {} is {}",
+                s.cluster.node,
+                s.cluster.node_state()?
+            );
+        } else {
+            println!("CHECK FAILED: job {second} is not waiting on its quota (reason {reason:?})");
+            broken += 1;
+        }
+    } else {
+        println!("CHECK FAILED: the quota jobs were not accepted");
+        broken += 1;
+    }
+    let mut c = s.cluster.cmd("scancel");
+    c.args(ids.iter().map(|i| i.to_string()));
+    s.cluster.run(c)?;
+
+    say(&format!(
+        "Node pools: globex gets node {} for itself (nodes = \"{}\")",
+        s.cluster.node, s.cluster.node
+    ));
+    let toml = fs::read_to_string(&s.config)?.replacen(
+        "accounts = [\"globex\"]\n",
+        &format!("accounts = [\"globex\"]\nnodes = \"{}\"\n", s.cluster.node),
+        1,
+    );
+    fs::write(&s.config, toml)?;
+    let mut c = s.tenancyctl();
+    c.args(["doctor", "--format", "csv"]);
+    let doctor = text(&s.cluster.run(c)?.stdout);
+    for l in doctor.lines().filter(|l| l.starts_with("scheduler.pools")) {
+        println!("    doctor: {l}");
+    }
+    let g = d.submit(&d.t.globex1, &["--tenant=globex"], 0)?;
+    let a = d.submit(&d.t.acme1, &["--tenant=acme"], 0)?;
+    if a.is_some() {
+        println!("CHECK FAILED: acme's job was accepted although the only node is globex's");
+        broken += 1;
+    }
+    if let Some(g) = g {
+        let info = s.cluster.wait_job(
+            g,
+            &["RUNNING", "COMPLETED", "FAILED"],
+            Duration::from_secs(60),
+        )?;
+        println!(
+            "globex's job {g}: {} on {}",
+            info["JobState"], info["NodeList"]
+        );
+        let mut c = s.cluster.cmd("scancel");
+        c.arg(g.to_string());
+        s.cluster.run(c)?;
+    }
+    Ok(broken)
 }

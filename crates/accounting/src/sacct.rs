@@ -4,15 +4,15 @@
 //! and MIG slice-hours that differ from Slurm's `gres/gpu:<profile>` TRES usage by more than the
 //! tolerance. Exit 1 when anything disagrees.
 
+use crate::expand_paths;
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
-use tenancy_audit::record::ts;
-use tenancy_audit::{expand_paths, Format};
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::Command;
+use tenancy_audit_log::record::ts;
 
 /// The columns asked of `sacct` (the same are needed in a file given instead).
 pub const SACCT_FIELDS: &str = "JobIDRaw,Cluster,NodeList,State,Start,End,ElapsedRaw,AllocTRES";
@@ -395,69 +395,5 @@ pub fn compare(
         audit_job_starts: starts,
         compared_usage: compared,
         disagreements: d,
-    })
-}
-
-/// Runs `report --compare-sacct`: exit 0 when the books agree, 1 when anything disagrees.
-pub fn run(
-    paths: &[PathBuf],
-    since: DateTime<Utc>,
-    until: DateTime<Utc>,
-    sacct_file: Option<&Path>,
-    tolerance_seconds: u64,
-    format: Format,
-) -> anyhow::Result<ExitCode> {
-    let text = match sacct_file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading sacct output {}", f.display()))?,
-        None => run_sacct(since, until)?,
-    };
-    let slurm = parse_sacct(&text)?;
-    let c = compare(&slurm, paths, since, until, tolerance_seconds)?;
-    let mut out = std::io::stdout().lock();
-    match format {
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut out, &c)?;
-            writeln!(out)?;
-        }
-        Format::Csv => {
-            let mut w = csv::Writer::from_writer(&mut out);
-            w.write_record(["job_id", "node", "kind", "detail"])?;
-            for x in &c.disagreements {
-                w.write_record([&x.job_id.to_string(), &x.node, x.kind, &x.detail])?;
-            }
-            w.flush()?;
-        }
-        Format::Table => {
-            for x in &c.disagreements {
-                writeln!(
-                    out,
-                    "DISAGREE job {} on {}: {}: {}",
-                    x.job_id, x.node, x.kind, x.detail
-                )?;
-            }
-            writeln!(
-                out,
-                "compare-sacct {} .. {}: {} Slurm job(s), {} job_start record(s), {} usage \
-                 figure(s) compared (tolerance {} s per slice): {}",
-                c.since,
-                c.until,
-                c.slurm_jobs,
-                c.audit_job_starts,
-                c.compared_usage,
-                c.tolerance_seconds,
-                if c.disagreements.is_empty() {
-                    "the books agree".to_string()
-                } else {
-                    format!("{} disagreement(s)", c.disagreements.len())
-                }
-            )?;
-        }
-    }
-    out.flush()?;
-    Ok(if c.disagreements.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
     })
 }

@@ -11,25 +11,26 @@
 //! A member of U is assumed to hold every gid and uid listed for U. Symlinks are never followed;
 //! the walk stays on the file system of each PATH.
 
-pub mod acl;
 mod encryption;
 
-use acl::{perm_str, Acl, ACL_GROUP, ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
 use anyhow::{bail, Context as _};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, Stat};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::CStr;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use tenancy_scratch::acl::{
+    perm_str, Acl, ACL_GROUP, ACL_GROUP_OBJ, ACL_OTHER, ACL_USER, ACL_USER_OBJ,
+};
 
-use crate::fsutil::{open_beneath_same_fs, DIR_FLAGS};
+use tenancy_scratch::fsutil::{open_beneath_same_fs, DIR_FLAGS};
 
 /// Ids that belong to one tenant.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,24 +77,6 @@ impl TenantMap {
     }
 }
 
-pub use tenancy_output::Format;
-
-/// `tenancyctl storage-audit`
-#[derive(Debug, Clone, clap::Args)]
-pub struct AuditArgs {
-    /// Folders to audit (e.g. the scratch root, shared dataset folders).
-    #[arg(required = true, value_name = "PATH")]
-    pub paths: Vec<PathBuf>,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-    /// Walker threads (default: number of CPUs).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// No progress line on stderr (it is only shown when stderr is a terminal).
-    #[arg(long)]
-    pub no_progress: bool,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Rule {
@@ -116,7 +99,8 @@ pub enum Rule {
 }
 
 impl Rule {
-    fn name(self) -> &'static str {
+    /// The rule's name, as the JSON and `tenancyctl storage-audit` print it.
+    pub fn name(self) -> &'static str {
         match self {
             Rule::Exposed => "exposed",
             Rule::ForeignGroup => "foreign-group",
@@ -151,6 +135,20 @@ pub struct Report {
     pub scanned: u64,
     pub findings: Vec<Finding>,
     pub errors: Vec<String>,
+}
+
+impl Report {
+    /// What `tenancyctl storage-audit` exits with: 1 when anything is found, 2 when nothing is
+    /// found but parts could not be audited, 0 when clean.
+    pub fn exit_code(&self) -> ExitCode {
+        if !self.findings.is_empty() {
+            ExitCode::from(1)
+        } else if !self.errors.is_empty() {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -723,7 +721,7 @@ fn ancestor_ctx(ix: &Index, path: &Path) -> Ctx {
     ctx
 }
 
-/// Audits `paths`; the library entry behind [`run_storage_audit`].
+/// Audits `paths` (with `progress`, a line on stderr that counts entries and findings).
 pub fn audit_paths(
     paths: &[PathBuf],
     map: &TenantMap,
@@ -822,98 +820,6 @@ pub fn audit_paths(
         .sort_by(|a, b| (&a.path, a.rule, &a.who).cmp(&(&b.path, b.rule, &b.who)));
     report.errors.sort();
     Ok(report)
-}
-
-fn write_report(report: &Report, format: Format, out: &mut dyn Write) -> anyhow::Result<()> {
-    match format {
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, report)?;
-            writeln!(out)?;
-        }
-        Format::Csv => {
-            let mut w = csv::Writer::from_writer(out);
-            w.write_record(["rule", "tenant", "who", "perms", "path", "detail"])?;
-            for f in &report.findings {
-                w.write_record([
-                    f.rule.name(),
-                    f.tenant.as_deref().unwrap_or(""),
-                    &f.who,
-                    &f.perms,
-                    &f.path.to_string_lossy(),
-                    &f.detail,
-                ])?;
-            }
-            w.flush()?;
-        }
-        Format::Table => {
-            let rows: Vec<[String; 6]> = report
-                .findings
-                .iter()
-                .map(|f| {
-                    [
-                        f.rule.name().into(),
-                        f.tenant.clone().unwrap_or_else(|| "-".into()),
-                        f.who.clone(),
-                        f.perms.clone(),
-                        f.path.display().to_string(),
-                        f.detail.clone(),
-                    ]
-                })
-                .collect();
-            let head = ["RULE", "TENANT", "WHO", "PERMS", "PATH", "DETAIL"];
-            let mut width = head.map(|h| h.len());
-            for r in &rows {
-                for (i, c) in r.iter().enumerate() {
-                    width[i] = width[i].max(c.chars().count());
-                }
-            }
-            let line = |cells: [&str; 6], out: &mut dyn Write| -> std::io::Result<()> {
-                let mut s = String::new();
-                for (i, c) in cells.iter().enumerate() {
-                    if i == 5 {
-                        s.push_str(c);
-                    } else {
-                        s.push_str(&format!("{c:<w$}  ", w = width[i]));
-                    }
-                }
-                writeln!(out, "{}", s.trim_end())
-            };
-            if !rows.is_empty() {
-                line(head, out)?;
-                for r in &rows {
-                    line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]], out)?;
-                }
-            }
-            writeln!(
-                out,
-                "{} entries scanned, {} findings, {} errors",
-                report.scanned,
-                report.findings.len(),
-                report.errors.len()
-            )?;
-        }
-    }
-    Ok(())
-}
-
-/// `tenancyctl storage-audit`: exit 1 when anything is found, 2 when nothing is found but parts
-/// could not be audited, 0 when clean. Errors go to stderr.
-pub fn run_storage_audit(args: &AuditArgs, tenants: &TenantMap) -> anyhow::Result<ExitCode> {
-    let progress = !args.no_progress && std::io::stderr().is_terminal();
-    let report = audit_paths(&args.paths, tenants, args.threads, progress)?;
-    let stdout = std::io::stdout();
-    let mut lock = stdout.lock();
-    write_report(&report, args.format, &mut lock)?;
-    for e in &report.errors {
-        eprintln!("storage-audit: not audited: {e}");
-    }
-    Ok(if !report.findings.is_empty() {
-        ExitCode::from(1)
-    } else if !report.errors.is_empty() {
-        ExitCode::from(2)
-    } else {
-        ExitCode::SUCCESS
-    })
 }
 
 /// A path as JSON text whatever its bytes: UTF-8 as is, other bytes (and a backslash, so the

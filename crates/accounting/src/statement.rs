@@ -6,16 +6,15 @@
 //! / 3,600,000, rounded to the cent (half away from zero); a total is the sum of its lines as
 //! shown, so an auditor re-adds the page and gets the same figure.
 
-use anyhow::{bail, Context};
+use crate::report::{aggregate_paths, parse_month, GroupBy, Query};
+use crate::{expand_paths, verify_paths, Render, VerifyReport};
+use anyhow::Context;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
-use tenancy_audit::report::{aggregate_paths, parse_month, GroupBy, Query};
-use tenancy_audit::{expand_paths, verify_paths, ReportFormat, VerifyReport};
-use tenancy_config::{Billing, Config};
+use tenancy_config::Billing;
 
 /// The profile column of a job without a MIG slice in the report's groups.
 const NO_SLICE: &str = "-";
@@ -129,7 +128,7 @@ fn cents(d: Decimal) -> Decimal {
 
 /// Integrity of the logs at `paths`: `audit verify` over them, with the anchors given.
 pub fn integrity(paths: &[PathBuf], inputs: &IntegrityInputs) -> anyhow::Result<Integrity> {
-    let anchors = tenancy_audit::verify::read_anchors(
+    let anchors = crate::verify::read_anchors(
         &inputs.anchors,
         inputs.anchor_key.as_deref(),
         inputs.public_keys.as_deref(),
@@ -240,7 +239,7 @@ fn incidents(paths: &[PathBuf], q: &Query) -> anyhow::Result<BTreeMap<String, Ve
             if !["job_denied", "rollback", "teardown_failed"].contains(&event) {
                 continue;
             }
-            let Ok(t) = tenancy_audit::record::ts::parse(s("time")) else {
+            let Ok(t) = tenancy_audit_log::record::ts::parse(s("time")) else {
                 continue;
             };
             if q.since.is_some_and(|x| t < x) || q.until.is_some_and(|x| t >= x) {
@@ -439,14 +438,14 @@ fn incident_words(st: &TenantStatement) -> Vec<String> {
 }
 
 /// Writes the statement as a table, CSV or JSON.
-pub fn write_plain(out: &mut dyn Write, s: &Statement, format: ReportFormat) -> anyhow::Result<()> {
+pub fn write_plain(out: &mut dyn Write, s: &Statement, format: Render) -> anyhow::Result<()> {
     let cur = s.currency.as_deref();
     match format {
-        ReportFormat::Json => {
+        Render::Json => {
             serde_json::to_writer_pretty(&mut *out, s)?;
             writeln!(out)?;
         }
-        ReportFormat::Csv => {
+        Render::Csv => {
             let mut w = csv::Writer::from_writer(out);
             w.write_record([
                 "month",
@@ -504,7 +503,7 @@ pub fn write_plain(out: &mut dyn Write, s: &Statement, format: ReportFormat) -> 
             }
             w.flush()?;
         }
-        ReportFormat::Table | ReportFormat::Html => {
+        Render::Table => {
             writeln!(out, "{}", s.integrity.sentence)?;
             writeln!(out)?;
             if s.tenants.is_empty() {
@@ -933,48 +932,6 @@ pub fn write_html(s: &Statement, dir: Option<&Path>, out: &mut dyn Write) -> any
         }
     }
     Ok(())
-}
-
-/// Runs `report --statement`: exit 0, or 1 when the logs do not verify (the statement is
-/// written all the same, and says so).
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    config: Option<&Config>,
-    paths: &[PathBuf],
-    month: &str,
-    filter: &Query,
-    format: ReportFormat,
-    out_dir: Option<&Path>,
-    inputs: &IntegrityInputs,
-) -> anyhow::Result<ExitCode> {
-    if out_dir.is_some() && format != ReportFormat::Html {
-        bail!("--out is for --format html (one file per tenant)");
-    }
-    let s = build(
-        paths,
-        month,
-        filter,
-        config.and_then(|c| c.billing.as_ref()),
-        config.map(|c| c.cluster.name.as_str()),
-        inputs,
-    )?;
-    if s.malformed > 0 {
-        eprintln!(
-            "report: warning: {} malformed line(s) skipped; run `tenancyctl audit verify`",
-            s.malformed
-        );
-    }
-    let mut out = std::io::stdout().lock();
-    match format {
-        ReportFormat::Html => write_html(&s, out_dir, &mut out)?,
-        f => write_plain(&mut out, &s, f)?,
-    }
-    out.flush()?;
-    if !s.integrity.verified {
-        eprintln!("report: {}", s.integrity.sentence);
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -4,9 +4,8 @@
 //! ([`TenantMap::require_encrypted_scratch`]), where a PATH of the audit reaches.
 
 use super::{normalize, Finding, Rule, TenantMap};
-use crate::fscrypt;
-use crate::RETAINED_DIR;
 use std::path::{Path, PathBuf};
+use tenancy_scratch::{fscrypt, RETAINED_DIR};
 
 /// The job folders of `dir` (`job_<id>` in a tenant folder, `job_<id>.<secs>` in
 /// `.retained`), sorted.

@@ -2,12 +2,10 @@
 //! `mkfs.ext4 -O encrypt` on a loop device, removed after): of a tenant whose tier requires
 //! encryption, the job folder made plain (live and retained) is reported, the encrypted one is
 //! not; another tenant's plain folder is not either.
-mod common;
-#[path = "common/loopfs.rs"]
-mod loopfs;
-
-use common::*;
 use tenancy_scratch::*;
+use tenancy_storage_audit::*;
+use tenancy_test_support::users::*;
+use tenancy_test_support::{loopfs, requires_root};
 
 fn spec(root: &std::path::Path, tenant: &str, g: &Group, u: &User, job: u64) -> ScratchSpec {
     ScratchSpec {

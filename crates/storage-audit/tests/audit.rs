@@ -1,9 +1,10 @@
 //! storage-audit against planted leaks, each cross-checked with the kernel by a real user of the
 //! other tenant; a clean tree gives no findings.
-mod common;
-use common::*;
 use std::path::{Path, PathBuf};
 use tenancy_scratch::*;
+use tenancy_storage_audit::*;
+use tenancy_test_support::users::*;
+use tenancy_test_support::{loopfs, requires_root, seccomp};
 
 // Field order = drop order: users go before their groups.
 struct Fixture {
@@ -104,13 +105,10 @@ fn clean_tree_has_no_findings() {
         !f.b_reads(&f.j1().join("data.bin")),
         "kernel ground truth: B cannot read"
     );
-    let args = AuditArgs {
-        paths: vec![f.root.clone()],
-        format: Format::Json,
-        threads: Some(2),
-        no_progress: true,
-    };
-    let code = run_storage_audit(&args, &f.map).unwrap();
+    // What `tenancyctl storage-audit` exits with (its printing: tenancyctl's tests).
+    let code = audit_paths(std::slice::from_ref(&f.root), &f.map, Some(2), false)
+        .unwrap()
+        .exit_code();
     assert_eq!(
         format!("{code:?}"),
         format!("{:?}", std::process::ExitCode::SUCCESS)
@@ -143,13 +141,10 @@ fn finds_world_readable_file_that_others_can_reach() {
         "{:#?}",
         r.findings
     );
-    let args = AuditArgs {
-        paths: vec![f.root.clone()],
-        format: Format::Csv,
-        threads: None,
-        no_progress: true,
-    };
-    let code = run_storage_audit(&args, &f.map).unwrap();
+    // What `tenancyctl storage-audit` exits with (its printing: tenancyctl's tests).
+    let code = audit_paths(std::slice::from_ref(&f.root), &f.map, None, false)
+        .unwrap()
+        .exit_code();
     assert_eq!(
         format!("{code:?}"),
         format!("{:?}", std::process::ExitCode::from(1))
@@ -348,18 +343,11 @@ fn odd_names_serialize_and_a_mount_inside_the_tree_is_reported() {
     assert_eq!(back.path, odd);
 
     let mnt = f.j1().join("m");
-    std::fs::create_dir(&mnt).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tenancy-audit-test"])
-        .arg(&mnt)
-        .status()
-        .unwrap()
-        .success();
-    assert!(mounted, "mount tmpfs on {}", mnt.display());
+    let mut mounted = loopfs::LoopFs::new(loopfs::Kind::Tmpfs, &mnt, 1);
     std::fs::write(mnt.join("open"), "s").unwrap();
     chmod(&mnt.join("open"), 0o4777);
     let r = audit_paths(std::slice::from_ref(&f.root), &f.map, Some(2), false).unwrap();
-    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    mounted.remove();
     assert!(
         r.errors
             .iter()
