@@ -87,19 +87,63 @@ impl SlurmScope {
     }
 
     /// Makes Slurm's job folder when slurmstepd has not yet (Slurm's own mkdir takes an
-    /// existing folder), so the job's cgroup id is known before any of its processes exists.
+    /// existing folder), so the job's cgroup id is known before any of its processes exists,
+    /// and the keeper folder in it ([`KEEPER`]) that holds it for the job's whole life.
     /// Returns the folder and its cgroup id (the inode number on cgroup2).
     pub fn ensure_job_dir(&self, job_id: u64) -> io::Result<(PathBuf, u64)> {
         let dir = self.job_dir(job_id);
-        match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+        for d in [dir.clone(), dir.join(KEEPER)] {
+            match std::fs::DirBuilder::new().mode(0o755).create(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
         }
         let id = cgroup_id(&dir)?;
         Ok((dir, id))
     }
+
+    /// [`release_folder`] of job `job_id`'s folder.
+    pub fn release_job_dir(&self, job_id: u64, cgroup_id: Option<u64>) -> io::Result<bool> {
+        release_folder(&self.job_dir(job_id), cgroup_id)
+    }
 }
+
+/// Removes a job folder's keeper ([`KEEPER`]) and then the folder itself, once the job has
+/// ended (the epilog: Slurm has ended every process and removed its step folders); `Ok(true)`
+/// when the folder was removed now. Idempotent. With `cgroup_id`, a folder of another id (made
+/// again since, not by the product) is not touched. Slurm's own folders or processes still in
+/// it leave the folder to Slurm (`Ok(false)`), as its own removal does; a keeper that cannot be
+/// removed is an error.
+pub fn release_folder(dir: &Path, cgroup_id: Option<u64>) -> io::Result<bool> {
+    match (cgroup_id, self::cgroup_id(dir)) {
+        (_, Err(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        (Some(want), Ok(id)) if id != want => return Ok(false),
+        (_, Err(e)) => return Err(e),
+        _ => {}
+    }
+    match std::fs::remove_dir(dir.join(KEEPER)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The empty child folder the prolog makes in Slurm's job folder. Slurm's cgroup/v2 plugin
+/// removes the job folder when the job's last running step ends (`cgroup_p_step_destroy`, a
+/// "best try" rmdir) and makes it again, with a new cgroup id, for the next step
+/// (`cgroup_p_step_create`); without `PrologFlags=Contain`, or once a user ended their own
+/// extern step, every step would run in a folder the job's firewall elements and device map
+/// entry do not name. A cgroup with a child cannot be removed (EBUSY, which Slurm logs at
+/// debug level and ignores), so the folder, and its id, last until the epilog removes the
+/// keeper. No process is ever in it; it is root's, so a job's user cannot remove it.
+pub const KEEPER: &str = "tenancy-keeper";
 
 /// The name of a job's folder in Slurm's scope: `job_<id>`, or from Slurm 26.05 the job's SLUID
 /// (`SLURM_JOB_SLUID` in the prolog's and epilog's environment) unless cgroup.conf sets

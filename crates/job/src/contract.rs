@@ -10,7 +10,9 @@
 //!   ([`release1`], the one place that knows those layouts).
 //! - 2: `contract` = 2, `join_cgroups`, `task_env`, and `anchor` where a layer keys the job on
 //!   Slurm's own job folder (pure cgroup v2: nothing joins, every process must be below it; a
-//!   release-1 journal of a pure v2 node carries `anchor` without `contract`).
+//!   release-1 journal of a pure v2 node carries `anchor` without `contract`), with
+//!   `anchor_id`, the folder's cgroup id, from issue 40 on (a journal without it is checked by
+//!   path only).
 //!
 //! A step that holds a physical GPU names it as `gpu_uuid` in its intent and its made value
 //! (the occupancy index reads it from either: a job whose prolog stopped before recording the
@@ -39,6 +41,10 @@ pub struct Facing {
     /// joins anything, and every process of the job must be below it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor: Option<PathBuf>,
+    /// The cgroup id of `anchor` when the layer keyed the job on it: a folder of that path
+    /// with another id (removed and made again) is not the job's isolation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor_id: Option<u64>,
 }
 
 /// What a layer gives every task of the job: the `made` side of [`Facing`].
@@ -48,6 +54,8 @@ pub struct TaskEntry {
     pub env: Vec<(String, String)>,
     /// Slurm's job folder every process must be below (pure cgroup v2), instead of joining.
     pub anchor: Option<PathBuf>,
+    /// The cgroup id the layer keyed the job on (`anchor`'s when the prolog ran).
+    pub anchor_id: Option<u64>,
 }
 
 impl Facing {
@@ -62,6 +70,7 @@ impl Facing {
             join_cgroups: entry.join_cgroups,
             task_env: entry.env,
             anchor: entry.anchor,
+            anchor_id: entry.anchor_id,
         })
     }
 
@@ -90,6 +99,7 @@ impl Facing {
             join_cgroups: facing.join_cgroups,
             env,
             anchor: facing.anchor,
+            anchor_id: facing.anchor_id,
         }
     }
 }

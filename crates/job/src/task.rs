@@ -63,7 +63,7 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
         let job_cgroup = joined
             .first()
             .map(|c| (*c, false))
-            .or(anchors.first().map(|a| (a.as_path(), true)));
+            .or(anchors.first().map(|a| (a.dir.as_path(), true)));
         if let Some((cgroup, below)) = job_cgroup {
             join_job_ipc_of(cgroup, below).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
         }
@@ -158,7 +158,7 @@ pub fn contain_step(
         let job_cgroup = cgroups
             .first()
             .map(|c| (c.as_path(), false))
-            .or(anchors.first().map(|a| (a.as_path(), true)));
+            .or(anchors.first().map(|a| (a.dir.as_path(), true)));
         if let Some((cg, below)) = job_cgroup {
             join_job_ipc_of(cg, below).map_err(|e| format!("job {job_id}: ipc: {e}"))?;
         }
@@ -191,33 +191,48 @@ fn cgroups_of(entries: &[(&str, TaskEntry)]) -> Vec<PathBuf> {
 /// up (its tasks are refused anyway).
 pub fn anchors(journal: &Journal) -> Vec<PathBuf> {
     made_entries(journal)
-        .map(|e| anchors_of(&e))
+        .map(|e| anchors_of(&e).into_iter().map(|a| a.dir).collect())
         .unwrap_or_default()
 }
 
-fn anchors_of(entries: &[(&str, TaskEntry)]) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
-    for a in entries.iter().filter_map(|(_, e)| e.anchor.as_ref()) {
-        if !out.contains(a) {
-            out.push(a.clone());
+/// A folder of Slurm's a layer keyed the job on, with the cgroup id it had then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Anchor {
+    dir: PathBuf,
+    id: Option<u64>,
+}
+
+fn anchors_of(entries: &[(&str, TaskEntry)]) -> Vec<Anchor> {
+    let mut out: Vec<Anchor> = Vec::new();
+    for e in entries.iter().map(|(_, e)| e) {
+        let Some(dir) = &e.anchor else { continue };
+        let a = Anchor {
+            dir: dir.clone(),
+            id: e.anchor_id,
+        };
+        if !out.contains(&a) {
+            out.push(a);
         }
     }
     out
 }
 
 /// Where the isolation is anchored in Slurm's job folder, a process of the job must be in it
-/// (Slurm put it there): one elsewhere would be outside the job's device program and firewall,
-/// so it fails, never runs unisolated.
-fn check_anchored(journal: &Journal, anchors: &[PathBuf], pid: i32) -> Result<(), String> {
+/// (Slurm put it there), and the folder must be the one the job's firewall elements and device
+/// program are keyed on: the same cgroup id as when the prolog made it (Slurm's cgroup/v2
+/// plugin removes a job's folder when its last step ends and makes it again, with a new id, for
+/// the next; the product's keeper prevents that, and a folder made again anyway is not the
+/// job's isolation). Otherwise the process fails, never runs unisolated.
+fn check_anchored(journal: &Journal, anchors: &[Anchor], pid: i32) -> Result<(), String> {
     for a in anchors {
         let mount = Path::new(tenancy_cgroup::layout::STANDARD_V2_MOUNTS[0]);
-        match tenancy_cgroup::slurm::is_under(pid, mount, a) {
+        match tenancy_cgroup::slurm::is_under(pid, mount, &a.dir) {
             Ok(true) => {}
             Ok(false) => {
                 return Err(format!(
                     "job {}: process {pid} is not in Slurm's job cgroup {} ({}), where the job's device program and firewall hold; is Slurm's CgroupPlugin=cgroup/v2 with ProctrackType=proctrack/cgroup in slurm.conf?",
                     journal.job_id,
-                    a.display(),
+                    a.dir.display(),
                     tenancy_cgroup::slurm::v2_path_of(pid).unwrap_or_default()
                 ))
             }
@@ -225,7 +240,29 @@ fn check_anchored(journal: &Journal, anchors: &[PathBuf], pid: i32) -> Result<()
                 return Err(format!(
                     "job {}: cannot tell whether process {pid} is in {}: {e}",
                     journal.job_id,
-                    a.display()
+                    a.dir.display()
+                ))
+            }
+        }
+        let Some(want) = a.id else { continue };
+        match tenancy_cgroup::slurm::cgroup_id(&a.dir) {
+            Ok(id) if id == want => {}
+            Ok(id) => {
+                return Err(format!(
+                    "job {}: Slurm's job cgroup {} was removed and made again (cgroup id {id}, \
+                     not {want}, the one the job's device program and firewall are keyed on); \
+                     its keeper folder {} was removed while the job ran. The job must end; \
+                     check that nothing on the node removes job folders",
+                    journal.job_id,
+                    a.dir.display(),
+                    a.dir.join(tenancy_cgroup::slurm::KEEPER).display()
+                ))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "job {}: cannot read the cgroup id of {}: {e}",
+                    journal.job_id,
+                    a.dir.display()
                 ))
             }
         }

@@ -201,6 +201,9 @@ pub fn findings(
             None,
         ));
     }
+    if let Some(text) = slurm_text {
+        out.push(extern_step_row(text, layout, ssh.is_some()));
+    }
     out.push(match ssh {
         Some(true) => (
             "containment.ssh",
@@ -261,6 +264,68 @@ pub fn findings(
     out
 }
 
+/// Whether slurm.conf's `PrologFlags` gives every job an extern step (`Contain`, or `X11`,
+/// which implies it; the last `PrologFlags=` line counts, as in Slurm).
+pub fn prolog_flags_contain(slurm_conf: &str) -> bool {
+    slurm_conf
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .filter_map(|l| l.split_once('='))
+        .rfind(|(k, _)| k.trim().eq_ignore_ascii_case("PrologFlags"))
+        .is_some_and(|(_, v)| {
+            v.split(',')
+                .any(|f| matches!(f.trim().to_ascii_lowercase().as_str(), "contain" | "x11"))
+        })
+}
+
+/// `PrologFlags=Contain`: the extern step, what it holds, and what follows without it (Slurm's
+/// cgroup/v2 plugin removes a job's folder after its last running step; the keeper holds it).
+fn extern_step_row(slurm_conf: &str, layout: &CgroupLayout, adopts_ssh: bool) -> Finding {
+    let pure_v2 = layout.kind == LayoutKind::Unified;
+    let folder = if pure_v2 {
+        " On this pure cgroup v2 node Slurm's cgroup/v2 plugin removes a job's folder when its \
+         last running step ends and makes it again, with a new cgroup id, for the next; the \
+         prolog's keeper folder (job_<id>/tenancy-keeper) keeps it, so the job's device program \
+         and firewall stay keyed on one folder for its whole life, and a task found in a folder \
+         made again fails before user code."
+    } else {
+        ""
+    };
+    if prolog_flags_contain(slurm_conf) {
+        (
+            "containment.extern_step",
+            Severity::Ok,
+            format!(
+                "PrologFlags has Contain: every job has an extern step from its allocation to \
+                 its end (ssh sessions pam_slurm_adopt adopts and X11 forwarding run in it, \
+                 inside the job's isolation). Its owner can end it (scancel -s KILL \
+                 <job>.extern), which leaves the job's steps as without Contain.{folder}"
+            ),
+            None,
+        )
+    } else {
+        (
+            "containment.extern_step",
+            if adopts_ssh {
+                Severity::Warn
+            } else {
+                Severity::Info
+            },
+            format!(
+                "PrologFlags has no Contain: jobs have no extern step, so pam_slurm_adopt has \
+                 no step to adopt ssh sessions into and Slurm's X11 forwarding is off, and \
+                 without Alloc the prolog runs at a job's first step, not at its \
+                 allocation.{folder}"
+            ),
+            Some(
+                "set PrologFlags=Alloc,Contain in slurm.conf where ssh sessions into jobs \
+                 (pam_slurm_adopt) or X11 forwarding are used"
+                    .into(),
+            ),
+        )
+    }
+}
+
 /// Root daemons that start a user's processes outside any job (cron, at, a lingering systemd
 /// user manager): such a process is outside the tenant cgroups the firewall keys on.
 fn outside_jobs_row(proc: &Path) -> Finding {
@@ -310,6 +375,25 @@ fn outside_jobs_row(proc: &Path) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prolog_flags_contain_is_read_as_slurm_does() {
+        assert!(prolog_flags_contain("PrologFlags=Alloc,Contain\n"));
+        assert!(prolog_flags_contain("prologflags = alloc, contain # ssh\n"));
+        assert!(prolog_flags_contain("PrologFlags=X11\n"));
+        assert!(!prolog_flags_contain("PrologFlags=Alloc\n"));
+        assert!(!prolog_flags_contain("#PrologFlags=Contain\n"));
+        assert!(!prolog_flags_contain(
+            "PrologFlags=Contain\nPrologFlags=Alloc\n"
+        ));
+        assert!(!prolog_flags_contain(""));
+        let pure = CgroupLayout::parse("30 24 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+        let (check, sev, msg, _) = extern_step_row("PrologFlags=Alloc\n", &pure, true);
+        assert_eq!((check, sev), ("containment.extern_step", Severity::Warn));
+        assert!(msg.contains("tenancy-keeper"), "{msg}");
+        let (_, sev, _, remedy) = extern_step_row("PrologFlags=Alloc,Contain\n", &pure, true);
+        assert_eq!((sev, remedy), (Severity::Ok, None));
+    }
 
     #[test]
     fn the_plugin_is_found_through_includes_and_optional_is_not_enough() {

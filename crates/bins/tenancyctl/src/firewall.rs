@@ -2,6 +2,7 @@
 //! builds the [`FirewallSpec`] from the admin config and dispatches here.
 
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
@@ -193,9 +194,12 @@ pub fn run_show(spec: &FirewallSpec, args: &ShowArgs) -> anyhow::Result<ExitCode
     show_to(spec, args, &mut std::io::stdout().lock())
 }
 
-/// Run `firewall apply`, writing to `out`.
+/// Run `firewall apply`, writing to `out`. With `state_dir` (the node's journals), the
+/// running jobs anchored in Slurm's job folders (pure cgroup v2) keep their firewall elements,
+/// loaded with the new table in one transaction.
 pub fn apply_to(
     spec: &FirewallSpec,
+    state_dir: Option<&Path>,
     args: &ApplyArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
@@ -207,16 +211,35 @@ pub fn apply_to(
         )?;
         return Ok(ExitCode::SUCCESS);
     }
-    apply(spec)?;
+    let kept = match state_dir {
+        Some(dir) => tenancy_node::layers::network::apply_keeping_jobs(spec, dir)
+            .map_err(|e| anyhow::anyhow!("firewall apply: {}", e.0))?,
+        None => {
+            apply(spec)?;
+            Vec::new()
+        }
+    };
     let spec = &spec.for_this_node()?;
     let rows = rows(spec, false)?;
     print_rows(out, spec, &rows, args.format)?;
+    if !kept.is_empty() && args.format == Format::Table {
+        let ids: Vec<String> = kept.iter().map(u64::to_string).collect();
+        writeln!(
+            out,
+            "running jobs kept in the jobs maps: {}",
+            ids.join(", ")
+        )?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Run `firewall apply` on stdout.
-pub fn run_apply(spec: &FirewallSpec, args: &ApplyArgs) -> anyhow::Result<ExitCode> {
-    apply_to(spec, args, &mut std::io::stdout().lock())
+pub fn run_apply(
+    spec: &FirewallSpec,
+    state_dir: &Path,
+    args: &ApplyArgs,
+) -> anyhow::Result<ExitCode> {
+    apply_to(spec, Some(state_dir), args, &mut std::io::stdout().lock())
 }
 
 #[cfg(test)]
@@ -241,6 +264,7 @@ mod tests {
         let mut out = Vec::new();
         apply_to(
             &spec,
+            None,
             &ApplyArgs {
                 format: Format::Table,
                 dry_run: true,

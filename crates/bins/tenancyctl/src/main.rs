@@ -210,14 +210,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Report(cmd) => report::run(config, cmd),
         Command::Audit { command } => run_audit(config, command),
         Command::Firewall { command } => {
-            let spec = tenancy_node::layers::network::firewall_spec(&load(config)?)
+            let config = load(config)?;
+            let spec = tenancy_node::layers::network::firewall_spec(&config)
                 .map_err(|e| anyhow::anyhow!("firewall: {}", e.0))?;
             match command {
                 FirewallCommand::Show(args) => firewall::run_show(&spec, &args),
-                FirewallCommand::Apply(args) if args.dry_run => firewall::run_apply(&spec, &args),
+                FirewallCommand::Apply(args) if args.dry_run => {
+                    firewall::run_apply(&spec, &config.cluster.state_dir, &args)
+                }
                 FirewallCommand::Apply(args) => {
-                    let r = firewall::run_apply(&spec, &args);
-                    admin::audited(&load(config)?, r)
+                    let r = firewall::run_apply(&spec, &config.cluster.state_dir, &args);
+                    admin::audited(&config, r)
                 }
             }
         }

@@ -225,14 +225,14 @@ fn slurm_checks(p: &DoctorParams, layout: &CgroupLayout, out: &mut Vec<Finding>)
     );
     let (sev, extra, remedy): (Severity, &str, Option<&str>) = match (layout.kind, ver, cd) {
         (LayoutKind::Unified, _, true) => (
-            Severity::Error,
-            "pure cgroup v2 with Slurm's ConstrainDevices: Slurm attaches its device program with BPF_F_ALLOW_OVERRIDE at job/step level and flags 0 at task level, so no tenancy program can be added inside Slurm's tree (EPERM, or silently overridden), and moving tasks into a tenancy cgroup takes them out of Slurm's cgroup (Slurm's limits stop applying). Slurm's program accepts every device it was not told about: the nvidia-caps nodes stay open to every job on the GPU",
-            Some("either list the MIG capability files in gres.conf (AutoDetect=nvml or MultipleFiles=/dev/nvidiaN,/dev/nvidia-caps/nvidia-capG,...) so Slurm itself constrains them, or set ConstrainDevices=no and attach the tenancy program to Slurm's job cgroup (Target::Existing, v2)"),
+            Severity::Ok,
+            "pure cgroup v2 with Slurm's ConstrainDevices (the supported layout): Slurm's cgroup/v2 plugin keeps its device programs on the job, step and task folders (BPF_F_ALLOW_OVERRIDE, flags 0 at task level) and denies the GRES files a job was not given; the tenancy node program is attached BPF_F_ALLOW_MULTI on slurmstepd's scope, above them, and gives each job its own allowlist (MIG capability and RDMA nodes, which Slurm's program accepts), keyed by Slurm's job folder: an open needs both to allow it, and no process leaves Slurm's cgroup",
+            None,
         ),
         (LayoutKind::Unified, _, false) => (
-            Severity::Warn,
-            "pure cgroup v2 without ConstrainDevices: the tenancy program is the only device control; a product-owned cgroup outside Slurm's tree would take tasks out of Slurm's cgroup",
-            Some("attach the tenancy program to Slurm's job cgroup (Target::Existing, v2) rather than a product-owned cgroup"),
+            Severity::Ok,
+            "pure cgroup v2 without ConstrainDevices: Slurm constrains no GRES device file; the tenancy node program on slurmstepd's scope (BPF_F_ALLOW_MULTI) is every job's device control, keyed by Slurm's job folder, and no process leaves Slurm's cgroup",
+            None,
         ),
         (LayoutKind::Hybrid, 1, _) => (
             Severity::Ok,
@@ -493,15 +493,17 @@ mod tests {
     const PURE: &str = "30 24 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
     const HYBRID: &str = "35 30 0:31 / /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n40 30 0:36 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
 
+    /// Pure cgroup v2 with Slurm's ConstrainDevices is the supported layout (the isolation
+    /// anchored in Slurm's job folder): no error, and without it neither.
     #[test]
-    fn pure_v2_with_constrain_devices_is_an_error() {
+    fn pure_v2_with_or_without_constrain_devices_is_supported() {
         let v = run(
             PURE,
             Some("CgroupPlugin=autodetect\nConstrainDevices=yes # gpus\n"),
         );
-        assert_eq!(sev(&v, "slurm.constrain_devices"), Severity::Error);
+        assert_eq!(sev(&v, "slurm.constrain_devices"), Severity::Ok);
         let v = run(PURE, Some("ConstrainDevices=no\n"));
-        assert_eq!(sev(&v, "slurm.constrain_devices"), Severity::Warn);
+        assert_eq!(sev(&v, "slurm.constrain_devices"), Severity::Ok);
     }
 
     #[test]

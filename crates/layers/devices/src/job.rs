@@ -16,6 +16,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use tenancy_cgroup::layout::CgroupLayout;
 
+pub use tenancy_cgroup::slurm::KEEPER;
 pub use tenancy_cgroup::{SlurmScope, PRODUCT_DIR};
 
 /// The cgroup under [`PRODUCT_DIR`] that keeps shared device programs loaded between jobs
@@ -331,6 +332,11 @@ pub fn teardown(r: &DevicesRecord) -> Result<TeardownReport> {
         } else {
             Detached::AlreadyGone
         });
+        // The keeper that held Slurm's job folder for the job's life, then the folder.
+        out.removed_dir = tenancy_cgroup::slurm::release_folder(&r.cgroup_dir, Some(a.cgroup_id))
+            .map_err(|e| {
+            Error::cgroup("release Slurm's job folder", r.cgroup_dir.clone(), e)
+        })?;
         return Ok(out);
     }
     match r.backend {

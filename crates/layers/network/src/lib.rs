@@ -25,7 +25,10 @@ use serde::{Deserialize, Serialize};
 
 pub use cross::{address_label, CrossNode, Ipv4Net, NodeAddr};
 pub use layout::{CgroupLayout, NFT_CGROUP_BASE};
-pub use ruleset::{counter_name, replace_script, ruleset, LOG_RATE_PER_SEC, STEPD_PROTOCOLS};
+pub use ruleset::{
+    counter_name, replace_script, replace_script_keeping, ruleset, ruleset_keeping,
+    LOG_RATE_PER_SEC, STEPD_PROTOCOLS,
+};
 pub use stepd::STEPD_MARK;
 pub use tenancy_cgroup::SlurmScope;
 /// Destinations are config values: the type is the config's.
@@ -283,6 +286,66 @@ fn ensure_dir(path: &Path) -> Result<()> {
     }
 }
 
+/// A running job anchored in Slurm's job folder (pure cgroup v2), as its journal recorded it:
+/// the elements [`apply_keeping`] keeps in the jobs maps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnchoredJob {
+    pub tenant: String,
+    pub job_id: u64,
+    /// Slurm's job folder.
+    pub cgroup_path: PathBuf,
+    /// Its cgroup id when the prolog added the job's elements.
+    pub cgroup_id: u64,
+}
+
+impl AnchoredJob {
+    /// The job from what [`add_job`] made, when it is anchored.
+    pub fn of(made: &JobNet) -> Option<AnchoredJob> {
+        Some(AnchoredJob {
+            tenant: made.tenant.clone(),
+            job_id: made.job_id,
+            cgroup_path: made.cgroup_path.clone(),
+            cgroup_id: made.cgroup_id?,
+        })
+    }
+
+    /// The folder as nft names it (relative to [`NFT_CGROUP_BASE`]); only plain components.
+    pub fn nft_path(&self) -> Result<String> {
+        let bad = || {
+            Error::Invalid(format!(
+                "job {}: cgroup {} is not a plain folder under {NFT_CGROUP_BASE}",
+                self.job_id,
+                self.cgroup_path.display()
+            ))
+        };
+        let rel = self
+            .cgroup_path
+            .strip_prefix(NFT_CGROUP_BASE)
+            .map_err(|_| bad())?;
+        let parts: Vec<&str> = rel
+            .components()
+            .map(|c| match c {
+                std::path::Component::Normal(n) => n.to_str().ok_or_else(bad),
+                _ => Err(bad()),
+            })
+            .collect::<Result<_>>()?;
+        let plain = |p: &&str| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        };
+        if parts.is_empty() || !parts.iter().all(plain) {
+            return Err(bad());
+        }
+        Ok(parts.join("/"))
+    }
+
+    /// Whether the folder is still the one the elements were keyed on.
+    fn is_current(&self) -> bool {
+        tenancy_cgroup::slurm::cgroup_id(&self.cgroup_path).is_ok_and(|id| id == self.cgroup_id)
+    }
+}
+
 /// Install the firewall: create the subtree and tenant cgroups, then replace the product's
 /// table in one atomic `nft -f -` transaction (nothing else in the ruleset is touched), then
 /// mark the tenant cgroups as covered ([`APPLIED_XATTR`]).
@@ -297,8 +360,33 @@ fn ensure_dir(path: &Path) -> Result<()> {
 /// is loaded, whose rules let its marked flows through: without it every connection Slurm
 /// makes for a job would be judged as the job's code (and fail), never let through unjudged.
 pub fn apply(spec: &FirewallSpec) -> Result<()> {
+    apply_keeping(spec, &[]).map(|_| ())
+}
+
+/// [`apply`] keeping running jobs isolated: on a pure cgroup v2 node the table's jobs maps hold
+/// one pair of elements per running job (added by its prolog), and a replaced table would
+/// have them empty; the elements of `jobs` (read from the journals, under the node lock so no
+/// prolog or epilog changes them meanwhile) are loaded with the new table, in the same
+/// transaction. A job whose folder is gone or no longer has the recorded id is not kept (its
+/// tasks are refused anyway); a job of a tenant the spec no longer has is an error: its rules
+/// would go. Returns the jobs kept.
+pub fn apply_keeping(spec: &FirewallSpec, jobs: &[AnchoredJob]) -> Result<Vec<u64>> {
     let spec = &spec.for_this_node()?;
-    let script = replace_script(spec)?;
+    let jobs: Vec<AnchoredJob> = match anchored_level(spec) {
+        Some(_) => jobs.iter().filter(|j| j.is_current()).cloned().collect(),
+        None => Vec::new(),
+    };
+    for j in &jobs {
+        if spec.tenant(&j.tenant).is_err() {
+            return Err(Error::Invalid(format!(
+                "job {} of tenant {:?} is running on this node and the config has no such \
+                 tenant any more: its firewall rules would go with the table; apply once the \
+                 tenant's jobs have ended",
+                j.job_id, j.tenant
+            )));
+        }
+    }
+    let script = replace_script_keeping(spec, &jobs)?;
     stepd::attach(&spec.cgroup.v2_mount)?;
     let sub = spec.cgroup.subtree_dir();
     // Create each component of the subtree.
@@ -328,7 +416,7 @@ pub fn apply(spec: &FirewallSpec) -> Result<()> {
         )
         .map_err(|e| io_err("cannot mark tenant cgroup", &dir, e.into()))?;
     }
-    Ok(())
+    Ok(jobs.iter().map(|j| j.job_id).collect())
 }
 
 /// Remove the product's table (idempotent). Tenant cgroups are left in place.
@@ -443,7 +531,9 @@ fn add_anchored_job(
 }
 
 /// Deletes an anchored job's map elements (idempotent), by `cgroup_id` (recorded when they
-/// were added) or, when none was recorded, the id of Slurm's job folder if it still exists.
+/// were added) or, when none was recorded, the id of Slurm's job folder if it still exists;
+/// then the keeper that held the folder for the job's life, and the folder (elements first:
+/// nft cannot name a removed cgroup).
 pub fn remove_anchored_job(
     spec: &FirewallSpec,
     scope: &SlurmScope,
@@ -469,7 +559,15 @@ pub fn remove_anchored_job(
             "job {job_id}: cannot delete its cgroup {id} from the maps of table inet {}: {e}",
             spec.table_name
         ))
-    })
+    })?;
+    scope.release_job_dir(job_id, Some(id)).map_err(|e| {
+        io_err(
+            "cannot release Slurm's job cgroup",
+            &scope.job_dir(job_id),
+            e,
+        )
+    })?;
+    Ok(())
 }
 
 /// How long [`remove_job`] waits for killed processes to leave the job cgroup.

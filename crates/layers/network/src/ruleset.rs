@@ -63,7 +63,9 @@
 
 use std::fmt::Write;
 
-use crate::{validate_spec, CrossNode, Error, FirewallSpec, Result, TenantNet, STEPD_MARK};
+use crate::{
+    validate_spec, AnchoredJob, CrossNode, Error, FirewallSpec, Result, TenantNet, STEPD_MARK,
+};
 
 /// The only IP protocols a job may send, IPv4 and IPv6 alike: those whose receiving socket the
 /// input hook can find (TCP, UDP) and ICMP. The kernel's socket lookup does not cover UDP-Lite,
@@ -86,6 +88,12 @@ pub fn counter_name(tenant: &str) -> String {
 /// The nft script of the product's own table, as loaded by [`crate::apply`] (without the
 /// leading delete that makes the load a replacement).
 pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
+    ruleset_keeping(spec, &[])
+}
+
+/// [`ruleset`] with the elements of running jobs in the jobs maps (pure cgroup v2), so that a
+/// replacement of the table keeps them in the same transaction.
+pub fn ruleset_keeping(spec: &FirewallSpec, jobs: &[AnchoredJob]) -> Result<String> {
     validate_spec(spec)?;
     let level = spec.cgroup.tenant_level();
     // Across nodes, with the node's own address (rendered only where it is known).
@@ -116,8 +124,24 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
     if anchored.is_some() {
         // Jobs anchored in Slurm's job folders (pure cgroup v2): one element per job, added
         // by the prolog and deleted by the epilog by cgroup id (netlink).
-        for map in [crate::JOBS_OUT, crate::JOBS_IN] {
-            let _ = writeln!(w, "\tmap {map} {{\n\t\ttype cgroupsv2 : verdict\n\t}}\n");
+        // `firewall apply` renders the running jobs' elements here (by path: nft names cgroups
+        // so), checked by `crate::apply_keeping`.
+        for (map, chain) in [(crate::JOBS_OUT, "out"), (crate::JOBS_IN, "in")] {
+            let _ = writeln!(w, "\tmap {map} {{\n\t\ttype cgroupsv2 : verdict");
+            let elems = jobs
+                .iter()
+                .map(|j| {
+                    Ok(format!(
+                        "\"{}\" : goto {chain}_{}",
+                        j.nft_path()?,
+                        spec.tenant(&j.tenant)?.id
+                    ))
+                })
+                .collect::<Result<Vec<String>>>()?;
+            if !elems.is_empty() {
+                let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
+            }
+            let _ = writeln!(w, "\t}}\n");
         }
     }
     let _ = writeln!(w, "\tmap sender_deny {{");
@@ -348,7 +372,12 @@ fn write_allowed(w: &mut String, spec: &FirewallSpec, t: &TenantNet) {
 /// The full transaction [`crate::apply`] feeds to `nft -f -`: create-if-missing, delete, and
 /// load, so the table is replaced in one atomic step and nothing outside it is touched.
 pub fn replace_script(spec: &FirewallSpec) -> Result<String> {
-    let body = ruleset(spec)?;
+    replace_script_keeping(spec, &[])
+}
+
+/// [`replace_script`] keeping running jobs' elements ([`ruleset_keeping`]).
+pub fn replace_script_keeping(spec: &FirewallSpec, jobs: &[AnchoredJob]) -> Result<String> {
+    let body = ruleset_keeping(spec, jobs)?;
     Ok(format!(
         "table inet {t}\ndelete table inet {t}\n{body}",
         t = spec.table_name

@@ -509,9 +509,10 @@ fn a_flow_opened_from_outside_is_no_way_out_for_a_job() {
 
 /// A pure cgroup v2 node with Slurm's cgroup/v2 plugin (`FirewallSpec::slurm`): jobs are keyed
 /// by Slurm's job folder (`<scope>/job_<id>`), their processes stay in Slurm's step and task
-/// folders below it, and the tenant rules hold as on the product's own tree. Slurm removes the
-/// job folder before the epilog: the job's map elements are then deleted by cgroup id, and the
-/// table stays loadable.
+/// folders below it, and the tenant rules hold as on the product's own tree. A replaced table
+/// (`firewall apply`) keeps the running jobs' elements. Slurm cannot remove the job folder
+/// while its keeper is in it; the epilog deletes the elements by cgroup id, then the keeper
+/// and the folder, and the table stays loadable.
 #[test]
 fn anchored_jobs_are_keyed_by_slurms_job_folder() {
     if !requires_root("nft tables in a network namespace and Slurm-like cgroup v2 jobs") {
@@ -546,15 +547,32 @@ fn anchored_jobs_are_keyed_by_slurms_job_folder() {
         start_listener(&mut procs, "udp-listen 0.0.0.0:5102", Some(&a0), None);
         use Outcome::*;
         let (in_a1, in_b0) = (Some(a1.as_path()), Some(b0.as_path()));
-        let failures = client_failures(&[
+        let cases = [
             ("a->a tcp", in_a1, "tcp 127.0.0.1:5101", Ok),
             ("a->a udp", in_a1, "udp 127.0.0.1:5102", Ok),
             ("b->a tcp", in_b0, "tcp 127.0.0.1:5101", Timeout),
             ("b->a udp", in_b0, "udp 127.0.0.1:5102", Timeout),
-        ]);
-        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        ];
+        let failures = client_failures(&cases);
+        assert!(failures.is_empty(), "jobs added: {}", failures.join("\n"));
+        // `firewall apply` while the jobs run: the new table holds their elements.
+        let running: Vec<_> = [&a, &b]
+            .into_iter()
+            .filter_map(tenancy_network::AnchoredJob::of)
+            .collect();
+        assert_eq!(
+            tenancy_network::apply_keeping(&spec, &running).unwrap(),
+            vec![5, 6]
+        );
+        let failures = client_failures(&cases);
+        assert!(
+            failures.is_empty(),
+            "after firewall apply: {}",
+            failures.join("\n")
+        );
         drop(procs);
-        // Slurm ends the job and removes its folders; then the epilog deletes by id, twice.
+        // Slurm ends the job and removes its step folders; the job folder stays (its keeper),
+        // and the epilog deletes the elements by id, then the keeper and the folder, twice.
         for d in [&a0, &a1] {
             let _ = std::fs::write(d.join("cgroup.kill"), "1");
         }
@@ -564,13 +582,19 @@ fn anchored_jobs_are_keyed_by_slurms_job_folder() {
             "step_0/user/task_1",
             "step_0/user",
             "step_0",
-            "",
         ] {
             std::fs::remove_dir(a.cgroup_path.join(d)).unwrap();
         }
+        let busy = std::fs::remove_dir(&a.cgroup_path).unwrap_err();
+        assert_eq!(busy.raw_os_error(), Some(libc::EBUSY), "{busy}");
         for _ in 0..2 {
             tenancy_network::remove_anchored_job(&spec, &scope, 5, a.cgroup_id).unwrap();
         }
+        assert!(
+            !a.cgroup_path.exists(),
+            "the epilog left {}",
+            a.cgroup_path.display()
+        );
         tenancy_network::remove_anchored_job(&spec, &scope, 6, b.cgroup_id).unwrap();
         let maps = nft(&["list", "map", "inet", "tenancy", "jobs_out"]);
         assert!(!maps.contains("elements"), "{maps}");

@@ -114,6 +114,11 @@ impl TypedLayer for Devices {
                             prog_id: None,
                         },
                     )?;
+                    scope
+                        .release_job_dir(params.job_id, Some(cgroup_id))
+                        .map_err(|e| {
+                            LayerError(format!("cannot release {}: {e}", dir.display()))
+                        })?;
                     return Ok(());
                 }
                 let (cgroup_dir, backend, owned) = match &params.target {
@@ -153,9 +158,10 @@ impl TypedLayer for Devices {
     /// Every task joins the job's cgroup, which the allowlist is attached to; anchored in
     /// Slurm's job folder (pure cgroup v2), it is checked to be below it instead.
     fn task_entry(&self, made: &DevicesRecord) -> TaskEntry {
-        match made.anchored {
-            Some(_) => TaskEntry {
+        match &made.anchored {
+            Some(a) => TaskEntry {
                 anchor: Some(made.cgroup_dir.clone()),
+                anchor_id: Some(a.cgroup_id),
                 ..TaskEntry::default()
             },
             None => TaskEntry {

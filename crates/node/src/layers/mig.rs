@@ -332,7 +332,7 @@ impl TypedLayer for MigLayer {
                 ("CUDA_VISIBLE_DEVICES".into(), uuid.clone()),
                 ("NVIDIA_VISIBLE_DEVICES".into(), uuid),
             ],
-            anchor: None,
+            ..TaskEntry::default()
         }
     }
 

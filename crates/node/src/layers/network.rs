@@ -6,7 +6,7 @@ use crate::layer::{AuditSummary, Claim, JobPlan, LayerError, LayerResult, TypedL
 use serde::{Deserialize, Serialize};
 use tenancy_config::Config;
 use tenancy_job::contract::TaskEntry;
-use tenancy_job::journal::{Journal, JournalDir};
+use tenancy_job::journal::{Journal, JournalDir, StepState};
 use tenancy_network::{CgroupLayout, CrossNode, FirewallSpec, JobNet, SlurmScope, TenantNet};
 
 /// The node's firewall as the config describes it.
@@ -146,8 +146,9 @@ impl TypedLayer for Network<'_> {
     /// folder (pure cgroup v2), is checked to be below it.
     fn task_entry(&self, made: &JobNet) -> TaskEntry {
         match made.cgroup_id {
-            Some(_) => TaskEntry {
+            Some(id) => TaskEntry {
                 anchor: Some(made.cgroup_path.clone()),
+                anchor_id: Some(id),
                 ..TaskEntry::default()
             },
             None => TaskEntry {
@@ -170,6 +171,50 @@ impl TypedLayer for Network<'_> {
             .into_iter()
             .collect()
     }
+}
+
+/// `tenancyctl firewall apply`: replaces the node's table, keeping the jobs maps' elements of
+/// every job its journal says is anchored in Slurm's job folder (pure cgroup v2), in the same
+/// transaction. Runs under the node lock, which every prolog and epilog holds while it adds or
+/// deletes elements. A journal that cannot be read is an error there: its job's elements
+/// would be lost. Returns the jobs kept.
+pub fn apply_keeping_jobs(
+    spec: &FirewallSpec,
+    state_dir: &std::path::Path,
+) -> LayerResult<Vec<u64>> {
+    if tenancy_network::anchored_level(spec).is_none() || !state_dir.is_dir() {
+        return Ok(tenancy_network::apply_keeping(spec, &[])?);
+    }
+    let journals = JournalDir::at(state_dir);
+    let _lock = journals.lock_node().map_err(|e| {
+        LayerError(format!(
+            "cannot take the node lock in {}: {e}",
+            state_dir.display()
+        ))
+    })?;
+    let mut jobs = Vec::new();
+    for id in journals.job_ids().map_err(|e| {
+        LayerError(format!(
+            "cannot list the journals in {}: {e}",
+            state_dir.display()
+        ))
+    })? {
+        let journal = journals.load(id).map_err(|e| {
+            LayerError(format!(
+                "job {id}: its journal cannot be read ({e}), so its firewall elements cannot be \
+                 kept; fix it or run `tenancyctl reconcile`, then apply again"
+            ))
+        })?;
+        let Some(journal) = journal else { continue };
+        let made = journal
+            .steps
+            .iter()
+            .filter(|s| s.layer == "network" && s.state == StepState::Made)
+            .filter_map(|s| s.made.as_ref())
+            .filter_map(|m| serde_json::from_value::<JobNet>(m.clone()).ok());
+        jobs.extend(made.filter_map(|m| tenancy_network::AnchoredJob::of(&m)));
+    }
+    Ok(tenancy_network::apply_keeping(spec, &jobs)?)
 }
 
 /// Drops of `tenant` since the last job end on this node reported them: the tenant's nft

@@ -212,7 +212,7 @@ impl TypedLayer for Scratch<'_> {
                 ("TMPDIR".into(), path.clone()),
                 ("TENANCY_SCRATCH".into(), path),
             ],
-            anchor: None,
+            ..TaskEntry::default()
         }
     }
 

@@ -240,7 +240,7 @@ impl Cluster {
             conf.set("JobSubmitPlugins", "tenancy");
         }
         for l in &opts.extra_conf {
-            conf.line(l.clone());
+            conf.extra(l);
         }
         for (name, text) in &opts.extra_files {
             write_file(&d.join("etc").join(name), text, 0o644)?;

@@ -47,6 +47,7 @@ mod daemons;
 pub mod multi_node;
 pub mod release_root;
 pub mod rest;
+pub mod root_overlay;
 mod scenario;
 pub mod scratch_fs;
 mod slurm_conf;

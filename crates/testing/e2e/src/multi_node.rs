@@ -358,7 +358,7 @@ impl MultiNode {
             )
             .set("JobSubmitPlugins", "tenancy");
         for l in &options.slurm_conf {
-            conf.line(with_tenant_groups(l, &self.tenants));
+            conf.extra(&with_tenant_groups(l, &self.tenants));
         }
         let cpus = conf.node_cpus(options.cpus);
         for n in &self.nodes {

@@ -1,12 +1,18 @@
 //! Other Slurm releases for the e2e tests: a Debian root per release (scripts/slurm-root: 24.11
-//! from trixie, 26.05 from sid, cached in /var/cache/slurm-tenancy/roots), the product's
-//! plugins built against that root's headers, and the cluster's daemons and clients run in it
-//! with chroot (cgroup/v1 on this hybrid host: the kernel, cgroups and nftables are the host's).
+//! from trixie, 26.05 from sid, cached in TENANCY_ROOTS_DIR, default
+//! /var/cache/slurm-tenancy/roots), the product's plugins built against that root's headers,
+//! and the cluster's daemons and clients run in it with chroot (cgroup/v1 on this hybrid host:
+//! the kernel, cgroups and nftables are the host's).
 //!
 //! Inside the root, /proc, /sys and /dev are the host's, and so is the temp folder, mounted at
 //! the same path: the cluster's and the stack's folders (configs, scratch, audit log, the
 //! binaries the jobs run) have one path for the test and for Slurm. The test users and groups
 //! are copied into the root's /etc/passwd and /etc/group with their ids.
+//!
+//! The cached root is never written: each [`SlurmRoot::make`] mounts an overlay of it
+//! ([`crate::root_overlay`]) and everything a test writes into "the root" (its /etc/hosts and
+//! users, the UML node's files, munge's folder) lands in that overlay's upper folder, removed
+//! with it. So no test sees what an earlier test or run left, as on a fresh machine.
 
 use anyhow::{bail, ensure, Context, Result};
 use std::fs;
@@ -19,8 +25,12 @@ use std::process::Command;
 pub struct SlurmRoot {
     /// "24.11" or "26.05".
     pub release: String,
-    /// The root folder.
+    /// The root folder: this test's overlay of the cached root.
     pub dir: PathBuf,
+    /// The cached root (scripts/slurm-root), read only.
+    pub cached: PathBuf,
+    /// The overlay `dir` is; unmounted when the last clone goes.
+    _overlay: std::sync::Arc<crate::root_overlay::Overlay>,
     /// The release's SLURM_VERSION_NUMBER (0xMMmmuu), from its headers.
     pub version_number: u32,
     /// Where the plugins built against its headers are (target/slurm-<release>/debug).
@@ -31,8 +41,8 @@ use crate::repo_root;
 
 impl SlurmRoot {
     /// Makes the root when missing (debootstrap; ~2.5 min here), builds the plugins against
-    /// its headers and installs them in it (scripts/slurm-root RELEASE --plugins). An archive
-    /// that cannot be reached is an error: a release is never skipped silently.
+    /// its headers (scripts/slurm-root RELEASE --plugins), and mounts this test's overlay of
+    /// it. An archive that cannot be reached is an error: a release is never skipped silently.
     pub fn make(release: &str) -> Result<SlurmRoot> {
         let script = repo_root().join("scripts/slurm-root");
         let out = Command::new(&script)
@@ -55,6 +65,8 @@ impl SlurmRoot {
                 .trim(),
         );
         ensure!(dir.is_dir(), "scripts/slurm-root printed no root folder");
+        let overlay = crate::root_overlay::Overlay::mount(&dir, &format!("root-{release}"))?;
+        let (cached, dir) = (dir, overlay.merged.clone());
         let header = dir.join("usr/include/slurm/slurm_version.h");
         let text =
             fs::read_to_string(&header).with_context(|| format!("read {}", header.display()))?;
@@ -66,8 +78,22 @@ impl SlurmRoot {
         Ok(SlurmRoot {
             release: release.to_string(),
             dir,
+            cached,
+            _overlay: std::sync::Arc::new(overlay),
             version_number,
             build_dir: repo_root().join(format!("target/slurm-{release}/debug")),
+        })
+    }
+
+    /// Another overlay of the same cached root, as scripts/slurm-root made it: for a machine
+    /// booted on it after another (each UML boot writes its own users, hosts and files).
+    pub fn fresh(&self) -> Result<SlurmRoot> {
+        let overlay =
+            crate::root_overlay::Overlay::mount(&self.cached, &format!("root-{}", self.release))?;
+        Ok(SlurmRoot {
+            dir: overlay.merged.clone(),
+            _overlay: std::sync::Arc::new(overlay),
+            ..self.clone()
         })
     }
 

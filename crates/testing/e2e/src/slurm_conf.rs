@@ -102,7 +102,24 @@ impl SlurmConf {
         cpus
     }
 
-    /// A line as given (extra lines of a test, `NodeName=` and `PartitionName=` lines).
+    /// A test's own line (`Options::slurm_conf`): `Key=Value` replaces the key where it stands
+    /// when the conf has it (`PrologFlags=Alloc`: a cluster without Contain), else goes at the
+    /// end. Lines that may come several times (`NodeName=`, `PartitionName=`, `NodeSet=`) always
+    /// go at the end.
+    pub fn extra(&mut self, line: &str) -> &mut SlurmConf {
+        const REPEATED: [&str; 3] = ["NodeName", "PartitionName", "NodeSet"];
+        match line.split_once('=') {
+            Some((k, v))
+                if !REPEATED.iter().any(|r| r.eq_ignore_ascii_case(k))
+                    && self.lines.iter().any(|l| l.starts_with(&format!("{k}="))) =>
+            {
+                self.set(k, v)
+            }
+            _ => self.line(line),
+        }
+    }
+
+    /// A line as given (`NodeName=` and `PartitionName=` lines).
     pub fn line(&mut self, line: impl Into<String>) -> &mut SlurmConf {
         self.lines.push(line.into());
         self

@@ -9,6 +9,11 @@
 //! product and the jobs write stays on the node's tmpfs (/tmp); the scenario hands its findings
 //! back as `key=value` lines in `out/results` of the node's folder in the root (hostfs), with
 //! its log beside them.
+//!
+//! Each boot is on an overlay of its own of the cached root ([`SlurmRoot::fresh`],
+//! crates/testing/e2e/src/root_overlay.rs): what it writes there (its users, /etc/hosts, the
+//! node's folder) is gone with the overlay, so no boot sees what another left, and boots of
+//! other checkouts on this machine do not take each other's files.
 
 use crate::daemons::machine_lock;
 use crate::release_root::{merge_users, SlurmRoot};
@@ -19,22 +24,14 @@ use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The folder in the root that holds a boot's programs, scripts and results (`/<it>` inside the
-/// node): one per boot, so that boots of other checkouts on this machine on the same cached root
-/// do not take each other's files.
-fn boot_dir() -> String {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "tenancy-uml-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    )
-}
+/// node; the boot's overlay is its own).
+const BOOT_DIR: &str = "tenancy-uml";
 
 /// What a boot left: the scenario's `key=value` results, its log and the kernel's console.
 #[derive(Debug)]
@@ -100,8 +97,9 @@ pub fn kernel() -> Result<PathBuf> {
 }
 
 /// slurm.conf of the node: Slurm's cgroup/v2 with memory accounted per core and job, its files
-/// on the node's tmpfs (/tmp/slurm), the product's prolog, epilog and plugstack.
-fn slurm_conf(w: &str) -> String {
+/// on the node's tmpfs (/tmp/slurm), the product's prolog, epilog and plugstack, then the
+/// scenario's own lines (`PrologFlags=Alloc`: a node without Contain).
+fn slurm_conf_text(w: &str, extra: &[String]) -> String {
     let mut c = SlurmConf::new("uml", "vm").files_in(Path::new("/tmp/slurm"), false);
     for (k, v) in [
         ("SelectTypeParameters", "CR_Core_Memory"),
@@ -115,18 +113,22 @@ fn slurm_conf(w: &str) -> String {
     ] {
         c.set(k, v);
     }
+    for l in extra {
+        c.extra(l);
+    }
     c.line("NodeName=vm CPUs=4 RealMemory=500 State=UNKNOWN");
     c.line("PartitionName=debug Nodes=vm Default=YES MaxTime=INFINITE State=UP");
     c.render()
 }
 
 /// A pure cgroup v2 node with the product installed as on a real node (scripts/uml/
-/// product-setup.sh): Slurm 24.11's root, the UML kernel, tenants acme and globex, the
-/// config with the options' changes.
+/// product-setup.sh): Slurm 24.11's root, the UML kernel, tenants acme and globex; the
+/// options' slurm.conf lines and config edits apply to every boot.
 pub struct PureV2Node {
     pub tenants: Tenants,
     root: SlurmRoot,
     kernel: PathBuf,
+    slurm_conf: Vec<String>,
     config: Vec<ConfigEdit>,
 }
 
@@ -139,6 +141,7 @@ impl World for PureV2Node {
             tenants,
             root,
             kernel,
+            slurm_conf: options.slurm_conf.clone(),
             config: options.config.clone(),
         })
     }
@@ -160,6 +163,12 @@ impl PureV2Node {
     /// Boots the node and runs `scenario` (a script of scripts/pure_v2/, after
     /// scripts/uml/lib.sh); the node must have come up with the product set up.
     pub fn run(&self, scenario: &str) -> NodeRun {
+        self.run_with(&[], scenario)
+    }
+
+    /// [`PureV2Node::run`] with slurm.conf lines of this boot's own after the options' (a
+    /// second boot of a scenario on another configuration: `PrologFlags=Alloc`).
+    pub fn run_with(&self, slurm_conf: &[&str], scenario: &str) -> NodeRun {
         let paths = StackPaths::under(Path::new("/tmp/tenancy"));
         let bin = |name: &str| (name.to_string(), artifact(name).unwrap());
         let spank = self.root.plugin("libspank_tenancy.so").unwrap();
@@ -178,17 +187,18 @@ impl PureV2Node {
         programs.push(("libspank_tenancy.so".into(), spank));
         programs.push(("port_rewrite.so".into(), port_rewrite_so().unwrap()));
         let t = &self.tenants;
+        let mut conf_lines = self.slurm_conf.clone();
+        conf_lines.extend(slurm_conf.iter().map(|l| l.to_string()));
         let mut config = tenancy_toml(&paths, t);
         for edit in &self.config {
             edit(&mut config);
         }
-        let dir = boot_dir();
         let files = [
             (
                 "init.sh",
                 include_str!("../scripts/uml/init.sh").to_string(),
             ),
-            ("slurm.conf", slurm_conf(&dir)),
+            ("slurm.conf", slurm_conf_text(BOOT_DIR, &conf_lines)),
             ("cgroup.conf", cgroup_conf("cgroup/v2")),
             ("fixture.toml", nvml_fixture(&paths)),
             ("tenancy.toml", config.to_string()),
@@ -201,11 +211,16 @@ impl PureV2Node {
             ("a_user", t.acme1.name.clone()),
             ("g_user", t.globex1.name.clone()),
         ];
-        // The machine-wide e2e lock, as every cluster here (other checkouts boot on this root).
+        // A root no other boot has written (its own overlay of the cached one).
+        let root = self
+            .root
+            .fresh()
+            .unwrap_or_else(|e| panic!("UML node: an overlay of the 24.11 root: {e:#}"));
+        // The machine-wide e2e lock, as every cluster here.
         let lock = machine_lock().unwrap_or_else(|e| panic!("{e:#}"));
         let run = boot(
-            &self.root,
-            &dir,
+            &root,
+            BOOT_DIR,
             &self.kernel,
             &programs,
             &files,
@@ -220,9 +235,9 @@ impl PureV2Node {
     }
 }
 
-/// Boots the node on `root` with `kernel`: `programs` (name, host path) copied into `/DIR/bin`,
-/// `files` (name, text) into `/DIR` (init.sh is its PID 1); the folder goes afterwards (unless
-/// TENANCY_E2E_KEEP is set).
+/// Boots the node on `root` (an overlay of its own) with `kernel`: `programs` (name, host
+/// path) copied into `/DIR/bin`, `files` (name, text) into `/DIR` (init.sh is its PID 1); the
+/// folder goes with the overlay (TENANCY_E2E_KEEP: a copy stays in the temp folder).
 fn boot(
     root: &SlurmRoot,
     dir: &str,
@@ -264,6 +279,7 @@ fn boot(
         .stdin(Stdio::null())
         .stdout(console.try_clone()?)
         .stderr(console)
+        .process_group(0)
         .spawn()
         .with_context(|| format!("start {}", kernel.display()))?;
     let status = loop {
@@ -271,7 +287,9 @@ fn boot(
             break Some(s);
         }
         if t.elapsed() > timeout {
-            let _ = child.kill();
+            // The kernel's helper processes are in its process group: all of them go.
+            // SAFETY: plain kill(2) of the group this test made for the kernel.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.wait();
             break None;
         }
@@ -291,10 +309,18 @@ fn boot(
         console: read("out/console.log"),
         boot_seconds,
     };
+    // The folder goes with the boot's overlay: kept, it is copied out first.
     if std::env::var_os("TENANCY_E2E_KEEP").is_some() {
-        eprintln!("tenancy-e2e: keeping {}", w.display());
-    } else {
-        let _ = fs::remove_dir_all(&w);
+        let keep = tempfile::Builder::new()
+            .prefix("tenancy-e2e-uml-")
+            .tempdir()?
+            .keep();
+        let o = Command::new("cp").arg("-a").arg(&w).arg(&keep).output()?;
+        eprintln!(
+            "tenancy-e2e: keeping {} ({})",
+            keep.join(dir).display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
     }
     if status.is_none() {
         bail!(

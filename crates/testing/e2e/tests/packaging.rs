@@ -1,5 +1,5 @@
 //! The Debian packages `scripts/package` builds: installed with dpkg into a fresh Debian root
-//! (debootstrap, cached under /var/cache/slurm-tenancy), their files and units in place and
+//! (debootstrap, cached under /var/cache/slurm-tenancy or TENANCY_ROOTS_DIR), their files and units in place and
 //! `tenancyctl check` running there; and an upgrade with a job running, whose isolation the
 //! new package's epilog then tears down from the old package's journal.
 
@@ -8,7 +8,14 @@ use std::process::{Command, Output};
 use tenancy_e2e::{requires_root, skip};
 use tenancy_test_support::output_text;
 
-const CACHE: &str = "/var/cache/slurm-tenancy";
+/// Where the clean Debian 12 root is cached: beside the release roots when a cache folder is
+/// named for them (`TENANCY_ROOTS_DIR`, which .ci/run sets inside the clone), else the
+/// machine's.
+fn cache() -> PathBuf {
+    std::env::var_os("TENANCY_ROOTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/slurm-tenancy"))
+}
 /// What the packages depend on, in the root before they are installed (and what the job path
 /// uses there: nft, useradd).
 const ROOT_PACKAGES: &str =
@@ -65,12 +72,13 @@ fn clean_root(into: &Path) -> Option<PathBuf> {
         skip("needs debootstrap", "apt-get install debootstrap");
         return None;
     }
-    std::fs::create_dir_all(CACHE).unwrap();
-    let cached = Path::new(CACHE).join("root-bookworm");
+    let cache = cache();
+    std::fs::create_dir_all(&cache).unwrap();
+    let cached = cache.join("root-bookworm");
     // One test makes it (again when the package list changed); the other waits on the lock
     // and copies it.
     ok(Command::new("flock")
-        .arg(format!("{CACHE}/.lock"))
+        .arg(cache.join(".lock"))
         .args([
             "sh",
             "-c",

@@ -64,6 +64,9 @@ impl Fixture {
             let r =
                 unsafe { libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(ma, mi)) };
             assert_eq!(r, 0, "mknod {name}: {}", std::io::Error::last_os_error());
+            // Past the umask: a task of another uid than root opens them too.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(f.path(name), std::fs::Permissions::from_mode(0o666)).unwrap();
         }
         f
     }
@@ -129,6 +132,12 @@ impl Drop for CgTree {
 /// then opens every path O_RDWR and reports 0 or the errno. The child only makes raw
 /// syscalls (no allocation) between fork and _exit.
 pub fn open_as_task(cgroup: &Path, paths: &[PathBuf]) -> Vec<i32> {
+    open_as_task_of(cgroup, paths, None)
+}
+
+/// [`open_as_task`] with the child's uid and gid set to `uid` (real, effective and saved)
+/// before it opens anything.
+pub fn open_as_task_of(cgroup: &Path, paths: &[PathBuf], uid: Option<u32>) -> Vec<i32> {
     let cpaths: Vec<CString> = paths
         .iter()
         .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap())
@@ -147,6 +156,11 @@ pub fn open_as_task(cgroup: &Path, paths: &[PathBuf]) -> Vec<i32> {
             let mut b = 0u8;
             if libc::read(go[0], &mut b as *mut u8 as *mut libc::c_void, 1) != 1 || b != b'g' {
                 libc::_exit(3);
+            }
+            if let Some(u) = uid {
+                if libc::setresgid(u, u, u) != 0 || libc::setresuid(u, u, u) != 0 {
+                    libc::_exit(5);
+                }
             }
             for (i, p) in ptrs.iter().enumerate() {
                 let fd = libc::open(*p, libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY);
@@ -208,8 +222,22 @@ pub enum Want {
 
 /// Run `open_as_task` and assert each outcome, with a readable table on failure.
 pub fn check(fx: &Fixture, cgroup: &Path, cases: &[(&str, Want)]) {
+    check_as(fx, cgroup, None, cases)
+}
+
+/// [`check`] in a task of uid `uid`.
+pub fn check_as(fx: &Fixture, cgroup: &Path, uid: Option<u32>, cases: &[(&str, Want)]) {
     let paths: Vec<PathBuf> = cases.iter().map(|(n, _)| fx.path(n)).collect();
-    let got = open_as_task(cgroup, &paths);
+    if uid.is_some() {
+        // What is checked is the device program, not the file mode: a prolog makes a job's
+        // capability nodes 0444 as the driver does (caps.rs), which a task's O_RDWR open of
+        // another uid than root would fail with EACCES before the program is asked.
+        use std::os::unix::fs::PermissionsExt;
+        for p in paths.iter().filter(|p| p.exists()) {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        }
+    }
+    let got = open_as_task_of(cgroup, &paths, uid);
     let mut bad = Vec::new();
     for ((name, want), g) in cases.iter().zip(&got) {
         let ok = match want {
@@ -272,5 +300,21 @@ pub fn unrestricted_cases() -> Vec<(&'static str, Want)> {
         ("nvidia-caps/nvidia-cap1", Allowed),
         ("nvidia1", Allowed),
         ("/dev/null", Opens),
+    ]
+}
+
+/// A process in a folder of no job the node program knows (pure cgroup v2): every NVIDIA node
+/// denied, the rest opens.
+pub fn no_job_cases() -> Vec<(&'static str, Want)> {
+    vec![
+        ("nvidia-caps/nvidia-cap12", Denied),
+        ("nvidia-caps/nvidia-cap21", Denied),
+        ("nvidia-caps/nvidia-cap1", Denied),
+        ("nvidia0", Denied),
+        ("nvidia1", Denied),
+        ("nvidiactl", Denied),
+        ("nvidia-uvm", Denied),
+        ("/dev/null", Opens),
+        ("/dev/zero", Opens),
     ]
 }
