@@ -112,6 +112,21 @@ pub fn findings(
     let mut out: Vec<Finding> = Vec::new();
     let stack = plugstack_of(slurm_conf, slurm_text);
     let hook = spank_line(&stack);
+    out.push(spank_row(&stack, &hook));
+    if matches!(hook, SpankLine::Required(_)) {
+        out.extend(task_rows(layout));
+    }
+    if let Some(text) = slurm_text {
+        out.push(extern_step_row(text, layout, ssh.is_some()));
+    }
+    out.push(ssh_row(ssh));
+    out.extend(get_user_env_rows(config));
+    out.push(outside_jobs_row(Path::new("/proc")));
+    out
+}
+
+/// Whether plugstack.conf (`stack`) loads the SPANK plugin as `required`.
+fn spank_row(stack: &Path, hook: &SpankLine) -> Finding {
     let no_plugin = |what: &str| -> Finding {
         (
             "containment.spank",
@@ -129,14 +144,14 @@ pub fn findings(
             )),
         )
     };
-    match &hook {
-        SpankLine::Required(at) => out.push((
+    match hook {
+        SpankLine::Required(at) => (
             "containment.spank",
             Severity::Ok,
             format!("libspank_tenancy.so is required ({at})"),
             None,
-        )),
-        SpankLine::Optional(at) => out.push((
+        ),
+        SpankLine::Optional(at) => (
             "containment.spank",
             Severity::Error,
             format!(
@@ -144,67 +159,72 @@ pub fn findings(
                  runs its tasks outside its isolation"
             ),
             Some("make the line `required`".into()),
-        )),
-        SpankLine::Missing => out.push(no_plugin("every task, task prolog and epilog")),
+        ),
+        SpankLine::Missing => no_plugin("every task, task prolog and epilog"),
     }
-    if matches!(hook, SpankLine::Required(_)) {
-        let pure_v2 = layout.kind == LayoutKind::Unified;
-        let scope = pure_v2.then(tenancy_network::slurm_scope).flatten();
-        out.push(match (&scope, pure_v2) {
-            (Some(scope), _) => (
-                "containment.tasks",
-                Severity::Ok,
-                format!(
-                    "pure cgroup v2 with Slurm's cgroup/v2 plugin ({}): the isolation is anchored \
-                     in Slurm's job cgroup (the node device program on the scope, the firewall's \
-                     jobs maps at level {}), every process of a job stays where Slurm puts it, \
-                     under Slurm's memory and CPU limits, and a task found outside its job's \
-                     folder fails before user code",
-                    scope.dir().display(),
-                    scope.job_level()
-                ),
-                None,
-            ),
-            (None, true) => (
-                "containment.tasks",
-                Severity::Warn,
-                "pure cgroup v2 without Slurm's slurmstepd scope (Slurm's cgroup/v2 plugin not \
-                 in use): each task is moved into the product's job cgroup \
-                 (task_init_privileged, and again at task_post_fork after Slurm's own attach)"
-                    .to_string(),
-                Some(
-                    "set CgroupPlugin=cgroup/v2 (cgroup.conf) with ProctrackType=proctrack/cgroup \
-                     so Slurm's limits and the isolation share one job cgroup"
-                        .to_string(),
-                ),
-            ),
-            (None, false) => (
-                "containment.tasks",
-                Severity::Ok,
-                "the batch script and every step's tasks (srun, --overlap, salloc's interactive \
-                 step, srun --pty): each task enters the job's cgroups itself before exec \
-                 (task_init_privileged) and slurmstepd puts it there again after Slurm's own \
-                 proctrack and task plugins placed it (task_post_fork), so no attach of Slurm's \
-                 moves it back out; Slurm's limits stay on its cgroup v1 hierarchies"
-                    .to_string(),
-                None,
-            ),
-        });
-        out.push((
-            "containment.task_scripts",
+}
+
+/// Where a job's tasks and what slurmstepd starts for them run, on this cgroup layout.
+fn task_rows(layout: &CgroupLayout) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let pure_v2 = layout.kind == LayoutKind::Unified;
+    let scope = pure_v2.then(tenancy_network::slurm_scope).flatten();
+    out.push(match (&scope, pure_v2) {
+        (Some(scope), _) => (
+            "containment.tasks",
             Severity::Ok,
-            "task prologs and epilogs (srun --task-prolog/--task-epilog, slurm.conf TaskProlog/\
-             TaskEpilog), MPI/PMIx helpers and X11 forwarding: slurmstepd itself joins the job's \
-             cgroups and IPC namespace (task_post_fork; the extern step's at spank init, before \
-             it forks), so what it starts for the job is born inside, and the epilog ends it"
-                .into(),
+            format!(
+                "pure cgroup v2 with Slurm's cgroup/v2 plugin ({}): the isolation is anchored \
+                 in Slurm's job cgroup (the node device program on the scope, the firewall's \
+                 jobs maps at level {}), every process of a job stays where Slurm puts it, \
+                 under Slurm's memory and CPU limits, and a task found outside its job's \
+                 folder fails before user code",
+                scope.dir().display(),
+                scope.job_level()
+            ),
             None,
-        ));
-    }
-    if let Some(text) = slurm_text {
-        out.push(extern_step_row(text, layout, ssh.is_some()));
-    }
-    out.push(match ssh {
+        ),
+        (None, true) => (
+            "containment.tasks",
+            Severity::Warn,
+            "pure cgroup v2 without Slurm's slurmstepd scope (Slurm's cgroup/v2 plugin not \
+             in use): each task is moved into the product's job cgroup \
+             (task_init_privileged, and again at task_post_fork after Slurm's own attach)"
+                .to_string(),
+            Some(
+                "set CgroupPlugin=cgroup/v2 (cgroup.conf) with ProctrackType=proctrack/cgroup \
+                 so Slurm's limits and the isolation share one job cgroup"
+                    .to_string(),
+            ),
+        ),
+        (None, false) => (
+            "containment.tasks",
+            Severity::Ok,
+            "the batch script and every step's tasks (srun, --overlap, salloc's interactive \
+             step, srun --pty): each task enters the job's cgroups itself before exec \
+             (task_init_privileged) and slurmstepd puts it there again after Slurm's own \
+             proctrack and task plugins placed it (task_post_fork), so no attach of Slurm's \
+             moves it back out; Slurm's limits stay on its cgroup v1 hierarchies"
+                .to_string(),
+            None,
+        ),
+    });
+    out.push((
+        "containment.task_scripts",
+        Severity::Ok,
+        "task prologs and epilogs (srun --task-prolog/--task-epilog, slurm.conf TaskProlog/\
+         TaskEpilog), MPI/PMIx helpers and X11 forwarding: slurmstepd itself joins the job's \
+         cgroups and IPC namespace (task_post_fork; the extern step's at spank init, before \
+         it forks), so what it starts for the job is born inside, and the epilog ends it"
+            .into(),
+        None,
+    ));
+    out
+}
+
+/// Whether ssh sessions adopted into jobs join their isolation (`None`: none is adopted).
+fn ssh_row(ssh: Option<bool>) -> Finding {
+    match ssh {
         Some(true) => (
             "containment.ssh",
             Severity::Ok,
@@ -226,7 +246,12 @@ pub fn findings(
             "no PAM service adopts ssh sessions into jobs (pam_slurm_adopt is not enabled)".into(),
             None,
         ),
-    });
+    }
+}
+
+/// Tiers that let slurmd run the user's login shell as root before the job (--get-user-env).
+fn get_user_env_rows(config: &Config) -> Vec<Finding> {
+    let mut out = Vec::new();
     let allowing: Vec<&str> = config
         .tiers
         .values()
@@ -260,7 +285,6 @@ pub fn findings(
             ));
         }
     }
-    out.push(outside_jobs_row(Path::new("/proc")));
     out
 }
 

@@ -95,7 +95,6 @@ pub fn ruleset(spec: &FirewallSpec) -> Result<String> {
 /// replacement of the table keeps them in the same transaction.
 pub fn ruleset_keeping(spec: &FirewallSpec, jobs: &[AnchoredJob]) -> Result<String> {
     validate_spec(spec)?;
-    let level = spec.cgroup.tenant_level();
     // Across nodes, with the node's own address (rendered only where it is known).
     let cross = match &spec.cross_node {
         Some(_) if spec.tenants.is_empty() => None,
@@ -120,30 +119,67 @@ pub fn ruleset_keeping(spec: &FirewallSpec, jobs: &[AnchoredJob]) -> Result<Stri
     for t in &spec.tenants {
         let _ = writeln!(w, "\tcounter {} {{\n\t}}\n", counter_name(&t.name));
     }
-    let anchored = crate::anchored_level(spec);
-    if anchored.is_some() {
-        // Jobs anchored in Slurm's job folders (pure cgroup v2): one element per job, added
-        // by the prolog and deleted by the epilog by cgroup id (netlink).
-        // `firewall apply` renders the running jobs' elements here (by path: nft names cgroups
-        // so), checked by `crate::apply_keeping`.
-        for (map, chain) in [(crate::JOBS_OUT, "out"), (crate::JOBS_IN, "in")] {
-            let _ = writeln!(w, "\tmap {map} {{\n\t\ttype cgroupsv2 : verdict");
-            let elems = jobs
-                .iter()
-                .map(|j| {
-                    Ok(format!(
-                        "\"{}\" : goto {chain}_{}",
-                        j.nft_path()?,
-                        spec.tenant(&j.tenant)?.id
-                    ))
-                })
-                .collect::<Result<Vec<String>>>()?;
-            if !elems.is_empty() {
-                let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
-            }
-            let _ = writeln!(w, "\t}}\n");
-        }
+    if crate::anchored_level(spec).is_some() {
+        write_jobs_maps(w, spec, jobs)?;
     }
+    write_sender_deny(w, spec);
+    if let Some(c) = cross {
+        write_cross_sets(w, spec, c);
+    }
+    for t in &spec.tenants {
+        // Across nodes: the tenant's prefix and its address on this node.
+        let own = cross.map(|c| {
+            (
+                c.prefix(&t.name).expect("validated").to_string(),
+                c.address(&t.name).expect("validated").to_string(),
+            )
+        });
+        let own = own.as_ref().map(|(p, a)| (p.as_str(), a.as_str()));
+        write_deny_chain(w, t);
+        write_out_chain(w, spec, t, own);
+        write_local_chain(w, spec, t);
+        write_in_chain(w, t, own.map(|(p, _)| p));
+    }
+    for (hook, prefix) in [("output", "out"), ("input", "in")] {
+        write_hook_chain(w, spec, hook, prefix, cross.is_some());
+    }
+    if let Some(c) = cross {
+        write_postrouting(
+            w,
+            &c.node.as_ref().expect("checked above").address.to_string(),
+        );
+    }
+    let _ = writeln!(w, "}}");
+    Ok(s)
+}
+
+/// Jobs anchored in Slurm's job folders (pure cgroup v2): one element per job, added by the
+/// prolog and deleted by the epilog by cgroup id (netlink). `firewall apply` renders the
+/// running jobs' elements here (by path: nft names cgroups so), checked by
+/// `crate::apply_keeping`.
+fn write_jobs_maps(w: &mut String, spec: &FirewallSpec, jobs: &[AnchoredJob]) -> Result<()> {
+    for (map, chain) in [(crate::JOBS_OUT, "out"), (crate::JOBS_IN, "in")] {
+        let _ = writeln!(w, "\tmap {map} {{\n\t\ttype cgroupsv2 : verdict");
+        let elems = jobs
+            .iter()
+            .map(|j| {
+                Ok(format!(
+                    "\"{}\" : goto {chain}_{}",
+                    j.nft_path()?,
+                    spec.tenant(&j.tenant)?.id
+                ))
+            })
+            .collect::<Result<Vec<String>>>()?;
+        if !elems.is_empty() {
+            let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
+        }
+        let _ = writeln!(w, "\t}}\n");
+    }
+    Ok(())
+}
+
+/// The sending tenant's deny chain, by the flow's ct mark.
+fn write_sender_deny(w: &mut String, spec: &FirewallSpec) {
     let _ = writeln!(w, "\tmap sender_deny {{");
     let _ = writeln!(w, "\t\ttype mark : verdict");
     if !spec.tenants.is_empty() {
@@ -155,152 +191,161 @@ pub fn ruleset_keeping(spec: &FirewallSpec, jobs: &[AnchoredJob]) -> Result<Stri
         let _ = writeln!(w, "\t\telements = {{ {} }}", elems.join(", "));
     }
     let _ = writeln!(w, "\t}}\n");
-    if let Some(c) = cross {
-        write_cross_sets(w, spec, c);
+}
+
+/// A tenant's drops: logged at a bounded rate and counted.
+fn write_deny_chain(w: &mut String, t: &TenantNet) {
+    let id = t.id;
+    let _ = writeln!(w, "\tchain deny_{id} {{");
+    let _ = writeln!(
+        w,
+        "\t\tlimit rate {LOG_RATE_PER_SEC}/second burst {} packets log prefix \"tenancy drop {}: \"",
+        LOG_RATE_PER_SEC * 2,
+        t.name
+    );
+    let _ = writeln!(w, "\t\tcounter name \"{}\" drop", counter_name(&t.name));
+    let _ = writeln!(w, "\t}}\n");
+}
+
+/// What a tenant's jobs send: their flows marked as the tenant's; `own` across nodes (the
+/// tenant's prefix, its address on this node).
+fn write_out_chain(w: &mut String, spec: &FirewallSpec, t: &TenantNet, own: Option<(&str, &str)>) {
+    let id = t.id;
+    let _ = writeln!(w, "\tchain out_{id} {{");
+    let _ = writeln!(w, "\t\tct direction reply ct mark {id} accept");
+    let _ = writeln!(w, "\t\tct direction reply goto deny_{id}");
+    let _ = writeln!(w, "\t\tct mark != {{ 0, {id} }} goto deny_{id}");
+    let _ = writeln!(w, "\t\tct mark set {id}");
+    let _ = writeln!(
+        w,
+        "\t\tfib daddr type {{ broadcast, multicast }} goto deny_{id}"
+    );
+    let _ = writeln!(w, "\t\tmeta l4proto != {JUDGED} goto deny_{id}");
+    if let Some((_, addr)) = own {
+        let _ = writeln!(
+            w,
+            "\t\tip saddr @tenant_space ip saddr != {addr} goto deny_{id}"
+        );
     }
-    for t in &spec.tenants {
-        let id = t.id;
-        // Across nodes: the tenant's prefix and its address on this node.
-        let own = cross.map(|c| {
-            (
-                c.prefix(&t.name).expect("validated"),
-                c.address(&t.name).expect("validated"),
-            )
-        });
-        let _ = writeln!(w, "\tchain deny_{id} {{");
-        let _ = writeln!(
-            w,
-            "\t\tlimit rate {LOG_RATE_PER_SEC}/second burst {} packets log prefix \"tenancy drop {}: \"",
-            LOG_RATE_PER_SEC * 2,
-            t.name
-        );
-        let _ = writeln!(w, "\t\tcounter name \"{}\" drop", counter_name(&t.name));
-        let _ = writeln!(w, "\t}}\n");
-
-        let _ = writeln!(w, "\tchain out_{id} {{");
-        let _ = writeln!(w, "\t\tct direction reply ct mark {id} accept");
-        let _ = writeln!(w, "\t\tct direction reply goto deny_{id}");
-        let _ = writeln!(w, "\t\tct mark != {{ 0, {id} }} goto deny_{id}");
-        let _ = writeln!(w, "\t\tct mark set {id}");
-        let _ = writeln!(
-            w,
-            "\t\tfib daddr type {{ broadcast, multicast }} goto deny_{id}"
-        );
-        let _ = writeln!(w, "\t\tmeta l4proto != {JUDGED} goto deny_{id}");
-        if let Some((_, addr)) = own {
-            let _ = writeln!(
-                w,
-                "\t\tip saddr @tenant_space ip saddr != {addr} goto deny_{id}"
-            );
-        }
-        let _ = writeln!(w, "\t\tfib daddr type local accept");
-        if let Some((prefix, _)) = own {
-            let _ = writeln!(w, "\t\tip daddr {prefix} accept");
-        }
-        write_stepd(w);
-        write_allowed(w, spec, t);
-        let _ = writeln!(w, "\t\tgoto deny_{id}");
-        let _ = writeln!(w, "\t}}\n");
-
-        let _ = writeln!(w, "\tchain local_{id} {{");
-        let _ = writeln!(w, "\t\tmeta l4proto != {JUDGED} goto deny_{id}");
-        let _ = writeln!(w, "\t\tmeta l4proto tcp ct state established accept");
-        write_stepd(w);
-        write_allowed(w, spec, t);
-        let _ = writeln!(w, "\t\tgoto deny_{id}");
-        let _ = writeln!(w, "\t}}\n");
-
-        let _ = writeln!(w, "\tchain in_{id} {{");
-        // A slurmstepd outside every job speaks for no tenant: none of its flows is a job's.
-        let _ = writeln!(w, "\t\tct mark 0 meta mark {STEPD_MARK:#x} drop");
-        if let Some((prefix, _)) = own {
-            let _ = writeln!(w, "\t\tct mark 0 ip saddr {prefix} ct mark set {id} accept");
-            let _ = writeln!(w, "\t\tct mark 0 ip saddr vmap @tenant_of_source");
-        }
-        let _ = writeln!(w, "\t\tct mark 0 ct mark set {id} accept");
-        let _ = writeln!(w, "\t\tct mark {id} accept");
-        let _ = writeln!(w, "\t\tct mark vmap @sender_deny");
-        let _ = writeln!(w, "\t\tgoto deny_{id}");
-        let _ = writeln!(w, "\t}}\n");
+    let _ = writeln!(w, "\t\tfib daddr type local accept");
+    if let Some((prefix, _)) = own {
+        let _ = writeln!(w, "\t\tip daddr {prefix} accept");
     }
-    for (hook, prefix) in [("output", "out"), ("input", "in")] {
-        let _ = writeln!(w, "\tchain {hook} {{");
+    write_stepd(w);
+    write_allowed(w, spec, t);
+    let _ = writeln!(w, "\t\tgoto deny_{id}");
+    let _ = writeln!(w, "\t}}\n");
+}
+
+/// What a tenant's jobs receive from processes of this node outside every job.
+fn write_local_chain(w: &mut String, spec: &FirewallSpec, t: &TenantNet) {
+    let id = t.id;
+    let _ = writeln!(w, "\tchain local_{id} {{");
+    let _ = writeln!(w, "\t\tmeta l4proto != {JUDGED} goto deny_{id}");
+    let _ = writeln!(w, "\t\tmeta l4proto tcp ct state established accept");
+    write_stepd(w);
+    write_allowed(w, spec, t);
+    let _ = writeln!(w, "\t\tgoto deny_{id}");
+    let _ = writeln!(w, "\t}}\n");
+}
+
+/// What a tenant's jobs receive: their own tenant's flows; `prefix` across nodes.
+fn write_in_chain(w: &mut String, t: &TenantNet, prefix: Option<&str>) {
+    let id = t.id;
+    let _ = writeln!(w, "\tchain in_{id} {{");
+    // A slurmstepd outside every job speaks for no tenant: none of its flows is a job's.
+    let _ = writeln!(w, "\t\tct mark 0 meta mark {STEPD_MARK:#x} drop");
+    if let Some(prefix) = prefix {
+        let _ = writeln!(w, "\t\tct mark 0 ip saddr {prefix} ct mark set {id} accept");
+        let _ = writeln!(w, "\t\tct mark 0 ip saddr vmap @tenant_of_source");
+    }
+    let _ = writeln!(w, "\t\tct mark 0 ct mark set {id} accept");
+    let _ = writeln!(w, "\t\tct mark {id} accept");
+    let _ = writeln!(w, "\t\tct mark vmap @sender_deny");
+    let _ = writeln!(w, "\t\tgoto deny_{id}");
+    let _ = writeln!(w, "\t}}\n");
+}
+
+/// The base chain of `hook` (output or input): a socket's tenant (or anchored job) sends its
+/// packets to the tenant's `prefix_<id>` chain.
+fn write_hook_chain(w: &mut String, spec: &FirewallSpec, hook: &str, prefix: &str, cross: bool) {
+    let level = spec.cgroup.tenant_level();
+    let _ = writeln!(w, "\tchain {hook} {{");
+    let _ = writeln!(
+        w,
+        "\t\ttype filter hook {hook} priority filter; policy accept;"
+    );
+    if !spec.tenants.is_empty() {
+        let elems: Vec<String> = spec
+            .tenants
+            .iter()
+            .map(|t| {
+                format!(
+                    "\"{}\" : goto {prefix}_{}",
+                    spec.cgroup.nft_tenant_path(&t.name),
+                    t.id
+                )
+            })
+            .collect();
         let _ = writeln!(
             w,
-            "\t\ttype filter hook {hook} priority filter; policy accept;"
+            "\t\tsocket cgroupv2 level {level} vmap {{ {} }}",
+            elems.join(", ")
         );
-        if !spec.tenants.is_empty() {
+        if let Some(level) = crate::anchored_level(spec) {
+            let map = if hook == "output" {
+                crate::JOBS_OUT
+            } else {
+                crate::JOBS_IN
+            };
+            let _ = writeln!(w, "\t\tsocket cgroupv2 level {level} vmap @{map}");
+        }
+        if hook == "input" {
             let elems: Vec<String> = spec
                 .tenants
                 .iter()
-                .map(|t| {
-                    format!(
-                        "\"{}\" : goto {prefix}_{}",
-                        spec.cgroup.nft_tenant_path(&t.name),
-                        t.id
-                    )
-                })
+                .map(|t| format!("{} : goto local_{}", t.id, t.id))
                 .collect();
             let _ = writeln!(
                 w,
-                "\t\tsocket cgroupv2 level {level} vmap {{ {} }}",
+                "\t\tct direction original ct mark vmap {{ {} }}",
                 elems.join(", ")
             );
-            if let Some(level) = anchored {
-                let map = if hook == "output" {
-                    crate::JOBS_OUT
-                } else {
-                    crate::JOBS_IN
-                };
-                let _ = writeln!(w, "\t\tsocket cgroupv2 level {level} vmap @{map}");
-            }
-            if hook == "input" {
-                let elems: Vec<String> = spec
-                    .tenants
-                    .iter()
-                    .map(|t| format!("{} : goto local_{}", t.id, t.id))
-                    .collect();
-                let _ = writeln!(
-                    w,
-                    "\t\tct direction original ct mark vmap {{ {} }}",
-                    elems.join(", ")
-                );
-            }
         }
-        if cross.is_some() && hook == "input" {
-            // A tenant's address receives only what its tenant's jobs receive.
-            let _ = writeln!(
-                w,
-                "\t\tct direction original ct mark 0 ip daddr @tenant_space ip saddr vmap @tenant_of_source"
-            );
-            let _ = writeln!(
-                w,
-                "\t\tct direction original ct mark 0 ip daddr @tenant_space drop"
-            );
-        }
-        let last = hook == "input" && cross.is_none();
-        let _ = writeln!(w, "\t}}{}", if last { "" } else { "\n" });
     }
-    if let Some(c) = cross {
-        let node = &c.node.as_ref().expect("checked above").address;
-        let _ = writeln!(w, "\tchain postrouting {{");
+    if cross && hook == "input" {
+        // A tenant's address receives only what its tenant's jobs receive.
         let _ = writeln!(
             w,
-            "\t\ttype nat hook postrouting priority srcnat; policy accept;"
+            "\t\tct direction original ct mark 0 ip daddr @tenant_space ip saddr vmap @tenant_of_source"
         );
-        let _ = writeln!(w, "\t\toifname \"lo\" return");
-        // A flow no job opened (a process outside every job, a slurmstepd that has not joined
-        // its job) leaves from the node's own address even where it bound, or the kernel
-        // chose, a tenant's: only a tenant's jobs speak as the tenant.
-        let _ = writeln!(w, "\t\tct mark 0 ip saddr @tenant_space snat ip to {node}");
         let _ = writeln!(
             w,
-            "\t\tip daddr @cluster snat ip to ct mark map @tenant_address"
+            "\t\tct direction original ct mark 0 ip daddr @tenant_space drop"
         );
-        let _ = writeln!(w, "\t}}");
     }
-    let _ = writeln!(w, "}}");
-    Ok(s)
+    let last = hook == "input" && !cross;
+    let _ = writeln!(w, "\t}}{}", if last { "" } else { "\n" });
+}
+
+/// Across nodes: what leaves for another node speaks with its tenant's address (`node`: this
+/// node's own).
+fn write_postrouting(w: &mut String, node: &str) {
+    let _ = writeln!(w, "\tchain postrouting {{");
+    let _ = writeln!(
+        w,
+        "\t\ttype nat hook postrouting priority srcnat; policy accept;"
+    );
+    let _ = writeln!(w, "\t\toifname \"lo\" return");
+    // A flow no job opened (a process outside every job, a slurmstepd that has not joined
+    // its job) leaves from the node's own address even where it bound, or the kernel
+    // chose, a tenant's: only a tenant's jobs speak as the tenant.
+    let _ = writeln!(w, "\t\tct mark 0 ip saddr @tenant_space snat ip to {node}");
+    let _ = writeln!(
+        w,
+        "\t\tip daddr @cluster snat ip to ct mark map @tenant_address"
+    );
+    let _ = writeln!(w, "\t}}");
 }
 
 /// The sets and maps of the cross-node rules (one element per tenant, nothing per job).

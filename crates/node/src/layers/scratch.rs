@@ -479,99 +479,103 @@ impl Scratch<'_> {
             }
             Ok(actions) => actions,
         };
-        let past = |path: &std::path::Path, tenant: &str, job_id: u64, age_days: u64| {
-            Orphan::new(
-                "retained",
+        actions
+            .into_iter()
+            .map(|a| retained_orphan(a, days))
+            .collect()
+    }
+}
+
+/// What the orphan search reports for one action of the retained folders' purge (`days`: the
+/// longest retention of any tier).
+fn retained_orphan(a: tenancy_scratch::Action, days: u64) -> Orphan {
+    let past = |path: &std::path::Path, tenant: &str, job_id: u64, age_days: u64| {
+        Orphan::new(
+            "retained",
+            path.display().to_string(),
+            format!("retained {age_days} day(s), past {days}"),
+        )
+        .job(job_id)
+        .tenant(tenant)
+    };
+    match a {
+        tenancy_scratch::Action::Remove {
+            path,
+            tenant,
+            job_id,
+            age_days,
+            dry_run,
+            ..
+        } => {
+            let mut o = past(&path, &tenant, job_id, age_days);
+            o.what = if dry_run {
+                OrphanAction::Done {
+                    action: "would remove".into(),
+                    ok: true,
+                    left: true,
+                    audit: false,
+                }
+            } else {
+                OrphanAction::Done {
+                    action: "removed".into(),
+                    ok: true,
+                    left: false,
+                    audit: true,
+                }
+            };
+            o
+        }
+        tenancy_scratch::Action::DestroyKey {
+            path,
+            tenant,
+            job_id,
+            key_id,
+            wrapped,
+            dry_run,
+        } => {
+            let what = match &wrapped {
+                Some(w) => format!("its wrapped key {}", w.display()),
+                None => "its key".to_string(),
+            };
+            let mut o = Orphan::new(
+                "retained-key",
                 path.display().to_string(),
-                format!("retained {age_days} day(s), past {days}"),
+                format!("key {key_id} of a retained folder past {days} day(s): {what}"),
             )
             .job(job_id)
-            .tenant(tenant)
-        };
-        let mut out = Vec::new();
-        for a in actions {
-            out.push(match a {
-                tenancy_scratch::Action::Remove {
-                    path,
-                    tenant,
-                    job_id,
-                    age_days,
-                    dry_run,
-                    ..
-                } => {
-                    let mut o = past(&path, &tenant, job_id, age_days);
-                    o.what = if dry_run {
-                        OrphanAction::Done {
-                            action: "would remove".into(),
-                            ok: true,
-                            left: true,
-                            audit: false,
-                        }
-                    } else {
-                        OrphanAction::Done {
-                            action: "removed".into(),
-                            ok: true,
-                            left: false,
-                            audit: true,
-                        }
-                    };
-                    o
-                }
-                tenancy_scratch::Action::DestroyKey {
-                    path,
-                    tenant,
-                    job_id,
-                    key_id,
-                    wrapped,
-                    dry_run,
-                } => {
-                    let what = match &wrapped {
-                        Some(w) => format!("its wrapped key {}", w.display()),
-                        None => "its key".to_string(),
-                    };
-                    let mut o = Orphan::new(
-                        "retained-key",
-                        path.display().to_string(),
-                        format!("key {key_id} of a retained folder past {days} day(s): {what}"),
-                    )
-                    .job(job_id)
-                    .tenant(&tenant);
-                    o.what = OrphanAction::Done {
-                        action: if dry_run {
-                            "would destroy".into()
-                        } else {
-                            "destroyed".into()
-                        },
-                        ok: true,
-                        left: dry_run,
-                        audit: !dry_run,
-                    };
-                    o
-                }
-                tenancy_scratch::Action::Skip { path, reason } => {
-                    Orphan::new("retained", path.display().to_string(), reason)
-                        .left("not ours or unsafe")
-                }
-                tenancy_scratch::Action::Failed {
-                    path,
-                    tenant,
-                    job_id,
-                    age_days,
-                    error,
-                    ..
-                } => {
-                    let mut o = past(&path, &tenant, job_id, age_days);
-                    o.what = OrphanAction::Done {
-                        action: format!("failed: {error}"),
-                        ok: false,
-                        left: true,
-                        audit: true,
-                    };
-                    o
-                }
-            });
+            .tenant(&tenant);
+            o.what = OrphanAction::Done {
+                action: if dry_run {
+                    "would destroy".into()
+                } else {
+                    "destroyed".into()
+                },
+                ok: true,
+                left: dry_run,
+                audit: !dry_run,
+            };
+            o
         }
-        out
+        tenancy_scratch::Action::Skip { path, reason } => {
+            Orphan::new("retained", path.display().to_string(), reason).left("not ours or unsafe")
+        }
+        tenancy_scratch::Action::Failed {
+            path,
+            tenant,
+            job_id,
+            age_days,
+            error,
+            ..
+        } => {
+            let mut o = past(&path, &tenant, job_id, age_days);
+            o.what = OrphanAction::Done {
+                action: format!("failed: {error}"),
+                ok: false,
+                left: true,
+                audit: true,
+            };
+            o
+        }
     }
 }
 
