@@ -62,15 +62,7 @@ fn anchored_allowlist_holds_under_slurms_programs() {
     let mount = v2_root();
     let tree = CgTree::new(mount.to_str().unwrap(), "anchored");
     let scope_dir = tree.mkdir("system.slice/t_slurmstepd.scope");
-    let scope = SlurmScope {
-        v2_mount: mount.clone(),
-        rel: scope_dir
-            .strip_prefix(&mount)
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string(),
-    };
+    let scope = scope_at(&mount, &scope_dir);
     let target = Target::Anchored {
         scope: scope.clone(),
     };
@@ -220,15 +212,7 @@ fn an_old_node_program_is_replaced_on_its_maps() {
     let mount = v2_root();
     let tree = CgTree::new(mount.to_str().unwrap(), "upgrade");
     let scope_dir = tree.mkdir("system.slice/u_slurmstepd.scope");
-    let scope = SlurmScope {
-        v2_mount: mount.clone(),
-        rel: scope_dir
-            .strip_prefix(&mount)
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string(),
-    };
+    let scope = scope_at(&mount, &scope_dir);
     // Release 2's prolog set job 6 up: its maps, its program in slot 0, its node program.
     let jobs = sys::map_create(sys::MAP_TYPE_HASH, 8, 4, anchored::SLOTS, "tenancy_jobs").unwrap();
     let progs = sys::map_create(
@@ -289,4 +273,17 @@ fn an_old_node_program_is_replaced_on_its_maps() {
     want.sort_unstable();
     assert_eq!(held, want);
     job::teardown(&a).unwrap();
+}
+
+/// Slurm's slurmstepd scope at `scope_dir`, a folder of the cgroup2 `mount`.
+fn scope_at(mount: &std::path::Path, scope_dir: &std::path::Path) -> SlurmScope {
+    SlurmScope {
+        v2_mount: mount.to_path_buf(),
+        rel: scope_dir
+            .strip_prefix(mount)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string(),
+    }
 }
