@@ -40,8 +40,22 @@ fn running_journal(config: &Config, job_id: u64) -> Result<Journal, String> {
         })
 }
 
+/// [`enter`] for a task whose slurmstepd is already in the job's isolation: the task was born
+/// in the job's IPC namespace (slurmstepd joined it at `slurm_spank_init`, before it forked),
+/// and looks for no other (it could not: the step's Landlock domain, which it inherited, hides
+/// other processes' namespaces from it).
+pub fn enter_inherited(config: &Config, job_id: u64, pid: i32) -> Result<TaskEnv, String> {
+    enter_with(&running_journal(config, job_id)?, pid, false)
+}
+
 /// [`enter`] with the job's journal already read.
 pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
+    enter_with(journal, pid, true)
+}
+
+/// [`enter_journal`]; `join_ipc`: a process that enters itself also joins the job's IPC
+/// namespace.
+fn enter_with(journal: &Journal, pid: i32, join_ipc: bool) -> Result<TaskEnv, String> {
     let job_id = journal.job_id;
     let mut joined: Vec<&Path> = Vec::new();
     let entries = made_entries(journal)?;
@@ -59,7 +73,7 @@ pub fn enter_journal(journal: &Journal, pid: i32) -> Result<TaskEnv, String> {
     check_anchored(journal, &anchors, pid)?;
     // The job's IPC namespace, for a process that enters itself (a task, an ssh session
     // through pam_tenancy); `tenancyctl adopt` enters its parent, which it cannot move.
-    if u32::try_from(pid) == Ok(std::process::id()) {
+    if join_ipc && u32::try_from(pid) == Ok(std::process::id()) {
         let job_cgroup = joined
             .first()
             .map(|c| (*c, false))

@@ -26,8 +26,18 @@ pub fn decide(
 }
 
 /// Puts task `pid` of `job` into the job's isolation; returns the variables to set in the task.
-pub fn enter(config: Option<&Path>, job: u64, pid: i32) -> Result<Vec<(String, String)>, String> {
+/// `inherited`: its slurmstepd is in the job's isolation already, so the task was born in the
+/// job's IPC namespace (`tenancy_job::task::enter_inherited`).
+pub fn enter(
+    config: Option<&Path>,
+    job: u64,
+    pid: i32,
+    inherited: bool,
+) -> Result<Vec<(String, String)>, String> {
     let config = tenancy_job::config_cache::load(config).map_err(|e| one_line(&e.to_string()))?;
+    if inherited {
+        return tenancy_job::task::enter_inherited(&config, job, pid).map(|env| env.vars);
+    }
     node_enter(&config, job, pid)
 }
 

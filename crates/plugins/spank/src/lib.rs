@@ -391,10 +391,15 @@ pub unsafe extern "C" fn slurm_spank_task_init_privileged(
             return Ok(());
         }
         let job = job_id(sp)?;
-        let config = state().args.config.clone();
+        // The plugin's state is slurmstepd's, copied by the fork: contained, slurmstepd had
+        // joined the job's IPC namespace before it forked this task.
+        let (config, inherited) = {
+            let st = state();
+            (st.args.config.clone(), st.stepd_contained)
+        };
         // SAFETY: plain libc call; we are the task process.
         let pid = unsafe { libc::getpid() };
-        let vars = backend::enter(config.as_deref(), u64::from(job), pid)
+        let vars = backend::enter(config.as_deref(), u64::from(job), pid, inherited)
             .map_err(|e| format!("job {job}: cannot put the task into its isolation: {e}"))?;
         for (k, v) in &vars {
             set_task_env(sp, k, v)?;
