@@ -2,7 +2,7 @@
 //! loaded and attached with raw bpf(2). The attachment keeps the program alive after the
 //! loader exits; teardown detaches exactly the recorded program id.
 //!
-//! Attach flags: [`ATTACH_FLAGS`] = BPF_F_ALLOW_MULTI (see README "Attach flags"): the
+//! Attach flags: [`ATTACH_FLAGS`] = BPF_F_ALLOW_MULTI (ARCHITECTURE.md, the devices layer): the
 //! product attaches to a cgroup it owns, outside Slurm's tree; with MULTI a program attached
 //! later in a child cgroup (a container runtime in the job) runs *in addition* to ours and
 //! cannot override it, and a re-run of the prolog adds a second program rather than

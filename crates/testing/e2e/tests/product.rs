@@ -164,7 +164,7 @@ fn ssh_sessions_are_isolated(
     let s = &e.stack;
     if let Some(root) = s.cluster.slurm_root() {
         // The release roots hold Slurm, not sshd and pam_slurm_adopt: sessions are checked on
-        // the host's Slurm (README, "Supported Slurm releases").
+        // the host's Slurm (docs/releases.md).
         eprintln!(
             "NOT CHECKED on Slurm {}: ssh sessions (no sshd in the release root)",
             root.version()
@@ -893,7 +893,7 @@ scenario!(
 );
 
 /// /tmp and /dev/shm are the node's, shared by every job on it, unless Slurm's
-/// job_container/tmpfs gives each job its own (README, "Per-job /tmp and /dev/shm";
+/// job_container/tmpfs gives each job its own (docs/admin-guide.md, "Per-job /tmp and /dev/shm";
 /// `tenancyctl doctor` warns without it): a file acme's job leaves there with the usual umask
 /// would be readable by globex's job. With the plugin it is acme's job's alone: globex's job
 /// and the node itself do not see it. (Without the plugin, globex reads it: the test fails.)
@@ -902,7 +902,7 @@ fn tmp_and_dev_shm_are_per_job_with_slurms_job_container_tmpfs() {
     if let Ok(release) = std::env::var(tenancy_e2e::RELEASE_ENV) {
         // Slurm's job_container/tmpfs keeps each job's mount namespace in a file bind-mounted
         // in BasePath, which a chroot'ed slurmstepd cannot make on the host's mounts: checked on
-        // the host's Slurm only (README, "Supported Slurm releases").
+        // the host's Slurm only (docs/releases.md).
         eprintln!(
             "NOT CHECKED on Slurm {release}: job_container/tmpfs (needs a node, not a chroot)"
         );
