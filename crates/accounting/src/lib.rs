@@ -26,6 +26,27 @@ pub enum Render {
     Json,
 }
 
+/// Calls `line` with each line of the audit logs at `paths` (folders expanded as
+/// [`expand_paths`] does), one buffer reused throughout.
+pub fn for_each_line(paths: &[PathBuf], mut line: impl FnMut(&[u8])) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::BufRead;
+    let mut buf = Vec::new();
+    for f in expand_paths(paths)? {
+        let file = std::fs::File::open(&f)
+            .with_context(|| format!("opening audit log {}", f.display()))?;
+        let mut rd = std::io::BufReader::new(file);
+        loop {
+            buf.clear();
+            if rd.read_until(b'\n', &mut buf)? == 0 {
+                break;
+            }
+            line(&buf);
+        }
+    }
+    Ok(())
+}
+
 /// Expands folders into their regular, non-hidden files (sorted; symlinks inside folders and
 /// `*.lock` files skipped). Explicit file arguments are kept as given.
 pub fn expand_paths(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {

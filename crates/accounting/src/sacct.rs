@@ -4,12 +4,11 @@
 //! and MIG slice-hours that differ from Slurm's `gres/gpu:<profile>` TRES usage by more than the
 //! tolerance. Exit 1 when anything disagrees.
 
-use crate::expand_paths;
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::BufRead;
+
 use std::path::PathBuf;
 use std::process::Command;
 use tenancy_audit_log::record::ts;
@@ -191,54 +190,44 @@ pub fn run_sacct(since: DateTime<Utc>, until: DateTime<Utc>) -> anyhow::Result<S
 /// Every job on every node as the audit logs at `paths` record it.
 fn audit_jobs(paths: &[PathBuf]) -> anyhow::Result<BTreeMap<(String, u64), AuditJob>> {
     let mut jobs: BTreeMap<(String, u64), AuditJob> = BTreeMap::new();
-    let mut buf = Vec::new();
-    for f in expand_paths(paths)? {
-        let file = std::fs::File::open(&f)
-            .with_context(|| format!("opening audit log {}", f.display()))?;
-        let mut rd = std::io::BufReader::new(file);
-        loop {
-            buf.clear();
-            if rd.read_until(b'\n', &mut buf)? == 0 {
-                break;
+    crate::for_each_line(paths, |buf| {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(buf) else {
+            return;
+        };
+        let s = |k: &str| v.get(k).and_then(|x| x.as_str());
+        let (Some(id), Some(node), Some(event)) = (
+            v.get("job_id").and_then(|x| x.as_u64()),
+            s("node"),
+            s("event"),
+        ) else {
+            return;
+        };
+        let Some(Ok(t)) = s("time").map(ts::parse) else {
+            return;
+        };
+        let j = jobs.entry((node.to_string(), id)).or_default();
+        match event {
+            "job_start" if s("outcome") == Some("success") => {
+                j.start = Some(t);
+                j.profile = s("profile").map(str::to_string);
             }
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) else {
-                continue;
-            };
-            let s = |k: &str| v.get(k).and_then(|x| x.as_str());
-            let (Some(id), Some(node), Some(event)) = (
-                v.get("job_id").and_then(|x| x.as_u64()),
-                s("node"),
-                s("event"),
-            ) else {
-                continue;
-            };
-            let Some(Ok(t)) = s("time").map(ts::parse) else {
-                continue;
-            };
-            let j = jobs.entry((node.to_string(), id)).or_default();
-            match event {
-                "job_start" if s("outcome") == Some("success") => {
-                    j.start = Some(t);
+            "job_end" | "teardown_failed" => {
+                if let Some(Ok(st)) = s("started").map(ts::parse) {
+                    j.start.get_or_insert(st);
+                }
+                if j.start.is_some() {
+                    j.end = Some(t);
+                }
+                if j.profile.is_none() {
                     j.profile = s("profile").map(str::to_string);
                 }
-                "job_end" | "teardown_failed" => {
-                    if let Some(Ok(st)) = s("started").map(ts::parse) {
-                        j.start.get_or_insert(st);
-                    }
-                    if j.start.is_some() {
-                        j.end = Some(t);
-                    }
-                    if j.profile.is_none() {
-                        j.profile = s("profile").map(str::to_string);
-                    }
-                }
-                "job_denied" | "rollback" => {
-                    j.refused = Some(format!("{event}: {}", s("reason").unwrap_or("")));
-                }
-                _ => {}
             }
+            "job_denied" | "rollback" => {
+                j.refused = Some(format!("{event}: {}", s("reason").unwrap_or("")));
+            }
+            _ => {}
         }
-    }
+    })?;
     Ok(jobs)
 }
 

@@ -7,12 +7,12 @@
 //! shown, so an auditor re-adds the page and gets the same figure.
 
 use crate::report::{aggregate_paths, parse_month, GroupBy, Query};
-use crate::{expand_paths, verify_paths, Render, VerifyReport};
+use crate::{verify_paths, Render, VerifyReport};
 use anyhow::Context;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use tenancy_config::Billing;
 
@@ -216,63 +216,50 @@ pub fn integrity(paths: &[PathBuf], inputs: &IntegrityInputs) -> anyhow::Result<
 /// (the first [`MAX_LISTED`] of each kind).
 fn incidents(paths: &[PathBuf], q: &Query) -> anyhow::Result<BTreeMap<String, Vec<Incident>>> {
     let mut out: BTreeMap<String, Vec<Incident>> = BTreeMap::new();
-    let mut buf = Vec::new();
-    for f in expand_paths(paths)? {
-        let file = std::fs::File::open(&f)
-            .with_context(|| format!("opening audit log {}", f.display()))?;
-        let mut rd = std::io::BufReader::new(file);
-        loop {
-            buf.clear();
-            if rd.read_until(b'\n', &mut buf)? == 0 {
-                break;
-            }
-            // Cheap filter before parsing: most lines are starts and ends.
-            let wanted = [
-                &b"\"job_denied\""[..],
-                b"\"rollback\"",
-                b"\"teardown_failed\"",
-            ];
-            if !wanted.iter().any(|w| buf.windows(w.len()).any(|x| x == *w)) {
-                continue;
-            }
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) else {
-                continue;
-            };
-            let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("");
-            let event = s("event");
-            if !["job_denied", "rollback", "teardown_failed"].contains(&event) {
-                continue;
-            }
-            let Ok(t) = tenancy_audit_log::record::ts::parse(s("time")) else {
-                continue;
-            };
-            if q.since.is_some_and(|x| t < x) || q.until.is_some_and(|x| t >= x) {
-                continue;
-            }
-            let tenant = match s("tenant") {
-                "" => NO_SLICE.to_string(),
-                t => t.to_string(),
-            };
-            let pass = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
-            if !pass(&q.tenants, &tenant)
-                || !pass(&q.users, s("user"))
-                || !pass(&q.nodes, s("node"))
-            {
-                continue;
-            }
-            let list = out.entry(tenant).or_default();
-            if list.iter().filter(|i| i.event == event).count() >= MAX_LISTED {
-                continue;
-            }
-            list.push(Incident {
-                time: s("time").to_string(),
-                node: s("node").to_string(),
-                job_id: v.get("job_id").and_then(|x| x.as_u64()),
-                event: event.to_string(),
-                reason: s("reason").to_string(),
-            });
+    crate::for_each_line(paths, |buf| {
+        // Cheap filter before parsing: most lines are starts and ends.
+        let wanted = [
+            &b"\"job_denied\""[..],
+            b"\"rollback\"",
+            b"\"teardown_failed\"",
+        ];
+        if !wanted.iter().any(|w| buf.windows(w.len()).any(|x| x == *w)) {
+            return;
         }
-    }
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(buf) else {
+            return;
+        };
+        let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("");
+        let event = s("event");
+        if !["job_denied", "rollback", "teardown_failed"].contains(&event) {
+            return;
+        }
+        let Ok(t) = tenancy_audit_log::record::ts::parse(s("time")) else {
+            return;
+        };
+        if q.since.is_some_and(|x| t < x) || q.until.is_some_and(|x| t >= x) {
+            return;
+        }
+        let tenant = match s("tenant") {
+            "" => NO_SLICE.to_string(),
+            t => t.to_string(),
+        };
+        let pass = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
+        if !pass(&q.tenants, &tenant) || !pass(&q.users, s("user")) || !pass(&q.nodes, s("node")) {
+            return;
+        }
+        let list = out.entry(tenant).or_default();
+        if list.iter().filter(|i| i.event == event).count() >= MAX_LISTED {
+            return;
+        }
+        list.push(Incident {
+            time: s("time").to_string(),
+            node: s("node").to_string(),
+            job_id: v.get("job_id").and_then(|x| x.as_u64()),
+            event: event.to_string(),
+            reason: s("reason").to_string(),
+        });
+    })?;
     Ok(out)
 }
 
