@@ -9,7 +9,18 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{flock, FlockOperation};
 use serde::Deserialize;
 
-use crate::record::{check_line_hash, Event, LineHash, Record, GENESIS};
+use crate::record::{check_line_hash, Event, LineHash, Outcome, Record, GENESIS};
+
+/// The event of the record that says a torn tail was cut off the log
+/// ([`AuditLog::append`]).
+pub const TORN_RECORD_REMOVED: &str = "torn_record_removed";
+
+/// What [`AuditLog::append`] cut off the log's end before its record.
+struct TornTail {
+    offset: u64,
+    removed: u64,
+    sha256: String,
+}
 
 /// What `append` returns: the sequence number and hash given to the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,11 +225,83 @@ impl AuditLog {
             source: e.into(),
         })?;
         let _guard = FlockGuard(&self.file);
+        if let Some(cut) = self.cut_torn_tail_locked()? {
+            // Said in the chain, before the record, by whoever finds it first.
+            let (head, len) = self.read_head_locked()?;
+            if head.rotated && self.replaced()? {
+                return Ok(None);
+            }
+            let mut note = Record::new(
+                rec.cluster.clone(),
+                rec.node.clone(),
+                rec.user.clone(),
+                rec.uid,
+                Event::Other(TORN_RECORD_REMOVED.into()),
+                Outcome::Success,
+                rec.origin.clone(),
+            )
+            .reason(format!(
+                "{} byte(s) at offset {} removed: a record cut short by its writer's death inside \
+                 its write (it was never appended; sha256 of the bytes {})",
+                cut.removed, cut.offset, cut.sha256
+            ));
+            self.write_locked(&mut note, &head, len)?;
+        }
         let (head, len) = self.read_head_locked()?;
         if head.rotated && self.replaced()? {
             return Ok(None);
         }
         self.write_locked(rec, &head, len).map(Some)
+    }
+
+    /// Cuts a torn tail off the log: the bytes after its last newline. Every writer holds the
+    /// lock through its one write(2), so under the lock such bytes are a dead writer's: a
+    /// fatal signal (SIGKILL, the OOM killer, Slurm's PrologEpilogTimeout) stops a write at a
+    /// page boundary, and the writer never got to take them out again as [`Self::append`]
+    /// does on a short write. Its append never returned Ok; removing them finishes its undo,
+    /// and no complete record (each ends with its newline) can be removed this way.
+    fn cut_torn_tail_locked(&self) -> Result<Option<TornTail>> {
+        let rerr = |source| AuditError::ReadHead {
+            path: self.path.clone(),
+            source,
+        };
+        let len = self.file.metadata().map_err(rerr)?.len();
+        if len == 0 {
+            return Ok(None);
+        }
+        let mut last = [0u8; 1];
+        self.file.read_exact_at(&mut last, len - 1).map_err(rerr)?;
+        if last[0] == b'\n' {
+            return Ok(None);
+        }
+        let mut tail: Vec<u8> = Vec::new();
+        let mut pos = len;
+        let keep = loop {
+            let take = 4096u64.min(pos);
+            pos -= take;
+            let mut piece = vec![0u8; take as usize];
+            self.file.read_exact_at(&mut piece, pos).map_err(rerr)?;
+            if let Some(i) = memrchr(b'\n', &piece) {
+                tail.splice(0..0, piece[i + 1..].iter().copied());
+                break pos + i as u64 + 1;
+            }
+            tail.splice(0..0, piece);
+            if pos == 0 {
+                break 0;
+            }
+        };
+        let werr = |source| AuditError::Write {
+            path: self.path.clone(),
+            seq: 0,
+            source,
+        };
+        self.file.set_len(keep).map_err(werr)?;
+        self.sync().map_err(werr)?;
+        Ok(Some(TornTail {
+            offset: keep,
+            removed: len - keep,
+            sha256: crate::record::canonical_hash(&tail),
+        }))
     }
 
     /// Whether the log's path names another file than the one held (a rotation replaced it,
@@ -612,6 +695,53 @@ mod tests {
         );
         // the next append takes seq 2: the failed one is not in the chain
         assert_eq!(log.append(&mut rec(3)).unwrap().seq, 2);
+    }
+
+    #[test]
+    fn torn_record_of_a_killed_writer_is_removed_and_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("audit.jsonl");
+        let mut log = AuditLog::open(&p).unwrap();
+        log.append(&mut rec(1)).unwrap();
+        let whole = std::fs::read(&p).unwrap();
+        // A writer SIGKILLed inside its write(2): its record stops at a page boundary.
+        let mut torn = rec(2);
+        let line = torn.seal(2, "0".repeat(64).as_str()).unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(&line[..line.len() / 2]).unwrap();
+        drop(f);
+        let mut log = AuditLog::open(&p).unwrap();
+        let a = log.append(&mut rec(3)).unwrap();
+        assert_eq!(a.seq, 3, "the note is seq 2, the record seq 3");
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            text.as_bytes().starts_with(&whole),
+            "a complete record was touched"
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[1].contains("\"event\":\"torn_record_removed\""),
+            "{}",
+            lines[1]
+        );
+        assert!(
+            lines[1].contains(&format!("{} byte(s)", line.len() / 2)),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[2].contains("\"job_id\":3"), "{}", lines[2]);
+        for l in &lines {
+            assert!(
+                matches!(check_line_hash(l.as_bytes()), LineHash::Valid(_)),
+                "{l}"
+            );
+        }
+        // A log whose very first record is torn starts its chain again with the note.
+        let q = dir.path().join("first.jsonl");
+        std::fs::write(&q, &line[..10]).unwrap();
+        let mut log = AuditLog::open(&q).unwrap();
+        assert_eq!(log.append(&mut rec(4)).unwrap().seq, 2);
     }
 
     #[test]

@@ -46,6 +46,18 @@ impl Daemons {
         self.0.iter().find(|(n, _)| n == name).map(|(_, c)| c.id())
     }
 
+    /// SIGKILLs the daemon `name` and reaps it (a crash, for the fault tests); false when
+    /// there is none of that name.
+    pub fn kill(&mut self, name: &str) -> bool {
+        let Some(i) = self.0.iter().position(|(n, _)| n == name) else {
+            return false;
+        };
+        let (_, mut child) = self.0.remove(i);
+        let _ = child.kill();
+        let _ = child.wait();
+        true
+    }
+
     /// Stops every daemon (SIGTERM, SIGKILL after 10 s), newest first; says which failed.
     pub fn stop(&mut self) -> Result<()> {
         let mut errors = Vec::new();
@@ -71,7 +83,8 @@ impl Drop for Daemons {
 }
 
 pub(crate) fn spawn_daemon(name: &str, cmd: &mut Command, log: &Path) -> Result<Child> {
-    let out = File::create(log)?;
+    // Appended: a daemon started again (after a fault) keeps its earlier log.
+    let out = File::options().create(true).append(true).open(log)?;
     let err = out.try_clone()?;
     // SAFETY: setsid is async-signal-safe.
     unsafe {

@@ -51,6 +51,7 @@ pub mod root_overlay;
 mod scenario;
 pub mod scratch_fs;
 mod slurm_conf;
+pub mod soak;
 pub mod sshd;
 pub mod stack;
 pub mod steer;

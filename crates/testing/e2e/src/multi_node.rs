@@ -48,6 +48,8 @@ pub const ACME_PREFIX: &str = "10.231.1.0/24";
 pub const GLOBEX_PREFIX: &str = "10.231.2.0/24";
 const SLURMCTLD_PORT: u16 = 6817;
 const SLURMD_PORT: u16 = 6818;
+/// How long a node [`MultiNode::reboot`]s for.
+pub const REBOOT_DOWN: Duration = Duration::from_secs(25);
 
 /// One node: `n<i>` at `10.231.0.<i>`.
 pub struct Node {
@@ -79,6 +81,8 @@ pub struct MultiNode {
     br_ns: String,
     cgroup_base: PathBuf,
     daemons: Daemons,
+    /// Per node, the offset of its boot clock after a [`MultiNode::reboot`] (None before).
+    boot_offsets: Vec<Option<i64>>,
     stopped: bool,
     _lock: Flock<File>,
 }
@@ -196,10 +200,12 @@ impl MultiNode {
             br_ns,
             cgroup_base: v2.join(&tag),
             daemons: Daemons::default(),
+            boot_offsets: Vec::new(),
             stopped: false,
             _lock: lock,
         };
         mn.network(&tag)?;
+        mn.boot_offsets = vec![None; mn.nodes.len()];
         let mut config = tenancy_toml(&d.join("node"), &mn.tenants);
         for edit in &options.config {
             edit(&mut config);
@@ -225,15 +231,12 @@ impl MultiNode {
         Ok(mn)
     }
 
-    /// slurmctld in the bridge's namespace, and each node's slurmd.
+    /// slurmctld in the bridge's namespace, and each node: a process holding its namespaces
+    /// (its cgroup2 subtree, state and host name, scripts/node-slurmd.sh), and its slurmd.
     fn spawn_daemons(&mut self, d: &Path) -> Result<()> {
-        let mut ctld = Command::new("slurmctld");
-        ctld.args(["-D", "-i"]).env("SLURM_CONF", &self.conf);
-        enter_namespaces(&mut ctld, &[net_ns(&self.br_ns)]);
-        self.daemons
-            .spawn("slurmctld", &mut ctld, &d.join("log/slurmctld.out"))?;
-        // Each slurmd in its node's namespaces, with its own cgroup2 subtree and state.
-        for n in &self.nodes {
+        self.start_slurmctld()?;
+        for i in 0..self.nodes.len() {
+            let n = &self.nodes[i];
             let mut cmd = Command::new("unshare");
             cmd.args(["--uts", "--mount", "--propagation", "private", "--"])
                 .args([
@@ -247,14 +250,191 @@ impl MultiNode {
                 .arg(&n.root)
                 .arg(d.join("node"))
                 .arg(d.join("etc/hosts"))
-                .env("SLURM_CONF", &self.client.conf)
                 .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
             enter_namespaces(&mut cmd, &[net_ns(&n.netns)]);
-            let log = d.join(format!("log/slurmd-{}.out", n.name));
+            let log = d.join(format!("log/node-{}.out", n.name));
             self.daemons
-                .spawn(&format!("slurmd {}", n.name), &mut cmd, &log)?;
+                .spawn(&format!("node {}", n.name), &mut cmd, &log)?;
+            self.wait_node_mounts(i)?;
+            self.start_slurmd(i)?;
         }
         Ok(())
+    }
+
+    /// Starts slurmctld (again after [`Self::kill_slurmctld`]: it recovers its state).
+    pub fn start_slurmctld(&mut self) -> Result<()> {
+        let mut ctld = Command::new("slurmctld");
+        ctld.args(["-D", "-i"]).env("SLURM_CONF", &self.conf);
+        enter_namespaces(&mut ctld, &[net_ns(&self.br_ns)]);
+        let log = self.path("log/slurmctld.out");
+        self.daemons.spawn("slurmctld", &mut ctld, &log)
+    }
+
+    /// SIGKILLs slurmctld (a crash; jobs and nodes go on without it).
+    pub fn kill_slurmctld(&mut self) -> bool {
+        self.daemons.kill("slurmctld")
+    }
+
+    /// Starts node `i`'s slurmd in the node's namespaces (again after [`Self::kill_slurmd`]).
+    pub fn start_slurmd(&mut self, i: usize) -> Result<()> {
+        let mut cmd = match self.boot_offsets[i] {
+            // A rebooted node's slurmd in a time namespace whose boot clock starts at the
+            // reboot: slurmctld sees the node's new boot time (/proc/uptime, sysinfo) and ends
+            // the jobs that ran there before it, as after a real reboot.
+            Some(offset) => {
+                let mut c = self.node_cmd(i, "unshare");
+                c.args(["--time", "--boottime", &offset.to_string(), "--kill-child"]);
+                c.arg("slurmd");
+                c
+            }
+            None => self.node_cmd(i, "slurmd"),
+        };
+        cmd.arg("-D");
+        let log = self.path(&format!("log/slurmd-{}.out", self.nodes[i].name));
+        let name = format!("slurmd {}", self.nodes[i].name);
+        self.daemons.spawn(&name, &mut cmd, &log)
+    }
+
+    /// SIGKILLs node `i`'s slurmd (its slurmstepds and jobs go on).
+    pub fn kill_slurmd(&mut self, i: usize) -> bool {
+        let name = format!("slurmd {}", self.nodes[i].name);
+        self.daemons.kill(&name)
+    }
+
+    /// A crash of node `i` and its boot: every process of the node killed (slurmd, every
+    /// slurmstepd, every job's process), the kernel's state of it gone (its nft table, its
+    /// emptied cgroups), then the boot units' commands (`firewall apply`, `reconcile
+    /// --apply`, as packaging/systemd orders them before slurmd) and slurmd started again.
+    /// What is on disk (journals, audit log, scratch) stays, as on a real node.
+    pub fn reboot(&mut self, i: usize) -> Result<()> {
+        self.kill_slurmd(i);
+        self.kill_node_processes(i);
+        let mut nft = self.node_cmd(i, "nft");
+        nft.args(["delete", "table", "inet", "tenancy"]);
+        let _ = nft.output();
+        remove_cgroups_below(&self.cgroup_base.join(&self.nodes[i].name));
+        // Down for as long as a reboot takes: slurmctld ends a batch job its batch host's
+        // registration no longer lists once the job was last seen more than BatchStartTimeout
+        // + MessageTimeout (10 + 10 s) ago (Slurm's _purge_missing_jobs).
+        std::thread::sleep(REBOOT_DOWN);
+        let uptime = fs::read_to_string("/proc/uptime")?;
+        let up: f64 = uptime
+            .split_whitespace()
+            .next()
+            .and_then(|w| w.parse().ok())
+            .ok_or_else(|| anyhow!("/proc/uptime: {uptime:?}"))?;
+        self.boot_offsets[i] = Some(2 - up as i64);
+        for args in [&["firewall", "apply"][..], &["reconcile", "--apply"][..]] {
+            let mut c = self.node_cmd(i, artifact("tenancyctl")?);
+            c.arg("--config").arg(&self.tenancy_toml).args(args);
+            let o = c.output()?;
+            // reconcile's exit 1 (something kept: a job Slurm still counts on the node) lets
+            // slurmd start, as the unit does; its epilog ends that job.
+            if !(o.status.success() || (args[0] == "reconcile" && o.status.code() == Some(1))) {
+                bail!(
+                    "boot of {}: tenancyctl {}: {}{}",
+                    self.nodes[i].name,
+                    args.join(" "),
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+        }
+        self.start_slurmd(i)
+    }
+
+    /// Pids of node `i`'s processes but the one holding its namespaces: those in its network
+    /// namespace, in its cgroup2 subtree and in Slurm's v1 cgroups of it.
+    pub fn node_processes(&self, i: usize) -> Vec<i32> {
+        let keeper = self.keeper_pid(i);
+        let net = fs::read_link(format!("/proc/{keeper}/ns/net")).ok();
+        let mut pids = std::collections::BTreeSet::new();
+        if let Ok(rd) = fs::read_dir("/proc") {
+            for e in rd.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                if net.is_some() && fs::read_link(e.path().join("ns/net")).ok() == net {
+                    pids.insert(pid);
+                }
+            }
+        }
+        let mut roots = vec![self.cgroup_base.join(&self.nodes[i].name)];
+        roots.extend(slurm_cgroups(
+            &self.nodes[i].name,
+            &["freezer", "pids", "memory", "cpuset", "devices"],
+        ));
+        for root in roots {
+            pids.extend(cgroup_pids(&root));
+        }
+        pids.remove(&(keeper as i32));
+        pids.into_iter().collect()
+    }
+
+    /// SIGKILLs every process of node `i` (see [`Self::node_processes`]) until none is left.
+    pub fn kill_node_processes(&self, i: usize) {
+        for _ in 0..100 {
+            let pids = self.node_processes(i);
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "tenancy-e2e: processes of {} outlived SIGKILL: {:?}",
+            self.nodes[i].name,
+            self.node_processes(i)
+        );
+    }
+
+    /// Node `i`'s own cgroup2 tree (its `/sys/fs/cgroup/unified`).
+    pub fn node_cgroup(&self, i: usize) -> PathBuf {
+        self.cgroup_base.join(&self.nodes[i].name)
+    }
+
+    /// Node `i`'s slurmd, when it runs.
+    pub fn slurmd_pid(&self, i: usize) -> Option<u32> {
+        self.daemons
+            .pid_of(&format!("slurmd {}", self.nodes[i].name))
+    }
+
+    /// `tenancyctl --config .. ARGS` on node `i`, as root outside every job.
+    pub fn tenancyctl(&self, i: usize, args: &[&str]) -> Result<Output> {
+        let mut c = self.node_cmd(i, artifact("tenancyctl")?);
+        c.arg("--config").arg(&self.tenancy_toml).args(args);
+        Ok(c.output()?)
+    }
+
+    fn keeper_pid(&self, i: usize) -> u32 {
+        let name = format!("node {}", self.nodes[i].name);
+        self.daemons
+            .pid_of(&name)
+            .unwrap_or_else(|| panic!("node {} is not running", self.nodes[i].name))
+    }
+
+    /// Waits until node `i`'s holder has made its mounts (its host name is set last but one).
+    fn wait_node_mounts(&self, i: usize) -> Result<()> {
+        let pid = self.keeper_pid(i);
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == "sleep" {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!(
+            "node {} did not make its mounts; see {}",
+            self.nodes[i].name,
+            self.path(&format!("log/node-{}.out", self.nodes[i].name))
+                .display()
+        )
     }
 
     /// The firewall in each node, before the first job (the prolog refuses without it).
@@ -380,11 +560,7 @@ impl MultiNode {
     /// A command on node `i` (its network, mount and UTS namespaces: its cgroups, state and
     /// nft table), as root, outside every job.
     pub fn node_cmd(&self, i: usize, program: impl AsRef<OsStr>) -> Command {
-        let name = format!("slurmd {}", self.nodes[i].name);
-        let pid = self
-            .daemons
-            .pid_of(&name)
-            .unwrap_or_else(|| panic!("node {} has no slurmd", self.nodes[i].name));
+        let pid = self.keeper_pid(i);
         let mut c = Command::new(program);
         c.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
@@ -491,6 +667,35 @@ impl MultiNode {
             }
         }
         r
+    }
+}
+
+/// The pids in every `cgroup.procs` under `root`.
+fn cgroup_pids(root: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let procs = fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+        out.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        if let Ok(rd) = fs::read_dir(&d) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Removes the cgroups below `root` (not `root`), as a reboot loses them.
+fn remove_cgroups_below(root: &Path) {
+    if let Ok(rd) = fs::read_dir(root) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroups(&e.path());
+            }
+        }
     }
 }
 

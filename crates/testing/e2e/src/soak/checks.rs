@@ -1,0 +1,432 @@
+//! What the soak checks at the end, on every node, by reading the nodes' state (not logs by
+//! eye): nothing left of any job (cgroup, nft element, scratch tree, journal, process; and
+//! `tenancyctl reconcile` finds nothing to do), every job Slurm ran has its records on each of
+//! its nodes, every record chain verifies, every drain has its cause, and a cross-node
+//! isolation attack still fails.
+
+use super::faults::{Drain, Fault, FaultKind};
+use super::workload::{JobKind, Workload};
+use crate::{artifact, parse_kv, probe_kv, MultiNode};
+use anyhow::{Context, Result};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+/// Counts of what was checked, and what failed (each a sentence).
+#[derive(Debug, Default)]
+pub struct Checks {
+    pub counts: BTreeMap<String, usize>,
+    pub failures: Vec<String>,
+    /// The prologs' and epilogs' `duration_us` on their records.
+    pub prolog_us: Vec<u64>,
+    pub epilog_us: Vec<u64>,
+}
+
+impl Checks {
+    fn count(&mut self, what: &str, n: usize) {
+        *self.counts.entry(what.to_string()).or_default() += n;
+    }
+
+    fn fail(&mut self, what: String) {
+        self.failures.push(what);
+    }
+}
+
+/// The `p`th percentile of `v` (nearest rank; 0 for none).
+pub fn percentile(v: &[u64], p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
+
+/// One node's records of one job.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct JobRecords {
+    pub starts: usize,
+    pub ends: usize,
+    pub denied: usize,
+    pub rollbacks: usize,
+    pub reconciled: usize,
+}
+
+/// Each job's records in one node's audit log.
+pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecords>> {
+    let text = fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
+    let mut out: BTreeMap<u64, JobRecords> = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            checks.fail(format!("{}: a line that is no JSON record", log.display()));
+            continue;
+        };
+        let Some(job) = v["job_id"].as_u64() else {
+            continue;
+        };
+        let r = out.entry(job).or_default();
+        let us = v["duration_us"].as_u64();
+        match v["event"].as_str().unwrap_or_default() {
+            "job_start" => {
+                r.starts += 1;
+                checks.prolog_us.extend(us);
+            }
+            "job_end" => {
+                r.ends += 1;
+                checks.epilog_us.extend(us);
+            }
+            "job_denied" => r.denied += 1,
+            "rollback" => r.rollbacks += 1,
+            "reconcile" => r.reconciled += 1,
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Node names of a Slurm host list (`n1`, `n[1-2]`, `n[1,2]`); empty for `(null)`.
+pub fn expand_nodes(list: &str) -> Vec<String> {
+    if list.is_empty() || list == "(null)" {
+        return Vec::new();
+    }
+    let Some((prefix, rest)) = list.split_once('[') else {
+        return list.split(',').map(str::to_string).collect();
+    };
+    let inner = rest.trim_end_matches(']');
+    let mut out = Vec::new();
+    for part in inner.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
+                out.extend((a..=b).map(|i| format!("{prefix}{i}")));
+            }
+            None => out.push(format!("{prefix}{part}")),
+        }
+    }
+    out
+}
+
+/// Every check, after the cluster settled.
+pub fn run(mn: &MultiNode, work: &Workload, faults: &[Fault], drains: &[Drain]) -> Result<Checks> {
+    let mut c = Checks::default();
+    for x in &work.wrongly_accepted {
+        c.fail(x.clone());
+    }
+    for i in 0..mn.nodes.len() {
+        leaks(mn, i, &mut c)?;
+    }
+    jobs(mn, work, faults, &mut c)?;
+    verify(mn, &mut c)?;
+    for d in drains {
+        c.count("drains checked", 1);
+        if d.cause.is_none() {
+            c.fail(format!(
+                "{} was drained at {:.0} s ({:?}) and no injected fault explains it",
+                d.node, d.at_s, d.reason
+            ));
+        }
+    }
+    attack(mn, &mut c)?;
+    Ok(c)
+}
+
+/// What a job could leave on node `i`.
+pub fn leaks(mn: &MultiNode, i: usize, c: &mut Checks) -> Result<()> {
+    let node = &mn.nodes[i];
+    let mut left = Vec::new();
+    let tenancy = mn.node_cgroup(i).join("tenancy");
+    for d in walk_dirs(&tenancy) {
+        let name = d
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        if name.starts_with("job_") {
+            left.push(format!("cgroup {}", d.display()));
+        }
+    }
+    c.count("cgroup trees looked at", 1);
+    let mut nft = mn.node_cmd(i, "nft");
+    nft.args(["list", "table", "inet", "tenancy"]);
+    let o = nft.output()?;
+    let table = String::from_utf8_lossy(&o.stdout).to_string();
+    let mut set = String::new();
+    for line in table.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("set ") {
+            set = rest.trim_end_matches(" {").to_string();
+        } else if line.starts_with("elements =") && set.starts_with("jobs") {
+            left.push(format!("nft set {set}: {line}"));
+        }
+    }
+    c.count("nft tables looked at", 1);
+    for t in fs::read_dir(node.root.join("scratch"))?.flatten() {
+        for e in fs::read_dir(t.path()).into_iter().flatten().flatten() {
+            left.push(format!("scratch {}", e.path().display()));
+        }
+    }
+    c.count("scratch roots looked at", 1);
+    for f in walk_files(&node.root.join("state")) {
+        let name = f
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        if name.starts_with("job") && fs::metadata(&f).is_ok_and(|m| m.len() > 0) {
+            left.push(format!("journal {}", f.display()));
+        }
+    }
+    c.count("journal folders looked at", 1);
+    let slurmd = mn.slurmd_pid(i);
+    for pid in mn.node_processes(i) {
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        // slurmd itself (a rebooted node's is the child of its time namespace's unshare).
+        if Some(pid as u32) == slurmd || comm.trim() == "slurmd" {
+            continue;
+        }
+        left.push(format!("process {pid} ({})", comm.trim()));
+    }
+    c.count("process lists looked at", 1);
+    let mut r = mn.node_cmd(i, artifact("tenancyctl")?);
+    r.arg("--config").arg(&mn.tenancy_toml).arg("reconcile");
+    let o = r.output()?;
+    if !o.status.success() {
+        left.push(format!(
+            "`tenancyctl reconcile` finds work: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    c.count("reconcile dry runs", 1);
+    for l in left {
+        c.fail(format!("{}: left after the soak: {l}", node.name));
+    }
+    Ok(())
+}
+
+/// Every job Slurm knows, against the nodes' records.
+fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Result<()> {
+    let mut per_node = BTreeMap::new();
+    for n in &mn.nodes {
+        per_node.insert(
+            n.name.clone(),
+            records(&n.root.join("audit/audit.jsonl"), c)?,
+        );
+    }
+    let faulted: Vec<String> = faults
+        .iter()
+        .filter(|f| f.hit && f.kind != FaultKind::EpilogKill)
+        .map(|f| f.node.map_or("*".to_string(), |i| mn.nodes[i].name.clone()))
+        .collect();
+    let mut s = mn.cmd("scontrol");
+    s.args(["show", "job", "-o"]);
+    let o = mn.run(s)?;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    for line in text.lines().filter(|l| l.starts_with("JobId=")) {
+        let kv = parse_kv(line);
+        let id: u64 = kv.get("JobId").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let state = kv.get("JobState").cloned().unwrap_or_default();
+        c.count("jobs in Slurm", 1);
+        *c.counts
+            .entry(format!("jobs {}", state.to_lowercase()))
+            .or_default() += 1;
+        let nodes = expand_nodes(kv.get("NodeList").map_or("", String::as_str));
+        let ran = !nodes.is_empty() && kv.get("StartTime").is_some_and(|t| t != "Unknown");
+        let mut total = JobRecords::default();
+        for n in &nodes {
+            let r = per_node
+                .get(n)
+                .and_then(|m| m.get(&id))
+                .copied()
+                .unwrap_or_default();
+            total.starts += r.starts;
+            total.ends += r.ends;
+            if r.starts > r.ends + r.reconciled {
+                c.fail(format!(
+                    "job {id} ({state}) has {} job_start and {} job_end on {n}, and no reconcile",
+                    r.starts, r.ends
+                ));
+            }
+            let seen = r.starts + r.ends + r.denied + r.rollbacks + r.reconciled > 0;
+            if ran && !seen {
+                if state == "COMPLETED" || !faulted.iter().any(|f| f == "*" || f == n) {
+                    c.fail(format!(
+                        "job {id} ({state}) ran on {n} and has no record there"
+                    ));
+                } else {
+                    c.count("job-nodes without a record, behind a fault there", 1);
+                }
+            }
+            if state == "COMPLETED" && r.starts == 0 {
+                c.fail(format!(
+                    "job {id} completed on {n} without a job_start there"
+                ));
+            }
+        }
+        if ran {
+            c.count("jobs that ran, checked node by node", 1);
+        }
+        if total.starts > 0 {
+            c.count("jobs started", 1);
+        }
+        let sub = work.jobs.get(&id);
+        if sub
+            .is_some_and(|s| s.kind == JobKind::Requeue && s.acted_in.as_deref() == Some("RUNNING"))
+            && state == "COMPLETED"
+        {
+            c.count("jobs requeued while running, completed", 1);
+            if total.starts < 2 {
+                c.fail(format!(
+                    "job {id} was requeued while it ran and completed, with {} job_start in all",
+                    total.starts
+                ));
+            }
+        }
+    }
+    for (node, m) in &per_node {
+        for (id, r) in m {
+            c.count("job_start records", r.starts);
+            c.count("job_end records", r.ends);
+            c.count("job_denied records", r.denied);
+            if r.starts > 0 && !text.contains(&format!("JobId={id} ")) {
+                c.fail(format!(
+                    "{node} has records of job {id}, which Slurm does not know"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tenancyctl audit verify --all-nodes` over every node's log.
+pub fn verify(mn: &MultiNode, c: &mut Checks) -> Result<()> {
+    let mut v = std::process::Command::new(artifact("tenancyctl")?);
+    v.arg("--config")
+        .arg(&mn.tenancy_toml)
+        .args(["audit", "verify", "--all-nodes"]);
+    for n in &mn.nodes {
+        v.arg(n.root.join("audit/audit.jsonl"));
+    }
+    let o = v.output()?;
+    c.count("audit verify runs", 1);
+    if !o.status.success() {
+        c.fail(format!(
+            "audit verify --all-nodes: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// The multi-node suite's cross-node attack, after the soak: globex's job on both nodes
+/// serves; acme's job on each node connects to it on the other (TCP and UDP). Every probe
+/// must fail, while a process outside every job reaches the listener.
+pub fn attack(mn: &MultiNode, c: &mut Checks) -> Result<()> {
+    let (acme1, globex1) = (&mn.tenants.acme1, &mn.tenants.globex1);
+    let sdir = mn.user_dir(globex1).join("soak-serve");
+    let pdir = mn.user_dir(acme1).join("soak-probe");
+    for (d, u) in [(&sdir, globex1), (&pdir, acme1)] {
+        fs::create_dir_all(d)?;
+        nix::unistd::chown(
+            d.as_path(),
+            Some(nix::unistd::Uid::from_raw(u.uid)),
+            Some(nix::unistd::Gid::from_raw(u.gid)),
+        )?;
+    }
+    let port = "7346";
+    let stop = sdir.join("stop");
+    let sid = mn.sbatch(
+        globex1,
+        "globex",
+        &[],
+        &[
+            "serve",
+            port,
+            stop.to_str().unwrap_or_default(),
+            sdir.to_str().unwrap_or_default(),
+        ],
+    )?;
+    for n in &mn.nodes {
+        mn.wait_file_line(
+            &sdir.join(format!("serve-{}.txt", n.name)),
+            "listening=",
+            Duration::from_secs(120),
+        )?;
+    }
+    let mut control = mn.node_cmd(0, "/usr/bin/python3");
+    control
+        .arg(mn.net_task())
+        .args(["probe", pdir.to_str().unwrap_or_default(), port])
+        .env("TARGETS_n1", "control=n2");
+    control.status()?;
+    let ctl = probe_kv(&fs::read_to_string(pdir.join("probe-x-n1.txt")).unwrap_or_default());
+    let env = [
+        ("TARGETS_n1", "peer=n2".to_string()),
+        ("TARGETS_n2", "peer=n1".to_string()),
+    ];
+    let pid = mn.sbatch(
+        acme1,
+        "acme",
+        &env,
+        &["probe", pdir.to_str().unwrap_or_default(), port],
+    )?;
+    let info = mn.wait_job_done(pid, Duration::from_secs(120))?;
+    fs::write(&stop, "")?;
+    let _ = mn.wait_job_done(sid, Duration::from_secs(60));
+    c.count("isolation attacks after the soak", 1);
+    if !ctl.get("control.tcp").is_some_and(|v| v.starts_with("ok")) {
+        c.fail(format!(
+            "the attack's control did not reach globex's listener: {ctl:?}"
+        ));
+    }
+    if info.get("JobState").map(String::as_str) != Some("COMPLETED") {
+        c.fail(format!("the attacking job did not complete: {info:?}"));
+    }
+    for n in &mn.nodes {
+        let r = probe_kv(
+            &fs::read_to_string(pdir.join(format!("probe-{pid}-{}.txt", n.name)))
+                .unwrap_or_default(),
+        );
+        for proto in ["tcp", "udp"] {
+            let got = r.get(&format!("peer.{proto}")).cloned().unwrap_or_default();
+            if got.is_empty() || got.starts_with("ok") {
+                c.fail(format!(
+                    "after the soak, acme's job on {} reached globex's job over {proto}: {got:?}",
+                    n.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn walk_dirs(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.push(e.path());
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+fn walk_files(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => out.push(e.path()),
+                _ => {}
+            }
+        }
+    }
+    out
+}

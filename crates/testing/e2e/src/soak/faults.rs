@@ -1,0 +1,277 @@
+//! The soak's faults, at random times: slurmd or slurmctld SIGKILLed and started again, a
+//! prolog or epilog SIGKILLed, a node rebooted ([`MultiNode::reboot`]). Drained nodes are
+//! noted with their reason, tied to the fault that caused them, and resumed.
+
+use super::Plan;
+use crate::{parse_kv, MultiNode};
+use anyhow::{bail, Result};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    SlurmdKill,
+    SlurmctldKill,
+    PrologKill,
+    EpilogKill,
+    NodeReboot,
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FaultKind::SlurmdKill => "slurmd_kill",
+            FaultKind::SlurmctldKill => "slurmctld_kill",
+            FaultKind::PrologKill => "prolog_kill",
+            FaultKind::EpilogKill => "epilog_kill",
+            FaultKind::NodeReboot => "node_reboot",
+        })
+    }
+}
+
+/// One injected fault.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub kind: FaultKind,
+    /// The node it hit (None: slurmctld).
+    pub node: Option<usize>,
+    /// Seconds into the soak it began and ended.
+    pub at_s: f64,
+    pub until_s: f64,
+    /// Whether it found its target (a prolog or epilog to kill was running).
+    pub hit: bool,
+}
+
+/// A node seen drained or down, and the fault it is tied to.
+#[derive(Debug, Clone)]
+pub struct Drain {
+    pub node: String,
+    pub at_s: f64,
+    pub reason: String,
+    /// The fault that explains it (`<kind> on <node> at <s> s`), None when none does.
+    pub cause: Option<String>,
+}
+
+/// How long after a fault a drain is still its doing (Slurm notices a killed prolog's node
+/// at the job's next message).
+const DRAIN_WINDOW_S: f64 = 90.0;
+
+pub struct Injector {
+    every: Option<Duration>,
+    nodes: usize,
+    next: Option<f64>,
+    pub faults: Vec<Fault>,
+    drains: Vec<Drain>,
+}
+
+impl Injector {
+    pub fn new(plan: &Plan, nodes: usize) -> Injector {
+        Injector {
+            every: plan.fault_every,
+            nodes,
+            next: plan.fault_every.map(|d| d.as_secs_f64() / 2.0),
+            faults: Vec::new(),
+            drains: Vec::new(),
+        }
+    }
+
+    /// The fault that is due, if any, then the drains.
+    pub fn round(
+        &mut self,
+        mn: &mut MultiNode,
+        rng: &mut fastrand::Rng,
+        start: Instant,
+    ) -> Result<()> {
+        let now = start.elapsed().as_secs_f64();
+        if let (Some(every), Some(next)) = (self.every, self.next) {
+            if now >= next {
+                let kind = match rng.u32(0..100) {
+                    0..=19 => FaultKind::SlurmdKill,
+                    20..=34 => FaultKind::SlurmctldKill,
+                    35..=59 => FaultKind::PrologKill,
+                    60..=79 => FaultKind::EpilogKill,
+                    _ => FaultKind::NodeReboot,
+                };
+                let node = rng.usize(0..self.nodes);
+                let f = inject(mn, kind, node, start)?;
+                self.faults.push(f);
+                // Exponential gaps around the mean.
+                let gap = -every.as_secs_f64() * (1.0 - rng.f64()).ln();
+                self.next = Some(
+                    start.elapsed().as_secs_f64() + gap.clamp(1.0, 10.0 * every.as_secs_f64()),
+                );
+            }
+        }
+        self.drains.extend(resume_drained(mn, &self.faults, start)?);
+        Ok(())
+    }
+
+    /// The drains seen so far.
+    pub fn finish(&mut self, _mn: &mut MultiNode, _start: Instant) -> Result<Vec<Drain>> {
+        Ok(std::mem::take(&mut self.drains))
+    }
+}
+
+/// Injects `kind` on `node` (slurmctld for [`FaultKind::SlurmctldKill`]).
+pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) -> Result<Fault> {
+    let at_s = start.elapsed().as_secs_f64();
+    let mut hit = true;
+    match kind {
+        FaultKind::SlurmdKill => {
+            mn.kill_slurmd(node);
+            std::thread::sleep(Duration::from_millis(500));
+            mn.start_slurmd(node)?;
+        }
+        FaultKind::SlurmctldKill => {
+            mn.kill_slurmctld();
+            std::thread::sleep(Duration::from_millis(500));
+            mn.start_slurmctld()?;
+            wait_controller(mn, Duration::from_secs(60))?;
+        }
+        FaultKind::PrologKill => hit = kill_program(mn, node, "tenancy-prolog"),
+        FaultKind::EpilogKill => hit = kill_program(mn, node, "tenancy-epilog"),
+        FaultKind::NodeReboot => mn.reboot(node)?,
+    }
+    Ok(Fault {
+        kind,
+        node: (kind != FaultKind::SlurmctldKill).then_some(node),
+        at_s,
+        until_s: start.elapsed().as_secs_f64(),
+        hit,
+    })
+}
+
+/// SIGKILLs the first process of `node` running `program` within 8 s; whether one was.
+fn kill_program(mn: &MultiNode, node: usize, program: &str) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(8) {
+        for pid in mn.node_processes(node) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == program {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Waits until slurmctld answers again.
+pub fn wait_controller(mn: &MultiNode, timeout: Duration) -> Result<()> {
+    let t = Instant::now();
+    while t.elapsed() < timeout {
+        let mut c = mn.cmd("scontrol");
+        c.arg("ping");
+        if mn
+            .run(c)
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("UP"))
+        {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!(
+        "slurmctld did not answer within {timeout:?}; logs in {}",
+        mn.path("log").display()
+    )
+}
+
+/// Nodes drained or down now, noted with their reason and cause, and resumed.
+fn resume_drained(mn: &MultiNode, faults: &[Fault], start: Instant) -> Result<Vec<Drain>> {
+    let mut c = mn.cmd("scontrol");
+    c.args(["show", "node", "-o"]);
+    let Ok(o) = mn.run(c) else {
+        return Ok(Vec::new());
+    };
+    if !o.status.success() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let kv = parse_kv(line);
+        let state = kv.get("State").cloned().unwrap_or_default();
+        if !(state.contains("DRAIN") || state.starts_with("DOWN") || state.contains("FAIL")) {
+            continue;
+        }
+        let node = kv.get("NodeName").cloned().unwrap_or_default();
+        let reason = line
+            .split_once("Reason=")
+            .map(|(_, r)| r.trim().to_string())
+            .unwrap_or_default();
+        let at_s = start.elapsed().as_secs_f64();
+        let index = mn.nodes.iter().position(|n| n.name == node);
+        let cause = faults
+            .iter()
+            .rev()
+            .find(|f| {
+                (f.node.is_none() || f.node == index)
+                    && f.at_s <= at_s
+                    && at_s <= f.until_s + DRAIN_WINDOW_S
+            })
+            .map(|f| {
+                format!(
+                    "{} on {} at {:.0} s",
+                    f.kind,
+                    f.node
+                        .map_or("slurmctld".into(), |i| mn.nodes[i].name.clone()),
+                    f.at_s
+                )
+            });
+        // The admin's runbook: what a killed prolog or epilog left is torn down before the
+        // node takes jobs again.
+        if let Some(i) = index {
+            let _ = mn.tenancyctl(i, &["reconcile", "--apply"]);
+        }
+        let mut c = mn.cmd("scontrol");
+        c.args(["update", &format!("nodename={node}"), "state=resume"]);
+        let _ = mn.run(c);
+        out.push(Drain {
+            node,
+            at_s,
+            reason,
+            cause,
+        });
+    }
+    Ok(out)
+}
+
+/// After the last round: waits until no job is left (scancel'ing what is still there after
+/// a while) and every node is idle, resuming drained ones; returns the drains seen meanwhile.
+pub fn settle(mn: &MultiNode, faults: &[Fault], start: Instant) -> Result<Vec<Drain>> {
+    let mut drains = Vec::new();
+    let t = Instant::now();
+    let mut cancelled = false;
+    loop {
+        wait_controller(mn, Duration::from_secs(60))?;
+        drains.extend(resume_drained(mn, faults, start)?);
+        let mut q = mn.cmd("squeue");
+        q.args(["-h", "-o", "%A"]);
+        let empty = mn
+            .run(q)
+            .is_ok_and(|o| o.status.success() && o.stdout.iter().all(u8::is_ascii_whitespace));
+        let states = mn.node_states().unwrap_or_default();
+        let idle = mn
+            .nodes
+            .iter()
+            .all(|n| states.get(&n.name).is_some_and(|s| s == "idle"));
+        if empty && idle {
+            return Ok(drains);
+        }
+        if !cancelled && t.elapsed() > Duration::from_secs(180) {
+            let mut c = mn.cmd("scancel");
+            c.args(["--full", "--partition", "debug"]);
+            let _ = mn.run(c);
+            cancelled = true;
+        }
+        if t.elapsed() > Duration::from_secs(420) {
+            bail!(
+                "the cluster did not settle: queue empty {empty}, nodes {states:?}; logs in {}",
+                mn.path("log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

@@ -1,0 +1,240 @@
+//! The soak: thousands of jobs of several tenants on the multi-node cluster while Slurm's
+//! daemons, the prologs and epilogs and whole nodes fail at random times; then the harness
+//! checks what both promises say (Slurm's: a failed prolog drains and requeues, nothing is
+//! lost; the product's: nothing outlives its job, every job is isolated or refused with a
+//! record, the audit log holds). `scripts/soak` runs it at size (src/bin/tenancy-soak.rs), the
+//! test `soak_under_faults_leaks_nothing` (tests/soak.rs) at CI size.
+//!
+//! One thread drives it all, in rounds: top the queue up with random jobs ([`workload`]), act
+//! on the jobs that wait for it (scancel in the prolog, requeue), inject the fault that is due
+//! ([`faults`]), note and resume drained nodes. At the end [`checks`] looks at every node.
+
+pub mod checks;
+pub mod faults;
+pub mod workload;
+
+use crate::{MultiNode, TestUser};
+use anyhow::Result;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+pub use checks::Checks;
+pub use faults::{Drain, Fault, FaultKind};
+pub use workload::{JobKind, Submitted};
+
+/// What one soak does.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Batch submissions (an array counts once; its elements are jobs of their own).
+    pub jobs: usize,
+    pub seed: u64,
+    /// The soak stops submitting and acting at this bound, whatever is left.
+    pub limit: Duration,
+    /// Faults, one every `fault_every` on average (none when None).
+    pub fault_every: Option<Duration>,
+    /// Jobs pending or running at most (what the two nodes can start is less).
+    pub queue: usize,
+    /// Job durations, 0 to this many seconds.
+    pub max_secs: u32,
+}
+
+impl Default for Plan {
+    fn default() -> Plan {
+        Plan {
+            jobs: 200,
+            seed: 46,
+            limit: Duration::from_secs(600),
+            fault_every: Some(Duration::from_secs(20)),
+            queue: 16,
+            max_secs: 3,
+        }
+    }
+}
+
+/// A user of the soak and the tenant it submits for.
+#[derive(Clone)]
+pub struct Submitter {
+    pub user: TestUser,
+    pub tenant: String,
+}
+
+/// What a soak did and found.
+pub struct Summary {
+    pub plan: Plan,
+    pub nodes: usize,
+    pub elapsed: Duration,
+    /// Submissions by kind.
+    pub submitted: BTreeMap<&'static str, usize>,
+    /// Submissions refused by sbatch (a tenant the user is no member of), as they should.
+    pub refused_at_submit: usize,
+    /// Jobs held after a failed prolog, released by the soak (as an admin does).
+    pub released: usize,
+    pub faults: Vec<Fault>,
+    pub drains: Vec<Drain>,
+    pub checks: Checks,
+}
+
+impl Summary {
+    /// Jobs that started (a `job_start` on some node) per minute per node.
+    pub fn jobs_per_minute_per_node(&self) -> f64 {
+        let started = *self.checks.counts.get("jobs started").unwrap_or(&0) as f64;
+        started / (self.elapsed.as_secs_f64() / 60.0).max(1e-9) / self.nodes as f64
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = &self.plan;
+        writeln!(f, "soak summary")?;
+        writeln!(
+            f,
+            "  plan: {} submissions, seed {}, {} nodes, fault every {:?}, limit {:?}",
+            p.jobs, p.seed, self.nodes, p.fault_every, p.limit
+        )?;
+        writeln!(f, "  elapsed: {:.0} s", self.elapsed.as_secs_f64())?;
+        writeln!(
+            f,
+            "  jobs per minute per node sustained: {:.1}",
+            self.jobs_per_minute_per_node()
+        )?;
+        for (what, pct) in [
+            ("prolog", &self.checks.prolog_us),
+            ("epilog", &self.checks.epilog_us),
+        ] {
+            writeln!(
+                f,
+                "  {what} to its record: p50 {:.2} ms, p99 {:.2} ms ({} records)",
+                checks::percentile(pct, 50.0) as f64 / 1000.0,
+                checks::percentile(pct, 99.0) as f64 / 1000.0,
+                pct.len()
+            )?;
+        }
+        let kinds: Vec<String> = self
+            .submitted
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        writeln!(f, "  submitted: {}", kinds.join(", "))?;
+        writeln!(f, "  refused at submit: {}", self.refused_at_submit)?;
+        writeln!(f, "  held jobs released: {}", self.released)?;
+        let mut by_kind: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for x in &self.faults {
+            let e = by_kind.entry(x.kind.to_string()).or_default();
+            e.0 += 1;
+            e.1 += usize::from(x.hit);
+        }
+        let faults: Vec<String> = by_kind
+            .iter()
+            .map(|(k, (n, hit))| format!("{k} {n} ({hit} hit)"))
+            .collect();
+        writeln!(f, "  faults injected: {}", faults.join(", "))?;
+        let attributed = self.drains.iter().filter(|d| d.cause.is_some()).count();
+        writeln!(
+            f,
+            "  drains: {} ({} by an injected fault)",
+            self.drains.len(),
+            attributed
+        )?;
+        for d in &self.drains {
+            writeln!(
+                f,
+                "    {} at {:.0} s: {:?}, cause {}",
+                d.node,
+                d.at_s,
+                d.reason,
+                d.cause.as_deref().unwrap_or("NONE")
+            )?;
+        }
+        writeln!(f, "  checks:")?;
+        for (what, n) in &self.checks.counts {
+            writeln!(f, "    {what}: {n}")?;
+        }
+        if self.checks.failures.is_empty() {
+            writeln!(f, "  result: every check held")
+        } else {
+            writeln!(
+                f,
+                "  result: {} check(s) failed:",
+                self.checks.failures.len()
+            )?;
+            for x in &self.checks.failures {
+                writeln!(f, "    - {x}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs a soak on `mn` with `submitters` (a user and its tenant each), then checks it.
+pub fn run(mn: &mut MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<Summary> {
+    let start = Instant::now();
+    let mut rng = fastrand::Rng::with_seed(plan.seed);
+    let mut work = workload::Workload::new(mn, plan, submitters)?;
+    let mut faults = faults::Injector::new(plan, mn.nodes.len());
+    while (work.submissions < plan.jobs || work.live > 0) && start.elapsed() < plan.limit {
+        work.round(mn, &mut rng)?;
+        faults.round(mn, &mut rng, start)?;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let mut drains = faults.finish(mn, start)?;
+    let elapsed = start.elapsed();
+    drains.extend(faults::settle(mn, &faults.faults, start)?);
+    let checks = checks::run(mn, &work, &faults.faults, &drains)?;
+    Ok(Summary {
+        plan: plan.clone(),
+        nodes: mn.nodes.len(),
+        elapsed,
+        submitted: work.by_kind(),
+        refused_at_submit: work.refused_at_submit,
+        released: work.released,
+        faults: faults.faults,
+        drains,
+        checks,
+    })
+}
+
+/// The soak's cluster: the multi-node cluster with three tenants of three tiers (acme
+/// internal, globex regulated, initech research; initech's group and user made here), Slurm
+/// keeping every finished job for the checks (`MinJobAge`), and `options`' own changes.
+/// Returns it with one submitter per tenant.
+pub fn cluster(
+    users: &mut crate::Users,
+    options: crate::Options,
+) -> Result<(MultiNode, Vec<Submitter>)> {
+    let tag = std::process::id() % 100_000;
+    let group = format!("initech{tag}");
+    users.group(&group)?;
+    let initech = users.user(&format!("initech1x{tag}"), &[&group])?;
+    let g = group.clone();
+    let options = options
+        .slurm_conf("MinJobAge=86400")
+        .slurm_conf("MaxJobCount=100000")
+        .config(move |c: &mut crate::TenancyToml| {
+            c.tier("internal").share_node(true).share_gpu(true);
+            c.tier("regulated").share_node(true).share_gpu(false);
+            c.tenant("acme").tier("internal");
+            c.tenant("globex").tier("regulated");
+            c.tenant("initech")
+                .tier("research")
+                .groups([&g])
+                .accounts(["initech"])
+                .egress(Vec::<String>::new())
+                .address_prefix("10.231.3.0/24");
+        });
+    let mn = MultiNode::start(users, &options)?;
+    let submitters = vec![
+        Submitter {
+            user: mn.tenants.acme1.clone(),
+            tenant: "acme".into(),
+        },
+        Submitter {
+            user: mn.tenants.globex1.clone(),
+            tenant: "globex".into(),
+        },
+        Submitter {
+            user: initech,
+            tenant: "initech".into(),
+        },
+    ];
+    Ok((mn, submitters))
+}

@@ -1,0 +1,256 @@
+//! The soak's jobs: random tenants, sizes (one node or two), durations and `srun` steps,
+//! arrays, jobs scancel'ed in their prolog, jobs requeued while they run, and submissions a
+//! user may not make (refused by sbatch).
+
+use super::{Plan, Submitter};
+use crate::daemons::write_file;
+use crate::MultiNode;
+use anyhow::Result;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobKind {
+    /// A batch job that sleeps.
+    Batch,
+    /// A batch job with `srun` steps on its nodes.
+    Steps,
+    /// A job array of 2 to 4 elements.
+    Array,
+    /// scancel'ed while Slurm runs its prolog (CONFIGURING), or soon after.
+    CancelInProlog,
+    /// `scontrol requeue` while it runs: torn down and set up again.
+    Requeue,
+    /// For a tenant its user is no member of: sbatch must refuse it.
+    Refused,
+}
+
+impl JobKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            JobKind::Batch => "batch",
+            JobKind::Steps => "steps",
+            JobKind::Array => "array",
+            JobKind::CancelInProlog => "cancel_in_prolog",
+            JobKind::Requeue => "requeue",
+            JobKind::Refused => "refused",
+        }
+    }
+
+    fn pick(rng: &mut fastrand::Rng) -> JobKind {
+        match rng.u32(0..100) {
+            0..=34 => JobKind::Batch,
+            35..=59 => JobKind::Steps,
+            60..=69 => JobKind::Array,
+            70..=81 => JobKind::CancelInProlog,
+            82..=93 => JobKind::Requeue,
+            _ => JobKind::Refused,
+        }
+    }
+}
+
+/// A job the soak submitted.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub kind: JobKind,
+    pub tenant: String,
+    /// Whether the soak did what the kind asks (scancel, requeue).
+    pub acted: bool,
+    /// The state the job was in when the soak acted on it.
+    pub acted_in: Option<String>,
+}
+
+pub struct Workload {
+    submitters: Vec<Submitter>,
+    script: PathBuf,
+    max_secs: u32,
+    queue: usize,
+    jobs_wanted: usize,
+    pub submissions: usize,
+    pub live: usize,
+    pub refused_at_submit: usize,
+    /// Jobs held after a failed prolog that the soak released (as an admin does).
+    pub released: usize,
+    /// Refused submissions sbatch took: each is a failure of the checks.
+    pub wrongly_accepted: Vec<String>,
+    pub jobs: BTreeMap<u64, Submitted>,
+    kinds: Vec<JobKind>,
+}
+
+impl Workload {
+    pub fn new(mn: &MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<Workload> {
+        let script = mn.path("lib/soak.sh");
+        write_file(&script, include_str!("../../scripts/jobs/soak.sh"), 0o755)?;
+        Ok(Workload {
+            submitters: submitters.to_vec(),
+            script,
+            max_secs: plan.max_secs,
+            queue: plan.queue,
+            jobs_wanted: plan.jobs,
+            submissions: 0,
+            live: 0,
+            refused_at_submit: 0,
+            released: 0,
+            wrongly_accepted: Vec::new(),
+            jobs: BTreeMap::new(),
+            kinds: Vec::new(),
+        })
+    }
+
+    /// Submissions by kind.
+    pub fn by_kind(&self) -> BTreeMap<&'static str, usize> {
+        let mut m = BTreeMap::new();
+        for k in &self.kinds {
+            *m.entry(k.name()).or_default() += 1;
+        }
+        m
+    }
+
+    /// One round: the queue's states, the actions that are due, then new jobs up to the
+    /// queue's size. A round while slurmctld is down does nothing.
+    pub fn round(&mut self, mn: &MultiNode, rng: &mut fastrand::Rng) -> Result<()> {
+        let Some(states) = queue_states(mn) else {
+            return Ok(());
+        };
+        self.live = states.len();
+        for (id, (state, reason)) in &states {
+            // A job Slurm requeued and held for a failed prolog: the admin releases it.
+            if state == "PENDING" && reason.contains("held") {
+                let mut c = mn.cmd("scontrol");
+                c.args(["release", &id.to_string()]);
+                if mn.run(c).is_ok_and(|o| o.status.success()) {
+                    self.released += 1;
+                }
+            }
+            let Some(job) = self.jobs.get_mut(id) else {
+                continue;
+            };
+            if job.acted {
+                continue;
+            }
+            let act = match job.kind {
+                JobKind::CancelInProlog => ["CONFIGURING", "RUNNING"].contains(&state.as_str()),
+                JobKind::Requeue => *state == "RUNNING",
+                _ => false,
+            };
+            if !act {
+                continue;
+            }
+            let (program, args): (&str, Vec<String>) = match job.kind {
+                JobKind::CancelInProlog => ("scancel", vec![id.to_string()]),
+                _ => ("scontrol", vec!["requeue".into(), id.to_string()]),
+            };
+            let mut c = mn.cmd(program);
+            c.args(&args);
+            if mn.run(c).is_ok_and(|o| o.status.success()) {
+                job.acted = true;
+                job.acted_in = Some(state.clone());
+            }
+        }
+        let mut live = states.len();
+        while self.submissions < self.jobs_wanted && live < self.queue {
+            self.submit(mn, rng)?;
+            live += 1;
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self, mn: &MultiNode, rng: &mut fastrand::Rng) -> Result<()> {
+        let kind = JobKind::pick(rng);
+        let who = &self.submitters[rng.usize(0..self.submitters.len())];
+        let tenant = if kind == JobKind::Refused {
+            // A tenant of another submitter's that this user is no member of.
+            let others: Vec<&Submitter> = self
+                .submitters
+                .iter()
+                .filter(|s| s.tenant != who.tenant && !member_of_tenant(&who.user, s))
+                .collect();
+            match others.first() {
+                Some(o) => o.tenant.clone(),
+                None => return Ok(()),
+            }
+        } else {
+            who.tenant.clone()
+        };
+        let nodes = if rng.bool() { 1 } else { 2 };
+        let secs = rng.u32(0..=self.max_secs);
+        let steps = match kind {
+            JobKind::Steps => rng.u32(1..=3),
+            _ => 0,
+        };
+        let mut c = mn.cmd_as(&who.user, "sbatch");
+        c.arg(format!("-N{nodes}"))
+            .args(["--ntasks-per-node=1", "-t", "5", "-o", "/dev/null"])
+            .arg(format!("--job-name=soak-{}", kind.name()))
+            .arg(format!("--tenant={tenant}"));
+        match kind {
+            JobKind::Requeue => {
+                c.arg("--requeue");
+            }
+            JobKind::Array => {
+                c.arg(format!("--array=0-{}", rng.u32(1..=3)));
+            }
+            _ => {}
+        }
+        c.arg(&self.script)
+            .arg(secs.to_string())
+            .arg(steps.to_string());
+        self.submissions += 1;
+        self.kinds.push(kind);
+        let o = mn.run(c)?;
+        if kind == JobKind::Refused {
+            if o.status.success() {
+                self.wrongly_accepted.push(format!(
+                    "{} submitted for tenant {tenant} and sbatch took it: {}",
+                    who.user.name,
+                    String::from_utf8_lossy(&o.stdout).trim()
+                ));
+            } else {
+                self.refused_at_submit += 1;
+            }
+            return Ok(());
+        }
+        // sbatch may fail while slurmctld restarts: that submission is lost, and counted.
+        if let Ok(id) = crate::submitted_id(&o) {
+            self.jobs.insert(
+                id,
+                Submitted {
+                    kind,
+                    tenant,
+                    acted: false,
+                    acted_in: None,
+                },
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Whether `user` is in a group of `other`'s tenant (the groups of its user but its own).
+fn member_of_tenant(user: &crate::TestUser, other: &Submitter) -> bool {
+    other
+        .user
+        .gids
+        .iter()
+        .filter(|g| **g != other.user.gid)
+        .any(|g| user.gids.contains(g))
+}
+
+/// `squeue`'s jobs with their states and reasons (array elements by their own ids), or None
+/// when slurmctld does not answer.
+fn queue_states(mn: &MultiNode) -> Option<BTreeMap<u64, (String, String)>> {
+    let mut c = mn.cmd("squeue");
+    c.args(["-h", "-o", "%A %T %r"]);
+    let o = mn.run(c).ok().filter(|o| o.status.success())?;
+    let mut out = BTreeMap::new();
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        let mut w = l.splitn(3, ' ');
+        let (Some(id), Some(st)) = (w.next(), w.next()) else {
+            continue;
+        };
+        let Ok(id) = id.trim().parse() else { continue };
+        let reason = w.next().unwrap_or_default().to_lowercase();
+        out.insert(id, (st.trim().to_string(), reason));
+    }
+    Some(out)
+}
