@@ -12,12 +12,12 @@ use tenancy_e2e::{artifact, scenario, MultiNode, Options, TestUser, Users};
 
 const JOB: Duration = Duration::from_secs(180);
 
-/// Submissions of the CI-sized soak (TENANCY_SOAK_JOBS changes it).
+/// Submissions of the CI-sized soak: 100 (TENANCY_SOAK_JOBS changes it).
 fn ci_jobs() -> usize {
     std::env::var("TENANCY_SOAK_JOBS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(150)
+        .unwrap_or(100)
 }
 
 scenario!(
@@ -28,7 +28,7 @@ scenario!(
         let plan = Plan {
             jobs: ci_jobs(),
             limit: Duration::from_secs(900),
-            fault_every: Some(Duration::from_secs(12)),
+            fault_every: Some(Duration::from_secs(20)),
             ..Plan::default()
         };
         let summary = soak::run(&mut mn, &plan, &submitters).unwrap();

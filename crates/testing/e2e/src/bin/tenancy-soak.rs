@@ -25,7 +25,7 @@ struct Args {
     #[arg(long, default_value_t = 20)]
     fault_every: u64,
     /// Jobs pending or running at most.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 24)]
     queue: usize,
     /// Longest job, in seconds.
     #[arg(long, default_value_t = 3)]

@@ -39,6 +39,8 @@ pub struct Fault {
     pub until_s: f64,
     /// Whether it found its target (a prolog or epilog to kill was running).
     pub hit: bool,
+    /// When it began, as Slurm writes times (`2026-12-02T12:55:46`, local time).
+    pub wall: String,
 }
 
 /// A node seen drained or down, and the fault it is tied to.
@@ -85,10 +87,10 @@ impl Injector {
         if let (Some(every), Some(next)) = (self.every, self.next) {
             if now >= next {
                 let kind = match rng.u32(0..100) {
-                    0..=19 => FaultKind::SlurmdKill,
-                    20..=34 => FaultKind::SlurmctldKill,
-                    35..=59 => FaultKind::PrologKill,
-                    60..=79 => FaultKind::EpilogKill,
+                    0..=21 => FaultKind::SlurmdKill,
+                    22..=39 => FaultKind::SlurmctldKill,
+                    40..=64 => FaultKind::PrologKill,
+                    65..=89 => FaultKind::EpilogKill,
                     _ => FaultKind::NodeReboot,
                 };
                 let node = rng.usize(0..self.nodes);
@@ -114,6 +116,7 @@ impl Injector {
 /// Injects `kind` on `node` (slurmctld for [`FaultKind::SlurmctldKill`]).
 pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) -> Result<Fault> {
     let at_s = start.elapsed().as_secs_f64();
+    let wall = slurm_time_now();
     let mut hit = true;
     match kind {
         FaultKind::SlurmdKill => {
@@ -137,7 +140,28 @@ pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) 
         at_s,
         until_s: start.elapsed().as_secs_f64(),
         hit,
+        wall,
     })
+}
+
+/// Now, as Slurm writes times (local time, to the second).
+fn slurm_time_now() -> String {
+    let now: libc::time_t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as libc::time_t)
+        .unwrap_or(0);
+    // SAFETY: localtime_r writes only into `tm`, which outlives the call.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::localtime_r(&now, &mut tm) };
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
 }
 
 /// SIGKILLs the first process of `node` running `program` within 8 s; whether one was.

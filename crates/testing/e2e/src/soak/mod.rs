@@ -45,7 +45,7 @@ impl Default for Plan {
             seed: 46,
             limit: Duration::from_secs(600),
             fault_every: Some(Duration::from_secs(20)),
-            queue: 16,
+            queue: 24,
             max_secs: 3,
         }
     }
@@ -206,8 +206,14 @@ pub fn cluster(
     users.group(&group)?;
     let initech = users.user(&format!("initech1x{tag}"), &[&group])?;
     let g = group.clone();
+    // Eight CPUs a node: the jobs mostly sleep, and more of them at once is more load on
+    // the job path and Slurm's daemons than the machine's cores would give.
     let options = options
+        .cpus(8)
         .slurm_conf("MinJobAge=86400")
+        // A requeued job waits out the credential lifetime before it starts again (120 s by
+        // default): 20 s keeps requeues in the soak's pace.
+        .slurm_conf("AuthInfo=cred_expire=20")
         .slurm_conf("MaxJobCount=100000")
         .config(move |c: &mut crate::TenancyToml| {
             c.tier("internal").share_node(true).share_gpu(true);
