@@ -297,19 +297,28 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
             }
         }
     }
-    for (node, m) in &per_node {
+    record_counts(&per_node, &text, c);
+    Ok(())
+}
+
+/// The records of every node counted, and none of a job Slurm does not know.
+fn record_counts(
+    per_node: &BTreeMap<String, BTreeMap<u64, JobRecords>>,
+    jobs: &str,
+    c: &mut Checks,
+) {
+    for (node, m) in per_node {
         for (id, r) in m {
             c.count("job_start records", r.starts);
             c.count("job_end records", r.ends);
             c.count("job_denied records", r.denied);
-            if r.starts > 0 && !text.contains(&format!("JobId={id} ")) {
+            if r.starts > 0 && !jobs.contains(&format!("JobId={id} ")) {
                 c.fail(format!(
                     "{node} has records of job {id}, which Slurm does not know"
                 ));
             }
         }
     }
-    Ok(())
 }
 
 /// `tenancyctl audit verify --all-nodes` over every node's log.
