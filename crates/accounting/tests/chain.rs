@@ -73,16 +73,24 @@ fn open_refuses_missing_dir_and_symlink() {
 }
 
 #[test]
-fn torn_tail_blocks_append() {
+fn torn_tail_is_cut_and_recorded_by_the_next_append() {
+    // A writer killed inside its write(2) leaves a record cut short; the next append removes
+    // those bytes, says so in the chain, and the log verifies (it no longer blocks the node).
     let dir = tempfile::tempdir().unwrap();
     let p = make_log(dir.path(), 3);
+    let whole = std::fs::read(&p).unwrap();
     let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
     f.write_all(b"{\"seq\":4,\"ti").unwrap();
-    let len = std::fs::metadata(&p).unwrap().len();
-    let e = AuditLog::open(&p).unwrap().append(&mut rec(4)).unwrap_err();
-    assert!(matches!(e, AuditError::BadHead { .. }), "{e}");
-    assert!(e.to_string().contains("torn"), "{e}");
-    assert_eq!(std::fs::metadata(&p).unwrap().len(), len, "nothing written");
+    let a = AuditLog::open(&p).unwrap().append(&mut rec(4)).unwrap();
+    assert_eq!(a.seq, 5, "seq 4 is the note of the cut");
+    let text = std::fs::read(&p).unwrap();
+    assert!(text.starts_with(&whole), "a complete record was touched");
+    let ls = lines(&p);
+    assert_eq!(ls.len(), 5);
+    let note: Record = serde_json::from_str(&ls[3]).unwrap();
+    assert_eq!(note.event, Event::Other("torn_record_removed".into()));
+    assert!(note.reason.unwrap().contains("12 byte(s)"));
+    assert!(verify(&p, &AnchorSet::default()).is_clean());
 }
 
 #[test]
