@@ -137,6 +137,9 @@ impl World for PureV2Node {
         let tenants = Tenants::create(users)?;
         let root = SlurmRoot::make("24.11").context("Slurm 24.11 root")?;
         let kernel = kernel().context("UML kernel")?;
+        if let Some(why) = host_cannot_run(&kernel)? {
+            return Err(crate::scenario::HostCannotRun(why).into());
+        }
         Ok(PureV2Node {
             tenants,
             root,
@@ -145,6 +148,55 @@ impl World for PureV2Node {
             config: options.config.clone(),
         })
     }
+}
+
+/// Why this host cannot run the UML kernel at all, or None; checked once per test binary by
+/// booting it on the host's own root, read-only, with `/bin/true` as init. Linux 6.1's UML
+/// hands ptrace an XSTATE buffer sized for AVX (832 bytes), and a host kernel whose XSAVE area
+/// is larger (AVX-512, AMX) refuses it: "ptrace set fp regs failed, errno = 14" at the first
+/// process, and init dies. (A UML of Linux 6.10+ sizes it from CPUID.)
+pub fn host_cannot_run(kernel: &Path) -> Result<Option<String>> {
+    static CHECKED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if let Some(r) = CHECKED.get() {
+        return Ok(r.clone());
+    }
+    let out = tempfile::NamedTempFile::new()?;
+    let mut child = Command::new(kernel)
+        .args([
+            "mem=64M",
+            "root=/dev/root",
+            "rootfstype=hostfs",
+            "rootflags=/",
+            "ro",
+        ])
+        .args(["init=/bin/true", "con=null", "con0=fd:0,fd:1"])
+        .stdin(Stdio::null())
+        .stdout(out.reopen()?)
+        .stderr(out.reopen()?)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("start {}", kernel.display()))?;
+    let t = Instant::now();
+    while child.try_wait()?.is_none() && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: plain kill(2) of the group this function made for the kernel.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let _ = child.wait();
+    let console = fs::read_to_string(out.path()).unwrap_or_default();
+    let r = console
+        .lines()
+        .find(|l| l.contains("ptrace set fp regs failed"))
+        .map(|l| {
+            format!(
+                "the UML kernel {} cannot run on this host ({}): its CPU's XSAVE area is larger \
+                 than Linux 6.1's UML handles (AVX-512 or AMX); the pure cgroup v2 node needs a \
+                 UML kernel of Linux 6.10+ here (docs/known-gaps.md)",
+                kernel.display(),
+                l.trim()
+            )
+        });
+    Ok(CHECKED.get_or_init(|| r).clone())
 }
 
 /// The LD_PRELOAD port rewrite (src/port_rewrite.c), built once per test binary for the
