@@ -17,7 +17,8 @@ pub enum JobKind {
     Steps,
     /// A job array of 2 to 4 elements.
     Array,
-    /// scancel'ed while Slurm runs its prolog (CONFIGURING), or soon after.
+    /// scancel'ed as soon as the soak sees it start (Slurm shows it RUNNING while the prolog
+    /// runs: the cancel lands in the prolog or soon after it).
     CancelInProlog,
     /// `scontrol requeue` while it runs: torn down and set up again.
     Requeue,
