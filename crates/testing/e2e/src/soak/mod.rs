@@ -176,7 +176,7 @@ pub fn run(mn: &mut MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<
         faults.round(mn, &mut rng, start)?;
         std::thread::sleep(Duration::from_millis(300));
     }
-    let mut drains = faults.finish(mn, start)?;
+    let mut drains = faults.take_drains();
     let elapsed = start.elapsed();
     drains.extend(faults::settle(mn, &faults.faults, start)?);
     let checks = checks::run(mn, &work, &faults.faults, &drains)?;
