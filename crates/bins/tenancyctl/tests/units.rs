@@ -50,6 +50,7 @@ fn units_verify() {
     let names = [
         "tenancy-firewall.service",
         "tenancy-reconcile.service",
+        "tenancy-reconcile.timer",
         "tenancy-audit-rotate.service",
         "tenancy-audit-rotate.timer",
         "tenancy-metrics.service",
@@ -112,6 +113,12 @@ fn units_verify() {
         exec_start("tenancy-reconcile.service")[1..],
         ["reconcile", "--apply"]
     );
+    // Started again by its timer (for jobs whose epilog Slurm never ran): a oneshot that
+    // stays active after its run would never be started again.
+    assert!(!has(&rc, "RemainAfterExit", "yes"), "{rc:?}");
+    let rt = unit("tenancy-reconcile.timer");
+    assert!(rt.contains_key("OnUnitActiveSec"), "{rt:?}");
+    assert!(has(&rt, "WantedBy", "timers.target"), "{rt:?}");
     assert_eq!(
         exec_start("tenancy-firewall.service")[1..],
         ["firewall", "apply"]

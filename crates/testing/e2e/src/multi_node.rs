@@ -324,23 +324,46 @@ impl MultiNode {
             .and_then(|w| w.parse().ok())
             .ok_or_else(|| anyhow!("/proc/uptime: {uptime:?}"))?;
         self.boot_offsets[i] = Some(2 - up as i64);
-        for args in [&["firewall", "apply"][..], &["reconcile", "--apply"][..]] {
-            let mut c = self.node_cmd(i, artifact("tenancyctl")?);
-            c.arg("--config").arg(&self.tenancy_toml).args(args);
-            let o = c.output()?;
+        for unit in ["tenancy-firewall.service", "tenancy-reconcile.service"] {
+            let o = self.run_unit(i, unit)?;
             // reconcile's exit 1 (something kept: a job Slurm still counts on the node) lets
             // slurmd start, as the unit does; its epilog ends that job.
-            if !(o.status.success() || (args[0] == "reconcile" && o.status.code() == Some(1))) {
+            if !(o.status.success() || (unit.contains("reconcile") && o.status.code() == Some(1))) {
                 bail!(
-                    "boot of {}: tenancyctl {}: {}{}",
+                    "boot of {}: {unit}: {}{}",
                     self.nodes[i].name,
-                    args.join(" "),
                     String::from_utf8_lossy(&o.stdout),
                     String::from_utf8_lossy(&o.stderr)
                 );
             }
         }
         self.start_slurmd(i)
+    }
+
+    /// Runs on node `i` what the product's systemd unit `unit` (packaging/systemd) runs: its
+    /// `ExecStart`, with the tenancyctl built here and this cluster's config.
+    pub fn run_unit(&self, i: usize, unit: &str) -> Result<Output> {
+        Ok(self.unit_command(i, unit)?.output()?)
+    }
+
+    /// The command of [`MultiNode::run_unit`], to be run or spawned.
+    pub fn unit_command(&self, i: usize, unit: &str) -> Result<Command> {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../packaging/systemd")
+            .join(unit);
+        let text = fs::read_to_string(&file).with_context(|| format!("{}", file.display()))?;
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .ok_or_else(|| anyhow!("{}: no ExecStart", file.display()))?;
+        let mut words = line.split_whitespace();
+        let program = words.next().unwrap_or_default();
+        if program != "/usr/bin/tenancyctl" {
+            bail!("{}: runs {program}, not tenancyctl", file.display());
+        }
+        let mut c = self.node_cmd(i, artifact("tenancyctl")?);
+        c.arg("--config").arg(&self.tenancy_toml).args(words);
+        Ok(c)
     }
 
     /// Pids of node `i`'s processes but the one holding its namespaces: those in its network

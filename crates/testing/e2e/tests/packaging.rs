@@ -300,6 +300,7 @@ fn packages_install_into_a_clean_root() {
         "usr/sbin/tenancy-prolog-dynamic",
         "lib/systemd/system/tenancy-firewall.service",
         "lib/systemd/system/tenancy-reconcile.service",
+        "lib/systemd/system/tenancy-reconcile.timer",
         "lib/systemd/system/tenancy-audit-rotate.timer",
         "lib/systemd/system/tenancy-metrics.timer",
         "lib/systemd/system/tenancy-audit-forward.service",
@@ -682,7 +683,7 @@ fn rpms_build_and_lint() {
     assert!(has_line(&flags, "/etc/slurm/tenancy.toml cn"), "{flags}");
     // The units' scriptlets: enabled (preset) on the first install only, disabled on removal.
     let scripts = rpm_query(main, &["--scripts"]);
-    let units = "tenancy-firewall.service tenancy-reconcile.service \
+    let units = "tenancy-firewall.service tenancy-reconcile.service tenancy-reconcile.timer \
                  tenancy-audit-rotate.timer tenancy-metrics.timer";
     assert!(
         scripts.contains(&format!("systemctl --no-reload preset {units}")),
@@ -996,6 +997,7 @@ fn rpm_installs_into_an_empty_root() {
         "usr/sbin/tenancy-prolog-dynamic".into(),
         "usr/lib/systemd/system/tenancy-firewall.service".into(),
         "usr/lib/systemd/system/tenancy-reconcile.service".into(),
+        "usr/lib/systemd/system/tenancy-reconcile.timer".into(),
         "usr/lib/systemd/system/tenancy-audit-rotate.service".into(),
         "usr/lib/systemd/system/tenancy-audit-rotate.timer".into(),
         "usr/lib/systemd/system/tenancy-metrics.service".into(),
@@ -1035,6 +1037,7 @@ fn rpm_installs_into_an_empty_root() {
         let units = [
             "tenancy-firewall.service",
             "tenancy-reconcile.service",
+            "tenancy-reconcile.timer",
             "tenancy-audit-rotate.timer",
             "tenancy-metrics.timer",
         ];
@@ -1045,6 +1048,7 @@ fn rpm_installs_into_an_empty_root() {
         for link in [
             "etc/systemd/system/slurmd.service.requires/tenancy-firewall.service",
             "etc/systemd/system/slurmd.service.wants/tenancy-reconcile.service",
+            "etc/systemd/system/timers.target.wants/tenancy-reconcile.timer",
             "etc/systemd/system/timers.target.wants/tenancy-audit-rotate.timer",
             "etc/systemd/system/timers.target.wants/tenancy-metrics.timer",
         ] {
