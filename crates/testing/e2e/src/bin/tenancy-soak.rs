@@ -30,6 +30,9 @@ struct Args {
     /// Longest job, in seconds.
     #[arg(long, default_value_t = 3)]
     max_secs: u32,
+    /// Seconds between runs of tenancy-reconcile.timer's command on every node; 0: none.
+    #[arg(long, default_value_t = 30)]
+    sweep_every: u64,
     /// Also write the summary to this file.
     #[arg(long)]
     summary: Option<std::path::PathBuf>,
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         fault_every: (a.fault_every > 0).then(|| Duration::from_secs(a.fault_every)),
         queue: a.queue,
         max_secs: a.max_secs,
+        sweep_every: (a.sweep_every > 0).then(|| Duration::from_secs(a.sweep_every)),
     };
     let mut users = Users::new();
     let result = soak::cluster(&mut users, Options::default())

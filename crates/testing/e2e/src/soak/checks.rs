@@ -4,7 +4,7 @@
 //! its nodes, every record chain verifies, every drain has its cause, and a cross-node
 //! isolation attack still fails.
 
-use super::faults::{Drain, Fault, FaultKind};
+use super::faults::{slurm_epoch, Drain, Fault, FaultKind, DRAIN_WINDOW_S};
 use super::workload::{JobKind, Workload};
 use crate::{artifact, parse_kv, probe_kv, MultiNode};
 use anyhow::{Context, Result};
@@ -21,6 +21,8 @@ pub struct Checks {
     /// The prologs' and epilogs' `duration_us` on their records.
     pub prolog_us: Vec<u64>,
     pub epilog_us: Vec<u64>,
+    /// Each started job's first `job_start` on any node (seconds since the epoch).
+    pub first_starts: Vec<f64>,
 }
 
 impl Checks {
@@ -45,13 +47,17 @@ pub fn percentile(v: &[u64], p: f64) -> u64 {
 }
 
 /// One node's records of one job.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct JobRecords {
     pub starts: usize,
     pub ends: usize,
     pub denied: usize,
     pub rollbacks: usize,
     pub reconciled: usize,
+    /// When `tenancyctl reconcile` removed something of the job (seconds since the epoch).
+    pub reconciled_at: Vec<f64>,
+    /// Its first `job_start` (seconds since the epoch).
+    pub first_start: Option<f64>,
 }
 
 /// Each job's records in one node's audit log.
@@ -72,6 +78,11 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
             "job_start" => {
                 r.starts += 1;
                 checks.prolog_us.extend(us);
+                let t = v["time"].as_str().and_then(super::faults::record_epoch);
+                r.first_start = match (r.first_start, t) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             }
             "job_end" => {
                 r.ends += 1;
@@ -79,7 +90,11 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
             }
             "job_denied" => r.denied += 1,
             "rollback" => r.rollbacks += 1,
-            "reconcile" => r.reconciled += 1,
+            "reconcile" => {
+                r.reconciled += 1;
+                r.reconciled_at
+                    .extend(v["time"].as_str().and_then(super::faults::record_epoch));
+            }
             _ => {}
         }
     }
@@ -234,34 +249,90 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
             if let Some(r) = m.get(&id) {
                 total.starts += r.starts;
                 total.ends += r.ends;
+                total.first_start = match (total.first_start, r.first_start) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             }
         }
-        let window = (
-            kv.get("StartTime").cloned().unwrap_or_default(),
-            kv.get("EndTime").cloned().unwrap_or_default(),
-        );
+        // The job's (last) run, in seconds since the epoch.
+        let start = kv.get("StartTime").and_then(|t| slurm_epoch(t));
+        let end = kv.get("EndTime").and_then(|t| slurm_epoch(t));
         for n in &nodes {
             let r = per_node
                 .get(n)
                 .and_then(|m| m.get(&id))
-                .copied()
+                .cloned()
                 .unwrap_or_default();
-            if r.starts > r.ends + r.reconciled {
-                c.fail(format!(
-                    "job {id} ({state}) has {} job_start and {} job_end on {n}, and no reconcile",
-                    r.starts, r.ends
-                ));
+            // Hit faults on this node (slurmctld's too where `ctld`) between `from` and `to`.
+            let fault_on = |kinds: &[FaultKind], from: Option<f64>, to: Option<f64>| {
+                faults.iter().find(|f| {
+                    f.hit
+                        && kinds.contains(&f.kind)
+                        && f.node.is_none_or(|i| mn.nodes[i].name == *n)
+                        && from.is_none_or(|s| f.wall_until >= s - 1.0)
+                        && to.is_none_or(|e| f.wall <= e)
+                })
+            };
+            if r.starts > r.ends {
+                // Slurm runs no epilog where slurmd died between the job's end and its epilog
+                // (the restarted slurmd knows no such job): reconcile (tenancy-reconcile.timer,
+                // a boot) tears the job down instead. Only such a fault explains it.
+                let lost = fault_on(
+                    &[
+                        FaultKind::SlurmdKill,
+                        FaultKind::NodeReboot,
+                        FaultKind::EpilogKill,
+                    ],
+                    start,
+                    end.map(|e| e + DRAIN_WINDOW_S),
+                );
+                match (r.reconciled > 0, lost) {
+                    (true, Some(_)) => c.count(
+                        "job-nodes without their epilog, torn down by reconcile, behind a fault",
+                        1,
+                    ),
+                    (true, None) => c.fail(format!(
+                        "job {id} ({state}) has {} job_start and {} job_end on {n}: reconcile tore \
+                         it down, and no fault on {n} explains why its epilog did not",
+                        r.starts, r.ends
+                    )),
+                    (false, f) => c.fail(format!(
+                        "job {id} ({state}) has {} job_start and {} job_end on {n}, and no \
+                         reconcile (fault then: {})",
+                        r.starts,
+                        r.ends,
+                        f.map_or("none".to_string(), |f| describe(mn, f))
+                    )),
+                }
+            }
+            // reconcile keeps every job squeue lists on the node: never one Slurm still ran.
+            if let (Some(s), Some(e)) = (start, end) {
+                for t in r
+                    .reconciled_at
+                    .iter()
+                    .filter(|t| s + 1.0 < **t && **t < e - 1.0)
+                {
+                    c.fail(format!(
+                        "reconcile removed something of job {id} on {n} at {t:.0} while Slurm \
+                         ran it there ({s:.0} to {e:.0})"
+                    ));
+                }
             }
             // A node a fault hit while the job was there (its prolog killed with it, before
             // its record) may have no record of it: no task of the job ran there (a step
             // there is refused without the prolog's journal).
-            let behind_fault = faults.iter().any(|f| {
-                f.hit
-                    && f.kind != FaultKind::EpilogKill
-                    && f.node.is_none_or(|i| mn.nodes[i].name == *n)
-                    && f.wall.as_str() >= window.0.as_str()
-                    && (window.1 == "Unknown" || f.wall.as_str() <= window.1.as_str())
-            });
+            let behind_fault = fault_on(
+                &[
+                    FaultKind::SlurmdKill,
+                    FaultKind::SlurmctldKill,
+                    FaultKind::PrologKill,
+                    FaultKind::NodeReboot,
+                ],
+                start,
+                end,
+            )
+            .is_some();
             let seen = r.starts + r.ends + r.denied + r.rollbacks + r.reconciled > 0;
             if ran && !seen {
                 if behind_fault {
@@ -282,6 +353,7 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
         }
         if total.starts > 0 {
             c.count("jobs started", 1);
+            c.first_starts.extend(total.first_start);
         }
         let sub = work.jobs.get(&id);
         if sub
@@ -299,6 +371,17 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
     }
     record_counts(&per_node, &text, c);
     Ok(())
+}
+
+/// A fault as the failures name it.
+fn describe(mn: &MultiNode, f: &Fault) -> String {
+    format!(
+        "{} on {} at {:.0} s",
+        f.kind,
+        f.node
+            .map_or("slurmctld".to_string(), |i| mn.nodes[i].name.clone()),
+        f.at_s
+    )
 }
 
 /// The records of every node counted, and none of a job Slurm does not know.

@@ -39,8 +39,57 @@ pub struct Fault {
     pub until_s: f64,
     /// Whether it found its target (a prolog or epilog to kill was running).
     pub hit: bool,
-    /// When it began, as Slurm writes times (`2026-12-02T12:55:46`, local time).
-    pub wall: String,
+    /// When it began and ended, in seconds since the epoch.
+    pub wall: f64,
+    pub wall_until: f64,
+}
+
+/// Now, in seconds since the epoch.
+pub fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A time as Slurm writes it (`2026-12-02T12:55:46`, local time), in seconds since the epoch.
+pub fn slurm_epoch(t: &str) -> Option<f64> {
+    let tm = parse_tm(t)?;
+    let mut tm = tm;
+    tm.tm_isdst = -1;
+    // SAFETY: mktime reads and normalises `tm`, which outlives the call.
+    let s = unsafe { libc::mktime(&mut tm) };
+    (s != -1).then_some(s as f64)
+}
+
+/// An audit record's `time` (RFC 3339, UTC), in seconds since the epoch.
+pub fn record_epoch(t: &str) -> Option<f64> {
+    let mut tm = parse_tm(t.get(..19)?)?;
+    // SAFETY: timegm reads `tm`, which outlives the call.
+    let s = unsafe { libc::timegm(&mut tm) };
+    let frac = t
+        .get(19..)
+        .and_then(|r| r.strip_prefix('.'))
+        .map(|r| r.trim_end_matches(|c: char| !c.is_ascii_digit()))
+        .and_then(|d| format!("0.{d}").parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (s != -1).then_some(s as f64 + frac)
+}
+
+fn parse_tm(t: &str) -> Option<libc::tm> {
+    let b = t.as_bytes();
+    if b.len() != 19 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| t.get(r)?.parse::<i32>().ok();
+    // SAFETY: a zeroed tm is a valid value of the plain C struct.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    tm.tm_year = n(0..4)? - 1900;
+    tm.tm_mon = n(5..7)? - 1;
+    tm.tm_mday = n(8..10)?;
+    tm.tm_hour = n(11..13)?;
+    tm.tm_min = n(14..16)?;
+    tm.tm_sec = n(17..19)?;
+    Some(tm)
 }
 
 /// A node seen drained or down, and the fault it is tied to.
@@ -55,7 +104,7 @@ pub struct Drain {
 
 /// How long after a fault a drain is still its doing (Slurm notices a killed prolog's node
 /// at the job's next message).
-const DRAIN_WINDOW_S: f64 = 90.0;
+pub const DRAIN_WINDOW_S: f64 = 90.0;
 
 pub struct Injector {
     every: Option<Duration>,
@@ -116,7 +165,7 @@ impl Injector {
 /// Injects `kind` on `node` (slurmctld for [`FaultKind::SlurmctldKill`]).
 pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) -> Result<Fault> {
     let at_s = start.elapsed().as_secs_f64();
-    let wall = slurm_time_now();
+    let wall = epoch_now();
     let mut hit = true;
     match kind {
         FaultKind::SlurmdKill => {
@@ -141,27 +190,8 @@ pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) 
         until_s: start.elapsed().as_secs_f64(),
         hit,
         wall,
+        wall_until: epoch_now(),
     })
-}
-
-/// Now, as Slurm writes times (local time, to the second).
-fn slurm_time_now() -> String {
-    let now: libc::time_t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as libc::time_t)
-        .unwrap_or(0);
-    // SAFETY: localtime_r writes only into `tm`, which outlives the call.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    unsafe { libc::localtime_r(&now, &mut tm) };
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
 }
 
 /// SIGKILLs the first process of `node` running `program` within 8 s; whether one was.

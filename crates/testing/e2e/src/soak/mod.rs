@@ -7,10 +7,12 @@
 //!
 //! One thread drives it all, in rounds: top the queue up with random jobs ([`workload`]), act
 //! on the jobs that wait for it (scancel in the prolog, requeue), inject the fault that is due
-//! ([`faults`]), note and resume drained nodes. At the end [`checks`] looks at every node.
+//! ([`faults`]), note and resume drained nodes, start the reconcile timer's runs that are due
+//! ([`sweep`]). At the end [`checks`] looks at every node.
 
 pub mod checks;
 pub mod faults;
+pub mod sweep;
 pub mod workload;
 
 use crate::{MultiNode, TestUser};
@@ -36,6 +38,9 @@ pub struct Plan {
     pub queue: usize,
     /// Job durations, 0 to this many seconds.
     pub max_secs: u32,
+    /// `tenancy-reconcile.timer` on every node, this often (the unit's 5 min, at the soak's
+    /// pace; None: never, so every job's teardown must come from its epilog or a boot).
+    pub sweep_every: Option<Duration>,
 }
 
 impl Default for Plan {
@@ -47,6 +52,7 @@ impl Default for Plan {
             fault_every: Some(Duration::from_secs(20)),
             queue: 24,
             max_secs: 3,
+            sweep_every: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -71,12 +77,33 @@ pub struct Summary {
     pub released: usize,
     pub faults: Vec<Fault>,
     pub drains: Vec<Drain>,
+    /// Runs of the reconcile timer's command on a node, and how long each took.
+    pub sweeps: usize,
+    pub sweep_ms: Vec<u64>,
+    /// The first and last submission (seconds since the epoch).
+    pub submitting: Option<(f64, f64)>,
     pub checks: Checks,
 }
 
 impl Summary {
-    /// Jobs that started (a `job_start` on some node) per minute per node.
+    /// Jobs that started (a `job_start` on some node) per minute per node while the soak kept
+    /// the queue full (first to last submission): the rate the cluster sustains.
     pub fn jobs_per_minute_per_node(&self) -> f64 {
+        let Some((first, last)) = self.submitting else {
+            return 0.0;
+        };
+        let started = self
+            .checks
+            .first_starts
+            .iter()
+            .filter(|t| **t <= last)
+            .count() as f64;
+        started / ((last - first) / 60.0).max(1e-9) / self.nodes as f64
+    }
+
+    /// Jobs that started per minute per node over the whole soak, its tail included (the last
+    /// requeued jobs waiting to start again).
+    pub fn jobs_per_minute_per_node_overall(&self) -> f64 {
         let started = *self.checks.counts.get("jobs started").unwrap_or(&0) as f64;
         started / (self.elapsed.as_secs_f64() / 60.0).max(1e-9) / self.nodes as f64
     }
@@ -94,8 +121,11 @@ impl std::fmt::Display for Summary {
         writeln!(f, "  elapsed: {:.0} s", self.elapsed.as_secs_f64())?;
         writeln!(
             f,
-            "  jobs per minute per node sustained: {:.1}",
-            self.jobs_per_minute_per_node()
+            "  jobs per minute per node sustained: {:.1} (while submitting, {:.0} s; {:.1} over \
+             the whole soak)",
+            self.jobs_per_minute_per_node(),
+            self.submitting.map_or(0.0, |(a, b)| b - a),
+            self.jobs_per_minute_per_node_overall()
         )?;
         for (what, pct) in [
             ("prolog", &self.checks.prolog_us),
@@ -128,6 +158,13 @@ impl std::fmt::Display for Summary {
             .map(|(k, (n, hit))| format!("{k} {n} ({hit} hit)"))
             .collect();
         writeln!(f, "  faults injected: {}", faults.join(", "))?;
+        writeln!(
+            f,
+            "  reconcile timer runs: {} (p50 {} ms, max {} ms)",
+            self.sweeps,
+            checks::percentile(&self.sweep_ms, 50.0),
+            self.sweep_ms.iter().max().copied().unwrap_or(0)
+        )?;
         let attributed = self.drains.iter().filter(|d| d.cause.is_some()).count();
         writeln!(
             f,
@@ -171,11 +208,27 @@ pub fn run(mn: &mut MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<
     let mut rng = fastrand::Rng::with_seed(plan.seed);
     let mut work = workload::Workload::new(mn, plan, submitters)?;
     let mut faults = faults::Injector::new(plan, mn.nodes.len());
+    let mut timer = sweep::Timer::new(plan, mn.nodes.len());
+    let mut progress = Instant::now();
     while (work.submissions < plan.jobs || work.live > 0) && start.elapsed() < plan.limit {
         work.round(mn, &mut rng)?;
         faults.round(mn, &mut rng, start)?;
+        timer.round(mn)?;
+        if progress.elapsed() >= Duration::from_secs(30) {
+            // On stderr: a soak of hours says where it is.
+            eprintln!(
+                "soak: {:.0} s, {}/{} submitted, queue {:?}, {} faults",
+                start.elapsed().as_secs_f64(),
+                work.submissions,
+                plan.jobs,
+                work.queue_now,
+                faults.faults.len()
+            );
+            progress = Instant::now();
+        }
         std::thread::sleep(Duration::from_millis(300));
     }
+    timer.finish();
     let mut drains = faults.take_drains();
     let elapsed = start.elapsed();
     drains.extend(faults::settle(mn, &faults.faults, start)?);
@@ -189,6 +242,9 @@ pub fn run(mn: &mut MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<
         released: work.released,
         faults: faults.faults,
         drains,
+        sweeps: timer.runs,
+        sweep_ms: timer.durations_ms,
+        submitting: work.submitting,
         checks,
     })
 }

@@ -76,6 +76,11 @@ pub struct Workload {
     pub wrongly_accepted: Vec<String>,
     pub jobs: BTreeMap<u64, Submitted>,
     kinds: Vec<JobKind>,
+    /// The last round's queue: jobs by state (and pending reason).
+    pub queue_now: BTreeMap<String, usize>,
+    /// The first and last submission (seconds since the epoch): while the soak kept the
+    /// queue full.
+    pub submitting: Option<(f64, f64)>,
 }
 
 impl Workload {
@@ -95,6 +100,8 @@ impl Workload {
             wrongly_accepted: Vec::new(),
             jobs: BTreeMap::new(),
             kinds: Vec::new(),
+            queue_now: BTreeMap::new(),
+            submitting: None,
         })
     }
 
@@ -114,6 +121,15 @@ impl Workload {
             return Ok(());
         };
         self.live = states.len();
+        self.queue_now.clear();
+        for (state, reason) in states.values() {
+            let key = if state == "PENDING" {
+                format!("PENDING ({reason})")
+            } else {
+                state.clone()
+            };
+            *self.queue_now.entry(key).or_default() += 1;
+        }
         for (id, (state, reason)) in &states {
             // A job Slurm requeued and held for a failed prolog: the admin releases it.
             if state == "PENDING" && reason.contains("held") {
@@ -198,6 +214,8 @@ impl Workload {
             .arg(steps.to_string());
         self.submissions += 1;
         self.kinds.push(kind);
+        let now = super::faults::epoch_now();
+        self.submitting = Some((self.submitting.map_or(now, |(first, _)| first), now));
         let o = mn.run(c)?;
         if kind == JobKind::Refused {
             if o.status.success() {
