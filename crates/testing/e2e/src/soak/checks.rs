@@ -255,16 +255,20 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                 };
             }
         }
-        // The job's (last) run, in seconds since the epoch.
+        // The job's last run, in seconds since the epoch; `since`: its first (Slurm keeps the
+        // last run's StartTime only, so from the start for a requeued job).
         let start = kv.get("StartTime").and_then(|t| slurm_epoch(t));
         let end = kv.get("EndTime").and_then(|t| slurm_epoch(t));
+        let requeued = kv.get("Restarts").is_some_and(|r| r != "0");
+        let since = if requeued { None } else { start };
         for n in &nodes {
             let r = per_node
                 .get(n)
                 .and_then(|m| m.get(&id))
                 .cloned()
                 .unwrap_or_default();
-            // Hit faults on this node (slurmctld's too where `ctld`) between `from` and `to`.
+            // A hit fault of one of `kinds` on this node (slurmctld's, for SlurmctldKill) between
+            // `from` and `to`.
             let fault_on = |kinds: &[FaultKind], from: Option<f64>, to: Option<f64>| {
                 faults.iter().find(|f| {
                     f.hit
@@ -284,7 +288,7 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                         FaultKind::NodeReboot,
                         FaultKind::EpilogKill,
                     ],
-                    start,
+                    since,
                     end.map(|e| e + DRAIN_WINDOW_S),
                 );
                 match (r.reconciled > 0, lost) {
@@ -329,7 +333,7 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                     FaultKind::PrologKill,
                     FaultKind::NodeReboot,
                 ],
-                start,
+                since,
                 end,
             )
             .is_some();
