@@ -59,6 +59,8 @@ pub struct Submitted {
     pub acted: bool,
     /// The state the job was in when the soak acted on it.
     pub acted_in: Option<String>,
+    /// When it acted (seconds since the epoch).
+    pub acted_at: Option<f64>,
 }
 
 pub struct Workload {
@@ -162,6 +164,7 @@ impl Workload {
             if mn.run(c).is_ok_and(|o| o.status.success()) {
                 job.acted = true;
                 job.acted_in = Some(state.clone());
+                job.acted_at = Some(super::faults::epoch_now());
             }
         }
         let mut live = states.len();
@@ -238,6 +241,7 @@ impl Workload {
                     tenant,
                     acted: false,
                     acted_in: None,
+                    acted_at: None,
                 },
             );
         }
