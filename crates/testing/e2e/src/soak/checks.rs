@@ -262,11 +262,18 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
         let requeued = kv.get("Restarts").is_some_and(|r| r != "0");
         let since = if requeued { None } else { start };
         // A slurmctld SIGKILLed loses the last seconds of its state and gives their job ids
-        // again: a node's records of this id from before Slurm's job was submitted are an
+        // again: a node's records of this id from before the job was submitted are an
         // earlier job's, which Slurm forgot (and then aborted on the node, where slurmd,
         // taking the new job for the old one, may run neither's epilog). The two jobs' records
         // cannot be told apart: such an id is checked only for what it left (`leaks`).
-        let submitted = kv.get("SubmitTime").and_then(|t| slurm_epoch(t));
+        // When the soak ran sbatch for it (Slurm's SubmitTime moves with each requeue); an
+        // array's elements by their array's id.
+        let master = kv.get("ArrayJobId").and_then(|a| a.parse::<u64>().ok());
+        let submitted = work
+            .jobs
+            .get(&id)
+            .or_else(|| master.and_then(|m| work.jobs.get(&m)))
+            .map(|s| s.submitted_at);
         if let (Some(first), Some(sub)) = (total.first_start, submitted) {
             if first < sub - 1.0 {
                 let forgot = faults.iter().any(|f| {

@@ -61,6 +61,8 @@ pub struct Submitted {
     pub acted_in: Option<String>,
     /// When it acted (seconds since the epoch).
     pub acted_at: Option<f64>,
+    /// When sbatch was run for it (seconds since the epoch).
+    pub submitted_at: f64,
 }
 
 pub struct Workload {
@@ -219,6 +221,7 @@ impl Workload {
         self.kinds.push(kind);
         let now = super::faults::epoch_now();
         self.submitting = Some((self.submitting.map_or(now, |(first, _)| first), now));
+        let submitted_at = super::faults::epoch_now();
         let o = mn.run(c)?;
         if kind == JobKind::Refused {
             if o.status.success() {
@@ -242,6 +245,7 @@ impl Workload {
                     acted: false,
                     acted_in: None,
                     acted_at: None,
+                    submitted_at,
                 },
             );
         }
