@@ -79,10 +79,7 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
                 r.starts += 1;
                 checks.prolog_us.extend(us);
                 let t = v["time"].as_str().and_then(super::faults::record_epoch);
-                r.first_start = match (r.first_start, t) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                r.first_start = earliest(r.first_start, t);
             }
             "job_end" => {
                 r.ends += 1;
@@ -249,10 +246,7 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
             if let Some(r) = m.get(&id) {
                 total.starts += r.starts;
                 total.ends += r.ends;
-                total.first_start = match (total.first_start, r.first_start) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                total.first_start = earliest(total.first_start, r.first_start);
             }
         }
         // The job's last run, in seconds since the epoch; `since`: its first (Slurm keeps the
@@ -413,6 +407,14 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
     }
     record_counts(&per_node, &text, c);
     Ok(())
+}
+
+/// The earlier of two times, either of which may be unknown.
+fn earliest(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// A fault as the failures name it.
