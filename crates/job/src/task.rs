@@ -34,7 +34,8 @@ fn running_journal(config: &Config, job_id: u64) -> Result<Journal, String> {
         .ok_or_else(|| {
             format!(
                 "job {job_id}: no journal in {}: the tenancy prolog did not set this job up on \
-                 this node (is Prolog=tenancy-prolog in slurm.conf?)",
+                 this node (is Prolog=tenancy-prolog in slurm.conf? Slurm 22.05 may run no \
+                 prolog for a requeued job's next run: requeue it again)",
                 config.cluster.state_dir.display()
             )
         })

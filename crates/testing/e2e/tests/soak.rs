@@ -21,6 +21,14 @@ fn ci_jobs() -> usize {
         .unwrap_or(100)
 }
 
+/// The CI-sized soak's seed: 46 (TENANCY_SOAK_SEED changes it).
+fn ci_seed() -> u64 {
+    std::env::var("TENANCY_SOAK_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(46)
+}
+
 scenario!(
     soak_under_faults_leaks_nothing,
     Options::default(),
@@ -28,6 +36,7 @@ scenario!(
         let (mut mn, submitters) = soak::cluster(users, Options::default()).unwrap();
         let plan = Plan {
             jobs: ci_jobs(),
+            seed: ci_seed(),
             limit: Duration::from_secs(900),
             fault_every: Some(Duration::from_secs(20)),
             ..Plan::default()

@@ -23,6 +23,9 @@ pub struct Checks {
     pub epilog_us: Vec<u64>,
     /// Each started job's first `job_start` on any node (seconds since the epoch).
     pub first_starts: Vec<f64>,
+    /// What the failures of a job's checks were looked into with: per failed job, Slurm's
+    /// view, its records and its daemons' log lines (so that a red CI run explains itself).
+    pub details: Vec<String>,
 }
 
 impl Checks {
@@ -230,9 +233,16 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
     s.args(["show", "job", "-o"]);
     let o = mn.run(s)?;
     let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let mut failed_jobs = Vec::new();
+    let (mut failed_before, mut last_id) = (c.failures.len(), None);
     for line in text.lines().filter(|l| l.starts_with("JobId=")) {
         let kv = parse_kv(line);
         let id: u64 = kv.get("JobId").and_then(|v| v.parse().ok()).unwrap_or(0);
+        if c.failures.len() > failed_before {
+            failed_jobs.extend(last_id);
+        }
+        failed_before = c.failures.len();
+        last_id = Some((id, line));
         let state = kv.get("JobState").cloned().unwrap_or_default();
         c.count("jobs in Slurm", 1);
         *c.counts
@@ -369,9 +379,25 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                     ));
                 }
             } else if state == "COMPLETED" && r.starts == 0 && !behind_fault {
-                c.fail(format!(
-                    "job {id} completed on {n} without a job_start there"
-                ));
+                // Slurm 22.05's slurmd keeps a requeued job's revoked credential when its next
+                // run comes within 2 s of another credential scan (slurm_cred.c's scan backoff,
+                // removed in 23.02): it takes the run for one it has seen and runs no prolog.
+                // The node's tasks of that run are refused (no journal), so a job that still
+                // completed ran nothing there but its batch script elsewhere: counted, as long
+                // as this node ended an earlier run (it held the credential: a `job_end` for
+                // that run and one for this) and is not the batch host.
+                let batch_host = kv.get("BatchHost").is_some_and(|b| b == n);
+                if requeued && r.ends >= 2 && !batch_host && slurm_major(mn) == Some(22) {
+                    c.count(
+                        "job-nodes of a requeued job where Slurm 22.05 ran no prolog (tasks \
+                         refused there)",
+                        1,
+                    );
+                } else {
+                    c.fail(format!(
+                        "job {id} completed on {n} without a job_start there"
+                    ));
+                }
             }
         }
         if ran {
@@ -405,8 +431,138 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
             }
         }
     }
+    if c.failures.len() > failed_before {
+        failed_jobs.extend(last_id);
+    }
     record_counts(&per_node, &text, c);
+    for (id, line) in failed_jobs.into_iter().take(5) {
+        let d = explain(mn, work, faults, id, line);
+        c.details.push(d);
+    }
     Ok(())
+}
+
+/// A failed job looked into: the soak's submission, Slurm's line, each node's records of it,
+/// the faults, and the daemons' log lines that name it.
+fn explain(mn: &MultiNode, work: &Workload, faults: &[Fault], id: u64, line: &str) -> String {
+    use std::fmt::Write;
+    let mut d = format!("job {id}\n");
+    let kv = parse_kv(line);
+    let master = kv.get("ArrayJobId").and_then(|a| a.parse::<u64>().ok());
+    if let Some(s) = work
+        .jobs
+        .get(&id)
+        .or_else(|| master.and_then(|m| work.jobs.get(&m)))
+    {
+        let _ = writeln!(
+            d,
+            "  submitted: {} for {} at {:.1}, acted on in {:?} at {:?}",
+            s.kind.name(),
+            s.tenant,
+            s.submitted_at,
+            s.acted_in,
+            s.acted_at
+        );
+    }
+    let keys = [
+        "JobState",
+        "Reason",
+        "Restarts",
+        "ArrayJobId",
+        "ArrayTaskId",
+        "SubmitTime",
+        "StartTime",
+        "EndTime",
+        "NodeList",
+        "BatchHost",
+        "Requeue",
+        "ExitCode",
+    ];
+    let slurm: Vec<String> = keys
+        .iter()
+        .filter_map(|k| kv.get(*k).map(|v| format!("{k}={v}")))
+        .collect();
+    let _ = writeln!(d, "  slurm: {}", slurm.join(" "));
+    for f in faults.iter().filter(|f| f.hit) {
+        let _ = writeln!(
+            d,
+            "  fault: {} (epoch {:.1} to {:.1})",
+            describe(mn, f),
+            f.wall,
+            f.wall_until
+        );
+    }
+    let names = [
+        format!("JobId={id} "),
+        format!("JobId={id}\n"),
+        format!("job {id} "),
+        format!("job {id}:"),
+        format!("job {id}\n"),
+        format!("jobid {id} "),
+        format!("job_id\":{id},"),
+        format!("StepId={id}."),
+        format!("job {id}'s"),
+        format!("JobId={id}."),
+    ];
+    let names_it = |l: &str| {
+        let l = format!("{l}\n");
+        names.iter().any(|n| l.contains(n.as_str()))
+    };
+    for n in &mn.nodes {
+        let log = fs::read_to_string(n.root.join("audit/audit.jsonl")).unwrap_or_default();
+        for l in log.lines().filter(|l| names_it(l)) {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
+            let _ = writeln!(
+                d,
+                "  {} record: {} {} {} {}",
+                n.name,
+                v["time"].as_str().unwrap_or("?"),
+                v["event"].as_str().unwrap_or("?"),
+                v["outcome"].as_str().unwrap_or("?"),
+                v["reason"].as_str().unwrap_or("")
+            );
+        }
+    }
+    let logs = mn.dir.path().join("log");
+    let mut files: Vec<_> = fs::read_dir(&logs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for f in files {
+        let text = fs::read_to_string(&f).unwrap_or_default();
+        let hits: Vec<&str> = text.lines().filter(|l| names_it(l)).collect();
+        let name = f
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        // The first and last lines: where the job came and went.
+        let (head, tail) = if hits.len() > 40 {
+            (20, hits.len() - 20)
+        } else {
+            (hits.len(), hits.len())
+        };
+        for l in hits[..head].iter().chain(&hits[tail..]) {
+            let _ = writeln!(d, "  {name}: {l}");
+        }
+        if tail > head {
+            let _ = writeln!(d, "  {name}: ({} lines more)", tail - head);
+        }
+    }
+    d
+}
+
+/// The major release of the cluster's Slurm (`scontrol -V`: "slurm-wlm 22.05.8", "slurm 24.11.1").
+fn slurm_major(mn: &MultiNode) -> Option<u32> {
+    let mut v = mn.cmd("scontrol");
+    v.arg("-V");
+    let o = mn.run(v).ok()?;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let release = text.split_whitespace().nth(1)?;
+    release.split('.').next()?.parse().ok()
 }
 
 /// The earlier of two times, either of which may be unknown.

@@ -197,6 +197,9 @@ impl std::fmt::Display for Summary {
             for x in &self.checks.failures {
                 writeln!(f, "    - {x}")?;
             }
+            for d in &self.checks.details {
+                writeln!(f, "  looked into: {d}")?;
+            }
             Ok(())
         }
     }
