@@ -6,13 +6,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+use tenancy_test_support::units::{unit_exec_start, units_dir};
 use tenancy_test_support::{output_text, requires_root, skip, TenancyToml};
-
-fn units_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../packaging/systemd")
-}
 
 /// `key=value` lines of a unit file, by key (several values of a key in order).
 fn unit(name: &str) -> BTreeMap<String, Vec<String>> {
@@ -37,12 +34,7 @@ fn has(u: &BTreeMap<String, Vec<String>>, key: &str, word: &str) -> bool {
 
 /// The unit's ExecStart with the installed tenancyctl replaced by the one built here.
 fn exec_start(name: &str) -> Vec<String> {
-    let u = unit(name);
-    let line = &u["ExecStart"][0];
-    let mut words: Vec<String> = line.split_whitespace().map(String::from).collect();
-    assert_eq!(words[0], "/usr/bin/tenancyctl", "{name}: {line}");
-    words[0] = env!("CARGO_BIN_EXE_tenancyctl").to_string();
-    words
+    unit_exec_start(name, Path::new(env!("CARGO_BIN_EXE_tenancyctl"))).unwrap()
 }
 
 #[test]

@@ -348,21 +348,10 @@ impl MultiNode {
 
     /// The command of [`MultiNode::run_unit`], to be run or spawned.
     pub fn unit_command(&self, i: usize, unit: &str) -> Result<Command> {
-        let file = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../packaging/systemd")
-            .join(unit);
-        let text = fs::read_to_string(&file).with_context(|| format!("{}", file.display()))?;
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("ExecStart="))
-            .ok_or_else(|| anyhow!("{}: no ExecStart", file.display()))?;
-        let mut words = line.split_whitespace();
-        let program = words.next().unwrap_or_default();
-        if program != "/usr/bin/tenancyctl" {
-            bail!("{}: runs {program}, not tenancyctl", file.display());
-        }
-        let mut c = self.node_cmd(i, artifact("tenancyctl")?);
-        c.arg("--config").arg(&self.tenancy_toml).args(words);
+        let words = tenancy_test_support::units::unit_exec_start(unit, &artifact("tenancyctl")?)
+            .map_err(|e| anyhow!(e))?;
+        let mut c = self.node_cmd(i, &words[0]);
+        c.arg("--config").arg(&self.tenancy_toml).args(&words[1..]);
         Ok(c)
     }
 

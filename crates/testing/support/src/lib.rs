@@ -10,7 +10,8 @@
 //! * fixtures more than one crate's tests use: a seccomp filter that takes `openat2` away
 //!   ([`seccomp`]), a file even root cannot remove ([`Immutable`]), real users and groups and a
 //!   scratch tree ([`users`]), a file system of a test's own on a loop device ([`loopfs`]), and
-//!   seeded audit logs (`audit_logs`, feature `audit-logs`).
+//!   seeded audit logs (`audit_logs`, feature `audit-logs`), and the package's systemd units'
+//!   commands as tests run them ([`units`]).
 //!
 //! ```
 //! use tenancy_test_support::{requires_root, TenancyToml};
@@ -35,6 +36,7 @@ mod immutable;
 pub mod journals;
 pub mod loopfs;
 pub mod seccomp;
+pub mod units;
 pub mod users;
 
 pub use config::{GpuPlacement, Limits, ScratchOnExit, TenancyToml};
