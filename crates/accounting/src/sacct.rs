@@ -2,7 +2,8 @@
 //! (slurmdbd, read through `sacct`), job by job. Every job where the two books disagree is
 //! listed: a job Slurm ran with no `job_start` on its node, a `job_start` Slurm has no job for,
 //! and MIG slice-hours that differ from Slurm's `gres/gpu:<profile>` TRES usage by more than the
-//! tolerance. Exit 1 when anything disagrees.
+//! tolerance. Exit 1 when anything disagrees. A requeued job's runs (`sacct -D`) are each
+//! held to their nodes' records, and their time summed against the job's slice-hours.
 
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
@@ -32,6 +33,10 @@ pub struct SlurmJob {
 struct AuditJob {
     start: Option<DateTime<Utc>>,
     end: Option<DateTime<Utc>>,
+    /// The run whose job_end is still to come (a requeued job runs again on the node).
+    open: Option<DateTime<Utc>>,
+    /// Milliseconds between each run's job_start (or its job_end's `started`) and job_end.
+    used_ms: u64,
     profile: Option<String>,
     /// A job_denied or rollback for it on that node (the prolog refused or undid it).
     refused: Option<String>,
@@ -44,6 +49,9 @@ pub struct Disagreement {
     pub node: String,
     /// `no_job_start`, `no_slurm_job` or `usage_differs`.
     pub kind: &'static str,
+    /// Slurm's state of the run it is about (its last run for `usage_differs`; empty for
+    /// `no_slurm_job` of a job Slurm does not have).
+    pub state: String,
     pub detail: String,
 }
 
@@ -122,7 +130,7 @@ pub fn parse_sacct(text: &str) -> anyhow::Result<Vec<SlurmJob>> {
         bail!(
             "sacct output: its first line must be the header (sacct --parsable2 without \
              --noheader) with at least JobIDRaw, NodeList, State, ElapsedRaw and AllocTRES; \
-             found {header:?}; make it with: sacct -a -X --parsable2 -o {SACCT_FIELDS}"
+             found {header:?}; make it with: sacct -a -X -D --parsable2 -o {SACCT_FIELDS}"
         );
     };
     let mut jobs = Vec::new();
@@ -170,7 +178,8 @@ pub fn run_sacct(since: DateTime<Utc>, until: DateTime<Utc>) -> anyhow::Result<S
     let fmt = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%S").to_string();
     let out = Command::new("sacct")
         .env("TZ", "UTC")
-        .args(["-a", "-X", "--parsable2", "-o", SACCT_FIELDS, "-S"])
+        // Every run of a requeued or preempted job (-D), not only its last.
+        .args(["-a", "-X", "-D", "--parsable2", "-o", SACCT_FIELDS, "-S"])
         .arg(fmt(since))
         .arg("-E")
         .arg(fmt(until))
@@ -209,11 +218,16 @@ fn audit_jobs(paths: &[PathBuf]) -> anyhow::Result<BTreeMap<(String, u64), Audit
         match event {
             "job_start" if s("outcome") == Some("success") => {
                 j.start = Some(t);
+                j.open = Some(t);
                 j.profile = s("profile").map(str::to_string);
             }
             "job_end" | "teardown_failed" => {
-                if let Some(Ok(st)) = s("started").map(ts::parse) {
+                let started = s("started").and_then(|x| ts::parse(x).ok());
+                if let Some(st) = started {
                     j.start.get_or_insert(st);
+                }
+                if let Some(began) = j.open.take().or(started) {
+                    j.used_ms += (t - began).num_milliseconds().max(0) as u64;
                 }
                 if j.start.is_some() {
                     j.end = Some(t);
@@ -241,95 +255,151 @@ pub fn compare(
 ) -> anyhow::Result<Comparison> {
     let audit = audit_jobs(paths)?;
     let mut d = Vec::new();
-    let slurm_ids: BTreeMap<u64, &SlurmJob> = slurm.iter().map(|j| (j.job_id, j)).collect();
-    let mut compared = 0;
+    // Each job's runs in sacct's order (`sacct -D` lists every run of a requeued or
+    // preempted job, its last one last), and every node any of them ran on.
+    let mut runs: BTreeMap<u64, Vec<&SlurmJob>> = BTreeMap::new();
     for j in slurm {
-        // Never started (pending, or held after a refused prolog): nothing to record.
-        let never_ran = matches!(
-            j.state.as_str(),
-            "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "BOOT_FAIL"
-        ) || (j.state == "CANCELLED" && j.elapsed_s == 0);
-        if never_ran {
-            continue;
-        }
-        let mut audit_ms: BTreeMap<String, u64> = BTreeMap::new();
-        let mut all_ended = true;
-        let mut missing = false;
-        for node in &j.nodes {
-            let a = audit.get(&(node.clone(), j.job_id));
-            match a {
-                Some(a) if a.start.is_some() => match (a.start, a.end) {
-                    (Some(s), Some(e)) => {
-                        if let Some(p) = &a.profile {
-                            *audit_ms.entry(p.clone()).or_default() +=
-                                (e - s).num_milliseconds().max(0) as u64;
-                        }
-                    }
-                    _ => all_ended = false,
-                },
-                Some(a) if a.refused.is_some() && j.state != "COMPLETED" => {
-                    // The prolog refused it and Slurm did not complete it: the books agree.
-                }
-                other => {
-                    missing = true;
-                    d.push(Disagreement {
-                        job_id: j.job_id,
-                        node: node.clone(),
-                        kind: "no_job_start",
-                        detail: format!(
-                        "Slurm accounted job {} on {node} ({}, {} s, {}) but the audit log has \
-                         no job_start for it on that node{}",
-                        j.job_id,
-                        j.state,
-                        j.elapsed_s,
-                        if j.gpus.is_empty() {
-                            "no GPU GRES".to_string()
-                        } else {
-                            j.gpus
-                                .iter()
-                                .map(|(p, n)| format!("gres/gpu:{p}={n}"))
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        },
-                        match other.and_then(|a| a.refused.as_deref()) {
-                            Some(r) => format!(" (only {r})"),
-                            None => String::new(),
-                        }
-                    ),
-                    })
+        runs.entry(j.job_id).or_default().push(j);
+    }
+    let slurm_nodes: BTreeMap<u64, Vec<String>> = runs
+        .iter()
+        .map(|(id, rs)| {
+            let mut nodes: Vec<String> = Vec::new();
+            for n in rs.iter().flat_map(|r| &r.nodes) {
+                if !nodes.contains(n) {
+                    nodes.push(n.clone());
                 }
             }
+            (*id, nodes)
+        })
+        .collect();
+    let mut compared = 0;
+    for (id, rs) in &runs {
+        let mut missing = false;
+        let mut ran: Vec<&SlurmJob> = Vec::new();
+        for j in rs {
+            // Never started (pending, held after a refused prolog): nothing to record. A run
+            // Slurm requeued counts when it ran (`scontrol requeue`, a preemption).
+            let never_ran = matches!(
+                j.state.as_str(),
+                "PENDING" | "REQUEUE_HOLD" | "REQUEUE_FED" | "BOOT_FAIL"
+            ) || (matches!(j.state.as_str(), "CANCELLED" | "REQUEUED")
+                && j.elapsed_s == 0);
+            if never_ran {
+                continue;
+            }
+            ran.push(j);
+            missing |= no_job_start(j, &audit, &mut d);
         }
+        let Some(last) = ran.last() else { continue };
         // Running, or already listed for want of a start: no usage to hold against Slurm's.
-        if j.state == "RUNNING" || missing {
+        if last.state == "RUNNING" || missing {
             continue;
+        }
+        let nodes = &slurm_nodes[id];
+        let mut audit_ms: BTreeMap<String, u64> = BTreeMap::new();
+        let mut all_ended = true;
+        for node in nodes {
+            match audit.get(&(node.clone(), *id)) {
+                Some(a) if a.start.is_some() => {
+                    if a.end.is_none() || a.open.is_some() {
+                        all_ended = false;
+                    } else if let Some(p) = &a.profile {
+                        *audit_ms.entry(p.clone()).or_default() += a.used_ms;
+                    }
+                }
+                _ => {}
+            }
         }
         if !all_ended {
             d.push(Disagreement {
-                job_id: j.job_id,
-                node: j.nodes.join(","),
+                job_id: *id,
+                node: nodes.join(","),
                 kind: "usage_differs",
+                state: last.state.clone(),
                 detail: format!(
-                    "Slurm ended job {} ({}, {} s) but the audit log has no job_end or \
+                    "Slurm ended job {id} ({}, {} s) but the audit log has no job_end or \
                      teardown_failed for it: its slice-hours are not in the statement",
-                    j.job_id, j.state, j.elapsed_s
+                    last.state, last.elapsed_s
                 ),
             });
             continue;
         }
-        compared += usage_differs(j, &audit_ms, tolerance_seconds, &mut d);
+        // Every run's time against the audit log's: the slices of the last run (a job asks
+        // for the same GRES each time it runs).
+        let whole = SlurmJob {
+            job_id: *id,
+            nodes: nodes.clone(),
+            state: last.state.clone(),
+            elapsed_s: ran.iter().map(|r| r.elapsed_s).sum(),
+            gpus: last.gpus.clone(),
+        };
+        compared += usage_differs(&whole, &audit_ms, tolerance_seconds, &mut d);
     }
-    let starts = starts_without_slurm_job(&audit, &slurm_ids, (since, until), &mut d);
+    let last_state: BTreeMap<u64, String> = runs
+        .iter()
+        .filter_map(|(id, rs)| Some((*id, rs.last()?.state.clone())))
+        .collect();
+    let starts =
+        starts_without_slurm_job(&audit, &slurm_nodes, &last_state, (since, until), &mut d);
     d.sort();
     Ok(Comparison {
         since: ts::format(&since),
         until: ts::format(&until),
         tolerance_seconds,
-        slurm_jobs: slurm.len(),
+        slurm_jobs: runs.len(),
         audit_job_starts: starts,
         compared_usage: compared,
         disagreements: d,
     })
+}
+
+/// One run of a job Slurm accounted against the audit logs: a disagreement for each of its
+/// nodes with no job_start of the job (a refusal there agrees with a run Slurm did not
+/// complete). Whether any was missing.
+fn no_job_start(
+    j: &SlurmJob,
+    audit: &BTreeMap<(String, u64), AuditJob>,
+    d: &mut Vec<Disagreement>,
+) -> bool {
+    let mut missing = false;
+    for node in &j.nodes {
+        let a = audit.get(&(node.clone(), j.job_id));
+        match a {
+            Some(a) if a.start.is_some() => {}
+            Some(a) if a.refused.is_some() && j.state != "COMPLETED" => {
+                // The prolog refused it and Slurm did not complete it: the books agree.
+            }
+            other => {
+                missing = true;
+                let gres = if j.gpus.is_empty() {
+                    "no GPU GRES".to_string()
+                } else {
+                    j.gpus
+                        .iter()
+                        .map(|(p, n)| format!("gres/gpu:{p}={n}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                let only = match other.and_then(|a| a.refused.as_deref()) {
+                    Some(r) => format!(" (only {r})"),
+                    None => String::new(),
+                };
+                d.push(Disagreement {
+                    job_id: j.job_id,
+                    node: node.clone(),
+                    kind: "no_job_start",
+                    state: j.state.clone(),
+                    detail: format!(
+                        "Slurm accounted job {} on {node} ({}, {} s, {gres}) but the audit log \
+                         has no job_start for it on that node{only}",
+                        j.job_id, j.state, j.elapsed_s
+                    ),
+                });
+            }
+        }
+    }
+    missing
 }
 
 /// Slurm's job `j` against its slice-hours in the audit log (`audit_ms`, per profile): a
@@ -354,6 +424,7 @@ fn usage_differs(
                 job_id: j.job_id,
                 node: j.nodes.join(","),
                 kind: "usage_differs",
+                state: j.state.clone(),
                 detail: format!(
                     "profile {p}: audit {:.4} slice-hours, Slurm gres/gpu:{p}={n} × {} s = \
                      {:.4} slice-hours; differ by {:.1} s, more than the tolerance of {} s \
@@ -374,7 +445,8 @@ fn usage_differs(
 /// Slurm has not, or not on that node. Returns the starts in the period.
 fn starts_without_slurm_job(
     audit: &BTreeMap<(String, u64), AuditJob>,
-    slurm_ids: &BTreeMap<u64, &SlurmJob>,
+    slurm_nodes: &BTreeMap<u64, Vec<String>>,
+    last_state: &BTreeMap<u64, String>,
     (since, until): (DateTime<Utc>, DateTime<Utc>),
     d: &mut Vec<Disagreement>,
 ) -> usize {
@@ -385,22 +457,24 @@ fn starts_without_slurm_job(
             continue;
         }
         starts += 1;
-        match slurm_ids.get(id) {
-            Some(j) if j.nodes.iter().any(|n| n == node) => {}
-            Some(j) => d.push(Disagreement {
+        match slurm_nodes.get(id) {
+            Some(nodes) if nodes.iter().any(|n| n == node) => {}
+            Some(nodes) => d.push(Disagreement {
                 job_id: *id,
                 node: node.clone(),
                 kind: "no_slurm_job",
+                state: last_state.get(id).cloned().unwrap_or_default(),
                 detail: format!(
                     "job_start of job {id} on {node} at {} but Slurm accounted the job on {} only",
                     ts::format(&s),
-                    j.nodes.join(",")
+                    nodes.join(",")
                 ),
             }),
             None => d.push(Disagreement {
                 job_id: *id,
                 node: node.clone(),
                 kind: "no_slurm_job",
+                state: String::new(),
                 detail: format!(
                     "job_start of job {id} on {node} at {} ({}) but Slurm's accounting has no \
                      such job in the period",

@@ -731,3 +731,74 @@ fn compare_sacct_finds_a_job_without_records() {
     let kinds: Vec<&str> = kinds.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["no_job_start", "usage_differs", "no_slurm_job"]);
 }
+
+/// A job Slurm requeued (`scontrol requeue`, a preemption) runs again, maybe on another node:
+/// `sacct -D` lists each run. Every run's nodes are the job's, and its slice-hours are the sum
+/// of every run's, on both books.
+#[test]
+fn compare_sacct_counts_every_run_of_a_requeued_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let c = config(root, BILLING);
+    let mut l = Log::new(root);
+    // Job 21: half an hour on n1, preempted, then half an hour on n2. Job 22: twice on n1.
+    l.job("n1", "acme", 21, Some("1g.18gb"), t(5, 10, 0), t(5, 10, 30));
+    l.job(
+        "n2",
+        "acme",
+        21,
+        Some("1g.18gb"),
+        t(5, 10, 40),
+        t(5, 11, 10),
+    );
+    l.job("n1", "acme", 22, Some("1g.18gb"), t(6, 10, 0), t(6, 10, 20));
+    l.job("n1", "acme", 22, Some("1g.18gb"), t(6, 11, 0), t(6, 11, 40));
+    let logs = root.join("logs");
+    let header = "JobIDRaw|Cluster|NodeList|State|Start|End|ElapsedRaw|AllocTRES\n";
+    let row = |id: u64, node: &str, state: &str, secs: u64| {
+        format!(
+            "{id}|c|{node}|{state}|2026-01-05T10:00:00|2026-01-05T11:00:00|{secs}|\
+             billing=1,cpu=1,gres/gpu:1g.18gb=1,gres/gpu=1,node=1\n"
+        )
+    };
+    let compare = |sacct: &str| {
+        let f = root.join("sacct.txt");
+        std::fs::write(&f, sacct).unwrap();
+        let (f, logs) = (f.to_str().unwrap(), logs.to_str().unwrap());
+        let mut args = vec!["report", "--compare-sacct", "--statement", "2026-01"];
+        args.extend(["--sacct-file", f, logs]);
+        tenancyctl(&c, &args)
+    };
+    let agreeing = format!(
+        "{header}{}{}{}{}",
+        row(21, "n1", "PREEMPTED", 1800),
+        row(21, "n2", "COMPLETED", 1800),
+        row(22, "n1", "REQUEUED", 1200),
+        row(22, "n1", "COMPLETED", 2400),
+    );
+    let o = compare(&agreeing);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("2 Slurm job(s), 3 job_start record(s), 2 usage figure(s) compared")
+            && text(&o).contains("the books agree"),
+        "{}",
+        text(&o)
+    );
+
+    // Slurm's second run of job 21 ran an hour, not half of one: the sum differs by 30 min.
+    let o = compare(&format!(
+        "{header}{}{}{}{}",
+        row(21, "n1", "PREEMPTED", 1800),
+        row(21, "n2", "COMPLETED", 3600),
+        row(22, "n1", "REQUEUED", 1200),
+        row(22, "n1", "COMPLETED", 2400),
+    ));
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("DISAGREE job 21 on n1,n2: usage_differs")
+            && out.contains("differ by 1800.0 s"),
+        "{out}"
+    );
+    assert_eq!(out.matches("DISAGREE").count(), 1, "{out}");
+}

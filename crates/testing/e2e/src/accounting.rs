@@ -70,7 +70,8 @@ impl Accounting {
 /// Starts MariaDB (data under `dir/db`, on 127.0.0.1 at a free port) and slurmdbd (its config
 /// `slurmdbd.conf` next to `slurm_conf`, where slurmdbd looks for it), and registers
 /// `cluster_name`. Each daemon goes into `daemons` as soon as it runs (the cluster stops them
-/// by pid, also when a later step fails).
+/// by pid, also when a later step fails). `enter` puts each command where slurmctld is (the
+/// multi-node cluster's bridge namespace; nothing for the host's).
 pub(crate) fn start(
     daemons: &mut Daemons,
     dir: &Path,
@@ -78,6 +79,7 @@ pub(crate) fn start(
     slurm_conf: &Path,
     cluster_name: &str,
     dbd_port: u16,
+    enter: &dyn Fn(&mut Command),
 ) -> Result<()> {
     let data = dir.join("db/data");
     std::fs::create_dir_all(&data)?;
@@ -116,12 +118,16 @@ pub(crate) fn start(
             "--innodb-buffer-pool-size=64M",
             "--innodb-lock-wait-timeout=900",
         ]);
+    enter(&mut db);
     daemons.spawn("mariadbd", &mut db, &dir.join("log/mariadbd.log"))?;
+    // Its socket file, which answers from any network namespace, once it listens on both.
     let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", db_port)).is_err() {
+    let socket = dir.join("db/mysqld.sock");
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         if t.elapsed() > Duration::from_secs(60) {
             bail!(
-                "MariaDB did not listen on 127.0.0.1:{db_port} within 60 s; see {}",
+                "MariaDB did not listen on {} within 60 s; see {}",
+                socket.display(),
                 dir.join("log/mariadbd.log").display()
             );
         }
@@ -141,17 +147,18 @@ pub(crate) fn start(
     )?;
     let mut dbd = Command::new("slurmdbd");
     dbd.arg("-D").env("SLURM_CONF", slurm_conf);
+    enter(&mut dbd);
     daemons.spawn("slurmdbd", &mut dbd, &dir.join("log/slurmdbd.out"))?;
     // Registered before slurmctld starts, so its first connection is accepted; sacctmgr
     // answers once slurmdbd has made its tables.
     let t = Instant::now();
     loop {
-        let o = Command::new("sacctmgr")
-            .args(["-i", "add", "cluster", cluster_name])
+        let mut add = Command::new("sacctmgr");
+        add.args(["-i", "add", "cluster", cluster_name])
             .env("SLURM_CONF", slurm_conf)
-            .stdin(Stdio::null())
-            .output()
-            .context("sacctmgr")?;
+            .stdin(Stdio::null());
+        enter(&mut add);
+        let o = add.output().context("sacctmgr")?;
         let out =
             String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
         if o.status.success() || out.contains("already exists") {

@@ -154,6 +154,7 @@ impl Cluster {
                 &cluster.client.conf,
                 &cluster_name,
                 port,
+                &|_| {},
             )?;
         }
         for (name, program, args) in [

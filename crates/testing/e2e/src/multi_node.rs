@@ -24,8 +24,8 @@
 
 use crate::client::{drop_to, enter_namespaces, Client, Entry};
 use crate::daemons::{
-    cluster_folder, ensure_munge, hostname_short, kill_leftover_jobs, machine_lock, slurm_cgroups,
-    write_file, Daemons,
+    cluster_folder, ensure_munge, free_port, hostname_short, kill_leftover_jobs, machine_lock,
+    slurm_cgroups, write_file, Daemons,
 };
 use crate::slurm_conf::{cgroup_conf, with_tenant_groups, SlurmConf};
 use crate::stack::Tenants;
@@ -217,8 +217,26 @@ impl MultiNode {
             0o644,
         )?;
         ensure_munge(&mut mn.daemons, None, &d.join("log/munged.log"))?;
-        let conf = mn.slurm_conf(&tag, options)?;
+        let dbd_port = match &options.accounting {
+            Some(_) => Some(free_port()?),
+            None => None,
+        };
+        let conf = mn.slurm_conf(&tag, options, dbd_port)?;
         write_file(&mn.conf, &conf, 0o644)?;
+        if let Some(port) = dbd_port {
+            // MariaDB and slurmdbd where slurmctld is: the bridge's namespace.
+            let ns = [net_ns(&mn.br_ns)];
+            let conf = mn.conf.clone();
+            crate::accounting::start(
+                &mut mn.daemons,
+                &d,
+                &hostname_short()?,
+                &conf,
+                &tag,
+                port,
+                &|c| enter_namespaces(c, &ns),
+            )?;
+        }
         write_file(
             &d.join("etc/cgroup.conf"),
             &cgroup_conf("autodetect"),
@@ -517,7 +535,7 @@ impl MultiNode {
 
     /// slurm.conf: the controller at its address in the bridge's namespace, each slurmd's own
     /// files (`%n`), the product's prolog, epilog and plugins (copied into the cluster folder).
-    fn slurm_conf(&self, tag: &str, options: &Options) -> Result<String> {
+    fn slurm_conf(&self, tag: &str, options: &Options, dbd_port: Option<u16>) -> Result<String> {
         let d = self.dir.path();
         let spank = d.join("lib/libspank_tenancy.so");
         fs::copy(artifact("libspank_tenancy.so")?, &spank)?;
@@ -549,6 +567,13 @@ impl MultiNode {
                 ),
             )
             .set("JobSubmitPlugins", "tenancy");
+        if let (Some(a), Some(port)) = (&options.accounting, dbd_port) {
+            // slurmdbd listens on every address of the bridge's namespace.
+            for line in a.conf_lines(CTL_ADDR, port) {
+                let (k, v) = line.split_once('=').expect("Key=Value");
+                conf.set(k, v);
+            }
+        }
         for l in &options.slurm_conf {
             conf.extra(&with_tenant_groups(l, &self.tenants));
         }

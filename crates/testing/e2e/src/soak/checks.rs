@@ -8,7 +8,7 @@ use super::faults::{slurm_epoch, Drain, Fault, FaultKind, DRAIN_WINDOW_S};
 use super::workload::{JobKind, Workload};
 use crate::{artifact, parse_kv, probe_kv, MultiNode};
 use anyhow::{Context, Result};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
@@ -26,11 +26,21 @@ pub struct Checks {
     /// What the failures of a job's checks were looked into with: per failed job, Slurm's
     /// view, its records and its daemons' log lines (so that a red CI run explains itself).
     pub details: Vec<String>,
+    /// Jobs whose records a fault (or Slurm 22.05's skipped prolog) explains the want of.
+    pub excused: BTreeSet<u64>,
+    /// Each job's state as slurmctld ends with it.
+    pub states: BTreeMap<u64, String>,
 }
 
 impl Checks {
     fn count(&mut self, what: &str, n: usize) {
         *self.counts.entry(what.to_string()).or_default() += n;
+    }
+
+    /// Counts `what` for job `id`, whose records it explains the want of.
+    fn excuse(&mut self, id: u64, what: &str) {
+        self.count(what, 1);
+        self.excused.insert(id);
     }
 
     fn fail(&mut self, what: String) {
@@ -61,6 +71,8 @@ pub struct JobRecords {
     pub reconciled_at: Vec<f64>,
     /// Its first `job_start` (seconds since the epoch).
     pub first_start: Option<f64>,
+    /// Every `job_start` (seconds since the epoch).
+    pub starts_at: Vec<f64>,
 }
 
 /// Each job's records in one node's audit log.
@@ -83,6 +95,7 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
                 checks.prolog_us.extend(us);
                 let t = v["time"].as_str().and_then(super::faults::record_epoch);
                 r.first_start = earliest(r.first_start, t);
+                r.starts_at.extend(t);
             }
             "job_end" => {
                 r.ends += 1;
@@ -133,6 +146,7 @@ pub fn run(mn: &MultiNode, work: &Workload, faults: &[Fault], drains: &[Drain]) 
         leaks(mn, i, &mut c)?;
     }
     jobs(mn, work, faults, &mut c)?;
+    compare_sacct(mn, work, faults, &mut c)?;
     verify(mn, &mut c)?;
     for d in drains {
         c.count("drains checked", 1);
@@ -244,6 +258,7 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
         failed_before = c.failures.len();
         last_id = Some((id, line));
         let state = kv.get("JobState").cloned().unwrap_or_default();
+        c.states.insert(id, state.clone());
         c.count("jobs in Slurm", 1);
         *c.counts
             .entry(format!("jobs {}", state.to_lowercase()))
@@ -284,7 +299,7 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                     f.hit && f.kind == FaultKind::SlurmctldKill && first <= f.wall && f.wall <= sub
                 });
                 if forgot {
-                    c.count("job ids given again after a slurmctld kill", 1);
+                    c.excuse(id, "job ids given again after a slurmctld kill");
                     continue;
                 }
                 c.fail(format!(
@@ -307,7 +322,8 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                         && kinds.contains(&f.kind)
                         && f.node.is_none_or(|i| mn.nodes[i].name == *n)
                         && from.is_none_or(|s| f.wall_until >= s - 1.0)
-                        && to.is_none_or(|e| f.wall <= e)
+                        // Slurm's times are whole seconds: the end's second, all of it.
+                        && to.is_none_or(|e| f.wall <= e + 1.0)
                 })
             };
             if r.starts > r.ends {
@@ -324,9 +340,9 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                     end.map(|e| e + DRAIN_WINDOW_S),
                 );
                 match (r.reconciled > 0, lost) {
-                    (true, Some(_)) => c.count(
+                    (true, Some(_)) => c.excuse(
+                        id,
                         "job-nodes without their epilog, torn down by reconcile, behind a fault",
-                        1,
                     ),
                     (true, None) => c.fail(format!(
                         "job {id} ({state}) has {} job_start and {} job_end on {n}: reconcile tore \
@@ -372,7 +388,7 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
             let seen = r.starts + r.ends + r.denied + r.rollbacks + r.reconciled > 0;
             if ran && !seen {
                 if behind_fault {
-                    c.count("job-nodes without a record, behind a fault there", 1);
+                    c.excuse(id, "job-nodes without a record, behind a fault there");
                 } else {
                     c.fail(format!(
                         "job {id} ({state}) ran on {n} and has no record there"
@@ -388,10 +404,10 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                 // that run and one for this) and is not the batch host.
                 let batch_host = kv.get("BatchHost").is_some_and(|b| b == n);
                 if requeued && r.ends >= 2 && !batch_host && slurm_major(mn) == Some(22) {
-                    c.count(
+                    c.excuse(
+                        id,
                         "job-nodes of a requeued job where Slurm 22.05 ran no prolog (tasks \
                          refused there)",
-                        1,
                     );
                 } else {
                     c.fail(format!(
@@ -439,6 +455,152 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
         let d = explain(mn, work, faults, id, line);
         c.details.push(d);
     }
+    Ok(())
+}
+
+/// `tenancyctl report --compare-sacct` over every node's log for the soak's time: Slurm's
+/// accounting (slurmdbd) and the audit logs agree on every job that completed, unless a fault
+/// explains its records' want (`Checks::excused`); a disagreement on another job (cancelled,
+/// failed, requeued by a fault) is one the node-by-node checks of `jobs` already judged.
+/// A SIGKILLed slurmctld forgets its last seconds, its jobs' runs then among them (it runs
+/// them again): such a run's `job_start` has no run in sacct on its node, and is counted.
+fn compare_sacct(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Result<()> {
+    let Some((first, _)) = work.submitting else {
+        return Ok(());
+    };
+    // slurmctld sends a job's end to slurmdbd after the job ends: wait until sacct shows
+    // no job running or pending (a SIGKILLed slurmctld may have lost some: then 60 s).
+    let since = super::faults::rfc3339(first - 120.0);
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(60) {
+        let mut q = mn.cmd("sacct");
+        q.args([
+            "-a", "-X", "-n", "-s", "R,PD,CF", "-o", "JobIDRaw", "-S", &since,
+        ]);
+        if mn
+            .run(q)
+            .is_ok_and(|o| o.status.success() && o.stdout.iter().all(u8::is_ascii_whitespace))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Slurm's runs by state (`sacct -D`: a requeued job's every run), and the preemptions
+    // slurmctld made for a `soakhigh` job.
+    let mut p = mn.cmd("sacct");
+    p.args(["-a", "-X", "-D", "-n", "-P", "-o", "State", "-S", &since]);
+    if let Ok(o) = mn.run(p) {
+        for state in String::from_utf8_lossy(&o.stdout).lines() {
+            let state = state.split_whitespace().next().unwrap_or_default();
+            if !state.is_empty() {
+                c.count(&format!("sacct runs {}", state.to_lowercase()), 1);
+            }
+        }
+    }
+    let ctld = fs::read_to_string(mn.path("log/slurmctld.log")).unwrap_or_default();
+    c.count(
+        "jobs preempted for a soakhigh job (requeued)",
+        ctld.lines()
+            .filter(|l| l.contains("has been requeued to reclaim resources"))
+            .count(),
+    );
+    let until = super::faults::rfc3339(super::faults::epoch_now() + 60.0);
+    let mut r = mn.cmd(artifact("tenancyctl")?);
+    r.arg("--config").arg(&mn.tenancy_toml).args([
+        "report",
+        "--compare-sacct",
+        "--since",
+        &since,
+        "--until",
+        &until,
+        "--format",
+        "json",
+    ]);
+    for n in &mn.nodes {
+        r.arg(n.root.join("audit/audit.jsonl"));
+    }
+    let o = mn.run(r)?;
+    let doc: serde_json::Value = match serde_json::from_slice(&o.stdout) {
+        Ok(v) if matches!(o.status.code(), Some(0 | 1)) => v,
+        _ => {
+            c.fail(format!(
+                "tenancyctl report --compare-sacct did not run ({}): {}{}",
+                o.status,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ));
+            return Ok(());
+        }
+    };
+    c.count("compare-sacct runs", 1);
+    c.count(
+        "jobs in Slurm's accounting",
+        doc["slurm_jobs"].as_u64().unwrap_or(0) as usize,
+    );
+    let mut per_node = BTreeMap::new();
+    let mut ignored = Checks::default();
+    for n in &mn.nodes {
+        per_node.insert(
+            n.name.clone(),
+            records(&n.root.join("audit/audit.jsonl"), &mut ignored)?,
+        );
+    }
+    // A run of `id` on `node` that started before a SIGKILL of slurmctld, within the state it
+    // may lose (it saves its state every few seconds; a margin for the run's own length).
+    let forgotten = |id: u64, node: &str| {
+        per_node
+            .get(node)
+            .and_then(|m| m.get(&id))
+            .is_some_and(|r| {
+                r.starts_at.iter().any(|t| {
+                    faults.iter().any(|f| {
+                        f.hit
+                            && f.kind == FaultKind::SlurmctldKill
+                            && *t <= f.wall
+                            && f.wall - t < DRAIN_WINDOW_S
+                    })
+                })
+            })
+    };
+    let mut disagreeing = BTreeSet::new();
+    for d in doc["disagreements"].as_array().into_iter().flatten() {
+        let id = d["job_id"].as_u64().unwrap_or(0);
+        disagreeing.insert(id);
+        // The run the disagreement is about, or the job's last as slurmctld has it.
+        let completed = match d["state"].as_str() {
+            Some(s) if !s.is_empty() => s == "COMPLETED",
+            _ => c.states.get(&id).is_some_and(|s| s == "COMPLETED"),
+        };
+        let node = d["node"].as_str().unwrap_or("?");
+        if d["kind"] == "no_slurm_job" && forgotten(id, node) {
+            c.count(
+                "compare-sacct: runs a SIGKILLed slurmctld forgot (in the audit log, not in sacct)",
+                1,
+            );
+        } else if completed && !c.excused.contains(&id) {
+            c.fail(format!(
+                "report --compare-sacct: job {id} on {}: {}: {}",
+                d["node"].as_str().unwrap_or("?"),
+                d["kind"].as_str().unwrap_or("?"),
+                d["detail"].as_str().unwrap_or("?")
+            ));
+        } else {
+            c.count(
+                "compare-sacct disagreements on jobs the node checks judged (not completed, \
+                 or behind a fault)",
+                1,
+            );
+        }
+    }
+    let agreed = c
+        .states
+        .iter()
+        .filter(|(id, s)| *s == "COMPLETED" && !disagreeing.contains(id))
+        .count();
+    c.count(
+        "completed jobs on which the audit logs and sacct agree",
+        agreed,
+    );
     Ok(())
 }
 

@@ -75,6 +75,24 @@ pub fn record_epoch(t: &str) -> Option<f64> {
     (s != -1).then_some(s as f64 + frac)
 }
 
+/// Seconds since the epoch as RFC 3339 (UTC, whole seconds), as tenancyctl takes bounds.
+pub fn rfc3339(epoch: f64) -> String {
+    let t = epoch.floor() as libc::time_t;
+    // SAFETY: a zeroed tm is a valid value of the plain C struct; gmtime_r writes it.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call.
+    unsafe { libc::gmtime_r(&t, &mut tm) };
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
 fn parse_tm(t: &str) -> Option<libc::tm> {
     let b = t.as_bytes();
     if b.len() != 19 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {

@@ -24,6 +24,9 @@ pub use checks::Checks;
 pub use faults::{Drain, Fault, FaultKind};
 pub use workload::{JobKind, Submitted};
 
+/// The QOS whose jobs preempt (requeue) the others' (`Preempt=normal`).
+pub const PREEMPTING_QOS: &str = "soakhigh";
+
 /// What one soak does.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -274,6 +277,11 @@ pub fn cluster(
         // default): 20 s keeps requeues in the soak's pace.
         .slurm_conf("AuthInfo=cred_expire=20")
         .slurm_conf("MaxJobCount=100000")
+        // Slurm's accounting (the books `report --compare-sacct` holds the audit logs against)
+        // and preemption by QOS: a job of QOS `soakhigh` requeues the `normal` jobs in its way.
+        .accounting(crate::Accounting::default())
+        .slurm_conf("PreemptType=preempt/qos")
+        .slurm_conf("PreemptMode=REQUEUE")
         .config(move |c: &mut crate::TenancyToml| {
             c.tier("internal").share_node(true).share_gpu(true);
             c.tier("regulated").share_node(true).share_gpu(false);
@@ -287,6 +295,23 @@ pub fn cluster(
                 .address_prefix("10.231.3.0/24");
         });
     let mn = MultiNode::start(users, &options)?;
+    let mut q = mn.cmd("sacctmgr");
+    q.args([
+        "-i",
+        "add",
+        "qos",
+        PREEMPTING_QOS,
+        "set",
+        "Preempt=normal",
+        "PreemptMode=requeue",
+    ]);
+    let o = mn.run(q)?;
+    anyhow::ensure!(
+        o.status.success(),
+        "sacctmgr add qos {PREEMPTING_QOS}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     let submitters = vec![
         Submitter {
             user: mn.tenants.acme1.clone(),

@@ -22,6 +22,8 @@ pub enum JobKind {
     CancelInProlog,
     /// `scontrol requeue` while it runs: torn down and set up again.
     Requeue,
+    /// Of QOS [`super::PREEMPTING_QOS`], both nodes whole: Slurm requeues the jobs in its way.
+    Preempt,
     /// For a tenant its user is no member of: sbatch must refuse it.
     Refused,
 }
@@ -34,13 +36,15 @@ impl JobKind {
             JobKind::Array => "array",
             JobKind::CancelInProlog => "cancel_in_prolog",
             JobKind::Requeue => "requeue",
+            JobKind::Preempt => "preempt",
             JobKind::Refused => "refused",
         }
     }
 
     fn pick(rng: &mut fastrand::Rng) -> JobKind {
         match rng.u32(0..100) {
-            0..=34 => JobKind::Batch,
+            0..=28 => JobKind::Batch,
+            29..=34 => JobKind::Preempt,
             35..=59 => JobKind::Steps,
             60..=69 => JobKind::Array,
             70..=81 => JobKind::CancelInProlog,
@@ -194,7 +198,12 @@ impl Workload {
         } else {
             who.tenant.clone()
         };
-        let nodes = if rng.bool() { 1 } else { 2 };
+        // A preempting job takes both nodes whole: some `normal` job is nearly always in its way.
+        let nodes = if kind == JobKind::Preempt || rng.bool() {
+            2
+        } else {
+            1
+        };
         let secs = rng.u32(0..=self.max_secs);
         let steps = match kind {
             JobKind::Steps => rng.u32(1..=3),
@@ -211,6 +220,10 @@ impl Workload {
             }
             JobKind::Array => {
                 c.arg(format!("--array=0-{}", rng.u32(1..=3)));
+            }
+            JobKind::Preempt => {
+                c.arg(format!("--qos={}", super::PREEMPTING_QOS))
+                    .arg("--exclusive");
             }
             _ => {}
         }
