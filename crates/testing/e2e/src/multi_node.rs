@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+use tenancy_test_support::collector::{self, Rsyslog};
 use tenancy_test_support::TenancyToml;
 
 /// The node network, the controller's address and the tenants' prefixes.
@@ -83,6 +84,8 @@ pub struct MultiNode {
     daemons: Daemons,
     /// Per node, the offset of its boot clock after a [`MultiNode::reboot`] (None before).
     boot_offsets: Vec<Option<i64>>,
+    /// The audit collector ([`Options::collector`]), in the bridge's namespace.
+    pub collector: Option<Rsyslog>,
     stopped: bool,
     _lock: Flock<File>,
 }
@@ -201,12 +204,25 @@ impl MultiNode {
             cgroup_base: v2.join(&tag),
             daemons: Daemons::default(),
             boot_offsets: Vec::new(),
+            collector: None,
             stopped: false,
             _lock: lock,
         };
         mn.network(&tag)?;
         mn.boot_offsets = vec![None; mn.nodes.len()];
         let mut config = tenancy_toml(&d.join("node"), &mn.tenants);
+        if options.collector {
+            let r = mn.start_collector(&d.join("collector"))?;
+            // The forwarder ships the anchors too: each node's own file.
+            config
+                .cluster()
+                .audit_anchor(d.join("node/audit/anchors.log"));
+            config
+                .audit()
+                .collectors([r.collector()])
+                .ca_file(d.join("collector/soak-ca.pem"));
+            mn.collector = Some(r);
+        }
         for edit in &options.config {
             edit(&mut config);
         }
@@ -246,7 +262,53 @@ impl MultiNode {
         let names: Vec<&str> = mn.nodes.iter().map(|n| n.name.as_str()).collect();
         mn.wait_nodes(&names, &["idle"], Duration::from_secs(40))?;
         mn.apply_firewalls()?;
+        if mn.collector.is_some() {
+            for i in 0..mn.nodes.len() {
+                mn.start_forwarder(i)?;
+            }
+        }
         Ok(mn)
+    }
+
+    /// rsyslog with a certificate for slurmctld's address, listening there in the bridge's
+    /// namespace (the nodes reach it as they reach slurmctld).
+    fn start_collector(&self, dir: &Path) -> Result<Rsyslog> {
+        if collector::rsyslogd().is_none() {
+            bail!("the audit collector needs rsyslog and rsyslog-gnutls (scripts/install-deps)");
+        }
+        fs::create_dir_all(dir)?;
+        collector::make_ca(dir, "soak");
+        collector::make_cert_for(
+            dir,
+            "soak",
+            "collector",
+            "serverAuth",
+            &format!("IP:{CTL_ADDR}"),
+        );
+        Ok(Rsyslog::start_at(
+            dir,
+            "soak",
+            "collector",
+            false,
+            CTL_ADDR,
+            Some(&self.br_ns),
+        ))
+    }
+
+    /// Starts node `i`'s `tenancyctl audit forward` as tenancy-audit-forward.service does
+    /// (again after a reboot killed it).
+    pub fn start_forwarder(&mut self, i: usize) -> Result<()> {
+        let mut cmd = self.unit_command(i, "tenancy-audit-forward.service")?;
+        let log = self.path(&format!("log/forward-{}.out", self.nodes[i].name));
+        let name = format!("forward {}", self.nodes[i].name);
+        self.daemons.kill(&name);
+        self.daemons.spawn(&name, &mut cmd, &log)
+    }
+
+    /// The pid of node `i`'s audit forwarder, if it runs.
+    pub fn forwarder_pid(&self, i: usize) -> Option<u32> {
+        self.daemons
+            .pid_of(&format!("forward {}", self.nodes[i].name))
     }
 
     /// slurmctld in the bridge's namespace, and each node: a process holding its namespaces
@@ -326,6 +388,8 @@ impl MultiNode {
     /// What is on disk (journals, audit log, scratch) stays, as on a real node.
     pub fn reboot(&mut self, i: usize) -> Result<()> {
         self.kill_slurmd(i);
+        self.daemons
+            .kill(&format!("forward {}", self.nodes[i].name));
         self.kill_node_processes(i);
         let mut nft = self.node_cmd(i, "nft");
         nft.args(["delete", "table", "inet", "tenancy"]);
@@ -354,6 +418,9 @@ impl MultiNode {
                     String::from_utf8_lossy(&o.stderr)
                 );
             }
+        }
+        if self.collector.is_some() {
+            self.start_forwarder(i)?;
         }
         self.start_slurmd(i)
     }

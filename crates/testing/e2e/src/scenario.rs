@@ -74,6 +74,9 @@ pub struct Options {
     /// CPUs each node declares (default this machine's; more adds
     /// `SlurmdParameters=config_overrides`).
     pub cpus: Option<usize>,
+    /// Several nodes: a syslog-over-TLS collector (rsyslog) beside slurmctld, and on each
+    /// node `tenancyctl audit forward` as tenancy-audit-forward.service runs it.
+    pub collector: bool,
 }
 
 impl Options {
@@ -121,6 +124,12 @@ impl Options {
     /// Each node declares `n` CPUs (jobs of one CPU each: `n` fit on a node).
     pub fn cpus(mut self, n: usize) -> Options {
         self.cpus = Some(n);
+        self
+    }
+
+    /// The audit collector and each node's forwarder ([`Options::collector`]).
+    pub fn collector(mut self) -> Options {
+        self.collector = true;
         self
     }
 }

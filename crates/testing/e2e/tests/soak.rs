@@ -38,7 +38,8 @@ scenario!(
             jobs: ci_jobs(),
             seed: ci_seed(),
             limit: Duration::from_secs(900),
-            fault_every: Some(Duration::from_secs(20)),
+            // Every kind at least once (the first faults take each in turn), then by share.
+            fault_every: Some(Duration::from_secs(12)),
             ..Plan::default()
         };
         let summary = soak::run(&mut mn, &plan, &submitters).unwrap();

@@ -163,6 +163,11 @@ impl TenancyToml {
         MigPlan(self.section(format!("mig.plan.{}", key(model))))
     }
 
+    /// `[audit]`.
+    pub fn audit(&mut self) -> Audit<'_> {
+        Audit(self.section("audit".into()))
+    }
+
     /// `[tiers.<name>]` (made empty on first use: every key has a default).
     pub fn tier(&mut self, name: &str) -> Tier<'_> {
         Tier(self.section(format!("tiers.{}", key(name))))
@@ -365,6 +370,15 @@ keys!(Network {
     /// Destinations every tenant may reach (`10.0.0.53/32:53/udp`).
     infrastructure: impl IntoIterator<Item = impl AsRef<str>> => list;
     node_network: &str => string;
+});
+
+/// `[audit]`.
+pub struct Audit<'a>(&'a mut Section);
+keys!(Audit {
+    /// `host:port` of each syslog-over-TLS collector `tenancyctl audit forward` ships to.
+    collectors: impl IntoIterator<Item = impl AsRef<str>> => list;
+    /// The CA certificates a collector's certificate must chain to.
+    ca_file: impl AsRef<Path> => path;
 });
 
 /// `[tiers.<name>]`.

@@ -30,6 +30,7 @@
 
 #[cfg(feature = "audit-logs")]
 pub mod audit_logs;
+pub mod collector;
 mod config;
 mod immutable;
 #[cfg(feature = "journals")]

@@ -2,7 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses some of these
 
-pub mod collector;
+#[allow(unused_imports)] // each test binary uses some of these
+pub use tenancy_test_support::collector;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,7 +1,8 @@
 //! What the soak checks at the end, on every node, by reading the nodes' state (not logs by
 //! eye): nothing left of any job (cgroup, nft element, scratch tree, journal, process; and
 //! `tenancyctl reconcile` finds nothing to do), every job Slurm ran has its records on each of
-//! its nodes, every record chain verifies, every drain has its cause, and a cross-node
+//! its nodes, Slurm's accounting agrees (`report --compare-sacct`), every record chain
+//! verifies, every record reached the collector, every drain has its cause, and a cross-node
 //! isolation attack still fails.
 
 use super::faults::{slurm_epoch, Drain, Fault, FaultKind, DRAIN_WINDOW_S};
@@ -148,6 +149,7 @@ pub fn run(mn: &MultiNode, work: &Workload, faults: &[Fault], drains: &[Drain]) 
     jobs(mn, work, faults, &mut c)?;
     compare_sacct(mn, work, faults, &mut c)?;
     verify(mn, &mut c)?;
+    forwarded(mn, &mut c)?;
     for d in drains {
         c.count("drains checked", 1);
         if d.cause.is_none() {
@@ -208,10 +210,12 @@ pub fn leaks(mn: &MultiNode, i: usize, c: &mut Checks) -> Result<()> {
     }
     c.count("journal folders looked at", 1);
     let slurmd = mn.slurmd_pid(i);
+    let forwarder = mn.forwarder_pid(i);
     for pid in mn.node_processes(i) {
         let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        // slurmd itself (a rebooted node's is the child of its time namespace's unshare).
-        if Some(pid as u32) == slurmd || comm.trim() == "slurmd" {
+        // slurmd itself (a rebooted node's is the child of its time namespace's unshare), and
+        // the node's audit forwarder.
+        if Some(pid as u32) == slurmd || comm.trim() == "slurmd" || Some(pid as u32) == forwarder {
             continue;
         }
         left.push(format!("process {pid} ({})", comm.trim()));
@@ -394,7 +398,13 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                         "job {id} ({state}) ran on {n} and has no record there"
                     ));
                 }
-            } else if state == "COMPLETED" && r.starts == 0 && !behind_fault {
+            } else if state == "COMPLETED" && r.starts == 0 && behind_fault {
+                c.excuse(
+                    id,
+                    "completed job-nodes without a job_start, behind a fault there (no task \
+                     ran there)",
+                );
+            } else if state == "COMPLETED" && r.starts == 0 {
                 // Slurm 22.05's slurmd keeps a requeued job's revoked credential when its next
                 // run comes within 2 s of another credential scan (slurm_cred.c's scan backoff,
                 // removed in 23.02): it takes the run for one it has seen and runs no prolog.
@@ -471,11 +481,21 @@ fn compare_sacct(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Chec
     // slurmctld sends a job's end to slurmdbd after the job ends: wait until sacct shows
     // no job running or pending (a SIGKILLed slurmctld may have lost some: then 60 s).
     let since = super::faults::rfc3339(first - 120.0);
+    // sacct takes no zone in its times: UTC, told by TZ.
+    let sacct_since = since.trim_end_matches('Z').to_string();
     let t = std::time::Instant::now();
     while t.elapsed() < Duration::from_secs(60) {
         let mut q = mn.cmd("sacct");
-        q.args([
-            "-a", "-X", "-n", "-s", "R,PD,CF", "-o", "JobIDRaw", "-S", &since,
+        q.env("TZ", "UTC").args([
+            "-a",
+            "-X",
+            "-n",
+            "-s",
+            "R,PD,CF",
+            "-o",
+            "JobIDRaw",
+            "-S",
+            &sacct_since,
         ]);
         if mn
             .run(q)
@@ -488,7 +508,17 @@ fn compare_sacct(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Chec
     // Slurm's runs by state (`sacct -D`: a requeued job's every run), and the preemptions
     // slurmctld made for a `soakhigh` job.
     let mut p = mn.cmd("sacct");
-    p.args(["-a", "-X", "-D", "-n", "-P", "-o", "State", "-S", &since]);
+    p.env("TZ", "UTC").args([
+        "-a",
+        "-X",
+        "-D",
+        "-n",
+        "-P",
+        "-o",
+        "State",
+        "-S",
+        &sacct_since,
+    ]);
     if let Ok(o) = mn.run(p) {
         for state in String::from_utf8_lossy(&o.stdout).lines() {
             let state = state.split_whitespace().next().unwrap_or_default();
@@ -764,6 +794,60 @@ fn record_counts(
             }
         }
     }
+}
+
+/// With the collector: every record of every node reached it, byte for byte, its copies
+/// verify (`audit verify` skips the copies a resend makes), and each forwarder still runs
+/// (a collector down kills no forwarder).
+pub fn forwarded(mn: &MultiNode, c: &mut Checks) -> Result<()> {
+    let Some(r) = &mn.collector else {
+        return Ok(());
+    };
+    for (i, n) in mn.nodes.iter().enumerate() {
+        let local = fs::read_to_string(n.root.join("audit/audit.jsonl"))?;
+        let want: BTreeSet<&str> = local.lines().collect();
+        let t = std::time::Instant::now();
+        let missing = loop {
+            let copy = fs::read_to_string(r.records(&n.name)).unwrap_or_default();
+            let got: BTreeSet<&str> = copy.lines().collect();
+            let missing = want.iter().filter(|l| !got.contains(*l)).count();
+            if missing == 0 || t.elapsed() > Duration::from_secs(120) {
+                break missing;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        c.count("records at the collector", want.len() - missing);
+        if missing > 0 {
+            c.fail(format!(
+                "{}: {missing} of {} records never reached the collector within 120 s (see {})",
+                n.name,
+                want.len(),
+                mn.path(&format!("log/forward-{}.out", n.name)).display()
+            ));
+        }
+        let forwarder_runs = mn
+            .forwarder_pid(i)
+            .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !forwarder_runs {
+            c.fail(format!("{}: the audit forwarder is not running", n.name));
+        }
+        let mut v = mn.node_cmd(i, artifact("tenancyctl")?);
+        v.arg("--config")
+            .arg(&mn.tenancy_toml)
+            .args(["audit", "verify"])
+            .arg(r.records(&n.name));
+        let o = v.output()?;
+        c.count("collector copies verified", 1);
+        if !o.status.success() {
+            c.fail(format!(
+                "{}: audit verify of the collector's copy: {}{}",
+                n.name,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `tenancyctl audit verify --all-nodes` over every node's log.

@@ -1,6 +1,7 @@
 //! The soak's faults, at random times: slurmd or slurmctld SIGKILLed and started again, a
-//! prolog or epilog SIGKILLed, a node rebooted ([`MultiNode::reboot`]). Drained nodes are
-//! noted with their reason, tied to the fault that caused them, and resumed.
+//! prolog or epilog SIGKILLed, a node rebooted ([`MultiNode::reboot`]), the audit collector
+//! SIGKILLed and started again. Drained nodes are noted with their reason, tied to the fault
+//! that caused them, and resumed.
 
 use super::Plan;
 use crate::{parse_kv, MultiNode};
@@ -14,6 +15,9 @@ pub enum FaultKind {
     PrologKill,
     EpilogKill,
     NodeReboot,
+    /// The audit collector SIGKILLed (what it had not written is lost) and started again a
+    /// few seconds later: the forwarders send again from what it confirmed.
+    CollectorDown,
 }
 
 impl std::fmt::Display for FaultKind {
@@ -24,6 +28,7 @@ impl std::fmt::Display for FaultKind {
             FaultKind::PrologKill => "prolog_kill",
             FaultKind::EpilogKill => "epilog_kill",
             FaultKind::NodeReboot => "node_reboot",
+            FaultKind::CollectorDown => "collector_down",
         })
     }
 }
@@ -32,7 +37,7 @@ impl std::fmt::Display for FaultKind {
 #[derive(Debug, Clone)]
 pub struct Fault {
     pub kind: FaultKind,
-    /// The node it hit (None: slurmctld).
+    /// The node it hit (None: slurmctld, or the collector beside it).
     pub node: Option<usize>,
     /// Seconds into the soak it began and ended.
     pub at_s: f64,
@@ -128,16 +133,31 @@ pub struct Injector {
     every: Option<Duration>,
     nodes: usize,
     next: Option<f64>,
+    /// Kinds not injected yet: the first faults take each once, in a random order, so that
+    /// even a short soak meets every kind; then each fault's kind is drawn by its share.
+    unmet: Vec<FaultKind>,
     pub faults: Vec<Fault>,
     drains: Vec<Drain>,
 }
 
 impl Injector {
-    pub fn new(plan: &Plan, nodes: usize) -> Injector {
+    pub fn new(plan: &Plan, mn: &MultiNode) -> Injector {
+        let mut unmet = vec![
+            FaultKind::SlurmdKill,
+            FaultKind::SlurmctldKill,
+            FaultKind::PrologKill,
+            FaultKind::EpilogKill,
+            FaultKind::NodeReboot,
+        ];
+        if mn.collector.is_some() {
+            unmet.push(FaultKind::CollectorDown);
+        }
+        fastrand::Rng::with_seed(plan.seed).shuffle(&mut unmet);
         Injector {
             every: plan.fault_every,
-            nodes,
+            nodes: mn.nodes.len(),
             next: plan.fault_every.map(|d| d.as_secs_f64() / 2.0),
+            unmet,
             faults: Vec::new(),
             drains: Vec::new(),
         }
@@ -153,13 +173,15 @@ impl Injector {
         let now = start.elapsed().as_secs_f64();
         if let (Some(every), Some(next)) = (self.every, self.next) {
             if now >= next {
-                let kind = match rng.u32(0..100) {
+                let drawn = match rng.u32(0..100) {
                     0..=21 => FaultKind::SlurmdKill,
                     22..=39 => FaultKind::SlurmctldKill,
                     40..=64 => FaultKind::PrologKill,
-                    65..=89 => FaultKind::EpilogKill,
+                    65..=87 => FaultKind::EpilogKill,
+                    88..=93 if mn.collector.is_some() => FaultKind::CollectorDown,
                     _ => FaultKind::NodeReboot,
                 };
+                let kind = self.unmet.pop().unwrap_or(drawn);
                 let node = rng.usize(0..self.nodes);
                 let f = inject(mn, kind, node, start)?;
                 self.faults.push(f);
@@ -200,10 +222,19 @@ pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) 
         FaultKind::PrologKill => hit = kill_program(mn, node, "tenancy-prolog"),
         FaultKind::EpilogKill => hit = kill_program(mn, node, "tenancy-epilog"),
         FaultKind::NodeReboot => mn.reboot(node)?,
+        FaultKind::CollectorDown => match mn.collector.as_mut() {
+            Some(r) => {
+                r.crash();
+                std::thread::sleep(Duration::from_secs(5));
+                r.resume();
+            }
+            None => hit = false,
+        },
     }
+    let on_node = !matches!(kind, FaultKind::SlurmctldKill | FaultKind::CollectorDown);
     Ok(Fault {
         kind,
-        node: (kind != FaultKind::SlurmctldKill).then_some(node),
+        node: on_node.then_some(node),
         at_s,
         until_s: start.elapsed().as_secs_f64(),
         hit,
@@ -279,7 +310,9 @@ fn resume_drained(mn: &MultiNode, faults: &[Fault], start: Instant) -> Result<Ve
             .iter()
             .rev()
             .find(|f| {
-                (f.node.is_none() || f.node == index)
+                // A collector down never explains a drain: the job path does not wait on it.
+                f.kind != FaultKind::CollectorDown
+                    && (f.node.is_none() || f.node == index)
                     && f.at_s <= at_s
                     && at_s <= f.until_s + DRAIN_WINDOW_S
             })

@@ -213,7 +213,7 @@ pub fn run(mn: &mut MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<
     let start = Instant::now();
     let mut rng = fastrand::Rng::with_seed(plan.seed);
     let mut work = workload::Workload::new(mn, plan, submitters)?;
-    let mut faults = faults::Injector::new(plan, mn.nodes.len());
+    let mut faults = faults::Injector::new(plan, mn);
     let mut timer = sweep::Timer::new(plan, mn.nodes.len());
     let mut progress = Instant::now();
     while (work.submissions < plan.jobs || work.live > 0) && start.elapsed() < plan.limit {
@@ -282,6 +282,8 @@ pub fn cluster(
         .accounting(crate::Accounting::default())
         .slurm_conf("PreemptType=preempt/qos")
         .slurm_conf("PreemptMode=REQUEUE")
+        // The audit collector (rsyslog over TLS) and each node's forwarder.
+        .collector()
         .config(move |c: &mut crate::TenancyToml| {
             c.tier("internal").share_node(true).share_gpu(true);
             c.tier("regulated").share_node(true).share_gpu(false);

@@ -1,6 +1,7 @@
-//! A real syslog collector for the forwarder's tests: Debian's rsyslog with its GnuTLS driver
-//! (rsyslog-gnutls), started on a free port of 127.0.0.1 with a CA and certificates made here
-//! with the openssl CLI, stopped by pid. It files records and anchors apart, per node, as
+//! A real syslog collector for the forwarder's tests (tenancyctl's, and the soak's on the
+//! multi-node cluster): Debian's rsyslog with its GnuTLS driver (rsyslog-gnutls), started on a
+//! free port of 127.0.0.1 (or of an address in a network namespace) with a CA and
+//! certificates made here with the openssl CLI, stopped by pid. It files records and anchors apart, per node, as
 //! docs/audit.md tells a site to: `out/<node>/audit.jsonl` and `out/<node>/anchors.log`, each
 //! line the message as the node sent it.
 
@@ -22,7 +23,7 @@ pub fn rsyslogd() -> Option<PathBuf> {
     if p.is_file() && have_gtls {
         return Some(p);
     }
-    tenancy_test_support::skip(
+    crate::skip(
         "needs rsyslog and rsyslog-gnutls",
         "scripts/install-deps installs them (apt-get install rsyslog rsyslog-gnutls)",
     );
@@ -80,6 +81,17 @@ pub fn make_ca(dir: &Path, name: &str) -> PathBuf {
 
 /// A certificate `<name>.pem` with key `<name>.key` signed by the CA `ca`, for 127.0.0.1.
 pub fn make_cert(dir: &Path, ca: &str, name: &str, usage: &str) -> (PathBuf, PathBuf) {
+    make_cert_for(dir, ca, name, usage, "IP:127.0.0.1,DNS:localhost")
+}
+
+/// [`make_cert`] for the subject alternative names `san` (`IP:10.0.0.1,DNS:collector`).
+pub fn make_cert_for(
+    dir: &Path,
+    ca: &str,
+    name: &str,
+    usage: &str,
+    san: &str,
+) -> (PathBuf, PathBuf) {
     let subject = format!("/CN={name}");
     new_ec_req(
         dir,
@@ -91,7 +103,7 @@ pub fn make_cert(dir: &Path, ca: &str, name: &str, usage: &str) -> (PathBuf, Pat
     std::fs::write(
         &ext,
         format!(
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+            "subjectAltName={san}\nbasicConstraints=CA:FALSE\n\
              keyUsage=critical,digitalSignature\nextendedKeyUsage={usage}\n"
         ),
     )
@@ -136,12 +148,27 @@ pub struct Rsyslog {
     pub out: PathBuf,
     conf: PathBuf,
     pid: Option<i32>,
+    address: String,
+    /// The network namespace (a name under /run/netns) it listens in; None: this one.
+    netns: Option<String>,
 }
 
 impl Rsyslog {
     /// Writes its config in `dir` (a server certificate of CA `ca`; `client_auth`: the
-    /// collector asks for a client certificate of that CA) and starts it.
+    /// collector asks for a client certificate of that CA) and starts it on 127.0.0.1.
     pub fn start(dir: &Path, ca: &str, server: &str, client_auth: bool) -> Rsyslog {
+        Rsyslog::start_at(dir, ca, server, client_auth, "127.0.0.1", None)
+    }
+
+    /// [`Rsyslog::start`] on `address`, in the network namespace `netns` (`ip netns` name).
+    pub fn start_at(
+        dir: &Path,
+        ca: &str,
+        server: &str,
+        client_auth: bool,
+        address: &str,
+        netns: Option<&str>,
+    ) -> Rsyslog {
         let port = free_port();
         let out = dir.join("out");
         let work = dir.join("work");
@@ -158,7 +185,7 @@ impl Rsyslog {
   defaultNetstreamDriverKeyFile="{d}/{server}.key")
 module(load="imtcp" streamDriver.name="gtls" streamDriver.mode="1"
   streamDriver.authMode="{auth}")
-input(type="imtcp" address="127.0.0.1" port="{port}")
+input(type="imtcp" address="{address}" port="{port}")
 template(name="tenancyRecords" type="string" string="{out}/%hostname%/audit.jsonl")
 template(name="tenancyAnchors" type="string" string="{out}/%hostname%/anchors.log")
 template(name="tenancyLine" type="string" string="%msg%\n")
@@ -190,6 +217,8 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
             out,
             conf,
             pid: None,
+            address: address.to_string(),
+            netns: netns.map(str::to_string),
         };
         r.resume();
         r
@@ -199,7 +228,16 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
     pub fn resume(&mut self) {
         let pidfile = self.dir.join("rsyslogd.pid");
         let _ = std::fs::remove_file(&pidfile);
-        let child = Command::new("/usr/sbin/rsyslogd")
+        // `ip netns exec` enters the namespace and execs rsyslogd (the pid is rsyslogd's).
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "/usr/sbin/rsyslogd"]);
+                c
+            }
+            None => Command::new("/usr/sbin/rsyslogd"),
+        };
+        let child = cmd
             .arg("-n")
             .arg("-f")
             .arg(&self.conf)
@@ -214,7 +252,7 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
         std::mem::forget(child);
         self.pid = Some(pid);
         let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while !self.listening() {
             assert!(
                 t.elapsed() < Duration::from_secs(20),
                 "rsyslogd did not listen on {}: {}",
@@ -222,6 +260,18 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
                 std::fs::read_to_string(self.dir.join("rsyslogd.err")).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether rsyslogd takes connections on its address and port.
+    fn listening(&self) -> bool {
+        match &self.netns {
+            None => std::net::TcpStream::connect((self.address.as_str(), self.port)).is_ok(),
+            Some(ns) => Command::new("ip")
+                .args(["netns", "exec", ns, "ss", "-Hltn"])
+                .arg(format!("sport = :{}", self.port))
+                .output()
+                .is_ok_and(|o| !o.stdout.iter().all(u8::is_ascii_whitespace)),
         }
     }
 
@@ -252,7 +302,7 @@ if $app-name == "tenancy-audit" and $msgid == "anchor" then {{
     }
 
     pub fn collector(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.address, self.port)
     }
 
     pub fn records(&self, node: &str) -> PathBuf {
