@@ -74,6 +74,9 @@ pub struct Options {
     /// CPUs each node declares (default this machine's; more adds
     /// `SlurmdParameters=config_overrides`).
     pub cpus: Option<usize>,
+    /// The multi-node cluster only: each node's audit folder on a file system of its own of
+    /// this many MB (a loop device, src/audit_disk.rs), for the soak's `audit_disk_full`.
+    pub audit_disk_mb: Option<u64>,
 }
 
 impl Options {
@@ -121,6 +124,14 @@ impl Options {
     /// Each node declares `n` CPUs (jobs of one CPU each: `n` fit on a node).
     pub fn cpus(mut self, n: usize) -> Options {
         self.cpus = Some(n);
+        self
+    }
+
+    /// Each node of the multi-node cluster keeps its audit log on a file system of its own
+    /// (`mb` MB, [`crate::MultiNode::fill_audit_disk`]); where no loop device can be attached
+    /// the cluster says so and runs without ([`crate::MultiNode::audit_disk_missing`]).
+    pub fn audit_disk(mut self, mb: u64) -> Options {
+        self.audit_disk_mb = Some(mb);
         self
     }
 }
