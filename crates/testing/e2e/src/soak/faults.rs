@@ -1,6 +1,7 @@
 //! The soak's faults, at random times: slurmd or slurmctld SIGKILLed and started again, a
-//! prolog or epilog SIGKILLed, a node rebooted ([`MultiNode::reboot`]). Drained nodes are
-//! noted with their reason, tied to the fault that caused them, and resumed.
+//! prolog or epilog SIGKILLed, a node rebooted ([`MultiNode::reboot`]), a node's audit file
+//! system full for a few seconds ([`MultiNode::fill_audit_disk`]). Drained nodes are noted
+//! with their reason, tied to the fault that caused them, and resumed.
 
 use super::Plan;
 use crate::{parse_kv, MultiNode};
@@ -14,6 +15,9 @@ pub enum FaultKind {
     PrologKill,
     EpilogKill,
     NodeReboot,
+    /// The node's audit file system full (ENOSPC) from `wall` to `wall_until`: its prologs
+    /// fail closed (Slurm drains the node), its epilogs tear down without their record.
+    AuditDiskFull,
 }
 
 impl std::fmt::Display for FaultKind {
@@ -24,6 +28,7 @@ impl std::fmt::Display for FaultKind {
             FaultKind::PrologKill => "prolog_kill",
             FaultKind::EpilogKill => "epilog_kill",
             FaultKind::NodeReboot => "node_reboot",
+            FaultKind::AuditDiskFull => "audit_disk_full",
         })
     }
 }
@@ -37,7 +42,8 @@ pub struct Fault {
     /// Seconds into the soak it began and ended.
     pub at_s: f64,
     pub until_s: f64,
-    /// Whether it found its target (a prolog or epilog to kill was running).
+    /// Whether it found its target (a prolog or epilog to kill was running; the audit file
+    /// system was filled to its last block).
     pub hit: bool,
     /// When it began and ended, in seconds since the epoch.
     pub wall: f64,
@@ -106,44 +112,68 @@ pub struct Drain {
 /// at the job's next message).
 pub const DRAIN_WINDOW_S: f64 = 90.0;
 
+/// How long a node's audit disk stays full: 3 to 8 s.
+pub const DISK_FULL_MS: std::ops::RangeInclusive<u64> = 3000..=8000;
+
 pub struct Injector {
     every: Option<Duration>,
     nodes: usize,
+    /// The plan's submissions.
+    jobs: usize,
+    /// Why `audit_disk_full` is skipped (the nodes have no audit disk of their own).
+    pub disk_full_skipped: Option<String>,
     next: Option<f64>,
     pub faults: Vec<Fault>,
     drains: Vec<Drain>,
 }
 
 impl Injector {
-    pub fn new(plan: &Plan, nodes: usize) -> Injector {
+    pub fn new(plan: &Plan, mn: &MultiNode) -> Injector {
+        let disk_full_skipped = (!mn.has_audit_disks()).then(|| {
+            let why = mn
+                .audit_disk_missing
+                .clone()
+                .unwrap_or_else(|| "the cluster was started without Options::audit_disk".into());
+            eprintln!("soak: WARNING: the audit_disk_full fault is SKIPPED: {why}");
+            why
+        });
         Injector {
             every: plan.fault_every,
-            nodes,
+            nodes: mn.nodes.len(),
+            jobs: plan.jobs,
+            disk_full_skipped,
             next: plan.fault_every.map(|d| d.as_secs_f64() / 2.0),
             faults: Vec::new(),
             drains: Vec::new(),
         }
     }
 
-    /// The fault that is due, if any, then the drains.
+    /// The fault that is due, if any, then the drains. `submitted`: the soak's submissions so
+    /// far; once half of the plan's are made, a soak that drew no `audit_disk_full` yet gets
+    /// one at once (a short soak draws few faults, and this one is a few percent of them).
     pub fn round(
         &mut self,
         mn: &mut MultiNode,
         rng: &mut fastrand::Rng,
         start: Instant,
+        submitted: usize,
     ) -> Result<()> {
         let now = start.elapsed().as_secs_f64();
+        let disk_full_due = self.disk_full_skipped.is_none()
+            && submitted * 2 >= self.jobs
+            && !self
+                .faults
+                .iter()
+                .any(|f| f.kind == FaultKind::AuditDiskFull);
         if let (Some(every), Some(next)) = (self.every, self.next) {
-            if now >= next {
-                let kind = match rng.u32(0..100) {
-                    0..=21 => FaultKind::SlurmdKill,
-                    22..=39 => FaultKind::SlurmctldKill,
-                    40..=64 => FaultKind::PrologKill,
-                    65..=89 => FaultKind::EpilogKill,
-                    _ => FaultKind::NodeReboot,
+            if now >= next || disk_full_due {
+                let kind = match disk_full_due {
+                    true => FaultKind::AuditDiskFull,
+                    false => pick(rng, self.disk_full_skipped.is_none()),
                 };
                 let node = rng.usize(0..self.nodes);
-                let f = inject(mn, kind, node, start)?;
+                let hold = Duration::from_millis(rng.u64(DISK_FULL_MS));
+                let f = inject(mn, kind, node, start, hold)?;
                 self.faults.push(f);
                 // Exponential gaps around the mean.
                 let gap = -every.as_secs_f64() * (1.0 - rng.f64()).ln();
@@ -162,8 +192,31 @@ impl Injector {
     }
 }
 
-/// Injects `kind` on `node` (slurmctld for [`FaultKind::SlurmctldKill`]).
-pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) -> Result<Fault> {
+/// The next fault's kind; without `disk_full`, drawn again among the others.
+fn pick(rng: &mut fastrand::Rng, disk_full: bool) -> FaultKind {
+    let mut r = rng.u32(0..100);
+    if !disk_full && r >= 85 {
+        r = rng.u32(0..85);
+    }
+    match r {
+        0..=18 => FaultKind::SlurmdKill,
+        19..=33 => FaultKind::SlurmctldKill,
+        34..=54 => FaultKind::PrologKill,
+        55..=76 => FaultKind::EpilogKill,
+        77..=84 => FaultKind::NodeReboot,
+        _ => FaultKind::AuditDiskFull,
+    }
+}
+
+/// Injects `kind` on `node` (slurmctld for [`FaultKind::SlurmctldKill`]); a lasting fault
+/// ([`FaultKind::AuditDiskFull`]) lasts `hold`.
+pub fn inject(
+    mn: &mut MultiNode,
+    kind: FaultKind,
+    node: usize,
+    start: Instant,
+    hold: Duration,
+) -> Result<Fault> {
     let at_s = start.elapsed().as_secs_f64();
     let wall = epoch_now();
     let mut hit = true;
@@ -182,6 +235,18 @@ pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) 
         FaultKind::PrologKill => hit = kill_program(mn, node, "tenancy-prolog"),
         FaultKind::EpilogKill => hit = kill_program(mn, node, "tenancy-epilog"),
         FaultKind::NodeReboot => mn.reboot(node)?,
+        FaultKind::AuditDiskFull => {
+            // The filler goes again also when filling failed half-way.
+            let filled = mn.fill_audit_disk(node);
+            if filled.is_ok() {
+                std::thread::sleep(hold);
+            }
+            mn.free_audit_disk(node)?;
+            if let Err(e) = &filled {
+                eprintln!("soak: audit_disk_full on node {node} did not fill it: {e:#}");
+            }
+            hit = filled.is_ok();
+        }
     }
     Ok(Fault {
         kind,
