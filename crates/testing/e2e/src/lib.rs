@@ -41,6 +41,7 @@
 //! what: docs/testing.md.
 
 pub mod accounting;
+pub mod audit_disk;
 mod client;
 mod cluster;
 mod daemons;

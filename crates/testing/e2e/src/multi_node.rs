@@ -13,15 +13,19 @@
 //!     would hide it.) Slurm's own v1 cgroups are `slurm_n<i>` already;
 //!   - the product's state (journals, intent log, audit log, scratch): the config's folder is a
 //!     bind mount of the node's own folder;
-//!   - /etc/hosts with the node names.
+//!   - /etc/hosts with the node names;
+//!   - with [`Options::audit_disk`] (the soak), the audit folder on a file system of the
+//!     node's own (src/audit_disk.rs), mounted on the host before the node's namespace is
+//!     made: the node's bind of its folder is recursive.
 //! * The bridge lives in a network namespace of the test's own, which also runs slurmctld
 //!   (`10.231.0.254`) and every client command (sbatch, squeue, ...): nothing of it touches the
 //!   host's network or its `inet tenancy` table; each node's table lives in its namespace.
 //! * Slurm's own files per node: `SlurmdSpoolDir`, pid and log files carry `%n`.
 //! * One cluster at a time: the e2e lock, as [`crate::Cluster`]; the host's Slurm only.
 //! * Stop: jobs first (epilogs run), then the daemons by pid, leftovers, the namespaces (their
-//!   nft tables go with them), then the cgroups.
+//!   nft tables go with them), the audit disks (umount, losetup -d), then the cgroups.
 
+use crate::audit_disk::AuditDisk;
 use crate::client::{drop_to, enter_namespaces, Client, Entry};
 use crate::daemons::{
     cluster_folder, ensure_munge, free_port, hostname_short, kill_leftover_jobs, machine_lock,
@@ -86,6 +90,11 @@ pub struct MultiNode {
     boot_offsets: Vec<Option<i64>>,
     /// The audit collector ([`Options::collector`]), in the bridge's namespace.
     pub collector: Option<Rsyslog>,
+    /// Per node, its audit file system ([`Options::audit_disk`]; empty without).
+    audit_disks: Vec<AuditDisk>,
+    /// Why the nodes have no audit disk of their own although [`Options::audit_disk`] asked
+    /// for one (no loop device here).
+    pub audit_disk_missing: Option<String>,
     stopped: bool,
     _lock: Flock<File>,
 }
@@ -205,11 +214,16 @@ impl MultiNode {
             daemons: Daemons::default(),
             boot_offsets: Vec::new(),
             collector: None,
+            audit_disks: Vec::new(),
+            audit_disk_missing: None,
             stopped: false,
             _lock: lock,
         };
         mn.network(&tag)?;
         mn.boot_offsets = vec![None; mn.nodes.len()];
+        if let Some(mb) = options.audit_disk_mb {
+            mn.attach_audit_disks(mb);
+        }
         let mut config = tenancy_toml(&d.join("node"), &mn.tenants);
         if options.collector {
             let r = mn.start_collector(&d.join("collector"))?;
@@ -309,6 +323,62 @@ impl MultiNode {
     pub fn forwarder_pid(&self, i: usize) -> Option<u32> {
         self.daemons
             .pid_of(&format!("forward {}", self.nodes[i].name))
+    }
+
+    /// Each node's audit folder on an ext4 of `mb` MB of its own (before the nodes'
+    /// namespaces are made); where that cannot be, none, and why in `audit_disk_missing`
+    /// (said loudly: the soak then skips its `audit_disk_full` fault).
+    fn attach_audit_disks(&mut self, mb: u64) {
+        let dir = self.path("disk");
+        let mut disks = Vec::new();
+        let mut made = fs::create_dir_all(&dir).map_err(anyhow::Error::from);
+        for n in &self.nodes {
+            if made.is_err() {
+                break;
+            }
+            let image = dir.join(format!("audit-{}.img", n.name));
+            match AuditDisk::attach(&image, &n.root.join("audit"), mb) {
+                Ok(d) => disks.push(d),
+                Err(e) => made = Err(e.context(format!("audit disk of {}", n.name))),
+            }
+        }
+        match made {
+            Ok(()) => self.audit_disks = disks,
+            Err(e) => {
+                // The ones made are taken away again: every node or none.
+                drop(disks);
+                eprintln!(
+                    "tenancy-e2e: WARNING: no audit disk of its own for the nodes ({e:#}); \
+                     the audit log stays on the cluster folder's file system and the soak \
+                     SKIPS its audit_disk_full fault"
+                );
+                self.audit_disk_missing = Some(format!("{e:#}"));
+            }
+        }
+    }
+
+    /// Whether each node's audit folder is a file system of its own ([`Options::audit_disk`]).
+    pub fn has_audit_disks(&self) -> bool {
+        !self.audit_disks.is_empty()
+    }
+
+    /// Fills node `i`'s audit file system (every free block taken by a filler file): the
+    /// product's records meet ENOSPC until [`Self::free_audit_disk`]. Returns the filler's
+    /// bytes.
+    pub fn fill_audit_disk(&self, i: usize) -> Result<u64> {
+        let d = self
+            .audit_disks
+            .get(i)
+            .ok_or_else(|| anyhow!("node {i} has no audit disk of its own"))?;
+        d.fill()
+    }
+
+    /// Removes the filler of [`Self::fill_audit_disk`] from node `i`'s audit file system.
+    pub fn free_audit_disk(&self, i: usize) -> Result<()> {
+        match self.audit_disks.get(i) {
+            Some(d) => d.free(),
+            None => Ok(()),
+        }
     }
 
     /// slurmctld in the bridge's namespace, and each node: a process holding its namespaces
@@ -754,6 +824,10 @@ impl MultiNode {
             let _ = ip(&["netns", "del", &n.netns]);
         }
         let _ = ip(&["netns", "del", &self.br_ns]);
+        // The nodes' mount namespaces went with their processes: the host's mount is the last.
+        for mut d in self.audit_disks.drain(..) {
+            d.remove();
+        }
         remove_cgroups(&self.cgroup_base);
         for n in &self.nodes {
             let v1 = [

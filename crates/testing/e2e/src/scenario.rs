@@ -77,6 +77,9 @@ pub struct Options {
     /// Several nodes: a syslog-over-TLS collector (rsyslog) beside slurmctld, and on each
     /// node `tenancyctl audit forward` as tenancy-audit-forward.service runs it.
     pub collector: bool,
+    /// The multi-node cluster only: each node's audit folder on a file system of its own of
+    /// this many MB (a loop device, src/audit_disk.rs), for the soak's `audit_disk_full`.
+    pub audit_disk_mb: Option<u64>,
 }
 
 impl Options {
@@ -130,6 +133,14 @@ impl Options {
     /// The audit collector and each node's forwarder ([`Options::collector`]).
     pub fn collector(mut self) -> Options {
         self.collector = true;
+        self
+    }
+
+    /// Each node of the multi-node cluster keeps its audit log on a file system of its own
+    /// (`mb` MB, [`crate::MultiNode::fill_audit_disk`]); where no loop device can be attached
+    /// the cluster says so and runs without ([`crate::MultiNode::audit_disk_missing`]).
+    pub fn audit_disk(mut self, mb: u64) -> Options {
+        self.audit_disk_mb = Some(mb);
         self
     }
 }

@@ -56,6 +56,15 @@ scenario!(
             summary.faults.iter().any(|f| f.hit),
             "no fault hit: {summary}"
         );
+        // A disk-full fault that could not fill the node's audit disk tested nothing.
+        assert!(
+            summary
+                .faults
+                .iter()
+                .filter(|f| f.kind == faults::FaultKind::AuditDiskFull)
+                .all(|f| f.hit),
+            "an audit disk was not filled: {summary}"
+        );
         assert!(summary.refused_at_submit > 0 || plan.jobs < 50, "{summary}");
     }
 );
@@ -75,6 +84,25 @@ fn job(mn: &MultiNode, user: &TestUser, name: &str, body: &str, requeue: bool) -
     c.args(["-N2", "--ntasks-per-node=1", "--tenant=acme", "-o"])
         .arg(dir.join(format!("{name}-%j.out")))
         .arg(if requeue { "--requeue" } else { "--no-requeue" })
+        .arg(&file);
+    tenancy_e2e::submitted_id(&mn.run(c).unwrap()).unwrap()
+}
+
+/// A job of acme's on node `node` alone that runs `body` (sh), `--no-requeue`.
+fn job_on(mn: &MultiNode, user: &TestUser, node: &str, name: &str, body: &str) -> u64 {
+    let dir = mn.user_dir(user);
+    let file = dir.join(format!("{name}.sh"));
+    fs::write(&file, format!("#!/bin/sh\n{body}\n")).unwrap();
+    nix::unistd::chown(
+        &file,
+        Some(nix::unistd::Uid::from_raw(user.uid)),
+        Some(nix::unistd::Gid::from_raw(user.gid)),
+    )
+    .unwrap();
+    let mut c = mn.cmd_as(user, "sbatch");
+    c.args(["-N1", "-w", node, "--ntasks-per-node=1", "--tenant=acme"])
+        .args(["--no-requeue", "-o"])
+        .arg(dir.join(format!("{name}-%j.out")))
         .arg(&file);
     tenancy_e2e::submitted_id(&mn.run(c).unwrap()).unwrap()
 }
@@ -323,6 +351,122 @@ scenario!(
         assert!(ev.iter().any(|e| e == "reconcile"), "{ev:?}");
         assert!(!journal.exists(), "{}", journal.display());
         assert!(!scratch.exists(), "{}", scratch.display());
+        assert_clean(mn);
+    }
+);
+
+scenario!(
+    audit_disk_full_mid_soak_fails_closed,
+    Options::default(),
+    |users: &mut Users| {
+        // The soak's cluster: each node's audit log on an ext4 of its own.
+        let (mut mn, _) = soak::cluster(users, Options::default()).unwrap();
+        if !mn.has_audit_disks() {
+            eprintln!(
+                "SKIP audit_disk_full_mid_soak_fails_closed: no audit disk of its own: {}",
+                mn.audit_disk_missing.as_deref().unwrap_or("?")
+            );
+            return;
+        }
+        let mn = &mut mn;
+        let acme1 = mn.tenants.acme1.clone();
+        let dir = mn.user_dir(&acme1);
+        // A job that runs while the disk fills, and ends (its epilog) while it is full.
+        let running = job_on(mn, &acme1, "n1", "running", "srun sleep 300");
+        wait_events(mn, 0, running, "job_start", 1);
+        let filled = mn.fill_audit_disk(0).unwrap();
+        assert!(filled > 0, "nothing filled n1's audit disk");
+        let log = mn.nodes[0].root.join("audit/audit.jsonl");
+        let log_len = fs::metadata(&log).unwrap().len();
+        // What still fits: the room in the log's last block (1 KiB blocks: never a
+        // job_start, maybe a short record such as a job_end).
+        let room = (1024 - log_len % 1024) % 1024;
+        let grown = || fs::metadata(&log).unwrap().len() - log_len;
+        // A job started now is refused: its prolog cannot write job_start.
+        let marker = dir.join("refused-ran");
+        let refused = job_on(
+            mn,
+            &acme1,
+            "n1",
+            "refused",
+            &format!("touch {}\nsrun sleep 1", marker.display()),
+        );
+        let info = mn.wait_job_done(refused, JOB).unwrap();
+        assert_ne!(info["JobState"], "COMPLETED", "{info:?}");
+        assert!(!marker.exists(), "job {refused}'s script ran: {info:?}");
+        let ev = events(mn, 0, refused);
+        assert!(
+            !ev.iter().any(|e| e == "job_start"),
+            "job {refused} on n1: {ev:?}"
+        );
+        let mut c = mn.cmd("scontrol");
+        c.args(["show", "node", "n1", "-o"]);
+        let node = String::from_utf8_lossy(&mn.run(c).unwrap().stdout).to_string();
+        assert!(node.contains("DRAIN"), "n1 not drained: {node}");
+        // The prolog drains the node with what failed (Slurm's own reason: "Prolog error").
+        let reason = node.split_once("Reason=").map_or("", |(_, r)| r);
+        assert!(
+            reason.contains("Prolog error")
+                || (reason.contains(&format!("job {refused}: layer audit"))
+                    && reason.contains("No space left on device")
+                    && reason.contains("does not run")),
+            "n1's drain reason: {node}"
+        );
+        // The running job ends while the disk is full: its epilog tears it down without
+        // its record.
+        let mut c = mn.cmd("scancel");
+        c.arg(running.to_string());
+        assert!(mn.run(c).unwrap().status.success());
+        mn.wait_job_done(running, JOB).unwrap();
+        let journal = mn.nodes[0].root.join(format!("state/job_{running}.json"));
+        let cgroup = mn
+            .node_cgroup(0)
+            .join(format!("tenancy/acme/job_{running}"));
+        let scratch = mn.nodes[0].root.join(format!("scratch/acme/job_{running}"));
+        let t = std::time::Instant::now();
+        while journal.exists() || cgroup.exists() || scratch.exists() {
+            assert!(
+                t.elapsed() < JOB,
+                "job {running}'s epilog on the full disk left {} {} {}",
+                journal.display(),
+                cgroup.display(),
+                scratch.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let ev = events(mn, 0, running);
+        match ev.len() {
+            1 => println!("job {running}'s epilog on the full disk wrote no job_end"),
+            _ => println!("job {running}'s job_end fit in the room left in the log's last block"),
+        }
+        assert!(
+            ev == ["job_start"] || ev == ["job_start", "job_end"],
+            "{ev:?}"
+        );
+        // Nothing was written beyond that room, and a failed append left no bytes of it.
+        assert!(
+            grown() <= room,
+            "the log grew {} bytes, room {room}",
+            grown()
+        );
+        let text = fs::read_to_string(&log).unwrap();
+        assert!(text.ends_with('\n'), "a torn record on the full disk");
+        let mut c = Checks::default();
+        checks::verify(mn, &mut c).unwrap();
+        assert!(c.failures.is_empty(), "on the full disk: {:#?}", c.failures);
+
+        // The disk frees; the admin resumes the node; the next job runs with its records.
+        mn.free_audit_disk(0).unwrap();
+        let mut c = mn.cmd("scontrol");
+        c.args(["update", "nodename=n1", "state=resume"]);
+        assert!(mn.run(c).unwrap().status.success());
+        mn.wait_nodes(&["n1"], &["idle"], JOB).unwrap();
+        let after = job_on(mn, &acme1, "n1", "after", "srun /bin/true");
+        let info = mn.wait_job_done(after, JOB).unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "{info:?}");
+        wait_events(mn, 0, after, "job_end", 1);
+        assert_eq!(events(mn, 0, after), ["job_start", "job_end"]);
+        wait_settled(mn);
         assert_clean(mn);
     }
 );

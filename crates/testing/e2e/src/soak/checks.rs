@@ -1,9 +1,10 @@
 //! What the soak checks at the end, on every node, by reading the nodes' state (not logs by
 //! eye): nothing left of any job (cgroup, nft element, scratch tree, journal, process; and
 //! `tenancyctl reconcile` finds nothing to do), every job Slurm ran has its records on each of
-//! its nodes, Slurm's accounting agrees (`report --compare-sacct`), every record chain
-//! verifies, every record reached the collector, every drain has its cause, and a cross-node
-//! isolation attack still fails.
+//! its nodes (a record is excused only behind a fault that explains it: a killed prolog, a
+//! full audit disk while the job's prolog or epilog ran there), Slurm's accounting agrees
+//! (`report --compare-sacct`), every record chain verifies, every record reached the
+//! collector, every drain has its cause, and a cross-node isolation attack still fails.
 
 use super::faults::{slurm_epoch, Drain, Fault, FaultKind, DRAIN_WINDOW_S};
 use super::workload::{JobKind, Workload};
@@ -238,6 +239,10 @@ pub fn leaks(mn: &MultiNode, i: usize, c: &mut Checks) -> Result<()> {
     Ok(())
 }
 
+/// How long after Slurm's StartTime or EndTime (whole seconds) a job's prolog or epilog on a
+/// node may run and still be that time's (slurmd gets the launch or the end a moment later).
+pub const SCRIPT_LAG_S: f64 = 5.0;
+
 /// Every job Slurm knows, against the nodes' records.
 fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Result<()> {
     let mut per_node = BTreeMap::new();
@@ -330,7 +335,26 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                         && to.is_none_or(|e| f.wall <= e + 1.0)
                 })
             };
-            if r.starts > r.ends {
+            // A hit audit_disk_full on this node while the job's prolog or epilog ran there, at
+            // `at` (Slurm's StartTime or EndTime of the last run: to the second, the script up
+            // to SCRIPT_LAG_S later); for a requeued job, whose earlier runs' times Slurm does
+            // not keep, also any such window before the last run's start.
+            let disk_full = |at: Option<f64>| {
+                faults.iter().find(|f| {
+                    f.hit
+                        && f.kind == FaultKind::AuditDiskFull
+                        && f.node.is_some_and(|i| mn.nodes[i].name == *n)
+                        && (at
+                            .is_some_and(|t| f.wall <= t + 1.0 + SCRIPT_LAG_S && t <= f.wall_until)
+                            || (requeued && start.is_some_and(|s| f.wall <= s)))
+                })
+            };
+            if r.starts > r.ends && r.reconciled == 0 && disk_full(end).is_some() {
+                // The epilog tore the job down (`leaks` finds nothing of it) and could not
+                // write its job_end: it says so and exits 0 (ARCHITECTURE.md, "Epilog when the
+                // audit log cannot be written").
+                c.excuse(id, "job-nodes whose job_end the full audit disk kept out");
+            } else if r.starts > r.ends {
                 // Slurm runs no epilog where slurmd died between the job's end and its epilog
                 // (the restarted slurmd knows no such job): reconcile (tenancy-reconcile.timer,
                 // a boot) tears the job down instead. Only such a fault explains it.
@@ -393,6 +417,11 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
             if ran && !seen {
                 if behind_fault {
                     c.excuse(id, "job-nodes without a record, behind a fault there");
+                } else if disk_full(start).is_some() {
+                    // The prolog could not write its job_start (or job_denied): it failed
+                    // closed, rolled back (its rollback record kept out too), and Slurm
+                    // drained the node; no task of the job ran there.
+                    c.excuse(id, "job-nodes whose job_start the full audit disk kept out");
                 } else {
                     c.fail(format!(
                         "job {id} ({state}) ran on {n} and has no record there"

@@ -1,5 +1,6 @@
 //! The soak's faults, at random times: slurmd or slurmctld SIGKILLed and started again, a
-//! prolog or epilog SIGKILLed, a node rebooted ([`MultiNode::reboot`]), the audit collector
+//! prolog or epilog SIGKILLed, a node rebooted ([`MultiNode::reboot`]), a node's audit file
+//! system full for a few seconds ([`MultiNode::fill_audit_disk`]), the audit collector
 //! SIGKILLed and started again. Drained nodes are noted with their reason, tied to the fault
 //! that caused them, and resumed.
 
@@ -18,6 +19,9 @@ pub enum FaultKind {
     /// The audit collector SIGKILLed (what it had not written is lost) and started again a
     /// few seconds later: the forwarders send again from what it confirmed.
     CollectorDown,
+    /// The node's audit file system full (ENOSPC) from `wall` to `wall_until`: its prologs
+    /// fail closed (Slurm drains the node), its epilogs tear down without their record.
+    AuditDiskFull,
 }
 
 impl std::fmt::Display for FaultKind {
@@ -29,6 +33,7 @@ impl std::fmt::Display for FaultKind {
             FaultKind::EpilogKill => "epilog_kill",
             FaultKind::NodeReboot => "node_reboot",
             FaultKind::CollectorDown => "collector_down",
+            FaultKind::AuditDiskFull => "audit_disk_full",
         })
     }
 }
@@ -42,7 +47,8 @@ pub struct Fault {
     /// Seconds into the soak it began and ended.
     pub at_s: f64,
     pub until_s: f64,
-    /// Whether it found its target (a prolog or epilog to kill was running).
+    /// Whether it found its target (a prolog or epilog to kill was running; the audit file
+    /// system was filled to its last block).
     pub hit: bool,
     /// When it began and ended, in seconds since the epoch.
     pub wall: f64,
@@ -129,9 +135,14 @@ pub struct Drain {
 /// at the job's next message).
 pub const DRAIN_WINDOW_S: f64 = 90.0;
 
+/// How long a node's audit disk stays full: 3 to 8 s.
+pub const DISK_FULL_MS: std::ops::RangeInclusive<u64> = 3000..=8000;
+
 pub struct Injector {
     every: Option<Duration>,
     nodes: usize,
+    /// Why `audit_disk_full` is skipped (the nodes have no audit disk of their own).
+    pub disk_full_skipped: Option<String>,
     next: Option<f64>,
     /// Kinds not injected yet: the first faults take each once, in a random order, so that
     /// even a short soak meets every kind; then each fault's kind is drawn by its share.
@@ -142,6 +153,14 @@ pub struct Injector {
 
 impl Injector {
     pub fn new(plan: &Plan, mn: &MultiNode) -> Injector {
+        let disk_full_skipped = (!mn.has_audit_disks()).then(|| {
+            let why = mn
+                .audit_disk_missing
+                .clone()
+                .unwrap_or_else(|| "the cluster was started without Options::audit_disk".into());
+            eprintln!("soak: WARNING: the audit_disk_full fault is SKIPPED: {why}");
+            why
+        });
         let mut unmet = vec![
             FaultKind::SlurmdKill,
             FaultKind::SlurmctldKill,
@@ -152,10 +171,14 @@ impl Injector {
         if mn.collector.is_some() {
             unmet.push(FaultKind::CollectorDown);
         }
+        if disk_full_skipped.is_none() {
+            unmet.push(FaultKind::AuditDiskFull);
+        }
         fastrand::Rng::with_seed(plan.seed).shuffle(&mut unmet);
         Injector {
             every: plan.fault_every,
             nodes: mn.nodes.len(),
+            disk_full_skipped,
             next: plan.fault_every.map(|d| d.as_secs_f64() / 2.0),
             unmet,
             faults: Vec::new(),
@@ -173,17 +196,15 @@ impl Injector {
         let now = start.elapsed().as_secs_f64();
         if let (Some(every), Some(next)) = (self.every, self.next) {
             if now >= next {
-                let drawn = match rng.u32(0..100) {
-                    0..=21 => FaultKind::SlurmdKill,
-                    22..=39 => FaultKind::SlurmctldKill,
-                    40..=64 => FaultKind::PrologKill,
-                    65..=87 => FaultKind::EpilogKill,
-                    88..=93 if mn.collector.is_some() => FaultKind::CollectorDown,
-                    _ => FaultKind::NodeReboot,
-                };
+                let drawn = pick(
+                    rng,
+                    self.disk_full_skipped.is_none(),
+                    mn.collector.is_some(),
+                );
                 let kind = self.unmet.pop().unwrap_or(drawn);
                 let node = rng.usize(0..self.nodes);
-                let f = inject(mn, kind, node, start)?;
+                let hold = Duration::from_millis(rng.u64(DISK_FULL_MS));
+                let f = inject(mn, kind, node, start, hold)?;
                 self.faults.push(f);
                 // Exponential gaps around the mean.
                 let gap = -every.as_secs_f64() * (1.0 - rng.f64()).ln();
@@ -202,8 +223,28 @@ impl Injector {
     }
 }
 
-/// Injects `kind` on `node` (slurmctld for [`FaultKind::SlurmctldKill`]).
-pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) -> Result<Fault> {
+/// The next fault's kind by its share (a node reboot in place of a kind the cluster lacks).
+fn pick(rng: &mut fastrand::Rng, disk_full: bool, collector: bool) -> FaultKind {
+    match rng.u32(0..100) {
+        0..=18 => FaultKind::SlurmdKill,
+        19..=33 => FaultKind::SlurmctldKill,
+        34..=54 => FaultKind::PrologKill,
+        55..=76 => FaultKind::EpilogKill,
+        85..=91 if disk_full => FaultKind::AuditDiskFull,
+        92..=99 if collector => FaultKind::CollectorDown,
+        _ => FaultKind::NodeReboot,
+    }
+}
+
+/// Injects `kind` on `node` (slurmctld for [`FaultKind::SlurmctldKill`]); a lasting fault
+/// ([`FaultKind::AuditDiskFull`]) lasts `hold`.
+pub fn inject(
+    mn: &mut MultiNode,
+    kind: FaultKind,
+    node: usize,
+    start: Instant,
+    hold: Duration,
+) -> Result<Fault> {
     let at_s = start.elapsed().as_secs_f64();
     let wall = epoch_now();
     let mut hit = true;
@@ -230,6 +271,18 @@ pub fn inject(mn: &mut MultiNode, kind: FaultKind, node: usize, start: Instant) 
             }
             None => hit = false,
         },
+        FaultKind::AuditDiskFull => {
+            // The filler goes again also when filling failed half-way.
+            let filled = mn.fill_audit_disk(node);
+            if filled.is_ok() {
+                std::thread::sleep(hold);
+            }
+            mn.free_audit_disk(node)?;
+            if let Err(e) = &filled {
+                eprintln!("soak: audit_disk_full on node {node} did not fill it: {e:#}");
+            }
+            hit = filled.is_ok();
+        }
     }
     let on_node = !matches!(kind, FaultKind::SlurmctldKill | FaultKind::CollectorDown);
     Ok(Fault {

@@ -79,6 +79,8 @@ pub struct Summary {
     /// Jobs held after a failed prolog, released by the soak (as an admin does).
     pub released: usize,
     pub faults: Vec<Fault>,
+    /// Why the `audit_disk_full` fault was skipped (no loop device), if it was.
+    pub disk_full_skipped: Option<String>,
     pub drains: Vec<Drain>,
     /// Runs of the reconcile timer's command on a node, and how long each took.
     pub sweeps: usize,
@@ -161,6 +163,9 @@ impl std::fmt::Display for Summary {
             .map(|(k, (n, hit))| format!("{k} {n} ({hit} hit)"))
             .collect();
         writeln!(f, "  faults injected: {}", faults.join(", "))?;
+        if let Some(why) = &self.disk_full_skipped {
+            writeln!(f, "  audit_disk_full SKIPPED: {why}")?;
+        }
         writeln!(
             f,
             "  reconcile timer runs: {} (p50 {} ms, max {} ms)",
@@ -247,6 +252,7 @@ pub fn run(mn: &mut MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<
         refused_at_submit: work.refused_at_submit,
         released: work.released,
         faults: faults.faults,
+        disk_full_skipped: faults.disk_full_skipped,
         drains,
         sweeps: timer.runs,
         sweep_ms: timer.durations_ms,
@@ -257,7 +263,8 @@ pub fn run(mn: &mut MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<
 
 /// The soak's cluster: the multi-node cluster with three tenants of three tiers (acme
 /// internal, globex regulated, initech research; initech's group and user made here), Slurm
-/// keeping every finished job for the checks (`MinJobAge`), and `options`' own changes.
+/// keeping every finished job for the checks (`MinJobAge`), each node's audit log on a file
+/// system of its own (for `audit_disk_full`), and `options`' own changes.
 /// Returns it with one submitter per tenant.
 pub fn cluster(
     users: &mut crate::Users,
@@ -272,6 +279,8 @@ pub fn cluster(
     // the job path and Slurm's daemons than the machine's cores would give.
     let options = options
         .cpus(8)
+        // 256 MB, sparse: a soak of 5000 jobs writes some 30 MB of records a node.
+        .audit_disk(256)
         .slurm_conf("MinJobAge=86400")
         // A requeued job waits out the credential lifetime before it starts again (120 s by
         // default): 20 s keeps requeues in the soak's pace.
