@@ -162,6 +162,17 @@ impl<'c> Spine<'c> {
     /// Undoes every step in reverse; returns what could not be undone. The journal is removed
     /// when everything is gone, and otherwise kept holding only what is left.
     fn undo_all(&mut self, mut journal: Journal, ctx: &JobContext) -> Vec<String> {
+        self.undo_locked(&mut journal, ctx, false)
+    }
+
+    /// [`Self::undo_all`]; with `keep_journal`, the journal stays when everything is gone
+    /// ([`teardown_keeping_journal`]: the epilog removes it after the job's record).
+    fn undo_locked(
+        &mut self,
+        journal: &mut Journal,
+        ctx: &JobContext,
+        keep_journal: bool,
+    ) -> Vec<String> {
         // Teardown runs under the node lock, as make_all does: a GI destroyed meanwhile shifts
         // NVML's MIG device indexes under a prolog's slice lookup (tests/concurrency.rs).
         let _lock = match self.journals.lock_node() {
@@ -174,7 +185,12 @@ impl<'c> Spine<'c> {
                 )]
             }
         };
-        teardown(&mut self.layers, &self.journals, &mut journal)
+        let failures = if keep_journal {
+            teardown_keeping_journal(&mut self.layers, &self.journals, journal)
+        } else {
+            teardown(&mut self.layers, &self.journals, journal)
+        };
+        failures
             .into_iter()
             .map(|f| format!("job {}: {f}", ctx.job_id))
             .collect()
@@ -253,6 +269,27 @@ pub fn teardown(
     journals: &JournalDir,
     journal: &mut Journal,
 ) -> Vec<String> {
+    let mut failures = teardown_keeping_journal(layers, journals, journal);
+    if failures.is_empty() {
+        if let Err(e) = journals.remove(journal) {
+            failures.push(format!(
+                "journal {}: {e}",
+                journals.journal_path(journal.job_id).display()
+            ));
+        }
+    }
+    failures
+}
+
+/// [`teardown`], except that when everything is gone the journal stays for the caller to
+/// remove once the job's record is written (the epilog): a kill before the record then leaves
+/// a journal that reconcile tears down again (every undo is idempotent) and records, never a
+/// job torn down with no record of its end.
+pub fn teardown_keeping_journal(
+    layers: &mut [Box<dyn Layer + '_>],
+    journals: &JournalDir,
+    journal: &mut Journal,
+) -> Vec<String> {
     let mut failures = Vec::new();
     let earlier_boot = journal.from_earlier_boot();
     // No process of the job may outlive any of its layers.
@@ -293,7 +330,7 @@ pub fn teardown(
     // placement for tiers that do not share the node.
     let saved = journals.set_occupant(journal.job_id, None).and_then(|()| {
         if failures.is_empty() {
-            journals.remove(journal)
+            Ok(())
         } else {
             journals.save(journal, true)
         }
@@ -340,5 +377,27 @@ mod journal_tests {
         assert!(super::teardown(&mut [], &dir, &mut j).is_empty());
         assert_eq!(dir.load(1).unwrap(), None);
         assert_eq!(dir.occupants(0).unwrap(), vec![]);
+    }
+
+    /// The epilog's teardown leaves the journal for after the job_end record (the soak found
+    /// an epilog killed between the journal's removal and its record: a job torn down with
+    /// no record of its end, and nothing left for reconcile to record).
+    #[test]
+    fn epilog_teardown_keeps_the_journal_until_the_record() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = JournalDir::open(tmp.path()).unwrap();
+        let mut j = sample(2);
+        j.steps.clear();
+        j.share_node = false;
+        dir.save(&j, true).unwrap();
+        dir.set_occupant(2, Some(Occupant::of(&j))).unwrap();
+        assert!(super::teardown_keeping_journal(&mut [], &dir, &mut j).is_empty());
+        // Placement no longer sees the job; the journal waits for the epilog's record (or
+        // for reconcile, should the epilog die first).
+        assert_eq!(dir.occupants(0).unwrap(), vec![]);
+        assert_eq!(dir.load(2).unwrap(), Some(j.clone()));
+        // Torn down again, as reconcile does, it goes.
+        assert!(super::teardown(&mut [], &dir, &mut j).is_empty());
+        assert_eq!(dir.load(2).unwrap(), None);
     }
 }

@@ -101,7 +101,8 @@ impl<'c> Spine<'c> {
             journal.started,
         );
         let summary = self.summary(&journal);
-        let failures = self.undo_all(journal, ctx);
+        let mut journal = journal;
+        let failures = self.undo_locked(&mut journal, ctx, true);
         let (event, outcome) = if failures.is_empty() {
             (Event::JobEnd, Outcome::Success)
         } else {
@@ -139,6 +140,18 @@ impl<'c> Spine<'c> {
             rec = rec.reason(failures.join("; "));
         }
         let audit = self.audit(&mut rec.duration(begun.elapsed()));
+        // The journal goes last, after the record: killed before it, the epilog leaves the
+        // journal to reconcile (which records what it tears down), never a job with no end.
+        if failures.is_empty() {
+            if let Err(e) = self.journals.remove(&journal) {
+                return Ending::fail(format!(
+                    "tenancy: job {} torn down, but its journal {} could not be removed: {e}; \
+                     run `tenancyctl reconcile --apply`",
+                    ctx.job_id,
+                    self.journals.journal_path(ctx.job_id).display()
+                ));
+            }
+        }
         match (failures.is_empty(), audit) {
             (true, Ok(_)) => Ending::ok(format!("tenancy: job {} torn down", ctx.job_id)),
             // Everything is gone; only the record is missing. Draining the node would not bring

@@ -171,6 +171,16 @@ impl AuditDisk {
     pub fn remove(&mut self) {
         if self.mounted {
             let _ = self.free();
+            // A kept cluster folder keeps the node's audit files too (they live on this disk).
+            if std::env::var_os("TENANCY_E2E_KEEP").is_some() {
+                let kept = self.mount.with_extension("kept");
+                let _ = std::fs::create_dir_all(&kept);
+                for e in std::fs::read_dir(&self.mount).into_iter().flatten().flatten() {
+                    if e.path().is_file() {
+                        let _ = std::fs::copy(e.path(), kept.join(e.file_name()));
+                    }
+                }
+            }
             let m = self.mount.display().to_string();
             let mut done = false;
             for _ in 0..50 {
