@@ -74,6 +74,10 @@ pub struct Options {
     /// CPUs each node declares (default this machine's; more adds
     /// `SlurmdParameters=config_overrides`).
     pub cpus: Option<usize>,
+    /// H200-141GB GPUs (MIG mode on) that each node of the multi-node cluster has through the
+    /// NVML stand-in, its state its own (0: no NVML on the nodes; the one-node stack always
+    /// has two).
+    pub node_gpus: usize,
 }
 
 impl Options {
@@ -121,6 +125,12 @@ impl Options {
     /// Each node declares `n` CPUs (jobs of one CPU each: `n` fit on a node).
     pub fn cpus(mut self, n: usize) -> Options {
         self.cpus = Some(n);
+        self
+    }
+
+    /// Each node of the multi-node cluster gets `n` H200s through the NVML stand-in.
+    pub fn node_gpus(mut self, n: usize) -> Options {
+        self.node_gpus = n;
         self
     }
 }
