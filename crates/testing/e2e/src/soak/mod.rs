@@ -360,6 +360,23 @@ pub fn cluster(
                 .address_prefix("10.231.3.0/24");
         });
     let mn = MultiNode::start(users, &options)?;
+    // Slurm's slots are the plan's, in its order (the record index Slurm hands the prolog is
+    // the slot the prolog makes): the Gres= value the product derives from the plan and the
+    // node's GPUs is the one slurm.conf has.
+    let gres = crate::Accounting {
+        gpu_types: gpu_types(),
+    }
+    .node_gres();
+    for i in 0..mn.nodes.len() {
+        let name = mn.nodes[i].name.clone();
+        let o = mn.tenancyctl(i, &["mig", "slurm-lines", "--node", &name])?;
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        anyhow::ensure!(
+            o.status.success() && out.lines().any(|l| l.ends_with(gres.trim())),
+            "tenancyctl mig slurm-lines on {name} does not give{gres}: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
     let mut q = mn.cmd("sacctmgr");
     q.args([
         "-i",
