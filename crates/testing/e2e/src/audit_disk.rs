@@ -175,7 +175,11 @@ impl AuditDisk {
             if std::env::var_os("TENANCY_E2E_KEEP").is_some() {
                 let kept = self.mount.with_extension("kept");
                 let _ = std::fs::create_dir_all(&kept);
-                for e in std::fs::read_dir(&self.mount).into_iter().flatten().flatten() {
+                for e in std::fs::read_dir(&self.mount)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
                     if e.path().is_file() {
                         let _ = std::fs::copy(e.path(), kept.join(e.file_name()));
                     }

@@ -55,6 +55,9 @@ const SLURMCTLD_PORT: u16 = 6817;
 const SLURMD_PORT: u16 = 6818;
 /// How long a node [`MultiNode::reboot`]s for.
 pub const REBOOT_DOWN: Duration = Duration::from_secs(25);
+/// The NVML stand-in's fixture in each node's folder (with [`Options::node_gpus`]); its paths
+/// are relative to that folder, so the harness reads the node's state where the node does.
+pub const NVML_FIXTURE: &str = "nvml-fixture.toml";
 
 /// One node: `n<i>` at `10.231.0.<i>`.
 pub struct Node {
@@ -75,6 +78,45 @@ impl Node {
         let net = if tenant == "acme" { 1 } else { 2 };
         format!("10.231.{net}.{}", self.index)
     }
+
+    /// The NVML stand-in's fixture of this node (see [`NVML_FIXTURE`]).
+    pub fn nvml_fixture(&self) -> PathBuf {
+        self.root.join(NVML_FIXTURE)
+    }
+
+    /// The NVML stand-in's state file of this node (its GPUs' instances).
+    pub fn nvml_state(&self) -> PathBuf {
+        self.root.join("nvml/state.json")
+    }
+}
+
+/// The NVML stand-in of node `index` (1, 2): `gpus` H200-141GB with MIG mode on, UUIDs of the
+/// node's own, the state, device nodes and driver files in the node's folder (paths relative
+/// to the fixture's folder, the node's).
+pub fn nvml_fixture(index: u32, gpus: usize) -> String {
+    let mut f = String::from(
+        "state = \"nvml/state.json\"\ndev_dir = \"dev\"\nmig_minors = \"nvml/mig-minors\"\n\
+         proc_devices = \"nvml/proc-devices\"\n",
+    );
+    for g in 0..gpus {
+        f.push_str(&format!(
+            "\n[[gpus]]\nmodel = \"H200-141GB\"\nuuid = \"GPU-{index:08x}-0000-4000-8000-{g:012x}\"\n\
+             mig_mode = true\n"
+        ));
+    }
+    f
+}
+
+/// The config's NVML keys for nodes with the stand-in: the library (one copy for all), each
+/// node's fixture, driver files and capability nodes at `node_root` (each node's own).
+pub fn with_nvml(c: &mut TenancyToml, node_root: &Path, library: &Path) {
+    c.cluster()
+        .nvml_library(library)
+        .nvml_shim_fixture(node_root.join(NVML_FIXTURE));
+    c.node()
+        .proc_devices(node_root.join("nvml/proc-devices"))
+        .mig_minors(node_root.join("nvml/mig-minors"))
+        .nvidia_caps_dir(node_root.join("dev/nvidia-caps"));
 }
 
 /// Two nodes with the product; its [`Client`] runs in the controller's namespace.
@@ -95,6 +137,8 @@ pub struct MultiNode {
     /// Why the nodes have no audit disk of their own although [`Options::audit_disk`] asked
     /// for one (no loop device here).
     pub audit_disk_missing: Option<String>,
+    /// GPUs each node has through the NVML stand-in ([`Options::node_gpus`]).
+    pub gpus: usize,
     stopped: bool,
     _lock: Flock<File>,
 }
@@ -216,6 +260,7 @@ impl MultiNode {
             collector: None,
             audit_disks: Vec::new(),
             audit_disk_missing: None,
+            gpus: options.node_gpus,
             stopped: false,
             _lock: lock,
         };
@@ -236,6 +281,18 @@ impl MultiNode {
                 .collectors([r.collector()])
                 .ca_file(d.join("collector/soak-ca.pem"));
             mn.collector = Some(r);
+        }
+        if mn.gpus > 0 {
+            let library = d.join("lib/libnvidia-ml.so.1");
+            let shim = artifact("libnvidia_ml.so")?;
+            fs::copy(&shim, &library).with_context(|| format!("copy {}", shim.display()))?;
+            with_nvml(&mut config, &d.join("node"), &library);
+            for i in 0..mn.nodes.len() {
+                let n = &mn.nodes[i];
+                write_file(&n.nvml_fixture(), &nvml_fixture(n.index, mn.gpus), 0o644)?;
+                fs::create_dir_all(n.root.join("nvml"))?;
+                mn.shim_ctl(i, &["layout"])?;
+            }
         }
         for edit in &options.config {
             edit(&mut config);
@@ -465,6 +522,9 @@ impl MultiNode {
         nft.args(["delete", "table", "inet", "tenancy"]);
         let _ = nft.output();
         remove_cgroups_below(&self.cgroup_base.join(&self.nodes[i].name));
+        if self.gpus > 0 {
+            self.reboot_gpus(i)?;
+        }
         // Down for as long as a reboot takes: slurmctld ends a batch job its batch host's
         // registration no longer lists once the job was last seen more than BatchStartTimeout
         // + MessageTimeout (10 + 10 s) ago (Slurm's _purge_missing_jobs).
@@ -493,6 +553,43 @@ impl MultiNode {
             self.start_forwarder(i)?;
         }
         self.start_slurmd(i)
+    }
+
+    /// What a reboot does to node `i`'s GPUs, as a driver load at boot finds them: no GPU or
+    /// compute instance is left (they live in the driver, not on the GPU), the MIG mode stays
+    /// (it is kept on the GPU), and /dev (a devtmpfs) holds none of the capability nodes the
+    /// prologs made; the driver's own files are laid out again.
+    fn reboot_gpus(&self, i: usize) -> Result<()> {
+        self.shim_ctl(i, &["reset"])?;
+        let caps = self.nodes[i].root.join("dev/nvidia-caps");
+        for e in fs::read_dir(&caps).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if !["nvidia-cap1", "nvidia-cap2"].contains(&name.as_str()) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        self.shim_ctl(i, &["layout"])?;
+        Ok(())
+    }
+
+    /// Runs `nvml-shim-ctl ARGS` on node `i`'s stand-in state (from the host: the fixture's
+    /// paths are the node folder's); its stdout, or an error with its output.
+    pub fn shim_ctl(&self, i: usize, args: &[&str]) -> Result<String> {
+        let o = Command::new(artifact("nvml-shim-ctl")?)
+            .env("NVML_SHIM_FIXTURE", self.nodes[i].nvml_fixture())
+            .args(args)
+            .output()
+            .context("run nvml-shim-ctl")?;
+        if !o.status.success() {
+            bail!(
+                "nvml-shim-ctl {} on {}: {}{}",
+                args.join(" "),
+                self.nodes[i].name,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).to_string())
     }
 
     /// Runs on node `i` what the product's systemd unit `unit` (packaging/systemd) runs: its
@@ -704,11 +801,22 @@ impl MultiNode {
                 ),
             )
             .set("JobSubmitPlugins", "tenancy");
+        let mut gres = String::new();
         if let (Some(a), Some(port)) = (&options.accounting, dbd_port) {
             // slurmdbd listens on every address of the bridge's namespace.
             for line in a.conf_lines(CTL_ADDR, port) {
                 let (k, v) = line.split_once('=').expect("Key=Value");
                 conf.set(k, v);
+            }
+            // The GPU types on every node: one gres.conf (next to slurm.conf, where slurmctld
+            // and each slurmd read it) with each node's records.
+            if !a.gpu_types.is_empty() {
+                let mut text = String::new();
+                for n in &self.nodes {
+                    text.push_str(&a.gres_conf(&n.name, &d.join("gres").join(&n.name))?);
+                }
+                write_file(&d.join("etc/gres.conf"), &text, 0o644)?;
+                gres = a.node_gres();
             }
         }
         for l in &options.slurm_conf {
@@ -717,7 +825,7 @@ impl MultiNode {
         let cpus = conf.node_cpus(options.cpus);
         for n in &self.nodes {
             conf.line(format!(
-                "NodeName={} NodeAddr={} CPUs={cpus} RealMemory=1000 State=UNKNOWN",
+                "NodeName={} NodeAddr={} CPUs={cpus} RealMemory=1000 State=UNKNOWN{gres}",
                 n.name,
                 n.addr()
             ));

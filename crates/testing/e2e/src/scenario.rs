@@ -80,6 +80,10 @@ pub struct Options {
     /// The multi-node cluster only: each node's audit folder on a file system of its own of
     /// this many MB (a loop device, src/audit_disk.rs), for the soak's `audit_disk_full`.
     pub audit_disk_mb: Option<u64>,
+    /// H200-141GB GPUs (MIG mode on) that each node of the multi-node cluster has through the
+    /// NVML stand-in, its state its own (0: no NVML on the nodes; the one-node stack always
+    /// has two).
+    pub node_gpus: usize,
 }
 
 impl Options {
@@ -141,6 +145,12 @@ impl Options {
     /// the cluster says so and runs without ([`crate::MultiNode::audit_disk_missing`]).
     pub fn audit_disk(mut self, mb: u64) -> Options {
         self.audit_disk_mb = Some(mb);
+        self
+    }
+
+    /// Each node of the multi-node cluster gets `n` H200s through the NVML stand-in.
+    pub fn node_gpus(mut self, n: usize) -> Options {
+        self.node_gpus = n;
         self
     }
 }

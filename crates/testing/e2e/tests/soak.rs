@@ -69,6 +69,124 @@ scenario!(
     }
 );
 
+// The soak's MIG jobs on their own: one job of each tenant on both nodes, each with a slice
+// of a profile its tier allows (`--mig=P --gres=gpu:P:1`, so one slice per node). On each
+// node the job's `job_start` names the profile, its task sees its own slice's MIG uuid in
+// CUDA_VISIBLE_DEVICES (the nodes' GPUs, and so their slices, have uuids of their own), the
+// stand-in's state holds the slice while the job runs, and nothing is left after.
+scenario!(
+    mig_jobs_on_both_nodes_leave_no_instance,
+    Options::default(),
+    |users: &mut Users| {
+        let (mn, submitters) = soak::cluster(users, Options::default()).unwrap();
+        // globex's MIG job gets both nodes of its own (gpu_placement "node"): it runs after
+        // acme's and initech's, which share the nodes' GPUs.
+        let profiles = [
+            ("acme", "3g.71gb"),
+            ("initech", "1g.18gb"),
+            ("globex", "2g.35gb"),
+        ];
+        let mut jobs = Vec::new();
+        for (tenant, profile) in profiles {
+            let s = submitters.iter().find(|s| s.tenant == tenant).unwrap();
+            assert!(s.mig_profiles.iter().any(|p| p == profile), "{tenant}");
+            let dir = mn.user_dir(&s.user);
+            let file = dir.join(format!("mig-{tenant}.sh"));
+            fs::write(
+                &file,
+                format!(
+                    "#!/bin/sh
+srun sh -c 'echo \"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\" \
+                     > {}/mig-$SLURM_JOB_ID-$(hostname).txt; sleep 4'\n",
+                    dir.display()
+                ),
+            )
+            .unwrap();
+            nix::unistd::chown(
+                &file,
+                Some(nix::unistd::Uid::from_raw(s.user.uid)),
+                Some(nix::unistd::Gid::from_raw(s.user.gid)),
+            )
+            .unwrap();
+            let mut c = mn.cmd_as(&s.user, "sbatch");
+            c.args([
+                "-N2",
+                "--ntasks-per-node=1",
+                "--no-requeue",
+                "-o",
+                "/dev/null",
+            ])
+            .arg(format!("--tenant={tenant}"))
+            .arg(format!("--mig={profile}"))
+            .arg(format!("--gres=gpu:{profile}:1"))
+            .arg(&file);
+            let o = mn.run(c).unwrap();
+            assert!(
+                o.status.success(),
+                "sbatch for {tenant}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let id = tenancy_e2e::submitted_id(&o).unwrap();
+            jobs.push((id, tenant, profile, dir));
+        }
+        let mut seen_running = [false, false];
+        for (id, tenant, _, dir) in &jobs {
+            // While its task runs, each node's stand-in holds the slice.
+            for (i, n) in mn.nodes.iter().enumerate() {
+                let f = dir.join(format!("mig-{id}-{}.txt", n.name));
+                mn.wait_file_line(&f, "CUDA_VISIBLE_DEVICES=", JOB).unwrap();
+                let held = checks::mig_instances(&n.nvml_state()).unwrap();
+                assert!(
+                    !held.is_empty(),
+                    "{tenant}'s job {id} runs on {} with no slice",
+                    n.name
+                );
+                seen_running[i] = true;
+            }
+        }
+        assert_eq!(seen_running, [true, true]);
+        let mut uuids = std::collections::BTreeSet::new();
+        for (id, tenant, profile, dir) in &jobs {
+            let info = mn.wait_job_done(*id, JOB).unwrap();
+            assert_eq!(
+                info["JobState"], "COMPLETED",
+                "{tenant}'s job {id}: {info:?}"
+            );
+            for (i, n) in mn.nodes.iter().enumerate() {
+                let log = n.root.join("audit/audit.jsonl");
+                let starts: Vec<serde_json::Value> = fs::read_to_string(log)
+                    .unwrap()
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .filter(|v| v["job_id"].as_u64() == Some(*id) && v["event"] == "job_start")
+                    .collect();
+                assert_eq!(starts.len(), 1, "job {id} on {}: {starts:?}", n.name);
+                assert_eq!(starts[0]["profile"], *profile, "job {id} on {}", n.name);
+                let text =
+                    fs::read_to_string(dir.join(format!("mig-{id}-{}.txt", n.name))).unwrap();
+                let uuid = text
+                    .trim()
+                    .strip_prefix("CUDA_VISIBLE_DEVICES=")
+                    .unwrap_or_default()
+                    .to_string();
+                assert!(
+                    uuid.starts_with("MIG-"),
+                    "{tenant}'s task on {}: {text:?}",
+                    n.name
+                );
+                assert!(uuids.insert(uuid.clone()), "{uuid} twice");
+                wait_events(&mn, i, *id, "job_end", 1);
+            }
+        }
+        wait_settled(&mn);
+        for n in &mn.nodes {
+            let left = checks::mig_instances(&n.nvml_state()).unwrap();
+            assert!(left.is_empty(), "{}: {left:?}", n.name);
+        }
+        assert_clean(&mn);
+    }
+);
+
 /// A job of acme's on both nodes that runs `body` (sh), `--no-requeue` unless `requeue`.
 fn job(mn: &MultiNode, user: &TestUser, name: &str, body: &str, requeue: bool) -> u64 {
     let dir = mn.user_dir(user);
@@ -177,6 +295,63 @@ scenario!(
         }
         assert!(!cgroup.exists(), "{} after the reboot", cgroup.display());
         assert_clean(mn);
+    }
+);
+
+// A node reboot under a MIG job: the GPU instances are gone with the driver's state (the
+// MIG mode stays), `reconcile --apply` at boot still finds the job's journal and clears it
+// (its slice already gone), the other node's epilog destroys its slice, and nothing is left.
+scenario!(
+    node_reboot_mid_mig_job_drops_its_slice,
+    Options::default(),
+    |users: &mut Users| {
+        let (mut mn, submitters) = soak::cluster(users, Options::default()).unwrap();
+        let acme = submitters.iter().find(|s| s.tenant == "acme").unwrap();
+        let dir = mn.user_dir(&acme.user);
+        let file = dir.join("mig-long.sh");
+        fs::write(&file, "#!/bin/sh\nsrun sleep 300\n").unwrap();
+        nix::unistd::chown(
+            &file,
+            Some(nix::unistd::Uid::from_raw(acme.user.uid)),
+            Some(nix::unistd::Gid::from_raw(acme.user.gid)),
+        )
+        .unwrap();
+        let mut c = mn.cmd_as(&acme.user, "sbatch");
+        c.args([
+            "-N2",
+            "--ntasks-per-node=1",
+            "--no-requeue",
+            "-o",
+            "/dev/null",
+        ])
+        .args(["--tenant=acme", "--mig=1g.18gb", "--gres=gpu:1g.18gb:1"])
+        .arg(&file);
+        let id = tenancy_e2e::submitted_id(&mn.run(c).unwrap()).unwrap();
+        for i in 0..2 {
+            wait_events(&mn, i, id, "job_start", 1);
+            let held = checks::mig_instances(&mn.nodes[i].nvml_state()).unwrap();
+            assert_eq!(held.len(), 1, "{}: {held:?}", mn.nodes[i].name);
+        }
+        let journal = mn.nodes[0].root.join(format!("state/job_{id}.json"));
+        assert!(journal.exists(), "{}", journal.display());
+        mn.reboot(0).unwrap();
+        let state: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(mn.nodes[0].nvml_state()).unwrap()).unwrap();
+        for g in state["gpus"].as_array().unwrap() {
+            assert_eq!(g["mig_mode"], true, "MIG mode survives a reboot: {g}");
+            assert!(g["gis"].as_array().unwrap().is_empty(), "{g}");
+        }
+        let info = mn.wait_job_done(id, JOB).unwrap();
+        assert_ne!(info["JobState"], "COMPLETED", "{info:?}");
+        wait_settled(&mn);
+        let ev = events(&mn, 0, id);
+        assert!(
+            ev.iter().any(|e| e == "job_end" || e == "reconcile"),
+            "job {id} on n1: {ev:?}"
+        );
+        wait_events(&mn, 1, id, "job_end", 1);
+        assert!(!journal.exists(), "{}", journal.display());
+        assert_clean(&mn);
     }
 );
 

@@ -1,10 +1,11 @@
 //! What the soak checks at the end, on every node, by reading the nodes' state (not logs by
 //! eye): nothing left of any job (cgroup, nft element, scratch tree, journal, process; and
-//! `tenancyctl reconcile` finds nothing to do), every job Slurm ran has its records on each of
-//! its nodes (a record is excused only behind a fault that explains it: a killed prolog, a
-//! full audit disk while the job's prolog or epilog ran there), Slurm's accounting agrees
-//! (`report --compare-sacct`), every record chain verifies, every record reached the
-//! collector, every drain has its cause, and a cross-node isolation attack still fails.
+//! `tenancyctl reconcile` finds nothing to do; no MIG instance in the NVML stand-in's state),
+//! every job Slurm ran has its records on each of its nodes (a record is excused only behind a
+//! fault that explains it: a killed prolog, a full audit disk while the job's prolog or epilog
+//! ran there), Slurm's accounting agrees (`report --compare-sacct`), every record chain
+//! verifies, every record reached the collector, every drain has its cause, and a cross-node
+//! isolation attack still fails.
 
 use super::faults::{slurm_epoch, Drain, Fault, FaultKind, DRAIN_WINDOW_S};
 use super::workload::{JobKind, Workload};
@@ -23,6 +24,11 @@ pub struct Checks {
     /// The prologs' and epilogs' `duration_us` on their records.
     pub prolog_us: Vec<u64>,
     pub epilog_us: Vec<u64>,
+    /// Of those, the records that name a MIG profile (the job had a slice), and the others.
+    pub prolog_mig_us: Vec<u64>,
+    pub epilog_mig_us: Vec<u64>,
+    pub prolog_cpu_us: Vec<u64>,
+    pub epilog_cpu_us: Vec<u64>,
     /// Each started job's first `job_start` on any node (seconds since the epoch).
     pub first_starts: Vec<f64>,
     /// What the failures of a job's checks were looked into with: per failed job, Slurm's
@@ -91,10 +97,16 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
         };
         let r = out.entry(job).or_default();
         let us = v["duration_us"].as_u64();
+        let mig = v["profile"].as_str().is_some_and(|p| !p.is_empty());
         match v["event"].as_str().unwrap_or_default() {
             "job_start" => {
                 r.starts += 1;
                 checks.prolog_us.extend(us);
+                if mig {
+                    checks.prolog_mig_us.extend(us);
+                } else {
+                    checks.prolog_cpu_us.extend(us);
+                }
                 let t = v["time"].as_str().and_then(super::faults::record_epoch);
                 r.first_start = earliest(r.first_start, t);
                 r.starts_at.extend(t);
@@ -102,6 +114,11 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
             "job_end" => {
                 r.ends += 1;
                 checks.epilog_us.extend(us);
+                if mig {
+                    checks.epilog_mig_us.extend(us);
+                } else {
+                    checks.epilog_cpu_us.extend(us);
+                }
             }
             "job_denied" => r.denied += 1,
             "rollback" => r.rollbacks += 1,
@@ -233,6 +250,10 @@ pub fn leaks(mn: &MultiNode, i: usize, c: &mut Checks) -> Result<()> {
         ));
     }
     c.count("reconcile dry runs", 1);
+    if mn.gpus > 0 {
+        left.extend(mig_instances(&node.nvml_state())?);
+        c.count("NVML states looked at", 1);
+    }
     for l in left {
         c.fail(format!("{}: left after the soak: {l}", node.name));
     }
@@ -242,6 +263,39 @@ pub fn leaks(mn: &MultiNode, i: usize, c: &mut Checks) -> Result<()> {
 /// How long after Slurm's StartTime or EndTime (whole seconds) a job's prolog or epilog on a
 /// node may run and still be that time's (slurmd gets the launch or the end a moment later).
 pub const SCRIPT_LAG_S: f64 = 5.0;
+
+/// The GPU and compute instances an NVML stand-in's state file holds (README's state file:
+/// `gpus[].gis[].cis[]`), each named.
+pub fn mig_instances(state: &Path) -> Result<Vec<String>> {
+    let text = match fs::read_to_string(state) {
+        Ok(t) => t,
+        // No process asked NVML anything yet: the stand-in made no state, and no instance.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("read {}", state.display())),
+    };
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("NVML stand-in state {}", state.display()))?;
+    let mut out = Vec::new();
+    for (g, gpu) in v["gpus"].as_array().into_iter().flatten().enumerate() {
+        for gi in gpu["gis"].as_array().into_iter().flatten() {
+            let cis: Vec<String> = gi["cis"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|ci| ci["id"].to_string())
+                .collect();
+            out.push(format!(
+                "MIG GPU instance {} (profile id {}, start {}) on GPU {g} with compute \
+                 instance(s) [{}]",
+                gi["id"],
+                gi["profile_id"],
+                gi["start"],
+                cis.join(", ")
+            ));
+        }
+    }
+    Ok(out)
+}
 
 /// Every job Slurm knows, against the nodes' records.
 fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Result<()> {
@@ -489,7 +543,7 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
     if c.failures.len() > failed_before {
         failed_jobs.extend(last_id);
     }
-    record_counts(&per_node, &text, c);
+    record_counts(&per_node, &text, faults, c);
     for (id, line) in failed_jobs.into_iter().take(5) {
         let d = explain(mn, work, faults, id, line);
         c.details.push(d);
@@ -677,9 +731,12 @@ fn explain(mn: &MultiNode, work: &Workload, faults: &[Fault], id: u64, line: &st
     {
         let _ = writeln!(
             d,
-            "  submitted: {} for {} at {:.1}, acted on in {:?} at {:?}",
+            "  submitted: {} for {}{} at {:.1}, acted on in {:?} at {:?}",
             s.kind.name(),
             s.tenant,
+            s.mig
+                .as_ref()
+                .map_or(String::new(), |p| format!(" with a MIG slice {p}")),
             s.submitted_at,
             s.acted_in,
             s.acted_at
@@ -805,18 +862,40 @@ fn describe(mn: &MultiNode, f: &Fault) -> String {
     )
 }
 
-/// The records of every node counted, and none of a job Slurm does not know.
+/// The records of every node counted, and none of a job Slurm does not know, but for a job a
+/// SIGKILLed slurmctld forgot: each of its runs on the node started before a kill, within
+/// the state slurmctld may lose (as `compare_sacct` has it), and no later job was given its
+/// id again. What such a job left on the node is `leaks`' to judge.
 fn record_counts(
     per_node: &BTreeMap<String, BTreeMap<u64, JobRecords>>,
     jobs: &str,
+    faults: &[Fault],
     c: &mut Checks,
 ) {
+    let forgotten = |r: &JobRecords| {
+        !r.starts_at.is_empty()
+            && r.starts_at.iter().all(|t| {
+                faults.iter().any(|f| {
+                    f.hit
+                        && f.kind == FaultKind::SlurmctldKill
+                        && *t <= f.wall
+                        && f.wall - t < DRAIN_WINDOW_S
+                })
+            })
+    };
     for (node, m) in per_node {
         for (id, r) in m {
             c.count("job_start records", r.starts);
             c.count("job_end records", r.ends);
             c.count("job_denied records", r.denied);
             if r.starts > 0 && !jobs.contains(&format!("JobId={id} ")) {
+                if forgotten(r) {
+                    c.count(
+                        "job-nodes of jobs a SIGKILLed slurmctld forgot (no id given again)",
+                        1,
+                    );
+                    continue;
+                }
                 c.fail(format!(
                     "{node} has records of job {id}, which Slurm does not know"
                 ));

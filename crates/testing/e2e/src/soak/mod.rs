@@ -27,6 +27,40 @@ pub use workload::{JobKind, Submitted};
 /// The QOS whose jobs preempt (requeue) the others' (`Preempt=normal`).
 pub const PREEMPTING_QOS: &str = "soakhigh";
 
+/// H200s on each node of the soak's cluster (the NVML stand-in's).
+pub const GPUS_PER_NODE: usize = 2;
+
+/// How the soak's nodes carve each H200 (`[mig.plan]`): every slot a typed GPU GRES record of
+/// slurmctld's (GRES slot mode, layers/mig/README.md), so Slurm hands out only slices that fit
+/// the GPU as carved and the prolog makes exactly the slot Slurm picked. In plan_slots' order
+/// (largest first), which is the gres.conf and `Gres=` order.
+pub const MIG_PLAN: [(&str, u32); 3] = [("3g.71gb", 1), ("2g.35gb", 1), ("1g.18gb", 2)];
+
+/// The MIG profiles each tier may ask for (internal: acme; regulated: globex, whose MIG jobs
+/// get a node of their own, `gpu_placement = "node"`; research: initech).
+pub const TIER_MIG: [(&str, &[&str]); 3] = [
+    ("internal", &["1g.18gb", "2g.35gb", "3g.71gb"]),
+    ("regulated", &["2g.35gb", "3g.71gb"]),
+    ("research", &["1g.18gb", "2g.35gb"]),
+];
+
+/// The MIG profiles of `tier` ([`TIER_MIG`]).
+pub fn tier_mig(tier: &str) -> Vec<String> {
+    TIER_MIG
+        .iter()
+        .find(|(t, _)| *t == tier)
+        .map(|(_, p)| p.iter().map(|p| p.to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// Slurm's GPU types on each node: [`MIG_PLAN`] times [`GPUS_PER_NODE`].
+pub fn gpu_types() -> Vec<(String, u32)> {
+    MIG_PLAN
+        .iter()
+        .map(|(p, n)| (p.to_string(), n * GPUS_PER_NODE as u32))
+        .collect()
+}
+
 /// What one soak does.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -65,6 +99,8 @@ impl Default for Plan {
 pub struct Submitter {
     pub user: TestUser,
     pub tenant: String,
+    /// The MIG profiles its tenant's tier allows (none: no MIG jobs).
+    pub mig_profiles: Vec<String>,
 }
 
 /// What a soak did and found.
@@ -74,6 +110,8 @@ pub struct Summary {
     pub elapsed: Duration,
     /// Submissions by kind.
     pub submitted: BTreeMap<&'static str, usize>,
+    /// Jobs sbatch took with a MIG slice, by profile.
+    pub mig_jobs: BTreeMap<String, usize>,
     /// Submissions refused by sbatch (a tenant the user is no member of), as they should.
     pub refused_at_submit: usize,
     /// Jobs held after a failed prolog, released by the soak (as an admin does).
@@ -134,7 +172,11 @@ impl std::fmt::Display for Summary {
         )?;
         for (what, pct) in [
             ("prolog", &self.checks.prolog_us),
+            ("  of MIG jobs", &self.checks.prolog_mig_us),
+            ("  of CPU-only jobs", &self.checks.prolog_cpu_us),
             ("epilog", &self.checks.epilog_us),
+            ("  of MIG jobs", &self.checks.epilog_mig_us),
+            ("  of CPU-only jobs", &self.checks.epilog_cpu_us),
         ] {
             writeln!(
                 f,
@@ -150,6 +192,17 @@ impl std::fmt::Display for Summary {
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
         writeln!(f, "  submitted: {}", kinds.join(", "))?;
+        let profiles: Vec<String> = self
+            .mig_jobs
+            .iter()
+            .map(|(p, n)| format!("{p} {n}"))
+            .collect();
+        writeln!(
+            f,
+            "  jobs with a MIG slice: {} ({})",
+            self.mig_jobs.values().sum::<usize>(),
+            profiles.join(", ")
+        )?;
         writeln!(f, "  refused at submit: {}", self.refused_at_submit)?;
         writeln!(f, "  held jobs released: {}", self.released)?;
         let mut by_kind: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -249,6 +302,7 @@ pub fn run(mn: &mut MultiNode, plan: &Plan, submitters: &[Submitter]) -> Result<
         nodes: mn.nodes.len(),
         elapsed,
         submitted: work.by_kind(),
+        mig_jobs: work.by_profile(),
         refused_at_submit: work.refused_at_submit,
         released: work.released,
         faults: faults.faults,
@@ -288,7 +342,11 @@ pub fn cluster(
         .slurm_conf("MaxJobCount=100000")
         // Slurm's accounting (the books `report --compare-sacct` holds the audit logs against)
         // and preemption by QOS: a job of QOS `soakhigh` requeues the `normal` jobs in its way.
-        .accounting(crate::Accounting::default())
+        // The MIG slots as typed GPU GRES (accounted too), on GPUS_PER_NODE H200s a node.
+        .accounting(crate::Accounting {
+            gpu_types: gpu_types(),
+        })
+        .node_gpus(GPUS_PER_NODE)
         .slurm_conf("PreemptType=preempt/qos")
         .slurm_conf("PreemptMode=REQUEUE")
         // The audit collector (rsyslog over TLS) and each node's forwarder.
@@ -296,6 +354,13 @@ pub fn cluster(
         .config(move |c: &mut crate::TenancyToml| {
             c.tier("internal").share_node(true).share_gpu(true);
             c.tier("regulated").share_node(true).share_gpu(false);
+            for (tier, profiles) in TIER_MIG {
+                c.tier(tier).mig_profiles(profiles.iter().copied());
+            }
+            let mut plan = c.mig_plan("H200-141GB");
+            for (profile, n) in MIG_PLAN {
+                plan = plan.instances(profile, n);
+            }
             c.tenant("acme").tier("internal");
             c.tenant("globex").tier("regulated");
             c.tenant("initech")
@@ -306,6 +371,23 @@ pub fn cluster(
                 .address_prefix("10.231.3.0/24");
         });
     let mn = MultiNode::start(users, &options)?;
+    // Slurm's slots are the plan's, in its order (the record index Slurm hands the prolog is
+    // the slot the prolog makes): the Gres= value the product derives from the plan and the
+    // node's GPUs is the one slurm.conf has.
+    let gres = crate::Accounting {
+        gpu_types: gpu_types(),
+    }
+    .node_gres();
+    for i in 0..mn.nodes.len() {
+        let name = mn.nodes[i].name.clone();
+        let o = mn.tenancyctl(i, &["mig", "slurm-lines", "--node", &name])?;
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        anyhow::ensure!(
+            o.status.success() && out.lines().any(|l| l.ends_with(gres.trim())),
+            "tenancyctl mig slurm-lines on {name} does not give{gres}: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
     let mut q = mn.cmd("sacctmgr");
     q.args([
         "-i",
@@ -327,14 +409,17 @@ pub fn cluster(
         Submitter {
             user: mn.tenants.acme1.clone(),
             tenant: "acme".into(),
+            mig_profiles: tier_mig("internal"),
         },
         Submitter {
             user: mn.tenants.globex1.clone(),
             tenant: "globex".into(),
+            mig_profiles: tier_mig("regulated"),
         },
         Submitter {
             user: initech,
             tenant: "initech".into(),
+            mig_profiles: tier_mig("research"),
         },
     ];
     Ok((mn, submitters))

@@ -1,6 +1,8 @@
 //! The soak's jobs: random tenants, sizes (one node or two), durations and `srun` steps,
 //! arrays, jobs scancel'ed in their prolog, jobs requeued while they run, and submissions a
-//! user may not make (refused by sbatch).
+//! user may not make (refused by sbatch). A share of the jobs of every kind that runs
+//! ([`MIG_PERCENT`]) asks for a MIG slice of a random profile its tenant's tier allows, on
+//! each of its nodes (`--mig=P --gres=gpu:P:1`).
 
 use super::{Plan, Submitter};
 use crate::daemons::write_file;
@@ -8,6 +10,10 @@ use crate::MultiNode;
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+/// Of the jobs of the kinds a MIG slice fits (all but [`JobKind::Preempt`] and
+/// [`JobKind::Refused`]), the percentage that asks for one.
+pub const MIG_PERCENT: u32 = 25;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobKind {
@@ -59,6 +65,8 @@ impl JobKind {
 pub struct Submitted {
     pub kind: JobKind,
     pub tenant: String,
+    /// The MIG profile it asked for, one slice on each of its nodes.
+    pub mig: Option<String>,
     /// Whether the soak did what the kind asks (scancel, requeue).
     pub acted: bool,
     /// The state the job was in when the soak acted on it.
@@ -118,6 +126,15 @@ impl Workload {
         let mut m = BTreeMap::new();
         for k in &self.kinds {
             *m.entry(k.name()).or_default() += 1;
+        }
+        m
+    }
+
+    /// Jobs sbatch took that asked for a MIG slice, by profile.
+    pub fn by_profile(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for p in self.jobs.values().filter_map(|j| j.mig.as_ref()) {
+            *m.entry(p.clone()).or_default() += 1;
         }
         m
     }
@@ -209,6 +226,11 @@ impl Workload {
             JobKind::Steps => rng.u32(1..=3),
             _ => 0,
         };
+        let mig = match kind {
+            JobKind::Preempt | JobKind::Refused => None,
+            _ if who.mig_profiles.is_empty() || rng.u32(0..100) >= MIG_PERCENT => None,
+            _ => Some(who.mig_profiles[rng.usize(0..who.mig_profiles.len())].clone()),
+        };
         let mut c = mn.cmd_as(&who.user, "sbatch");
         c.arg(format!("-N{nodes}"))
             .args(["--ntasks-per-node=1", "-t", "5", "-o", "/dev/null"])
@@ -226,6 +248,9 @@ impl Workload {
                     .arg("--exclusive");
             }
             _ => {}
+        }
+        if let Some(p) = &mig {
+            c.arg(format!("--mig={p}")).arg(format!("--gres=gpu:{p}:1"));
         }
         c.arg(&self.script)
             .arg(secs.to_string())
@@ -255,6 +280,7 @@ impl Workload {
                 Submitted {
                     kind,
                     tenant,
+                    mig,
                     acted: false,
                     acted_in: None,
                     acted_at: None,
