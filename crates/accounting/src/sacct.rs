@@ -43,7 +43,7 @@ struct AuditJob {
 }
 
 /// A job where the books disagree.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Disagreement {
     pub job_id: u64,
     pub node: String,
@@ -53,6 +53,15 @@ pub struct Disagreement {
     /// `no_slurm_job` of a job Slurm does not have).
     pub state: String,
     pub detail: String,
+    /// For `usage_differs` of a profile: the profile, and the slice time in milliseconds the
+    /// audit logs hold and the time Slurm accounted (its runs' elapsed × slices), so that a
+    /// reader can tell which book counts more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_ms: Option<u64>,
 }
 
 /// What the comparison found.
@@ -322,6 +331,7 @@ pub fn compare(
                      teardown_failed for it: its slice-hours are not in the statement",
                     last.state, last.elapsed_s
                 ),
+                ..Default::default()
             });
             continue;
         }
@@ -395,6 +405,7 @@ fn no_job_start(
                          has no job_start for it on that node{only}",
                         j.job_id, j.state, j.elapsed_s
                     ),
+                    ..Default::default()
                 });
             }
         }
@@ -435,6 +446,9 @@ fn usage_differs(
                     a.abs_diff(s) as f64 / 1000.0,
                     tolerance_seconds
                 ),
+                profile: Some(p.clone()),
+                audit_ms: Some(a),
+                slurm_ms: Some(s),
             });
         }
     }
@@ -469,6 +483,7 @@ fn starts_without_slurm_job(
                     ts::format(&s),
                     nodes.join(",")
                 ),
+                ..Default::default()
             }),
             None => d.push(Disagreement {
                 job_id: *id,
@@ -481,6 +496,7 @@ fn starts_without_slurm_job(
                     ts::format(&s),
                     a.profile.as_deref().unwrap_or("no MIG slice")
                 ),
+                ..Default::default()
             }),
         }
     }

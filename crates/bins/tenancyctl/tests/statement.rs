@@ -730,6 +730,12 @@ fn compare_sacct_finds_a_job_without_records() {
     let kinds: Vec<&Value> = doc["disagreements"].as_array().unwrap().iter().collect();
     let kinds: Vec<&str> = kinds.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["no_job_start", "usage_differs", "no_slurm_job"]);
+    // A usage disagreement says which book counts more, and for which profile.
+    let usage = &doc["disagreements"][1];
+    assert_eq!(usage["profile"], "1g.18gb", "{usage}");
+    assert_eq!(usage["audit_ms"], 3_600_000, "{usage}");
+    assert_eq!(usage["slurm_ms"], 7_200_000, "{usage}");
+    assert!(doc["disagreements"][0].get("audit_ms").is_none());
 }
 
 /// A job Slurm requeued (`scontrol requeue`, a preemption) runs again, maybe on another node:
