@@ -371,7 +371,18 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                 ));
             }
         }
-        for n in &nodes {
+        // A requeued job's earlier runs may have been on other nodes than its last (Slurm's
+        // NodeList): their job_start/job_end pairs are held too.
+        let mut run_nodes = nodes.clone();
+        if requeued {
+            for (name, m) in &per_node {
+                if m.get(&id).is_some_and(|r| r.starts > 0) && !run_nodes.contains(name) {
+                    run_nodes.push(name.clone());
+                }
+            }
+        }
+        for n in &run_nodes {
+            let in_last_run = nodes.contains(n);
             let r = per_node
                 .get(n)
                 .and_then(|m| m.get(&id))
@@ -439,6 +450,10 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                         f.map_or("none".to_string(), |f| describe(mn, f))
                     )),
                 }
+            }
+            if !in_last_run {
+                // Slurm keeps the last run's times and nodes only: the rest is of that run.
+                continue;
             }
             // reconcile keeps every job squeue lists on the node: never one Slurm still ran.
             if let (Some(s), Some(e)) = (start, end) {
