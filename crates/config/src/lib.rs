@@ -210,6 +210,14 @@ pub struct NodePaths {
     /// milliseconds: a driver call that hangs longer fails the prolog or epilog closed.
     #[serde(default = "default_nvml_timeout_ms")]
     pub nvml_timeout_ms: u64,
+    /// Slurm's `squeue` (absolute): what the prolog asks, when other jobs' journals stand in
+    /// its way, whether Slurm still runs those jobs on the node.
+    #[serde(default = "default_squeue")]
+    pub squeue: PathBuf,
+}
+
+fn default_squeue() -> PathBuf {
+    PathBuf::from("/usr/bin/squeue")
 }
 
 fn default_rdma_devices() -> PathBuf {
@@ -356,6 +364,7 @@ struct RawNode {
     rdma_devices: Option<Spanned<PathBuf>>,
     nvidia_caps_dir: Option<Spanned<PathBuf>>,
     nvml_timeout_ms: Option<Spanned<u64>>,
+    squeue: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -450,6 +450,7 @@ impl Validator<'_> {
                 "/dev/nvidia-caps",
             ),
             nvml_timeout_ms: DEFAULT_NVML_TIMEOUT_MS,
+            squeue: node_path(&n.squeue, "node.squeue", "/usr/bin/squeue"),
         };
         let mut node = node;
         if let Some(t) = &n.nvml_timeout_ms {

@@ -8,6 +8,7 @@ pub mod layer;
 pub mod layers;
 pub mod linkage;
 pub mod run;
+pub mod slurm;
 pub mod spine;
 
 pub use layer::{

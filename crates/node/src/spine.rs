@@ -12,6 +12,7 @@ use tenancy_job::journal::{Journal, JournalDir, Step, StepState};
 
 mod epilog;
 mod prolog;
+mod reclaim;
 
 /// How a prolog or epilog run ended; the binary prints `message` and exits with `code`.
 #[derive(Debug, Clone, PartialEq, Eq)]

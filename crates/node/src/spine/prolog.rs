@@ -440,7 +440,46 @@ impl<'c> Spine<'c> {
                 self.journals.path().display()
             )
         })?;
-        let plan = &*plan;
+        let acting = match self.intend_layers(plan, journal) {
+            Ok(acting) => acting,
+            // Other jobs' journals in the way may be of jobs Slurm no longer runs here, whose
+            // epilog it will not run: torn down as reconcile would, then decided again once.
+            Err(refusal) => {
+                let reclaimed = self.reclaim_dead_jobs(plan);
+                if reclaimed.jobs.is_empty() {
+                    return Err(format!("{refusal}{}", reclaimed.note).into());
+                }
+                plan.others = self.journals.occupants(job).map_err(|e| {
+                    format!(
+                        "job {job}: layer node: cannot read the occupancy index in {}: {e}",
+                        self.journals.path().display()
+                    )
+                })?;
+                self.intend_layers(plan, journal)
+                    .map_err(|e| format!("{e}{}", reclaimed.note))?
+            }
+        };
+        let mut on_disk = Flushing::done();
+        if !acting.is_empty() {
+            on_disk = self.journals.save_intents(journal).map_err(|e| {
+                format!(
+                    "job {job}: cannot journal the intents of {} in {}: {e}",
+                    self.layer_names(&acting),
+                    self.journals.path().display()
+                )
+            })?;
+        }
+        Ok((lock, acting, on_disk))
+    }
+
+    /// The tier rules of the node, then every layer's intent (pushed to `journal` as steps):
+    /// the layers that act, or why the job may not run here (`journal` then holds no step).
+    fn intend_layers(
+        &mut self,
+        plan: &JobPlan,
+        journal: &mut Journal,
+    ) -> Result<Vec<usize>, String> {
+        let job = plan.job_id;
         Self::check_node_sharing(plan).map_err(|e| format!("job {job}: layer node: {e}"))?;
         let mut acting = Vec::new();
         for li in 0..self.layers.len() {
@@ -456,20 +495,13 @@ impl<'c> Spine<'c> {
                     acting.push(li);
                 }
                 Ok(None) => {}
-                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}").into()),
+                Err(LayerError(e)) => {
+                    journal.steps.clear();
+                    return Err(format!("job {job}: layer {name}: {e}"));
+                }
             }
         }
-        let mut on_disk = Flushing::done();
-        if !acting.is_empty() {
-            on_disk = self.journals.save_intents(journal).map_err(|e| {
-                format!(
-                    "job {job}: cannot journal the intents of {} in {}: {e}",
-                    self.layer_names(&acting),
-                    self.journals.path().display()
-                )
-            })?;
-        }
-        Ok((lock, acting, on_disk))
+        Ok(acting)
     }
 
     /// Makes every intended layer in order (see [`Spine::intend_all`] for when each acts),

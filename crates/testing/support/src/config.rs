@@ -362,6 +362,8 @@ keys!(Node {
     nvidia_caps_dir: impl AsRef<Path> => path;
     /// Budget of one NVML call on the job path.
     nvml_timeout_ms: u32 => number;
+    /// Slurm's squeue, which the prolog asks about other jobs' journals.
+    squeue: impl AsRef<Path> => path;
 });
 
 /// `[network]`.
