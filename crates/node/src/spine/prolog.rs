@@ -455,8 +455,16 @@ impl<'c> Spine<'c> {
                         self.journals.path().display()
                     )
                 })?;
-                self.intend_layers(plan, journal)
-                    .map_err(|e| format!("{e}{}", reclaimed.note))?
+                journal.steps.clear();
+                let acting = self
+                    .intend_layers(plan, journal)
+                    .map_err(|e| format!("{e}{}", reclaimed.note))?;
+                // For slurmd's log; the `reconcile` records are the audit trail.
+                eprintln!(
+                    "tenancy: job {job}: {}",
+                    reclaimed.note.trim_start_matches("; ")
+                );
+                acting
             }
         };
         let mut on_disk = Flushing::done();
@@ -473,7 +481,8 @@ impl<'c> Spine<'c> {
     }
 
     /// The tier rules of the node, then every layer's intent (pushed to `journal` as steps):
-    /// the layers that act, or why the job may not run here (`journal` then holds no step).
+    /// the layers that act, or why the job may not run here (`journal` then holds the steps
+    /// intended before: their undo is a no-op).
     fn intend_layers(
         &mut self,
         plan: &JobPlan,
@@ -495,10 +504,7 @@ impl<'c> Spine<'c> {
                     acting.push(li);
                 }
                 Ok(None) => {}
-                Err(LayerError(e)) => {
-                    journal.steps.clear();
-                    return Err(format!("job {job}: layer {name}: {e}"));
-                }
+                Err(LayerError(e)) => return Err(format!("job {job}: layer {name}: {e}")),
             }
         }
         Ok(acting)

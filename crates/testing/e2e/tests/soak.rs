@@ -530,6 +530,138 @@ scenario!(
     }
 );
 
+/// Where the slow epilog marks that it runs.
+const SLOW_EPILOG: &str = "/run/tenancy-e2e-slow-epilog";
+
+/// An epilog that writes its shell's pid to `SLOW_EPILOG/started-<node>-<job>` and waits 8 s
+/// before it runs the product's: killed in that wait, together with slurmd, the job's epilog
+/// is lost (slurmd is gone, and its successor knows no such job).
+fn slow_epilog() -> Options {
+    let dir = Path::new(SLOW_EPILOG);
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir).unwrap();
+    let wrapper = dir.join("epilog");
+    let epilog = artifact("tenancy-epilog").unwrap();
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho $$ > {SLOW_EPILOG}/started-\"$(/bin/hostname)\"-\"$SLURM_JOB_ID\"\n/bin/sleep 8\nexec {}\n",
+            epilog.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+    Options::default().slurm_conf(format!("Epilog={}", wrapper.display()))
+}
+
+/// A MIG job of `tenant`'s on n1 alone (`--mig=P --gres=gpu:P:1`) that runs `body`.
+fn mig_job_on_n1(
+    mn: &MultiNode,
+    submitters: &[soak::Submitter],
+    tenant: &str,
+    profile: &str,
+    body: &str,
+) -> u64 {
+    let s = submitters.iter().find(|s| s.tenant == tenant).unwrap();
+    assert!(s.mig_profiles.iter().any(|p| p == profile), "{tenant}");
+    let dir = mn.user_dir(&s.user);
+    let file = dir.join(format!("mig-{tenant}-n1.sh"));
+    fs::write(&file, format!("#!/bin/sh\n{body}\n")).unwrap();
+    nix::unistd::chown(
+        &file,
+        Some(nix::unistd::Uid::from_raw(s.user.uid)),
+        Some(nix::unistd::Gid::from_raw(s.user.gid)),
+    )
+    .unwrap();
+    let mut c = mn.cmd_as(&s.user, "sbatch");
+    c.args(["-N1", "-w", "n1", "--ntasks-per-node=1", "--no-requeue"])
+        .args(["-o", "/dev/null"])
+        .arg(format!("--tenant={tenant}"))
+        .arg(format!("--mig={profile}"))
+        .arg(format!("--gres=gpu:{profile}:1"))
+        .arg(&file);
+    let o = mn.run(c).unwrap();
+    assert!(
+        o.status.success(),
+        "sbatch for {tenant}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    tenancy_e2e::submitted_id(&o).unwrap()
+}
+
+// The defect the soak at size found (2026-12-04, job 2011: a drain no fault explained).
+// globex's MIG job (its tier shares no GPU) loses its epilog on n1: slurmd and the epilog die
+// before the teardown, and the restarted slurmd knows no such job, so slurmctld counts it done
+// there and gives its GRES slot to acme's next MIG job. That prolog finds globex's journal and
+// slice in the way; it asks Slurm, tears the dead job down (a `reconcile` record), and runs
+// the job, where before it refused it and Slurm drained n1.
+scenario!(
+    lost_epilog_of_a_mig_job_does_not_drain_the_next_one,
+    Options::default(),
+    |users: &mut Users| {
+        let (mut mn, submitters) = soak::cluster(users, slow_epilog()).unwrap();
+        let profile = "3g.71gb";
+        let lost = mig_job_on_n1(&mn, &submitters, "globex", profile, "sleep 1");
+        let marker = Path::new(SLOW_EPILOG).join(format!("started-n1-{lost}"));
+        let t = std::time::Instant::now();
+        let pid = loop {
+            if let Some(pid) = fs::read_to_string(&marker)
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+            {
+                break pid;
+            }
+            assert!(t.elapsed() < JOB, "no epilog of job {lost} on n1");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(events(&mn, 0, lost), ["job_start"]);
+        assert!(mn.kill_slurmd(0));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        mn.start_slurmd(0).unwrap();
+        // slurmctld hears from the new slurmd that it has no such job and ends it on n1.
+        let t = std::time::Instant::now();
+        while mn.node_states().unwrap().get("n1").map(String::as_str) != Some("idle") {
+            assert!(
+                t.elapsed() < JOB,
+                "n1 did not come back idle: {:?}",
+                mn.node_states()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let journal = mn.nodes[0].root.join(format!("state/job_{lost}.json"));
+        assert!(journal.exists(), "job {lost}'s epilog was not lost");
+        assert_eq!(
+            checks::mig_instances(&mn.nodes[0].nvml_state())
+                .unwrap()
+                .len(),
+            1
+        );
+        let next = mig_job_on_n1(&mn, &submitters, "acme", profile, "srun /bin/true");
+        let info = mn.wait_job_done(next, JOB).unwrap();
+        assert_eq!(info["JobState"], "COMPLETED", "acme's job {next}: {info:?}");
+        let states = mn.node_states().unwrap();
+        assert_eq!(
+            states.get("n1").map(String::as_str),
+            Some("idle"),
+            "{states:?}"
+        );
+        let ev = events(&mn, 0, lost);
+        assert_eq!(ev, ["job_start", "reconcile"], "job {lost} on n1");
+        assert!(!journal.exists(), "{}", journal.display());
+        wait_events(&mn, 0, next, "job_end", 1);
+        assert_eq!(events(&mn, 0, next), ["job_start", "job_end"]);
+        wait_settled(&mn);
+        assert!(checks::mig_instances(&mn.nodes[0].nvml_state())
+            .unwrap()
+            .is_empty());
+        assert_clean(&mn);
+    }
+);
+
 scenario!(
     audit_disk_full_mid_soak_fails_closed,
     Options::default(),
