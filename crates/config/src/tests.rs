@@ -36,6 +36,22 @@ fn sample_is_accepted() {
     assert_eq!(c.tenants["globex"].egress.len(), 2);
     assert_eq!(c.infrastructure.len(), 4);
     assert_eq!(c.node.proc_devices, PathBuf::from("/proc/devices"));
+    assert_eq!(c.node.squeue, PathBuf::from("/usr/bin/squeue"));
+}
+
+#[test]
+fn node_squeue_is_an_absolute_path() {
+    let mut t = TenancyToml::minimal("c", Path::new("/srv/t"));
+    t.node().squeue("/opt/slurm/bin/squeue");
+    let c = parse(&t.to_string()).unwrap();
+    assert_eq!(c.node.squeue, PathBuf::from("/opt/slurm/bin/squeue"));
+    let mut t = TenancyToml::minimal("c", Path::new("/srv/t"));
+    t.node().squeue("squeue");
+    let p = single_problem(&t.to_string());
+    assert!(
+        p.message.contains("node.squeue must be an absolute path"),
+        "{p:?}"
+    );
 }
 
 #[test]
