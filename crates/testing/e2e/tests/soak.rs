@@ -614,15 +614,7 @@ scenario!(
             "globex's job {lost}: {info:?}"
         );
         fs::remove_file(&lose).unwrap();
-        let t = std::time::Instant::now();
-        while mn.node_states().unwrap().get("n1").map(String::as_str) != Some("idle") {
-            assert!(
-                t.elapsed() < JOB,
-                "n1 did not come back idle: {:?}",
-                mn.node_states()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        mn.wait_nodes(&["n1"], &["idle"], JOB).unwrap();
         // What the lost epilog left: the journal, and the slice in the stand-in's state.
         assert_eq!(events(&mn, 0, lost), ["job_start"]);
         let journal = mn.nodes[0].root.join(format!("state/job_{lost}.json"));
