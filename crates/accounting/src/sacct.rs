@@ -40,6 +40,9 @@ struct AuditJob {
     profile: Option<String>,
     /// A job_denied or rollback for it on that node (the prolog refused or undid it).
     refused: Option<String>,
+    /// A `reconcile` record of the open run: `tenancyctl reconcile --apply` or another job's
+    /// prolog tore it down, its epilog never having run (or recorded).
+    reconciled: Option<String>,
 }
 
 /// A job where the books disagree.
@@ -228,7 +231,11 @@ fn audit_jobs(paths: &[PathBuf]) -> anyhow::Result<BTreeMap<(String, u64), Audit
             "job_start" if s("outcome") == Some("success") => {
                 j.start = Some(t);
                 j.open = Some(t);
+                j.reconciled = None;
                 j.profile = s("profile").map(str::to_string);
+            }
+            "reconcile" if j.open.is_some() && j.reconciled.is_none() => {
+                j.reconciled = s("time").map(str::to_string);
             }
             "job_end" | "teardown_failed" => {
                 let started = s("started").and_then(|x| ts::parse(x).ok());
@@ -307,12 +314,23 @@ pub fn compare(
         }
         let nodes = &slurm_nodes[id];
         let mut audit_ms: BTreeMap<String, u64> = BTreeMap::new();
-        let mut all_ended = true;
+        // Each node whose last run of the job has no end, and what the log has instead.
+        let mut unended: Vec<String> = Vec::new();
         for node in nodes {
             match audit.get(&(node.clone(), *id)) {
                 Some(a) if a.start.is_some() => {
                     if a.end.is_none() || a.open.is_some() {
-                        all_ended = false;
+                        unended.push(match &a.reconciled {
+                            Some(t) => format!(
+                                "on {node} a reconcile record at {t} tore its last run down, \
+                                 not its epilog"
+                            ),
+                            None => format!(
+                                "on {node} nothing after its last job_start: its epilog did not \
+                                 run or could not write (a full audit disk); `tenancyctl \
+                                 reconcile` there lists what is left"
+                            ),
+                        });
                     } else if let Some(p) = &a.profile {
                         *audit_ms.entry(p.clone()).or_default() += a.used_ms;
                     }
@@ -320,7 +338,7 @@ pub fn compare(
                 _ => {}
             }
         }
-        if !all_ended {
+        if !unended.is_empty() {
             d.push(Disagreement {
                 job_id: *id,
                 node: nodes.join(","),
@@ -328,8 +346,10 @@ pub fn compare(
                 state: last.state.clone(),
                 detail: format!(
                     "Slurm ended job {id} ({}, {} s) but the audit log has no job_end or \
-                     teardown_failed for it: its slice-hours are not in the statement",
-                    last.state, last.elapsed_s
+                     teardown_failed for it ({}): its slice-hours are not in the statement",
+                    last.state,
+                    last.elapsed_s,
+                    unended.join("; ")
                 ),
                 ..Default::default()
             });

@@ -808,3 +808,105 @@ fn compare_sacct_counts_every_run_of_a_requeued_job() {
     );
     assert_eq!(out.matches("DISAGREE").count(), 1, "{out}");
 }
+
+/// A run whose end the audit log lacks is listed with what the log has instead: nothing (its
+/// epilog's job_end kept out by a full audit disk), even when an earlier run's epilog wrote a
+/// "no journal" job_end; or a reconcile record, when something other than the epilog tore the
+/// run down. Found by the soak at size (job 2892).
+#[test]
+fn compare_sacct_says_what_ended_a_run_without_a_job_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let c = config(root, BILLING);
+    let mut l = Log::new(root);
+    // Job 31: its first run rolled back in the prolog (and requeued), whose epilog found no
+    // journal; its second run's job_end never written.
+    l.incident(Event::Rollback, "acme", 31, t(7, 9, 0), "audit log full");
+    let mut e = l.rec("n1", Event::JobEnd, "acme", 31, t(7, 9, 1));
+    e.reason = Some("no journal: the prolog made nothing for this job".into());
+    l.append(e);
+    let mut s = l.rec("n1", Event::JobStart, "acme", 31, t(7, 9, 5));
+    s.profile = Some("1g.18gb".into());
+    l.append(s);
+    // Job 32: its epilog lost; another job's prolog tore it down.
+    let mut s = l.rec("n1", Event::JobStart, "acme", 32, t(7, 10, 0));
+    s.profile = Some("1g.18gb".into());
+    l.append(s);
+    let mut r = l.rec("n1", Event::Reconcile, "acme", 32, t(7, 10, 30));
+    r.reason = Some("job 32: Slurm no longer runs the job on n1".into());
+    l.append(r);
+    // Job 33 ended as it should, after a first run with no journal: the books agree.
+    let mut e = l.rec("n1", Event::JobEnd, "acme", 33, t(7, 11, 0));
+    e.reason = Some("no journal: the prolog made nothing for this job".into());
+    l.append(e);
+    l.job(
+        "n1",
+        "acme",
+        33,
+        Some("1g.18gb"),
+        t(7, 11, 10),
+        t(7, 11, 20),
+    );
+
+    let header = "JobIDRaw|Cluster|NodeList|State|Start|End|ElapsedRaw|AllocTRES\n";
+    let row = |id: u64, state: &str, secs: u64| {
+        format!(
+            "{id}|c|n1|{state}|2026-01-07T09:00:00|2026-01-07T09:10:00|{secs}|\
+             billing=1,cpu=1,gres/gpu:1g.18gb=1,gres/gpu=1,node=1\n"
+        )
+    };
+    let sacct = format!(
+        "{header}{}{}{}{}{}",
+        row(31, "REQUEUED", 0),
+        row(31, "COMPLETED", 2),
+        row(32, "COMPLETED", 60),
+        row(33, "REQUEUED", 0),
+        row(33, "COMPLETED", 600),
+    );
+    let f = root.join("sacct.txt");
+    std::fs::write(&f, sacct).unwrap();
+    let (f, logs) = (f.to_str().unwrap(), root.join("logs"));
+    let o = tenancyctl(
+        &c,
+        &[
+            "report",
+            "--compare-sacct",
+            "--since",
+            "2026-01-01",
+            "--until",
+            "2026-01-31",
+            "--sacct-file",
+            f,
+            "--format",
+            "json",
+            logs.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d: Vec<(u64, &str, &str)> = doc["disagreements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["job_id"].as_u64().unwrap(),
+                d["kind"].as_str().unwrap(),
+                d["detail"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(d.len(), 2, "{d:?}");
+    assert_eq!((d[0].0, d[0].1), (31, "usage_differs"), "{d:?}");
+    assert!(
+        d[0].2.contains("(COMPLETED, 2 s)")
+            && d[0].2.contains("on n1 nothing after its last job_start"),
+        "{d:?}"
+    );
+    assert_eq!((d[1].0, d[1].1), (32, "usage_differs"), "{d:?}");
+    assert!(
+        d[1].2
+            .contains("on n1 a reconcile record at 2026-01-07T10:30:00"),
+        "{d:?}"
+    );
+}
