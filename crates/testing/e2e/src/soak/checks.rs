@@ -72,6 +72,16 @@ pub fn percentile(v: &[u64], p: f64) -> u64 {
 pub struct JobRecords {
     pub starts: usize,
     pub ends: usize,
+    /// Runs whose `job_start` no `job_end` followed before the job's next `job_start` or the
+    /// log's end. A `job_end` closes the run it follows only: the epilog of a run with no
+    /// journal (its prolog refused, rolled back, killed or never run) writes one too ("no
+    /// journal"), as does an epilog Slurm runs again after a slurmd restart. Counted against a
+    /// later run, such a `job_end` hid that run's missing one: job 2892 of the soak at size had
+    /// as many `job_end` as `job_start` records on n1 and no end after its last start, so no
+    /// check here judged what `--compare-sacct` then failed on.
+    pub unended: usize,
+    /// A `job_start` no `job_end` has followed yet (while reading the log).
+    open: bool,
     pub denied: usize,
     pub rollbacks: usize,
     pub reconciled: usize,
@@ -86,6 +96,11 @@ pub struct JobRecords {
 /// Each job's records in one node's audit log.
 pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecords>> {
     let text = fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
+    Ok(records_in(&text, log, checks))
+}
+
+/// Each job's records in `text`, one node's audit log (`log` names it in a failure).
+fn records_in(text: &str, log: &Path, checks: &mut Checks) -> BTreeMap<u64, JobRecords> {
     let mut out: BTreeMap<u64, JobRecords> = BTreeMap::new();
     for line in text.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -101,6 +116,10 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
         match v["event"].as_str().unwrap_or_default() {
             "job_start" => {
                 r.starts += 1;
+                if r.open {
+                    r.unended += 1;
+                }
+                r.open = true;
                 checks.prolog_us.extend(us);
                 if mig {
                     checks.prolog_mig_us.extend(us);
@@ -113,6 +132,7 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
             }
             "job_end" => {
                 r.ends += 1;
+                r.open = false;
                 checks.epilog_us.extend(us);
                 if mig {
                     checks.epilog_mig_us.extend(us);
@@ -130,7 +150,12 @@ pub fn records(log: &Path, checks: &mut Checks) -> Result<BTreeMap<u64, JobRecor
             _ => {}
         }
     }
-    Ok(out)
+    for r in out.values_mut() {
+        if std::mem::take(&mut r.open) {
+            r.unended += 1;
+        }
+    }
+    out
 }
 
 /// Node names of a Slurm host list (`n1`, `n[1-2]`, `n[1,2]`); empty for `(null)`.
@@ -414,12 +439,12 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                             || (requeued && start.is_some_and(|s| f.wall <= s)))
                 })
             };
-            if r.starts > r.ends && r.reconciled == 0 && disk_full(end).is_some() {
+            if r.unended > 0 && r.reconciled == 0 && disk_full(end).is_some() {
                 // The epilog tore the job down (`leaks` finds nothing of it) and could not
                 // write its job_end: it says so and exits 0 (ARCHITECTURE.md, "Epilog when the
                 // audit log cannot be written").
                 c.excuse(id, "job-nodes whose job_end the full audit disk kept out");
-            } else if r.starts > r.ends {
+            } else if r.unended > 0 {
                 // Slurm runs no epilog where slurmd died between the job's end and its epilog
                 // (the restarted slurmd knows no such job): reconcile (tenancy-reconcile.timer,
                 // a boot) tears the job down instead. Only such a fault explains it.
@@ -438,13 +463,15 @@ fn jobs(mn: &MultiNode, work: &Workload, faults: &[Fault], c: &mut Checks) -> Re
                         "job-nodes without their epilog, torn down by reconcile, behind a fault",
                     ),
                     (true, None) => c.fail(format!(
-                        "job {id} ({state}) has {} job_start and {} job_end on {n}: reconcile tore \
-                         it down, and no fault on {n} explains why its epilog did not",
-                        r.starts, r.ends
+                        "job {id} ({state}) has {} run(s) without a job_end on {n} ({} job_start, \
+                         {} job_end): reconcile tore it down, and no fault on {n} explains why \
+                         its epilog did not",
+                        r.unended, r.starts, r.ends
                     )),
                     (false, f) => c.fail(format!(
-                        "job {id} ({state}) has {} job_start and {} job_end on {n}, and no \
-                         reconcile (fault then: {})",
+                        "job {id} ({state}) has {} run(s) without a job_end on {n} ({} job_start, \
+                         {} job_end), and no reconcile (fault then: {})",
+                        r.unended,
                         r.starts,
                         r.ends,
                         f.map_or("none".to_string(), |f| describe(mn, f))
@@ -1124,4 +1151,65 @@ fn walk_files(root: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One record of job 2892 on n1, `secs` seconds into the minute.
+    fn record(event: &str, secs: u32, reason: &str) -> String {
+        format!(
+            r#"{{"job_id":2892,"node":"n1","event":"{event}","time":"2026-12-04T19:36:{secs:02}.000000Z","reason":"{reason}"}}"#
+        )
+    }
+
+    fn n1(lines: &[String]) -> JobRecords {
+        let mut c = Checks::default();
+        let out = records_in(&lines.join("\n"), Path::new("n1/audit.jsonl"), &mut c);
+        assert!(c.failures.is_empty(), "{:?}", c.failures);
+        out[&2892].clone()
+    }
+
+    #[test]
+    fn a_job_end_of_a_run_with_no_journal_does_not_end_the_next_run() {
+        // The first run's prolog rolled back (its epilog finds no journal and says so in a
+        // job_end), the second's job_end never written (the full audit disk): one run unended,
+        // though the log holds one job_start and one job_end.
+        let r = n1(&[
+            record("rollback", 1, "audit log full"),
+            record(
+                "job_end",
+                2,
+                "no journal: the prolog made nothing for this job",
+            ),
+            record("job_start", 10, ""),
+        ]);
+        assert_eq!((r.starts, r.ends, r.unended), (1, 1, 1));
+    }
+
+    #[test]
+    fn an_epilog_run_twice_ends_one_run_and_a_start_after_a_start_leaves_one_open() {
+        // Slurm 22.05 runs an epilog again after a slurmd restart: the second job_end (no
+        // journal by then) ends nothing, and the requeued run's job_start is ended by its own.
+        let r = n1(&[
+            record("job_start", 1, ""),
+            record("job_end", 2, ""),
+            record(
+                "job_end",
+                3,
+                "no journal: the prolog made nothing for this job",
+            ),
+            record("job_start", 10, ""),
+            record("job_end", 12, ""),
+        ]);
+        assert_eq!((r.starts, r.ends, r.unended), (2, 3, 0));
+        // A run whose epilog was lost before the job ran again: the first start is unended.
+        let r = n1(&[
+            record("job_start", 1, ""),
+            record("job_start", 10, ""),
+            record("job_end", 12, ""),
+        ]);
+        assert_eq!((r.starts, r.ends, r.unended), (2, 1, 1));
+    }
 }
