@@ -40,9 +40,10 @@ struct AuditJob {
     profile: Option<String>,
     /// A job_denied or rollback for it on that node (the prolog refused or undid it).
     refused: Option<String>,
-    /// A `reconcile` record of the open run: `tenancyctl reconcile --apply` or another job's
-    /// prolog tore it down, its epilog never having run (or recorded).
-    reconciled: Option<String>,
+    /// The first `reconcile` record of the open run, its time and whether it succeeded:
+    /// `tenancyctl reconcile --apply` or another job's prolog tore the run down, its epilog
+    /// never having run (or recorded).
+    reconciled: Option<(String, bool)>,
 }
 
 /// A job where the books disagree.
@@ -235,7 +236,8 @@ fn audit_jobs(paths: &[PathBuf]) -> anyhow::Result<BTreeMap<(String, u64), Audit
                 j.profile = s("profile").map(str::to_string);
             }
             "reconcile" if j.open.is_some() && j.reconciled.is_none() => {
-                j.reconciled = s("time").map(str::to_string);
+                let ok = s("outcome") == Some("success");
+                j.reconciled = s("time").map(|t| (t.to_string(), ok));
             }
             "job_end" | "teardown_failed" => {
                 let started = s("started").and_then(|x| ts::parse(x).ok());
@@ -321,9 +323,13 @@ pub fn compare(
                 Some(a) if a.start.is_some() => {
                     if a.end.is_none() || a.open.is_some() {
                         unended.push(match &a.reconciled {
-                            Some(t) => format!(
-                                "on {node} a reconcile record at {t} tore its last run down, \
-                                 not its epilog"
+                            Some((t, true)) => format!(
+                                "on {node} a reconcile record at {t} tore its last run down \
+                                 instead of its epilog"
+                            ),
+                            Some((t, false)) => format!(
+                                "on {node} a reconcile record at {t} failed to tear its last run \
+                                 down instead of its epilog"
                             ),
                             None => format!(
                                 "on {node} nothing after its last job_start: its epilog did not \
