@@ -95,6 +95,20 @@ impl Log {
         self.append(e);
     }
 
+    /// A prolog's `job_start` with a MIG `profile` and no `job_end` after it.
+    fn start(&mut self, tenant: &str, id: u64, profile: &str, at: DateTime<Utc>) {
+        let mut s = self.rec("n1", Event::JobStart, tenant, id, at);
+        s.profile = Some(profile.to_string());
+        self.append(s);
+    }
+
+    /// The `job_end` an epilog writes for a run it finds no journal of.
+    fn no_journal_end(&mut self, tenant: &str, id: u64, at: DateTime<Utc>) {
+        let mut e = self.rec("n1", Event::JobEnd, tenant, id, at);
+        e.reason = Some("no journal: the prolog made nothing for this job".into());
+        self.append(e);
+    }
+
     fn incident(&mut self, ev: Event, tenant: &str, id: u64, at: DateTime<Utc>, reason: &str) {
         let mut r = self.rec("n1", ev, tenant, id, at);
         r.outcome = Outcome::Failure;
@@ -822,23 +836,19 @@ fn compare_sacct_says_what_ended_a_run_without_a_job_end() {
     // Job 31: its first run rolled back in the prolog (and requeued), whose epilog found no
     // journal; its second run's job_end never written.
     l.incident(Event::Rollback, "acme", 31, t(7, 9, 0), "audit log full");
-    let mut e = l.rec("n1", Event::JobEnd, "acme", 31, t(7, 9, 1));
-    e.reason = Some("no journal: the prolog made nothing for this job".into());
-    l.append(e);
-    let mut s = l.rec("n1", Event::JobStart, "acme", 31, t(7, 9, 5));
-    s.profile = Some("1g.18gb".into());
-    l.append(s);
-    // Job 32: its epilog lost; another job's prolog tore it down.
-    let mut s = l.rec("n1", Event::JobStart, "acme", 32, t(7, 10, 0));
-    s.profile = Some("1g.18gb".into());
-    l.append(s);
-    let mut r = l.rec("n1", Event::Reconcile, "acme", 32, t(7, 10, 30));
-    r.reason = Some("job 32: Slurm no longer runs the job on n1".into());
-    l.append(r);
+    l.no_journal_end("acme", 31, t(7, 9, 1));
+    l.start("acme", 31, "1g.18gb", t(7, 9, 5));
+    // Job 32: its epilog lost; another job's prolog tore it down. Job 34: the same, but the
+    // teardown failed.
+    for (id, outcome) in [(32, Outcome::Success), (34, Outcome::Failure)] {
+        l.start("acme", id, "1g.18gb", t(7, 10, 0));
+        let mut r = l.rec("n1", Event::Reconcile, "acme", id, t(7, 10, 30));
+        r.outcome = outcome;
+        r.reason = Some(format!("job {id}: Slurm no longer runs the job on n1"));
+        l.append(r);
+    }
     // Job 33 ended as it should, after a first run with no journal: the books agree.
-    let mut e = l.rec("n1", Event::JobEnd, "acme", 33, t(7, 11, 0));
-    e.reason = Some("no journal: the prolog made nothing for this job".into());
-    l.append(e);
+    l.no_journal_end("acme", 33, t(7, 11, 0));
     l.job(
         "n1",
         "acme",
@@ -856,12 +866,13 @@ fn compare_sacct_says_what_ended_a_run_without_a_job_end() {
         )
     };
     let sacct = format!(
-        "{header}{}{}{}{}{}",
+        "{header}{}{}{}{}{}{}",
         row(31, "REQUEUED", 0),
         row(31, "COMPLETED", 2),
         row(32, "COMPLETED", 60),
         row(33, "REQUEUED", 0),
         row(33, "COMPLETED", 600),
+        row(34, "COMPLETED", 60),
     );
     let f = root.join("sacct.txt");
     std::fs::write(&f, sacct).unwrap();
@@ -896,7 +907,7 @@ fn compare_sacct_says_what_ended_a_run_without_a_job_end() {
             )
         })
         .collect();
-    assert_eq!(d.len(), 2, "{d:?}");
+    assert_eq!(d.len(), 3, "{d:?}");
     assert_eq!((d[0].0, d[0].1), (31, "usage_differs"), "{d:?}");
     assert!(
         d[0].2.contains("(COMPLETED, 2 s)")
@@ -907,6 +918,13 @@ fn compare_sacct_says_what_ended_a_run_without_a_job_end() {
     assert!(
         d[1].2
             .contains("on n1 a reconcile record at 2026-01-07T10:30:00"),
+        "{d:?}"
+    );
+    assert_eq!((d[2].0, d[2].1), (34, "usage_differs"), "{d:?}");
+    assert!(
+        d[2].2
+            .contains("on n1 a reconcile record at 2026-01-07T10:30:00")
+            && d[2].2.contains("failed to tear its last run down"),
         "{d:?}"
     );
 }
